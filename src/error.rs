@@ -1,0 +1,118 @@
+//! The one error type of the library.
+//!
+//! Messages are lower-case and say what failed and, where it helps, what to do. Every
+//! backend converts its private errors into [`Error`], so callers (and the CLI's exit
+//! codes) can tell bad input from an unreachable store from a failed processor.
+
+use std::fmt;
+
+/// A boxed error from user code (a processor, a custom guard).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Result alias used across the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in idem.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Bad configuration or input: a malformed job file, a bad date, an unknown job.
+    #[error("{0}")]
+    Config(String),
+
+    /// The store could not be reached or answered with an error.
+    #[error("store {store} unavailable: {message}")]
+    StoreUnavailable {
+        /// The store, as a URL with any password removed.
+        store: String,
+        /// What went wrong.
+        message: String,
+    },
+
+    /// The store's circuit breaker is open after repeated failures; the store is not
+    /// contacted until the breaker half-opens.
+    #[error("store {store} unavailable: circuit breaker open after {failures} consecutive failures (retry after {retry_in_ms} ms)")]
+    CircuitOpen {
+        /// The store.
+        store: String,
+        /// Consecutive failures that opened the breaker.
+        failures: u32,
+        /// Time until the breaker lets one probe through.
+        retry_in_ms: u64,
+    },
+
+    /// The run's lease expired and was taken over by another run; the late run must not
+    /// record its result over the newer holder's.
+    #[error("lease on {processor}/{scope} lost: token {token} was superseded{}", holder_suffix(.current_holder))]
+    LeaseLost {
+        /// Processor (job) name.
+        processor: String,
+        /// Scope.
+        scope: String,
+        /// The fencing token the late run held.
+        token: i64,
+        /// The run that holds the lease now, if any.
+        current_holder: Option<String>,
+    },
+
+    /// A store does not support an operation; see its capability flags.
+    #[error("{store} does not support {operation}")]
+    Unsupported {
+        /// The store kind.
+        store: &'static str,
+        /// The operation.
+        operation: &'static str,
+    },
+
+    /// The processor (or its content description) failed.
+    #[error("processor {processor} failed: {source}")]
+    Processor {
+        /// Processor name.
+        processor: String,
+        /// The processor's error.
+        #[source]
+        source: BoxError,
+    },
+
+    /// A SQL statement of a job failed in its warehouse.
+    #[error("sql {phase} failed in {warehouse}: {message}")]
+    Sql {
+        /// `setup`, `content` or `process`.
+        phase: &'static str,
+        /// Where it ran.
+        warehouse: String,
+        /// The database's message.
+        message: String,
+    },
+}
+
+fn holder_suffix(holder: &Option<String>) -> String {
+    match holder {
+        Some(h) => format!(" by run {h}"),
+        None => String::new(),
+    }
+}
+
+impl Error {
+    /// Shorthand for [`Error::Config`].
+    pub fn config(message: impl fmt::Display) -> Self {
+        Error::Config(message.to_string())
+    }
+
+    /// Shorthand for [`Error::StoreUnavailable`].
+    pub fn store(store: impl fmt::Display, message: impl fmt::Display) -> Self {
+        Error::StoreUnavailable {
+            store: store.to_string(),
+            message: message.to_string(),
+        }
+    }
+
+    /// True when the error means the store could not be used (unreachable, erroring or
+    /// behind an open breaker): the store failure policy applies to these.
+    pub fn is_store_failure(&self) -> bool {
+        matches!(
+            self,
+            Error::StoreUnavailable { .. } | Error::CircuitOpen { .. }
+        )
+    }
+}

@@ -1,0 +1,136 @@
+//! Claim (processor, scope) before processing, so a scope never runs twice at once.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::{ago, human_duration, Guard, GuardContext, Verdict};
+use crate::error::Result;
+use crate::model::{PreviousRun, Skip, SkipReason};
+use crate::store::{Claim, ClaimRequest, LeaseHolder};
+
+/// What a run does when another run holds the lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnHeld {
+    /// Skip with `in_progress` at once.
+    Skip,
+    /// Poll until the lease frees or `max` passes, then skip with `in_progress`.
+    Wait {
+        /// Longest wait.
+        max: Duration,
+    },
+}
+
+/// Claims a lease with an expiry; a concurrent run gets `in_progress`. A crashed run's
+/// lease expires after `ttl`; a run whose lease expired and was taken over cannot record
+/// its result (fencing token).
+#[derive(Debug, Clone)]
+pub struct LeaseGuard {
+    ttl: Duration,
+    on_held: OnHeld,
+}
+
+impl LeaseGuard {
+    /// A lease guard with the given lease duration that skips when the scope is held.
+    pub fn new(ttl: Duration) -> Self {
+        LeaseGuard {
+            ttl,
+            on_held: OnHeld::Skip,
+        }
+    }
+
+    /// Sets what happens when the scope is held.
+    pub fn on_held(mut self, on_held: OnHeld) -> Self {
+        self.on_held = on_held;
+        self
+    }
+
+    /// The lease duration.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    fn held(&self, ctx: &GuardContext<'_>, holder: LeaseHolder) -> Verdict {
+        Verdict::Skip(Skip {
+            reason: SkipReason::InProgress,
+            detail: format!(
+                "run {} holds the lease on {} for {} since {} ({}), until {}",
+                holder.run_id,
+                ctx.request.processor,
+                ctx.request.scope,
+                holder.acquired_at.format("%Y-%m-%d %H:%M:%S UTC"),
+                ago(ctx.now, holder.acquired_at),
+                holder.expires_at.format("%Y-%m-%d %H:%M:%S UTC"),
+            ),
+            previous_run: Some(PreviousRun {
+                run_id: holder.run_id,
+                at: holder.acquired_at,
+            }),
+        })
+    }
+}
+
+#[async_trait]
+impl Guard for LeaseGuard {
+    fn name(&self) -> &str {
+        "lease"
+    }
+
+    fn takes_lease(&self) -> bool {
+        true
+    }
+
+    async fn check(&self, ctx: &mut GuardContext<'_>) -> Result<Verdict> {
+        if ctx.dry_run {
+            return Ok(
+                match ctx
+                    .store
+                    .lease_holder(&ctx.request.processor, &ctx.request.scope, ctx.now)
+                    .await?
+                {
+                    Some(holder) => self.held(ctx, holder),
+                    None => Verdict::proceed(format!(
+                        "scope is free; a run would hold it for up to {}",
+                        human_duration(self.ttl)
+                    )),
+                },
+            );
+        }
+        let started = std::time::Instant::now();
+        loop {
+            let now = if started.elapsed().is_zero() {
+                ctx.now
+            } else {
+                crate::model::micros(chrono::Utc::now())
+            };
+            let claim = ctx
+                .store
+                .claim(&ClaimRequest {
+                    processor: &ctx.request.processor,
+                    scope: &ctx.request.scope,
+                    run_id: &ctx.request.run_id,
+                    ttl: self.ttl,
+                    now,
+                })
+                .await?;
+            match claim {
+                Claim::Acquired(lease) => {
+                    let detail = format!(
+                        "lease acquired (token {}) until {}",
+                        lease.token,
+                        lease.expires_at.format("%Y-%m-%d %H:%M:%S UTC")
+                    );
+                    ctx.set_lease(lease);
+                    return Ok(Verdict::proceed(detail));
+                }
+                Claim::Held(holder) => match self.on_held {
+                    OnHeld::Wait { max } if started.elapsed() < max && !ctx.shadow => {
+                        let left = max.saturating_sub(started.elapsed());
+                        tokio::time::sleep(left.min(Duration::from_millis(500))).await;
+                    }
+                    _ => return Ok(self.held(ctx, holder)),
+                },
+            }
+        }
+    }
+}

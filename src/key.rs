@@ -1,0 +1,355 @@
+//! Processing keys: digests of canonical JSON.
+//!
+//! A content key must be the same for the same content whichever process, machine or day
+//! computes it, so the JSON is canonical: object keys sorted, entity lists and row sets
+//! sorted, no insignificant whitespace, and never a wall-clock value. The bytes are fed to
+//! the digest as they are produced (no intermediate string), which keeps hashing close to
+//! the raw digest's throughput.
+
+use std::collections::BTreeMap;
+use std::io::{self, Write};
+
+use md5::Md5;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+
+/// The digest behind processing keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum HashAlgorithm {
+    /// MD5, 32 hex characters (as the BigQuery seed's `processing_key`).
+    Md5,
+    /// SHA-256, 64 hex characters.
+    #[default]
+    Sha256,
+}
+
+impl std::str::FromStr for HashAlgorithm {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "md5" => Ok(HashAlgorithm::Md5),
+            "sha256" => Ok(HashAlgorithm::Sha256),
+            _ => Err(Error::config(format!(
+                "unknown hash {s:?}: expected md5 or sha256"
+            ))),
+        }
+    }
+}
+
+/// What a run would consume: entity ids, counts, a source checksum, rows from a query.
+///
+/// Two descriptions with the same fields and the same entities (in any order) produce the
+/// same key.
+///
+/// ```
+/// use idem::{Content, HashAlgorithm};
+/// let a = Content::new().entities(["p2", "p1"]).field("source_rows", 450);
+/// let b = Content::new().field("source_rows", 450).entities(["p1", "p2"]);
+/// assert_eq!(
+///     a.key("player_game_summary", "2025-11-18", HashAlgorithm::Md5),
+///     b.key("player_game_summary", "2025-11-18", HashAlgorithm::Md5),
+/// );
+/// assert_eq!(a.key("p", "2025-11-18", HashAlgorithm::Md5).len(), 32);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Content {
+    fields: BTreeMap<String, Value>,
+    entity_count: Option<i64>,
+}
+
+impl Content {
+    /// An empty description.
+    pub fn new() -> Self {
+        Content::default()
+    }
+
+    /// The entities the run would process; order does not matter.
+    pub fn entities<I, S>(mut self, ids: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let mut ids: Vec<String> = ids.into_iter().map(Into::into).collect();
+        ids.sort_unstable();
+        self.entity_count = Some(ids.len() as i64);
+        self.fields.insert(
+            "entities".into(),
+            Value::Array(ids.into_iter().map(Value::String).collect()),
+        );
+        self
+    }
+
+    /// Rows describing the content (for example from a SQL query); row order does not
+    /// matter, so rows are sorted by their canonical encoding.
+    pub fn rows(mut self, rows: Vec<Value>) -> Self {
+        let mut encoded: Vec<(Vec<u8>, Value)> = rows
+            .into_iter()
+            .map(|row| {
+                let mut bytes = Vec::new();
+                write_canonical(&mut bytes, &row).expect("writing to a Vec cannot fail");
+                (bytes, row)
+            })
+            .collect();
+        encoded.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        self.entity_count = Some(encoded.len() as i64);
+        self.fields.insert(
+            "rows".into(),
+            Value::Array(encoded.into_iter().map(|(_, row)| row).collect()),
+        );
+        self
+    }
+
+    /// A source checksum (for example a table's last-modified fingerprint).
+    pub fn checksum(self, checksum: impl Into<String>) -> Self {
+        self.field("checksum", checksum.into())
+    }
+
+    /// Any other field.
+    pub fn field(mut self, name: impl Into<String>, value: impl Into<Value>) -> Self {
+        self.fields.insert(name.into(), value.into());
+        self
+    }
+
+    /// Number of entities (or rows), when the description lists them.
+    pub fn entity_count(&self) -> Option<i64> {
+        self.entity_count
+    }
+
+    /// The description as a JSON object (keys sorted).
+    pub fn to_value(&self) -> Value {
+        Value::Object(self.fields.clone().into_iter().collect())
+    }
+
+    /// The content key: digest of the canonical JSON of
+    /// `{"content": …, "processor": …, "scope": …}`.
+    pub fn key(&self, processor: &str, scope: &str, algorithm: HashAlgorithm) -> String {
+        let mut w = DigestWriter::new(algorithm);
+        // Keys in sorted order: content, processor, scope.
+        w.put(b"{\"content\":{");
+        for (i, (name, value)) in self.fields.iter().enumerate() {
+            if i > 0 {
+                w.put(b",");
+            }
+            write_string(&mut w, name).expect("digest writes cannot fail");
+            w.put(b":");
+            write_canonical(&mut w, value).expect("digest writes cannot fail");
+        }
+        w.put(b"},\"processor\":");
+        write_string(&mut w, processor).expect("digest writes cannot fail");
+        w.put(b",\"scope\":");
+        write_string(&mut w, scope).expect("digest writes cannot fail");
+        w.put(b"}");
+        w.finish_hex()
+    }
+}
+
+/// The time window guard's key of (processor, scope): SHA-256 of
+/// `{"kind":"scope","processor":…,"scope":…}`.
+pub fn scope_key(processor: &str, scope: &str) -> String {
+    let value = serde_json::json!({"kind": "scope", "processor": processor, "scope": scope});
+    digest_value(&value, HashAlgorithm::Sha256)
+}
+
+/// Digest of any JSON value's canonical encoding.
+pub fn digest_value(value: &Value, algorithm: HashAlgorithm) -> String {
+    let mut w = DigestWriter::new(algorithm);
+    write_canonical(&mut w, value).expect("digest writes cannot fail");
+    w.finish_hex()
+}
+
+/// The canonical encoding of a JSON value: object keys sorted, compact.
+pub fn canonical_json(value: &Value) -> String {
+    let mut out = Vec::new();
+    write_canonical(&mut out, value).expect("writing to a Vec cannot fail");
+    String::from_utf8(out).expect("JSON is UTF-8")
+}
+
+fn write_string<W: Write>(w: &mut W, s: &str) -> io::Result<()> {
+    serde_json::to_writer(w, s).map_err(io::Error::other)
+}
+
+fn write_canonical<W: Write>(w: &mut W, value: &Value) -> io::Result<()> {
+    match value {
+        Value::Object(map) => {
+            // Sort explicitly: serde_json's map keeps insertion order when a dependency
+            // enables `preserve_order`.
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            w.write_all(b"{")?;
+            for (i, (k, v)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    w.write_all(b",")?;
+                }
+                write_string(w, k)?;
+                w.write_all(b":")?;
+                write_canonical(w, v)?;
+            }
+            w.write_all(b"}")
+        }
+        Value::Array(items) => {
+            w.write_all(b"[")?;
+            for (i, v) in items.iter().enumerate() {
+                if i > 0 {
+                    w.write_all(b",")?;
+                }
+                write_canonical(w, v)?;
+            }
+            w.write_all(b"]")
+        }
+        Value::String(s) => write_string(w, s),
+        other => serde_json::to_writer(w, other).map_err(io::Error::other),
+    }
+}
+
+enum Hasher {
+    Md5(Md5),
+    Sha256(Sha256),
+}
+
+/// Feeds bytes to a digest through a buffer, so many small writes cost one update each
+/// 8 KiB.
+struct DigestWriter {
+    hasher: Hasher,
+    buf: Box<[u8; 8192]>,
+    len: usize,
+}
+
+impl DigestWriter {
+    fn new(algorithm: HashAlgorithm) -> Self {
+        let hasher = match algorithm {
+            HashAlgorithm::Md5 => Hasher::Md5(Md5::new()),
+            HashAlgorithm::Sha256 => Hasher::Sha256(Sha256::new()),
+        };
+        DigestWriter {
+            hasher,
+            buf: Box::new([0; 8192]),
+            len: 0,
+        }
+    }
+
+    fn flush_buf(&mut self) {
+        let bytes = &self.buf[..self.len];
+        match &mut self.hasher {
+            Hasher::Md5(h) => h.update(bytes),
+            Hasher::Sha256(h) => h.update(bytes),
+        }
+        self.len = 0;
+    }
+
+    fn put(&mut self, bytes: &[u8]) {
+        if self.len + bytes.len() > self.buf.len() {
+            self.flush_buf();
+            if bytes.len() >= self.buf.len() {
+                match &mut self.hasher {
+                    Hasher::Md5(h) => h.update(bytes),
+                    Hasher::Sha256(h) => h.update(bytes),
+                }
+                return;
+            }
+        }
+        self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
+        self.len += bytes.len();
+    }
+
+    fn finish_hex(mut self) -> String {
+        self.flush_buf();
+        match self.hasher {
+            Hasher::Md5(h) => hex(&h.finalize()),
+            Hasher::Sha256(h) => hex(&h.finalize()),
+        }
+    }
+}
+
+impl Write for DigestWriter {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        self.put(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(DIGITS[(b >> 4) as usize] as char);
+        s.push(DIGITS[(b & 15) as usize] as char);
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn key_is_digest_of_canonical_json() {
+        let c = Content::new().entities(["b", "a"]).field("n", 2);
+        let expected_json =
+            r#"{"content":{"entities":["a","b"],"n":2},"processor":"p","scope":"2025-11-18"}"#;
+        let expected = hex(&Sha256::digest(expected_json.as_bytes()));
+        assert_eq!(c.key("p", "2025-11-18", HashAlgorithm::Sha256), expected);
+        let expected_md5 = hex(&Md5::digest(expected_json.as_bytes()));
+        assert_eq!(c.key("p", "2025-11-18", HashAlgorithm::Md5), expected_md5);
+        assert_eq!(expected_md5.len(), 32);
+        assert_eq!(expected.len(), 64);
+    }
+
+    #[test]
+    fn order_independent_but_content_sensitive() {
+        let rows_a = vec![json!({"id": 1, "v": "x"}), json!({"v": "y", "id": 2})];
+        let rows_b = vec![json!({"id": 2, "v": "y"}), json!({"id": 1, "v": "x"})];
+        let a = Content::new()
+            .rows(rows_a)
+            .key("p", "s", HashAlgorithm::Sha256);
+        let b = Content::new()
+            .rows(rows_b)
+            .key("p", "s", HashAlgorithm::Sha256);
+        assert_eq!(a, b);
+        let c = Content::new()
+            .rows(vec![json!({"id": 1, "v": "x"}), json!({"id": 2, "v": "z"})])
+            .key("p", "s", HashAlgorithm::Sha256);
+        assert_ne!(a, c);
+        // Same content, other scope or processor: other key.
+        let d = Content::new().rows(vec![json!({"id": 1, "v": "x"})]).key(
+            "p",
+            "t",
+            HashAlgorithm::Sha256,
+        );
+        let e = Content::new().rows(vec![json!({"id": 1, "v": "x"})]).key(
+            "q",
+            "t",
+            HashAlgorithm::Sha256,
+        );
+        assert_ne!(d, e);
+    }
+
+    #[test]
+    fn long_strings_cross_the_buffer_boundary() {
+        let long = "é".repeat(10_000);
+        let c = Content::new().field("blob", long.clone());
+        let json = format!(
+            r#"{{"content":{{"blob":{}}},"processor":"p","scope":"s"}}"#,
+            serde_json::to_string(&long).unwrap()
+        );
+        assert_eq!(
+            c.key("p", "s", HashAlgorithm::Sha256),
+            hex(&Sha256::digest(json.as_bytes()))
+        );
+    }
+
+    #[test]
+    fn canonical_sorts_nested_keys() {
+        assert_eq!(
+            canonical_json(&json!({"b": {"z": 1, "a": [true, null]}, "a": "x"})),
+            r#"{"a":"x","b":{"a":[true,null],"z":1}}"#
+        );
+    }
+}

@@ -1,0 +1,73 @@
+//! # idem — idempotent scheduled batch jobs on SQL warehouses
+//!
+//! Processors (Rust code or SQL) run per scope, usually a partition date, from cron or
+//! Cloud Scheduler. idem puts guards in front of them:
+//!
+//! * a **lease** so a scope never runs twice at once (with a fencing token, so a run whose
+//!   lease expired and was taken over cannot record over the newer run);
+//! * a **time window**: the same scope completed within 1 h ⇒ skip;
+//! * a **content hash**: identical content processed within 24 h ⇒ skip;
+//!
+//! and records every invocation in a run ledger, writing processing keys **only on
+//! success**, so a failed run never blocks its retry. Every skip says which guard, which
+//! earlier run and when. `shadow` mode records what would have been skipped without
+//! skipping.
+//!
+//! The pieces: [`Processor`] (what users implement), [`guard`] (composable checks),
+//! [`Runner`] (guards + processor + ledger), [`store`] (SQLite, Postgres, BigQuery,
+//! in-memory behind one trait), [`job`] (declarative `jobs/*.toml`), [`sql`] (the built-in
+//! SQL processor) and [`cli`] (the `idem` command, reusable from your own binary).
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use idem::guard::{GuardStack, LeaseGuard, TimeWindowGuard};
+//! use idem::store::MemoryStore;
+//! use idem::{async_trait, BoxError, Outcome, Processor, RunRequest, RunStatus, Runner};
+//!
+//! struct Hello;
+//! #[async_trait]
+//! impl Processor for Hello {
+//!     fn name(&self) -> &str { "hello" }
+//!     async fn process(&self, _: &RunRequest) -> Result<Outcome, BoxError> {
+//!         Ok(Outcome::records(1))
+//!     }
+//! }
+//!
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! let guards = GuardStack::builder()
+//!     .guard(TimeWindowGuard::new(Duration::from_secs(3600)))
+//!     .guard(LeaseGuard::new(Duration::from_secs(600)))
+//!     .build();
+//! let runner = Runner::new(Arc::new(MemoryStore::new()), guards);
+//! let date = idem::parse_date("2025-11-18").unwrap();
+//! let first = runner.run(&Hello, RunRequest::new("hello", date)).await.unwrap();
+//! assert_eq!(first.status, RunStatus::Completed);
+//! let second = runner.run(&Hello, RunRequest::new("hello", date)).await.unwrap();
+//! assert_eq!(second.status, RunStatus::Skipped);
+//! assert_eq!(second.skip_reason.unwrap().as_str(), "time_window");
+//! # });
+//! ```
+
+#![warn(missing_docs)]
+
+pub mod cli;
+mod error;
+pub mod guard;
+pub mod job;
+mod key;
+mod model;
+mod processor;
+mod runner;
+pub mod sql;
+pub mod store;
+
+pub use async_trait::async_trait;
+pub use error::{BoxError, Error, Result};
+pub use key::{canonical_json, digest_value, scope_key, Content, HashAlgorithm};
+pub use model::{
+    new_run_id, parse_date, KeyKind, KeyRecord, Mode, Outcome, PreviousRun, RunRecord, RunRequest,
+    RunStatus, Skip, SkipReason, Trigger,
+};
+pub use processor::{Processor, Registry};
+pub use runner::{Explanation, RunReport, Runner, StoreFailurePolicy};

@@ -1,0 +1,398 @@
+//! The values that flow through idem: run requests, outcomes, verdicts and ledger rows.
+
+use std::fmt;
+use std::str::FromStr;
+
+use chrono::{DateTime, NaiveDate, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Why a run was started. Recorded in the ledger so reports can tell scheduled waste from
+/// manual re-runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Trigger {
+    /// Cron or Cloud Scheduler.
+    Scheduler,
+    /// A person ran it.
+    Manual,
+    /// A Pub/Sub message (or its redelivery).
+    Pubsub,
+    /// An automatic retry.
+    Retry,
+    /// A backfill over past scopes.
+    Backfill,
+}
+
+impl Trigger {
+    /// Every trigger, in documentation order.
+    pub const ALL: [Trigger; 5] = [
+        Trigger::Scheduler,
+        Trigger::Manual,
+        Trigger::Pubsub,
+        Trigger::Retry,
+        Trigger::Backfill,
+    ];
+
+    /// The name stored in the ledger.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Trigger::Scheduler => "scheduler",
+            Trigger::Manual => "manual",
+            Trigger::Pubsub => "pubsub",
+            Trigger::Retry => "retry",
+            Trigger::Backfill => "backfill",
+        }
+    }
+}
+
+impl fmt::Display for Trigger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Trigger {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Trigger::ALL
+            .into_iter()
+            .find(|t| t.as_str() == s)
+            .ok_or_else(|| {
+                Error::config(format!(
+                    "unknown trigger {s:?}: expected scheduler, manual, pubsub, retry or backfill"
+                ))
+            })
+    }
+}
+
+/// How guards act on a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Skip when a guard says so.
+    #[default]
+    Enforce,
+    /// Evaluate every guard, record what would have been skipped, run anyway.
+    Shadow,
+    /// No guards; the run is still recorded in the ledger and its keys written.
+    Off,
+}
+
+impl Mode {
+    /// The name stored in the ledger.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Enforce => "enforce",
+            Mode::Shadow => "shadow",
+            Mode::Off => "off",
+        }
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Mode {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "enforce" => Ok(Mode::Enforce),
+            "shadow" => Ok(Mode::Shadow),
+            "off" => Ok(Mode::Off),
+            _ => Err(Error::config(format!(
+                "unknown mode {s:?}: expected enforce, shadow or off"
+            ))),
+        }
+    }
+}
+
+/// One invocation of a processor for one scope.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunRequest {
+    /// The processor identity the guards key on (for jobs: the job name).
+    pub processor: String,
+    /// The scope, usually the ISO partition date (`2025-11-18`).
+    pub scope: String,
+    /// The partition date the scope belongs to (ledger tables are partitioned by it).
+    pub scope_date: NaiveDate,
+    /// Free-form parameters handed to the processor.
+    pub params: serde_json::Value,
+    /// Why the run started.
+    pub trigger: Trigger,
+    /// Unique id of this invocation.
+    pub run_id: String,
+}
+
+impl RunRequest {
+    /// A request for `processor` on `date`, scope = the ISO date, manual trigger, a fresh
+    /// run id.
+    pub fn new(processor: impl Into<String>, date: NaiveDate) -> Self {
+        RunRequest {
+            processor: processor.into(),
+            scope: date.format("%Y-%m-%d").to_string(),
+            scope_date: date,
+            params: serde_json::Value::Object(Default::default()),
+            trigger: Trigger::Manual,
+            run_id: new_run_id(),
+        }
+    }
+
+    /// Sets the trigger.
+    pub fn with_trigger(mut self, trigger: Trigger) -> Self {
+        self.trigger = trigger;
+        self
+    }
+
+    /// Sets a scope other than the ISO date (for example `2025-11-18/team=LAL`).
+    pub fn with_scope(mut self, scope: impl Into<String>) -> Self {
+        self.scope = scope.into();
+        self
+    }
+
+    /// Sets the parameters.
+    pub fn with_params(mut self, params: serde_json::Value) -> Self {
+        self.params = params;
+        self
+    }
+}
+
+/// A fresh run id (UUID v4).
+pub fn new_run_id() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+/// Parses `YYYY-MM-DD`, with an error that names the bad value.
+pub fn parse_date(s: &str) -> Result<NaiveDate> {
+    NaiveDate::parse_from_str(s, "%Y-%m-%d")
+        .map_err(|e| Error::config(format!("bad date {s:?}: {e} (expected YYYY-MM-DD)")))
+}
+
+/// What a successful `process` returns.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Outcome {
+    /// Records processed (written, updated, ...).
+    pub records_processed: i64,
+    /// Optional output recorded in the ledger.
+    pub output: Option<serde_json::Value>,
+}
+
+impl Outcome {
+    /// An outcome with `n` records processed.
+    pub fn records(n: i64) -> Self {
+        Outcome {
+            records_processed: n,
+            output: None,
+        }
+    }
+
+    /// Adds output.
+    pub fn with_output(mut self, output: serde_json::Value) -> Self {
+        self.output = Some(output);
+        self
+    }
+}
+
+/// Final status of a run in the ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// The processor succeeded.
+    Completed,
+    /// The processor (or the recording of its result) failed.
+    Failed,
+    /// A guard skipped the run.
+    Skipped,
+}
+
+impl RunStatus {
+    /// The name stored in the ledger.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Completed => "completed",
+            RunStatus::Failed => "failed",
+            RunStatus::Skipped => "skipped",
+        }
+    }
+}
+
+impl fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for RunStatus {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "completed" => Ok(RunStatus::Completed),
+            "failed" => Ok(RunStatus::Failed),
+            "skipped" => Ok(RunStatus::Skipped),
+            _ => Err(Error::config(format!("unknown run status {s:?}"))),
+        }
+    }
+}
+
+/// Why a guard skipped (or would have skipped) a run.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SkipReason {
+    /// The same processor and scope completed within the time window.
+    TimeWindow,
+    /// Identical content was processed successfully within the content window.
+    DuplicateContentHash,
+    /// Another run holds the lease on this processor and scope.
+    InProgress,
+    /// A user-defined guard's reason.
+    Custom(String),
+}
+
+impl SkipReason {
+    /// The name stored in the ledger.
+    pub fn as_str(&self) -> &str {
+        match self {
+            SkipReason::TimeWindow => "time_window",
+            SkipReason::DuplicateContentHash => "duplicate_content_hash",
+            SkipReason::InProgress => "in_progress",
+            SkipReason::Custom(s) => s,
+        }
+    }
+
+    /// Parses a stored reason (unknown names become [`SkipReason::Custom`]).
+    pub fn parse(s: &str) -> Self {
+        match s {
+            "time_window" => SkipReason::TimeWindow,
+            "duplicate_content_hash" => SkipReason::DuplicateContentHash,
+            "in_progress" => SkipReason::InProgress,
+            other => SkipReason::Custom(other.to_string()),
+        }
+    }
+}
+
+impl fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The earlier run a skip points at.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PreviousRun {
+    /// Its run id.
+    pub run_id: String,
+    /// When it completed (or, for a lease, when it claimed the scope).
+    pub at: DateTime<Utc>,
+}
+
+/// A skip (or would-be skip) with its explanation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Skip {
+    /// Which guard and why.
+    pub reason: SkipReason,
+    /// The earlier run, when the guard knows it.
+    pub previous_run: Option<PreviousRun>,
+    /// A sentence for people.
+    pub detail: String,
+}
+
+/// A row of `processing_runs`: one per invocation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// Unique id of the invocation.
+    pub run_id: String,
+    /// Processor (job) name.
+    pub processor: String,
+    /// Scope.
+    pub scope: String,
+    /// Partition date.
+    pub scope_date: NaiveDate,
+    /// Why it started.
+    pub trigger: Trigger,
+    /// Guard mode in force.
+    pub mode: Mode,
+    /// Start time.
+    pub started_at: DateTime<Utc>,
+    /// End time.
+    pub finished_at: DateTime<Utc>,
+    /// `finished_at - started_at` in milliseconds.
+    pub duration_ms: i64,
+    /// Final status.
+    pub status: RunStatus,
+    /// Why it was skipped (status `skipped`).
+    pub skip_reason: Option<SkipReason>,
+    /// What would have skipped it (shadow mode).
+    pub would_skip_reason: Option<SkipReason>,
+    /// The earlier run the (would-be) skip points at.
+    pub previous_run_id: Option<String>,
+    /// Records processed (status `completed`).
+    pub records_processed: Option<i64>,
+    /// The content key, when the content hash guard computed one.
+    pub processing_key: Option<String>,
+    /// Error text (status `failed`).
+    pub error: Option<String>,
+    /// Processor output.
+    pub output: Option<serde_json::Value>,
+}
+
+/// Which guard a processing key belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyKind {
+    /// Key of (processor, scope): the time window guard's.
+    Scope,
+    /// Key of (processor, scope, content): the content hash guard's.
+    Content,
+}
+
+impl KeyKind {
+    /// The name stored in the `kind` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyKind::Scope => "scope",
+            KeyKind::Content => "content",
+        }
+    }
+
+    /// Parses the stored name.
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "scope" => Ok(KeyKind::Scope),
+            "content" => Ok(KeyKind::Content),
+            _ => Err(Error::config(format!("unknown key kind {s:?}"))),
+        }
+    }
+}
+
+/// A row of `processing_keys`, written only when a run succeeds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KeyRecord {
+    /// The key (hex digest).
+    pub key: String,
+    /// Which guard it serves.
+    pub kind: KeyKind,
+    /// Processor (job) name.
+    pub processor: String,
+    /// Scope.
+    pub scope: String,
+    /// Partition date.
+    pub scope_date: NaiveDate,
+    /// When the successful run recorded it.
+    pub processed_at: DateTime<Utc>,
+    /// Entities in the content, when known.
+    pub entity_count: Option<i64>,
+    /// Free-form metadata.
+    pub metadata: serde_json::Value,
+    /// The run that wrote it.
+    pub run_id: String,
+}
+
+/// Truncates a timestamp to whole microseconds, the precision every store keeps, so a
+/// value read back compares equal to the value written.
+pub fn micros(t: DateTime<Utc>) -> DateTime<Utc> {
+    DateTime::from_timestamp_micros(t.timestamp_micros()).unwrap_or(t)
+}

@@ -1,0 +1,90 @@
+//! The processor trait users implement, and the registry the CLI looks them up in.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::error::BoxError;
+use crate::key::Content;
+use crate::model::{Outcome, RunRequest};
+
+/// A unit of batch work for one scope.
+///
+/// ```
+/// use idem::{async_trait, BoxError, Content, Outcome, Processor, RunRequest};
+///
+/// struct PlayerGameSummary;
+///
+/// #[async_trait]
+/// impl Processor for PlayerGameSummary {
+///     fn name(&self) -> &str {
+///         "player_game_summary"
+///     }
+///     async fn describe(&self, req: &RunRequest) -> Result<Option<Content>, BoxError> {
+///         // What the run would consume: here, the players of the day.
+///         Ok(Some(Content::new().entities(["p1", "p2"])))
+///     }
+///     async fn process(&self, req: &RunRequest) -> Result<Outcome, BoxError> {
+///         Ok(Outcome::records(2))
+///     }
+/// }
+/// ```
+#[async_trait]
+pub trait Processor: Send + Sync {
+    /// A stable name: jobs refer to it, and it must not change between releases.
+    fn name(&self) -> &str;
+
+    /// What the run would consume (entity ids, counts, a source checksum), used by the
+    /// content hash guard. `None` when the processor cannot tell.
+    async fn describe(&self, _request: &RunRequest) -> Result<Option<Content>, BoxError> {
+        Ok(None)
+    }
+
+    /// Does the work.
+    async fn process(&self, request: &RunRequest) -> Result<Outcome, BoxError>;
+}
+
+/// Processors by name.
+#[derive(Clone, Default)]
+pub struct Registry {
+    processors: BTreeMap<String, Arc<dyn Processor>>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry")
+            .field("processors", &self.processors.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl Registry {
+    /// An empty registry (the built-in `sql` processor is always available to jobs).
+    pub fn new() -> Self {
+        Registry::default()
+    }
+
+    /// Registers a processor under its name; a later one with the same name replaces it.
+    pub fn register(&mut self, processor: impl Processor + 'static) -> &mut Self {
+        let p: Arc<dyn Processor> = Arc::new(processor);
+        self.processors.insert(p.name().to_string(), p);
+        self
+    }
+
+    /// Chainable [`Registry::register`].
+    pub fn with(mut self, processor: impl Processor + 'static) -> Self {
+        self.register(processor);
+        self
+    }
+
+    /// The processor of that name.
+    pub fn get(&self, name: &str) -> Option<Arc<dyn Processor>> {
+        self.processors.get(name).cloned()
+    }
+
+    /// Registered names, sorted.
+    pub fn names(&self) -> Vec<&str> {
+        self.processors.keys().map(|s| s.as_str()).collect()
+    }
+}

@@ -1,0 +1,525 @@
+//! The runner: puts the guard stack in front of a processor and records the outcome.
+//!
+//! Order of a run: describe the content (when a guard needs a content key) → decide
+//! (guards, one prefetch round trip, the lease) → skip, or process while a heartbeat
+//! renews the lease → [`Store::finish`](crate::store::Store::finish): the ledger row, the
+//! keys *only on success*, the lease release, in one transaction where the store allows.
+//!
+//! Store failures follow the [`StoreFailurePolicy`]: `strict` fails the run before
+//! processing; `best_effort` runs anyway, warns and counts the failure in the report.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::error::{BoxError, Error, Result};
+use crate::guard::{DecideOptions, Decision, GuardStack, GuardVerdict};
+use crate::key::scope_key;
+use crate::model::{
+    micros, KeyKind, KeyRecord, Mode, Outcome, PreviousRun, RunRecord, RunRequest, RunStatus, Skip,
+    SkipReason, Trigger,
+};
+use crate::processor::Processor;
+use crate::store::{DynStore, Finish, Lease};
+
+/// What to do when the store cannot be used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StoreFailurePolicy {
+    /// The run fails before processing, with a clear error (exit code 3).
+    #[default]
+    Strict,
+    /// The run proceeds unguarded; the failure is logged and counted.
+    BestEffort,
+}
+
+impl std::str::FromStr for StoreFailurePolicy {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "strict" => Ok(StoreFailurePolicy::Strict),
+            "best_effort" => Ok(StoreFailurePolicy::BestEffort),
+            _ => Err(Error::config(format!(
+                "unknown store failure policy {s:?}: expected strict or best_effort"
+            ))),
+        }
+    }
+}
+
+/// The result of one run, as printed by `idem run`.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunReport {
+    /// The run id.
+    pub run_id: String,
+    /// Processor (job) name.
+    pub job: String,
+    /// Scope.
+    pub scope: String,
+    /// Trigger.
+    pub trigger: Trigger,
+    /// Mode in force.
+    pub mode: Mode,
+    /// Final status.
+    pub status: RunStatus,
+    /// Why it was skipped.
+    pub skip_reason: Option<SkipReason>,
+    /// What would have skipped it (shadow mode).
+    pub would_skip_reason: Option<SkipReason>,
+    /// The earlier run a (would-be) skip points at.
+    pub previous_run: Option<PreviousRun>,
+    /// A sentence explaining the (would-be) skip.
+    pub detail: Option<String>,
+    /// Records processed.
+    pub records_processed: Option<i64>,
+    /// The content key.
+    pub processing_key: Option<String>,
+    /// The processor's output.
+    pub output: Option<serde_json::Value>,
+    /// The error, when failed.
+    pub error: Option<String>,
+    /// Every evaluated guard's verdict.
+    pub guards: Vec<GuardVerdict>,
+    /// True when the ledger row (and keys) were written.
+    pub recorded: bool,
+    /// True when the run's lease expired and was taken over before it finished.
+    pub lease_lost: bool,
+    /// Store failures tolerated under `best_effort` (or while recording).
+    pub store_errors: Vec<String>,
+    /// Start time.
+    pub started_at: DateTime<Utc>,
+    /// End time.
+    pub finished_at: DateTime<Utc>,
+    /// Duration in milliseconds.
+    pub duration_ms: i64,
+}
+
+impl RunReport {
+    fn new(request: &RunRequest, mode: Mode, started_at: DateTime<Utc>) -> Self {
+        RunReport {
+            run_id: request.run_id.clone(),
+            job: request.processor.clone(),
+            scope: request.scope.clone(),
+            trigger: request.trigger,
+            mode,
+            status: RunStatus::Completed,
+            skip_reason: None,
+            would_skip_reason: None,
+            previous_run: None,
+            detail: None,
+            records_processed: None,
+            processing_key: None,
+            output: None,
+            error: None,
+            guards: Vec::new(),
+            recorded: false,
+            lease_lost: false,
+            store_errors: Vec::new(),
+            started_at,
+            finished_at: started_at,
+            duration_ms: 0,
+        }
+    }
+
+    fn ledger_row(&self, request: &RunRequest) -> RunRecord {
+        RunRecord {
+            run_id: self.run_id.clone(),
+            processor: self.job.clone(),
+            scope: self.scope.clone(),
+            scope_date: request.scope_date,
+            trigger: self.trigger,
+            mode: self.mode,
+            started_at: self.started_at,
+            finished_at: self.finished_at,
+            duration_ms: self.duration_ms,
+            status: self.status,
+            skip_reason: self.skip_reason.clone(),
+            would_skip_reason: self.would_skip_reason.clone(),
+            previous_run_id: self.previous_run.as_ref().map(|p| p.run_id.clone()),
+            records_processed: self.records_processed,
+            processing_key: self.processing_key.clone(),
+            error: self.error.clone(),
+            output: self.output.clone(),
+        }
+    }
+}
+
+/// The decision `explain` shows: every guard's verdict, nothing run or claimed.
+#[derive(Debug, Clone, Serialize)]
+pub struct Explanation {
+    /// Processor (job) name.
+    pub job: String,
+    /// Scope.
+    pub scope: String,
+    /// Mode in force.
+    pub mode: Mode,
+    /// `run` or `skip` (in shadow mode a skip is reported as `run`, with the would-skip).
+    pub decision: &'static str,
+    /// The first skip reason in guard order.
+    pub skip_reason: Option<SkipReason>,
+    /// Its explanation.
+    pub detail: Option<String>,
+    /// The earlier run it points at.
+    pub previous_run: Option<PreviousRun>,
+    /// The content key, when computed.
+    pub processing_key: Option<String>,
+    /// Every guard's verdict.
+    pub guards: Vec<GuardVerdict>,
+}
+
+/// Runs processors behind guards.
+#[derive(Debug, Clone)]
+pub struct Runner {
+    store: Arc<DynStore>,
+    guards: GuardStack,
+    mode: Mode,
+    policy: StoreFailurePolicy,
+    strict_recording: bool,
+    heartbeat: bool,
+}
+
+fn now() -> DateTime<Utc> {
+    micros(Utc::now())
+}
+
+impl Runner {
+    /// A runner over `store` with `guards`, enforce mode, strict store policy, heartbeat on.
+    pub fn new(store: Arc<DynStore>, guards: GuardStack) -> Self {
+        Runner {
+            store,
+            guards,
+            mode: Mode::Enforce,
+            policy: StoreFailurePolicy::Strict,
+            strict_recording: false,
+            heartbeat: true,
+        }
+    }
+
+    /// Sets the mode.
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Sets the store failure policy.
+    pub fn store_failure_policy(mut self, policy: StoreFailurePolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// When true, a completed run whose result cannot be recorded is reported as failed.
+    pub fn strict_recording(mut self, strict: bool) -> Self {
+        self.strict_recording = strict;
+        self
+    }
+
+    /// When true (the default), a held lease is renewed every third of its duration while
+    /// the processor works, so only a crashed or stalled run loses it.
+    pub fn heartbeat(mut self, on: bool) -> Self {
+        self.heartbeat = on;
+        self
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<DynStore> {
+        &self.store
+    }
+
+    async fn content_key(
+        &self,
+        processor: &dyn Processor,
+        request: &RunRequest,
+    ) -> std::result::Result<Option<(String, Option<i64>)>, BoxError> {
+        let Some(algorithm) = self.guards.content_hash() else {
+            return Ok(None);
+        };
+        Ok(processor.describe(request).await?.map(|content| {
+            (
+                content.key(&request.processor, &request.scope, algorithm),
+                content.entity_count(),
+            )
+        }))
+    }
+
+    /// Explains what a run would do now, without running the processor or claiming the
+    /// lease.
+    pub async fn explain(
+        &self,
+        processor: &dyn Processor,
+        request: &RunRequest,
+    ) -> Result<Explanation> {
+        let content = if self.mode == Mode::Off {
+            None
+        } else {
+            self.content_key(processor, request)
+                .await
+                .map_err(|source| Error::Processor {
+                    processor: request.processor.clone(),
+                    source,
+                })?
+        };
+        let key = content.as_ref().map(|(k, _)| k.clone());
+        let decision = if self.mode == Mode::Off {
+            Decision::default()
+        } else {
+            self.guards
+                .decide(
+                    request,
+                    &*self.store,
+                    now(),
+                    key.as_deref(),
+                    DecideOptions {
+                        stop_at_first_skip: false,
+                        dry_run: true,
+                        shadow: self.mode == Mode::Shadow,
+                    },
+                    &mut None,
+                )
+                .await?
+        };
+        let skip = decision.skip;
+        Ok(Explanation {
+            job: request.processor.clone(),
+            scope: request.scope.clone(),
+            mode: self.mode,
+            decision: if skip.is_some() && self.mode == Mode::Enforce {
+                "skip"
+            } else {
+                "run"
+            },
+            skip_reason: skip.as_ref().map(|s| s.reason.clone()),
+            detail: skip.as_ref().map(|s| s.detail.clone()),
+            previous_run: skip.and_then(|s| s.previous_run),
+            processing_key: key,
+            guards: decision.verdicts,
+        })
+    }
+
+    /// Runs `processor` for `request` behind the guards and records the outcome.
+    ///
+    /// Returns `Err` only when the run could not be attempted: a store failure under
+    /// `strict` ([`Error::is_store_failure`]) or bad configuration. A failing processor
+    /// gives `Ok` with status `failed`.
+    pub async fn run(&self, processor: &dyn Processor, request: RunRequest) -> Result<RunReport> {
+        let started_at = now();
+        let mut report = RunReport::new(&request, self.mode, started_at);
+
+        let mut entity_count = None;
+        if self.mode != Mode::Off {
+            match self.content_key(processor, &request).await {
+                Ok(Some((key, count))) => {
+                    report.processing_key = Some(key);
+                    entity_count = count;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    report.status = RunStatus::Failed;
+                    report.error = Some(format!("describing the content failed: {e}"));
+                    return Ok(self.record(report, &request, None, Vec::new()).await);
+                }
+            }
+        }
+
+        let mut lease_out = None;
+        let decision = if self.mode == Mode::Off || self.guards.is_empty() {
+            Decision::default()
+        } else {
+            let decided = self
+                .guards
+                .decide(
+                    &request,
+                    &*self.store,
+                    started_at,
+                    report.processing_key.as_deref(),
+                    DecideOptions {
+                        stop_at_first_skip: self.mode == Mode::Enforce,
+                        dry_run: false,
+                        shadow: self.mode == Mode::Shadow,
+                    },
+                    &mut lease_out,
+                )
+                .await;
+            match decided {
+                Ok(d) => d,
+                Err(e) => {
+                    if let Some(lease) = lease_out {
+                        if let Err(release) = self.store.release(&lease, now()).await {
+                            tracing::warn!(
+                                "could not release the lease after a guard error: {release}"
+                            );
+                        }
+                    }
+                    match (e.is_store_failure(), self.policy) {
+                        (true, StoreFailurePolicy::BestEffort) => {
+                            tracing::warn!(
+                                "store failure while checking guards; running unguarded (best_effort): {e}"
+                            );
+                            report.store_errors.push(e.to_string());
+                            Decision::default()
+                        }
+                        _ => return Err(e),
+                    }
+                }
+            }
+        };
+        report.guards = decision.verdicts;
+        let lease = decision.lease;
+
+        if let Some(skip) = decision.skip {
+            let Skip {
+                reason,
+                previous_run,
+                detail,
+            } = skip;
+            report.previous_run = previous_run;
+            report.detail = Some(detail);
+            if self.mode == Mode::Enforce {
+                report.status = RunStatus::Skipped;
+                report.skip_reason = Some(reason);
+                return Ok(self.record(report, &request, lease, Vec::new()).await);
+            }
+            report.would_skip_reason = Some(reason);
+        }
+
+        match self.process(processor, &request, lease.clone()).await {
+            Ok(Outcome {
+                records_processed,
+                output,
+            }) => {
+                report.status = RunStatus::Completed;
+                report.records_processed = Some(records_processed);
+                report.output = output;
+            }
+            Err(e) => {
+                report.status = RunStatus::Failed;
+                report.error = Some(e.to_string());
+            }
+        }
+        let processed_at = now();
+        let mut keys = Vec::new();
+        if report.status == RunStatus::Completed {
+            let metadata = serde_json::json!({
+                "trigger": request.trigger,
+                "records_processed": report.records_processed,
+                "mode": self.mode,
+            });
+            keys.push(KeyRecord {
+                key: scope_key(&request.processor, &request.scope),
+                kind: KeyKind::Scope,
+                processor: request.processor.clone(),
+                scope: request.scope.clone(),
+                scope_date: request.scope_date,
+                processed_at,
+                entity_count,
+                metadata: metadata.clone(),
+                run_id: request.run_id.clone(),
+            });
+            if let Some(key) = &report.processing_key {
+                keys.push(KeyRecord {
+                    key: key.clone(),
+                    kind: KeyKind::Content,
+                    processor: request.processor.clone(),
+                    scope: request.scope.clone(),
+                    scope_date: request.scope_date,
+                    processed_at,
+                    entity_count,
+                    metadata,
+                    run_id: request.run_id.clone(),
+                });
+            }
+        }
+        Ok(self.record(report, &request, lease, keys).await)
+    }
+
+    async fn process(
+        &self,
+        processor: &dyn Processor,
+        request: &RunRequest,
+        lease: Option<Lease>,
+    ) -> std::result::Result<Outcome, BoxError> {
+        let work = processor.process(request);
+        let Some(mut lease) = lease.filter(|_| self.heartbeat) else {
+            return work.await;
+        };
+        let ttl = (lease.expires_at - lease.acquired_at)
+            .to_std()
+            .unwrap_or(Duration::from_secs(60));
+        let every = (ttl / 3).max(Duration::from_millis(100));
+        tokio::pin!(work);
+        loop {
+            tokio::select! {
+                result = &mut work => return result,
+                _ = tokio::time::sleep(every) => {
+                    match self.store.renew(&lease, ttl, now()).await {
+                        Ok(renewed) => lease = renewed,
+                        Err(e) => tracing::warn!("could not renew the lease: {e}"),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes the ledger row (and keys, and the lease release); never fails the caller:
+    /// problems are reflected in the report.
+    async fn record(
+        &self,
+        mut report: RunReport,
+        request: &RunRequest,
+        lease: Option<Lease>,
+        keys: Vec<KeyRecord>,
+    ) -> RunReport {
+        report.finished_at = now();
+        report.duration_ms = (report.finished_at - report.started_at).num_milliseconds();
+        let finish = Finish {
+            run: report.ledger_row(request),
+            keys,
+            lease: lease.clone(),
+        };
+        match self.store.finish(&finish).await {
+            Ok(()) => report.recorded = true,
+            Err(e @ Error::LeaseLost { .. }) => {
+                tracing::error!("{e}: this run's result is not recorded over the newer run");
+                report.lease_lost = true;
+                if report.status == RunStatus::Completed {
+                    report.status = RunStatus::Failed;
+                    report.error = Some(format!(
+                        "{e}: the work ran, but its lease expired and was taken over, so its keys were not recorded"
+                    ));
+                }
+                let run = report.ledger_row(request);
+                match self
+                    .store
+                    .finish(&Finish {
+                        run,
+                        keys: Vec::new(),
+                        lease: None,
+                    })
+                    .await
+                {
+                    Ok(()) => report.recorded = true,
+                    Err(e) => report.store_errors.push(e.to_string()),
+                }
+            }
+            Err(e) => {
+                tracing::warn!("could not record run {}: {e}", report.run_id);
+                report.store_errors.push(e.to_string());
+                if let Some(lease) = &lease {
+                    if let Err(e) = self.store.release(lease, now()).await {
+                        tracing::warn!(
+                            "could not release the lease either; it expires at {}: {e}",
+                            lease.expires_at
+                        );
+                    }
+                }
+                if self.strict_recording && report.status == RunStatus::Completed {
+                    report.status = RunStatus::Failed;
+                    report.error = Some(format!(
+                        "the work completed but its result could not be recorded (strict recording): {e}"
+                    ));
+                }
+            }
+        }
+        report
+    }
+}

@@ -1,0 +1,212 @@
+//! The built-in SQL processor: runs a job's SQL against a warehouse.
+//!
+//! A job gives up to three pieces of SQL: `setup` (idempotent statements run first),
+//! `content` (rows describing what the run would consume; their canonical hash is the
+//! content key) and `process` (the work, possibly several statements, run in one
+//! transaction where the warehouse has them). The scope is bound as `@scope`.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::Value;
+use tokio::sync::OnceCell;
+
+use crate::error::{BoxError, Error, Result};
+use crate::key::Content;
+use crate::model::{Outcome, RunRequest};
+use crate::processor::Processor;
+
+mod params;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+pub use params::{prepare, Dialect, Statement};
+#[cfg(feature = "sqlite")]
+pub use sqlite::SqliteWarehouse;
+
+/// Named parameter values bound into job SQL (`scope`, `run_id`, job `[sql.params]`).
+pub type Params = BTreeMap<String, String>;
+
+/// A database the SQL processor can run statements on.
+#[async_trait]
+pub trait Warehouse: Send + Sync + Debug {
+    /// Its dialect (decides the placeholder syntax).
+    fn dialect(&self) -> Dialect;
+
+    /// Its URL without secrets, for messages.
+    fn describe(&self) -> String;
+
+    /// Runs the statements in order, in one transaction where the warehouse has them;
+    /// returns the total rows affected.
+    async fn execute(&self, statements: &[Statement], params: &Params) -> Result<u64, String>;
+
+    /// Runs one query and returns its rows as JSON objects (column name → value).
+    async fn query(&self, statement: &Statement, params: &Params) -> Result<Vec<Value>, String>;
+}
+
+/// Looks up a statement's parameters, with an error naming a missing one.
+pub fn bind_values<'a>(statement: &Statement, params: &'a Params) -> Result<Vec<&'a str>, String> {
+    statement
+        .params
+        .iter()
+        .map(|name| {
+            params.get(name).map(String::as_str).ok_or_else(|| {
+                let known: Vec<&str> = params.keys().map(String::as_str).collect();
+                format!("unknown parameter @{name} (known: @{})", known.join(", @"))
+            })
+        })
+        .collect()
+}
+
+/// Opens the warehouse a URL names (`sqlite://…`, `postgres://…`, `bigquery://…`).
+pub async fn open_warehouse(url: &str) -> Result<Arc<dyn Warehouse>> {
+    let scheme = url.split_once("://").map(|(s, _)| s).unwrap_or("");
+    match scheme {
+        #[cfg(feature = "sqlite")]
+        "sqlite" => Ok(Arc::new(SqliteWarehouse::connect(url).await?)),
+        _ => Err(Error::config(format!(
+            "unsupported warehouse url {:?}: expected sqlite://PATH, postgres://… or bigquery://PROJECT/DATASET",
+            crate::store::redact_url(url)
+        ))),
+    }
+}
+
+/// The SQL a job runs.
+#[derive(Debug, Clone, Default)]
+pub struct SqlScripts {
+    /// Idempotent statements run first.
+    pub setup: Option<String>,
+    /// A query whose rows describe the content.
+    pub content: Option<String>,
+    /// The work.
+    pub process: String,
+}
+
+/// The built-in processor that runs a job's SQL.
+#[derive(Debug)]
+pub struct SqlProcessor {
+    name: String,
+    warehouse: Arc<dyn Warehouse>,
+    setup: Vec<Statement>,
+    content: Option<Statement>,
+    process: Vec<Statement>,
+    params: Params,
+    setup_done: OnceCell<()>,
+}
+
+impl SqlProcessor {
+    /// Prepares the scripts for the warehouse's dialect (syntax problems such as an
+    /// unterminated string are reported now, before anything runs).
+    pub fn new(
+        name: impl Into<String>,
+        warehouse: Arc<dyn Warehouse>,
+        scripts: &SqlScripts,
+        params: Params,
+    ) -> Result<Self> {
+        let dialect = warehouse.dialect();
+        let setup = match &scripts.setup {
+            Some(s) => prepare(s, dialect)?,
+            None => Vec::new(),
+        };
+        let content = match &scripts.content {
+            Some(s) => {
+                let mut statements = prepare(s, dialect)?;
+                if statements.len() != 1 {
+                    return Err(Error::config(format!(
+                        "[sql].content must be exactly one query, found {} statements",
+                        statements.len()
+                    )));
+                }
+                statements.pop()
+            }
+            None => None,
+        };
+        let process = prepare(&scripts.process, dialect)?;
+        if process.is_empty() {
+            return Err(Error::config("[sql].process has no statement"));
+        }
+        Ok(SqlProcessor {
+            name: name.into(),
+            warehouse,
+            setup,
+            content,
+            process,
+            params,
+            setup_done: OnceCell::new(),
+        })
+    }
+
+    fn params_for(&self, request: &RunRequest) -> Params {
+        let mut params = self.params.clone();
+        params.insert("scope".into(), request.scope.clone());
+        params.insert(
+            "scope_date".into(),
+            request.scope_date.format("%Y-%m-%d").to_string(),
+        );
+        params.insert("run_id".into(), request.run_id.clone());
+        params.insert("trigger".into(), request.trigger.as_str().into());
+        params
+    }
+
+    async fn setup(&self, params: &Params) -> Result<(), BoxError> {
+        if self.setup.is_empty() {
+            return Ok(());
+        }
+        self.setup_done
+            .get_or_try_init(|| async {
+                self.warehouse
+                    .execute(&self.setup, params)
+                    .await
+                    .map(|_| ())
+                    .map_err(|message| Error::Sql {
+                        phase: "setup",
+                        warehouse: self.warehouse.describe(),
+                        message,
+                    })
+            })
+            .await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Processor for SqlProcessor {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn describe(&self, request: &RunRequest) -> Result<Option<Content>, BoxError> {
+        let Some(content) = &self.content else {
+            return Ok(None);
+        };
+        let params = self.params_for(request);
+        self.setup(&params).await?;
+        let rows = self
+            .warehouse
+            .query(content, &params)
+            .await
+            .map_err(|message| Error::Sql {
+                phase: "content",
+                warehouse: self.warehouse.describe(),
+                message,
+            })?;
+        Ok(Some(Content::new().rows(rows)))
+    }
+
+    async fn process(&self, request: &RunRequest) -> Result<Outcome, BoxError> {
+        let params = self.params_for(request);
+        self.setup(&params).await?;
+        let affected = self
+            .warehouse
+            .execute(&self.process, &params)
+            .await
+            .map_err(|message| Error::Sql {
+                phase: "process",
+                warehouse: self.warehouse.describe(),
+                message,
+            })?;
+        Ok(Outcome::records(affected as i64))
+    }
+}

@@ -1,0 +1,281 @@
+//! A circuit breaker around any store, so a dead store is not hammered.
+//!
+//! After `failure_threshold` consecutive store failures the breaker *opens*: calls fail at
+//! once with [`Error::CircuitOpen`] without touching the store. After `reset_timeout` it is
+//! *half-open*: one call goes through; success closes the breaker, failure opens it again.
+//! Only store failures count: a lost lease or a duplicate key is the store working.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use super::{
+    Capabilities, Claim, ClaimRequest, CleanupReport, Finish, KeyLookup, Lease, LeaseHolder,
+    RunFilter, Store,
+};
+use crate::error::{Error, Result};
+use crate::model::{KeyRecord, RunRecord};
+
+/// Breaker settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BreakerConfig {
+    /// Consecutive failures that open the breaker.
+    pub failure_threshold: u32,
+    /// How long it stays open before letting one probe through.
+    pub reset_timeout: Duration,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        BreakerConfig {
+            failure_threshold: 5,
+            reset_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct BreakerState {
+    consecutive_failures: u32,
+    opened_at: Option<Instant>,
+    probing: bool,
+    total_failures: u64,
+    rejected: u64,
+}
+
+/// Observable breaker state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakerPhase {
+    /// Calls go through.
+    Closed,
+    /// Calls fail fast.
+    Open,
+    /// One probe may go through.
+    HalfOpen,
+}
+
+/// A store wrapped in a circuit breaker.
+#[derive(Debug)]
+pub struct CircuitBreakerStore<S: Store + ?Sized> {
+    inner: Arc<S>,
+    config: BreakerConfig,
+    state: Mutex<BreakerState>,
+}
+
+impl<S: Store + ?Sized> CircuitBreakerStore<S> {
+    /// Wraps `inner`.
+    pub fn new(inner: Arc<S>, config: BreakerConfig) -> Self {
+        CircuitBreakerStore {
+            inner,
+            config,
+            state: Mutex::new(BreakerState::default()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BreakerState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The breaker's phase now.
+    pub fn phase(&self) -> BreakerPhase {
+        let s = self.lock();
+        match s.opened_at {
+            None => BreakerPhase::Closed,
+            Some(t) if t.elapsed() >= self.config.reset_timeout => BreakerPhase::HalfOpen,
+            Some(_) => BreakerPhase::Open,
+        }
+    }
+
+    /// Store failures seen since creation.
+    pub fn total_failures(&self) -> u64 {
+        self.lock().total_failures
+    }
+
+    /// Calls refused while open.
+    pub fn rejected(&self) -> u64 {
+        self.lock().rejected
+    }
+
+    fn before(&self) -> Result<()> {
+        let mut s = self.lock();
+        if let Some(opened) = s.opened_at {
+            let elapsed = opened.elapsed();
+            if elapsed < self.config.reset_timeout || s.probing {
+                s.rejected += 1;
+                return Err(Error::CircuitOpen {
+                    store: self.inner.describe(),
+                    failures: s.consecutive_failures,
+                    retry_in_ms: self
+                        .config
+                        .reset_timeout
+                        .saturating_sub(elapsed)
+                        .as_millis() as u64,
+                });
+            }
+            s.probing = true;
+        }
+        Ok(())
+    }
+
+    fn after<T>(&self, result: Result<T>) -> Result<T> {
+        let mut s = self.lock();
+        s.probing = false;
+        match &result {
+            Err(e) if e.is_store_failure() => {
+                s.consecutive_failures += 1;
+                s.total_failures += 1;
+                if s.consecutive_failures >= self.config.failure_threshold {
+                    s.opened_at = Some(Instant::now());
+                }
+            }
+            _ => {
+                s.consecutive_failures = 0;
+                s.opened_at = None;
+            }
+        }
+        result
+    }
+}
+
+#[async_trait]
+impl<S: Store + ?Sized> Store for CircuitBreakerStore<S> {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn migrate(&self) -> Result<()> {
+        self.before()?;
+        let r = self.inner.migrate().await;
+        self.after(r)
+    }
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claim> {
+        self.before()?;
+        let r = self.inner.claim(request).await;
+        self.after(r)
+    }
+    async fn lease_holder(
+        &self,
+        processor: &str,
+        scope: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<LeaseHolder>> {
+        self.before()?;
+        let r = self.inner.lease_holder(processor, scope, now).await;
+        self.after(r)
+    }
+    async fn renew(&self, lease: &Lease, ttl: Duration, now: DateTime<Utc>) -> Result<Lease> {
+        self.before()?;
+        let r = self.inner.renew(lease, ttl, now).await;
+        self.after(r)
+    }
+    async fn release(&self, lease: &Lease, now: DateTime<Utc>) -> Result<bool> {
+        self.before()?;
+        let r = self.inner.release(lease, now).await;
+        self.after(r)
+    }
+    async fn find_keys(&self, lookups: &[KeyLookup]) -> Result<Vec<Option<KeyRecord>>> {
+        self.before()?;
+        let r = self.inner.find_keys(lookups).await;
+        self.after(r)
+    }
+    async fn finish(&self, finish: &Finish) -> Result<()> {
+        self.before()?;
+        let r = self.inner.finish(finish).await;
+        self.after(r)
+    }
+    async fn runs(&self, filter: &RunFilter) -> Result<Vec<RunRecord>> {
+        self.before()?;
+        let r = self.inner.runs(filter).await;
+        self.after(r)
+    }
+    async fn purge(&self, processor: &str, scope: Option<&str>) -> Result<u64> {
+        self.before()?;
+        let r = self.inner.purge(processor, scope).await;
+        self.after(r)
+    }
+    async fn cleanup(&self, before: DateTime<Utc>) -> Result<CleanupReport> {
+        self.before()?;
+        let r = self.inner.cleanup(before).await;
+        self.after(r)
+    }
+    async fn mark_event_keys(
+        &self,
+        namespace: &str,
+        keys: &[String],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<bool>> {
+        self.before()?;
+        let r = self.inner.mark_event_keys(namespace, keys, now).await;
+        self.after(r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::UnavailableStore;
+
+    #[tokio::test]
+    async fn opens_after_threshold_and_half_opens_after_timeout() {
+        let breaker = CircuitBreakerStore::new(
+            Arc::new(UnavailableStore::new(
+                "unreachable://",
+                "connection refused",
+            )),
+            BreakerConfig {
+                failure_threshold: 3,
+                reset_timeout: Duration::from_millis(50),
+            },
+        );
+        for _ in 0..3 {
+            let e = breaker.migrate().await.unwrap_err();
+            assert!(matches!(e, Error::StoreUnavailable { .. }), "{e}");
+        }
+        assert_eq!(breaker.phase(), BreakerPhase::Open);
+        let e = breaker.migrate().await.unwrap_err();
+        assert!(matches!(e, Error::CircuitOpen { failures: 3, .. }), "{e}");
+        assert_eq!(breaker.rejected(), 1);
+        assert_eq!(breaker.total_failures(), 3);
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert_eq!(breaker.phase(), BreakerPhase::HalfOpen);
+        // The probe reaches the store (and fails): open again.
+        let e = breaker.migrate().await.unwrap_err();
+        assert!(matches!(e, Error::StoreUnavailable { .. }), "{e}");
+        assert_eq!(breaker.phase(), BreakerPhase::Open);
+        assert_eq!(breaker.total_failures(), 4);
+    }
+
+    #[tokio::test]
+    async fn a_success_closes_the_breaker() {
+        let breaker = CircuitBreakerStore::new(
+            Arc::new(crate::store::MemoryStore::new()),
+            BreakerConfig::default(),
+        );
+        assert!(breaker.find_keys(&[]).await.is_ok());
+        assert_eq!(breaker.phase(), BreakerPhase::Closed);
+        // A lost lease is the store working, not failing.
+        let lease = Lease {
+            processor: "p".into(),
+            scope: "s".into(),
+            run_id: "r".into(),
+            token: 7,
+            acquired_at: Utc::now(),
+            expires_at: Utc::now(),
+        };
+        for _ in 0..10 {
+            assert!(breaker
+                .renew(&lease, Duration::from_secs(1), Utc::now())
+                .await
+                .is_err());
+        }
+        assert_eq!(breaker.phase(), BreakerPhase::Closed);
+        assert_eq!(breaker.total_failures(), 0);
+    }
+}

@@ -1,0 +1,756 @@
+//! The conformance suite every store must pass.
+//!
+//! Plain `pub async fn`s taking a store; each backend's tests call every one of them (see
+//! `tests/conformance.rs`). Each check uses its own processor names, so the checks can
+//! share one database and run in any order. Times are passed explicitly (`now`), so
+//! expiry is tested without sleeping.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, NaiveDate, Utc};
+use serde_json::json;
+
+use super::{Claim, ClaimRequest, DynStore, Finish, KeyLookup, Lease, RunFilter};
+use crate::error::Error;
+use crate::model::{
+    micros, new_run_id, KeyKind, KeyRecord, Mode, RunRecord, RunStatus, SkipReason, Trigger,
+};
+
+/// Every check, by name, for backends that want one test per check.
+pub const CHECKS: &[&str] = &[
+    "claim_excludes_and_release_frees",
+    "expired_lease_is_taken_over_and_fenced",
+    "concurrent_claims_have_one_winner",
+    "keys_only_on_success",
+    "key_windows_and_latest_row",
+    "ledger_queries",
+    "strings_round_trip",
+    "purge_and_cleanup",
+    "event_keys_batch",
+    "renew_extends_lease",
+];
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", &new_run_id()[..8])
+}
+
+fn now() -> DateTime<Utc> {
+    micros(Utc::now())
+}
+
+fn day() -> NaiveDate {
+    NaiveDate::from_ymd_opt(2025, 11, 18).expect("valid date")
+}
+
+fn request<'a>(
+    processor: &'a str,
+    scope: &'a str,
+    run_id: &'a str,
+    ttl_secs: u64,
+    now: DateTime<Utc>,
+) -> ClaimRequest<'a> {
+    ClaimRequest {
+        processor,
+        scope,
+        run_id,
+        ttl: Duration::from_secs(ttl_secs),
+        now,
+    }
+}
+
+/// A ledger row for tests.
+pub fn run_record(
+    processor: &str,
+    scope: &str,
+    run_id: &str,
+    status: RunStatus,
+    at: DateTime<Utc>,
+) -> RunRecord {
+    RunRecord {
+        run_id: run_id.to_string(),
+        processor: processor.to_string(),
+        scope: scope.to_string(),
+        scope_date: day(),
+        trigger: Trigger::Scheduler,
+        mode: Mode::Enforce,
+        started_at: micros(at - chrono::Duration::milliseconds(1500)),
+        finished_at: micros(at),
+        duration_ms: 1500,
+        status,
+        skip_reason: (status == RunStatus::Skipped).then_some(SkipReason::TimeWindow),
+        would_skip_reason: None,
+        previous_run_id: None,
+        records_processed: (status == RunStatus::Completed).then_some(42),
+        processing_key: Some("k".repeat(64)),
+        error: (status == RunStatus::Failed).then(|| "boom".to_string()),
+        output: Some(json!({"rows": 42, "note": "ok"})),
+    }
+}
+
+/// A key row for tests.
+pub fn key_record(
+    key: &str,
+    kind: KeyKind,
+    processor: &str,
+    scope: &str,
+    run_id: &str,
+    at: DateTime<Utc>,
+) -> KeyRecord {
+    KeyRecord {
+        key: key.to_string(),
+        kind,
+        processor: processor.to_string(),
+        scope: scope.to_string(),
+        scope_date: day(),
+        processed_at: micros(at),
+        entity_count: Some(450),
+        metadata: json!({"source": "test", "entities": 450}),
+        run_id: run_id.to_string(),
+    }
+}
+
+fn acquired(claim: Claim) -> Lease {
+    match claim {
+        Claim::Acquired(lease) => lease,
+        Claim::Held(h) => panic!(
+            "expected to acquire the lease, but run {} holds it",
+            h.run_id
+        ),
+    }
+}
+
+async fn finish_completed(
+    store: &DynStore,
+    lease: &Lease,
+    keys: Vec<KeyRecord>,
+    at: DateTime<Utc>,
+) -> crate::Result<()> {
+    store
+        .finish(&Finish {
+            run: run_record(
+                &lease.processor,
+                &lease.scope,
+                &lease.run_id,
+                RunStatus::Completed,
+                at,
+            ),
+            keys,
+            lease: Some(lease.clone()),
+        })
+        .await
+}
+
+/// A claim excludes other runs until the holder finishes; then the lease is free and the
+/// next claim gets a larger token.
+pub async fn claim_excludes_and_release_frees(store: Arc<DynStore>) {
+    let p = unique("claim");
+    let t = now();
+    let (a, b, c) = (new_run_id(), new_run_id(), new_run_id());
+    let lease_a = acquired(
+        store
+            .claim(&request(&p, "2025-11-18", &a, 3600, t))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(lease_a.run_id, a);
+    match store
+        .claim(&request(&p, "2025-11-18", &b, 3600, t))
+        .await
+        .unwrap()
+    {
+        Claim::Held(h) => {
+            assert_eq!(h.run_id, a, "the holder is reported");
+            assert_eq!(h.token, lease_a.token);
+            assert_eq!(h.expires_at, lease_a.expires_at);
+        }
+        Claim::Acquired(_) => panic!("a second run acquired a held lease"),
+    }
+    let peek = store.lease_holder(&p, "2025-11-18", t).await.unwrap();
+    assert_eq!(
+        peek.map(|h| h.run_id),
+        Some(a.clone()),
+        "lease_holder peeks"
+    );
+    let later = lease_a.expires_at + chrono::Duration::seconds(1);
+    assert!(store
+        .lease_holder(&p, "2025-11-18", later)
+        .await
+        .unwrap()
+        .is_none());
+    // Another scope of the same processor is independent.
+    acquired(
+        store
+            .claim(&request(&p, "2025-11-19", &b, 3600, t))
+            .await
+            .unwrap(),
+    );
+
+    finish_completed(&*store, &lease_a, vec![], t)
+        .await
+        .unwrap();
+    assert!(store
+        .lease_holder(&p, "2025-11-18", t)
+        .await
+        .unwrap()
+        .is_none());
+    let lease_c = acquired(
+        store
+            .claim(&request(&p, "2025-11-18", &c, 3600, t))
+            .await
+            .unwrap(),
+    );
+    assert!(lease_c.token > lease_a.token, "fencing tokens grow");
+
+    // A released lease frees the scope too, and releasing twice is a no-op.
+    assert!(store.release(&lease_c, t).await.unwrap());
+    assert!(!store.release(&lease_c, t).await.unwrap());
+    acquired(
+        store
+            .claim(&request(&p, "2025-11-18", &b, 3600, t))
+            .await
+            .unwrap(),
+    );
+}
+
+/// A lease past its expiry is taken over; the late holder can neither finish nor release
+/// over the new one, and its late finish writes nothing.
+pub async fn expired_lease_is_taken_over_and_fenced(store: Arc<DynStore>) {
+    let p = unique("expiry");
+    let t0 = now();
+    let (slow, fresh) = (new_run_id(), new_run_id());
+    let old = acquired(store.claim(&request(&p, "s", &slow, 10, t0)).await.unwrap());
+    // Before expiry: held.
+    let t1 = t0 + chrono::Duration::seconds(9);
+    assert!(matches!(
+        store
+            .claim(&request(&p, "s", &fresh, 10, t1))
+            .await
+            .unwrap(),
+        Claim::Held(_)
+    ));
+    // After expiry: taken over.
+    let t2 = t0 + chrono::Duration::seconds(11);
+    let new = acquired(
+        store
+            .claim(&request(&p, "s", &fresh, 10, t2))
+            .await
+            .unwrap(),
+    );
+    assert!(new.token > old.token);
+
+    let key = unique("key");
+    let late = finish_completed(
+        &*store,
+        &old,
+        vec![key_record(&key, KeyKind::Content, &p, "s", &slow, t2)],
+        t2,
+    )
+    .await;
+    match late {
+        Err(Error::LeaseLost {
+            token,
+            current_holder,
+            ..
+        }) => {
+            assert_eq!(token, old.token);
+            assert_eq!(current_holder.as_deref(), Some(fresh.as_str()));
+        }
+        other => panic!("late finish must be rejected with LeaseLost, got {other:?}"),
+    }
+    assert!(
+        !store.release(&old, t2).await.unwrap(),
+        "late release is a no-op"
+    );
+    let found = store
+        .find_keys(&[KeyLookup {
+            key: key.clone(),
+            kind: KeyKind::Content,
+            since: t0 - chrono::Duration::days(1),
+        }])
+        .await
+        .unwrap();
+    assert_eq!(found, vec![None], "a fenced finish writes no key");
+    let runs = store
+        .runs(&RunFilter {
+            processor: Some(p.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(runs.is_empty(), "a fenced finish writes no run row");
+    // The new holder still finishes normally.
+    finish_completed(
+        &*store,
+        &new,
+        vec![key_record(&key, KeyKind::Content, &p, "s", &fresh, t2)],
+        t2,
+    )
+    .await
+    .unwrap();
+}
+
+/// Many runs claiming one scope at once: exactly one wins.
+pub async fn concurrent_claims_have_one_winner(store: Arc<DynStore>) {
+    let p = unique("race");
+    let t = now();
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let store = store.clone();
+        let p = p.clone();
+        tasks.push(tokio::spawn(async move {
+            let run = new_run_id();
+            store
+                .claim(&ClaimRequest {
+                    processor: &p,
+                    scope: "2025-11-18",
+                    run_id: &run,
+                    ttl: Duration::from_secs(60),
+                    now: t,
+                })
+                .await
+        }));
+    }
+    let mut winners = 0;
+    let mut holders = std::collections::HashSet::new();
+    for task in tasks {
+        match task.await.expect("task panicked").expect("claim failed") {
+            Claim::Acquired(l) => {
+                winners += 1;
+                holders.insert(l.run_id);
+            }
+            Claim::Held(h) => {
+                holders.insert(h.run_id);
+            }
+        }
+    }
+    assert_eq!(winners, 1, "exactly one concurrent claim wins");
+    assert_eq!(holders.len(), 1, "every loser names the single winner");
+}
+
+/// A failed or skipped run is recorded in the ledger, writes no key, and frees the lease.
+pub async fn keys_only_on_success(store: Arc<DynStore>) {
+    let p = unique("fail");
+    let t = now();
+    let run = new_run_id();
+    let lease = acquired(store.claim(&request(&p, "s", &run, 60, t)).await.unwrap());
+    let key = unique("k");
+    store
+        .finish(&Finish {
+            run: run_record(&p, "s", &run, RunStatus::Failed, t),
+            keys: vec![key_record(&key, KeyKind::Scope, &p, "s", &run, t)],
+            lease: Some(lease),
+        })
+        .await
+        .unwrap();
+    let found = store
+        .find_keys(&[KeyLookup {
+            key: key.clone(),
+            kind: KeyKind::Scope,
+            since: t - chrono::Duration::hours(1),
+        }])
+        .await
+        .unwrap();
+    assert_eq!(found, vec![None], "a failed run writes no key");
+    let runs = store
+        .runs(&RunFilter {
+            processor: Some(p.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].status, RunStatus::Failed);
+    assert_eq!(runs[0].error.as_deref(), Some("boom"));
+    // The retry can claim at once.
+    acquired(
+        store
+            .claim(&request(&p, "s", &new_run_id(), 60, t))
+            .await
+            .unwrap(),
+    );
+
+    // A skipped run without a lease is recorded too.
+    let skipped = new_run_id();
+    store
+        .finish(&Finish {
+            run: run_record(&p, "s", &skipped, RunStatus::Skipped, t),
+            keys: vec![],
+            lease: None,
+        })
+        .await
+        .unwrap();
+    let runs = store
+        .runs(&RunFilter {
+            processor: Some(p.clone()),
+            status: Some(RunStatus::Skipped),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].skip_reason, Some(SkipReason::TimeWindow));
+}
+
+/// Lookups honour `since`, kind, and return the latest row per key, in request order.
+pub async fn key_windows_and_latest_row(store: Arc<DynStore>) {
+    let p = unique("window");
+    let t0 = now() - chrono::Duration::hours(2);
+    let t1 = t0 + chrono::Duration::minutes(90);
+    let (scope_key, content_key) = (unique("scope"), unique("content"));
+    for (at, run) in [(t0, new_run_id()), (t1, new_run_id())] {
+        let lease = acquired(store.claim(&request(&p, "s", &run, 60, at)).await.unwrap());
+        finish_completed(
+            &*store,
+            &lease,
+            vec![
+                key_record(&scope_key, KeyKind::Scope, &p, "s", &run, at),
+                key_record(&content_key, KeyKind::Content, &p, "s", &run, at),
+            ],
+            at,
+        )
+        .await
+        .unwrap();
+    }
+    let lookups = vec![
+        KeyLookup {
+            key: content_key.clone(),
+            kind: KeyKind::Content,
+            since: t0 - chrono::Duration::hours(24),
+        },
+        KeyLookup {
+            key: scope_key.clone(),
+            kind: KeyKind::Scope,
+            since: t1 + chrono::Duration::seconds(1),
+        },
+        KeyLookup {
+            key: scope_key.clone(),
+            kind: KeyKind::Content,
+            since: t0 - chrono::Duration::hours(24),
+        },
+        KeyLookup {
+            key: scope_key.clone(),
+            kind: KeyKind::Scope,
+            since: t1,
+        },
+    ];
+    let found = store.find_keys(&lookups).await.unwrap();
+    assert_eq!(found.len(), 4);
+    let latest = found[0].as_ref().expect("content key within 24h");
+    assert_eq!(latest.processed_at, micros(t1), "the latest row wins");
+    assert_eq!(latest.entity_count, Some(450));
+    assert_eq!(latest.metadata, json!({"source": "test", "entities": 450}));
+    assert_eq!(latest.scope_date, day());
+    assert!(found[1].is_none(), "outside the window");
+    assert!(found[2].is_none(), "kinds do not mix");
+    assert_eq!(
+        found[3].as_ref().map(|k| k.processed_at),
+        Some(micros(t1)),
+        "`since` is inclusive"
+    );
+    assert!(store.find_keys(&[]).await.unwrap().is_empty());
+}
+
+/// The ledger keeps every field and filters, orders and limits.
+pub async fn ledger_queries(store: Arc<DynStore>) {
+    let p = unique("ledger");
+    let t = now();
+    let mut ids: Vec<String> = Vec::new();
+    for (i, status) in [
+        RunStatus::Completed,
+        RunStatus::Skipped,
+        RunStatus::Failed,
+        RunStatus::Completed,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let id = new_run_id();
+        let mut run = run_record(
+            &p,
+            "s",
+            &id,
+            status,
+            t + chrono::Duration::seconds(i as i64),
+        );
+        if status == RunStatus::Completed && i == 3 {
+            run.would_skip_reason = Some(SkipReason::DuplicateContentHash);
+            run.previous_run_id = Some(ids[0].clone());
+            run.mode = Mode::Shadow;
+            run.trigger = Trigger::Backfill;
+        }
+        store
+            .finish(&Finish {
+                run,
+                keys: vec![],
+                lease: None,
+            })
+            .await
+            .unwrap();
+        ids.push(id);
+    }
+    let all = store
+        .runs(&RunFilter {
+            processor: Some(p.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        all.iter().map(|r| r.run_id.clone()).collect::<Vec<_>>(),
+        ids.iter().rev().cloned().collect::<Vec<_>>(),
+        "newest first"
+    );
+    let newest = &all[0];
+    let mut expected = run_record(
+        &p,
+        "s",
+        &ids[3],
+        RunStatus::Completed,
+        t + chrono::Duration::seconds(3),
+    );
+    expected.would_skip_reason = Some(SkipReason::DuplicateContentHash);
+    expected.previous_run_id = Some(ids[0].clone());
+    expected.mode = Mode::Shadow;
+    expected.trigger = Trigger::Backfill;
+    assert_eq!(newest, &expected, "every field round-trips");
+
+    let completed = store
+        .runs(&RunFilter {
+            processor: Some(p.clone()),
+            status: Some(RunStatus::Completed),
+            limit: 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(completed.len(), 1);
+    assert_eq!(completed[0].run_id, ids[3]);
+    let since = store
+        .runs(&RunFilter {
+            processor: Some(p.clone()),
+            since: Some(t + chrono::Duration::seconds(2) - chrono::Duration::milliseconds(1500)),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(since.len(), 2);
+    let other_scope = store
+        .runs(&RunFilter {
+            processor: Some(p.clone()),
+            scope: Some("other".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(other_scope.is_empty());
+    // A run id is recorded once.
+    let dup = store
+        .finish(&Finish {
+            run: run_record(&p, "s", &ids[0], RunStatus::Completed, t),
+            keys: vec![],
+            lease: None,
+        })
+        .await;
+    assert!(dup.is_err(), "recording a run id twice is an error");
+}
+
+/// Names and scopes with quotes, semicolons, SQL comments and unicode round-trip.
+pub async fn strings_round_trip(store: Arc<DynStore>) {
+    let p = format!(
+        "it's; \"x\" -- DROP TABLE processing_runs; — ünïcødé 🎉 {}",
+        unique("q")
+    );
+    let scope = "2025-11-18'; DELETE FROM processing_keys; --/ñ";
+    let t = now();
+    let run = new_run_id();
+    let lease = acquired(store.claim(&request(&p, scope, &run, 60, t)).await.unwrap());
+    assert_eq!(lease.processor, p);
+    let key = unique("key'\"");
+    let mut k = key_record(&key, KeyKind::Content, &p, scope, &run, t);
+    k.metadata = json!({"quote": "it's \"fine\"", "emoji": "🎉", "nested": {"b": [1, 2]}});
+    finish_completed(&*store, &lease, vec![k.clone()], t)
+        .await
+        .unwrap();
+    let found = store
+        .find_keys(&[KeyLookup {
+            key,
+            kind: KeyKind::Content,
+            since: t,
+        }])
+        .await
+        .unwrap();
+    assert_eq!(found, vec![Some(k)]);
+    let runs = store
+        .runs(&RunFilter {
+            processor: Some(p.clone()),
+            scope: Some(scope.to_string()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].processor, p);
+    assert_eq!(runs[0].scope, scope);
+}
+
+/// Purge forgets a processor's keys on purpose; cleanup deletes what is old.
+pub async fn purge_and_cleanup(store: Arc<DynStore>) {
+    let p = unique("purge");
+    let t = now();
+    let k1 = unique("k1");
+    let k2 = unique("k2");
+    for (scope, key) in [("a", &k1), ("b", &k2)] {
+        let run = new_run_id();
+        let lease = acquired(store.claim(&request(&p, scope, &run, 60, t)).await.unwrap());
+        finish_completed(
+            &*store,
+            &lease,
+            vec![key_record(key, KeyKind::Scope, &p, scope, &run, t)],
+            t,
+        )
+        .await
+        .unwrap();
+    }
+    let lookup = |key: &str| KeyLookup {
+        key: key.to_string(),
+        kind: KeyKind::Scope,
+        since: t - chrono::Duration::days(1),
+    };
+    assert_eq!(store.purge(&p, Some("a")).await.unwrap(), 1);
+    let found = store.find_keys(&[lookup(&k1), lookup(&k2)]).await.unwrap();
+    assert!(found[0].is_none() && found[1].is_some());
+    assert_eq!(store.purge(&p, None).await.unwrap(), 1);
+    assert!(store.find_keys(&[lookup(&k2)]).await.unwrap()[0].is_none());
+
+    // Cleanup: rows older than the cut-off go, newer ones stay.
+    let q = unique("cleanup");
+    let old = t - chrono::Duration::days(40);
+    let (old_run, new_run) = (new_run_id(), new_run_id());
+    let (old_key, new_key) = (unique("old"), unique("new"));
+    for (run, key, at) in [(&old_run, &old_key, old), (&new_run, &new_key, t)] {
+        store
+            .finish(&Finish {
+                run: run_record(&q, "s", run, RunStatus::Completed, at),
+                keys: vec![key_record(key, KeyKind::Content, &q, "s", run, at)],
+                lease: None,
+            })
+            .await
+            .unwrap();
+    }
+    let report = store.cleanup(t - chrono::Duration::days(30)).await.unwrap();
+    assert!(
+        report.keys_deleted >= 1 && report.runs_deleted >= 1,
+        "{report:?}"
+    );
+    let found = store
+        .find_keys(&[
+            KeyLookup {
+                key: old_key,
+                kind: KeyKind::Content,
+                since: old - chrono::Duration::days(1),
+            },
+            KeyLookup {
+                key: new_key,
+                kind: KeyKind::Content,
+                since: old - chrono::Duration::days(1),
+            },
+        ])
+        .await
+        .unwrap();
+    assert!(found[0].is_none(), "old key cleaned up");
+    assert!(found[1].is_some(), "recent key kept");
+    let runs = store
+        .runs(&RunFilter {
+            processor: Some(q),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].run_id, new_run);
+}
+
+/// Event keys: first sighting true, later (and in-batch repeats) false, per namespace.
+pub async fn event_keys_batch(store: Arc<DynStore>) {
+    let ns = unique("events");
+    let t = now();
+    let keys: Vec<String> = ["a", "b", "a", "c'; --", "ü"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let first = store.mark_event_keys(&ns, &keys, t).await.unwrap();
+    assert_eq!(first, vec![true, true, false, true, true]);
+    let again = store
+        .mark_event_keys(&ns, &["b".to_string(), "d".to_string()], t)
+        .await
+        .unwrap();
+    assert_eq!(again, vec![false, true]);
+    let other_ns = unique("events");
+    let other = store
+        .mark_event_keys(&other_ns, &["a".to_string()], t)
+        .await
+        .unwrap();
+    assert_eq!(other, vec![true], "namespaces are independent");
+    assert!(store.mark_event_keys(&ns, &[], t).await.unwrap().is_empty());
+}
+
+/// Renewal extends a held lease; a taken-over lease cannot be renewed.
+pub async fn renew_extends_lease(store: Arc<DynStore>) {
+    let p = unique("renew");
+    let t0 = now();
+    let run = new_run_id();
+    let lease = acquired(store.claim(&request(&p, "s", &run, 10, t0)).await.unwrap());
+    let t1 = t0 + chrono::Duration::seconds(8);
+    let renewed = store
+        .renew(&lease, Duration::from_secs(10), t1)
+        .await
+        .unwrap();
+    assert_eq!(
+        renewed.expires_at,
+        micros(t1 + chrono::Duration::seconds(10))
+    );
+    assert_eq!(renewed.token, lease.token);
+    // Past the original expiry but inside the renewed one: still held.
+    let t2 = t0 + chrono::Duration::seconds(12);
+    assert!(matches!(
+        store
+            .claim(&request(&p, "s", &new_run_id(), 10, t2))
+            .await
+            .unwrap(),
+        Claim::Held(_)
+    ));
+    let t3 = t1 + chrono::Duration::seconds(11);
+    let other = new_run_id();
+    acquired(
+        store
+            .claim(&request(&p, "s", &other, 10, t3))
+            .await
+            .unwrap(),
+    );
+    match store.renew(&renewed, Duration::from_secs(10), t3).await {
+        Err(Error::LeaseLost { current_holder, .. }) => {
+            assert_eq!(current_holder.as_deref(), Some(other.as_str()))
+        }
+        other => panic!("renewing a lost lease must fail with LeaseLost, got {other:?}"),
+    }
+}
+
+/// Runs the check named `name` (one of [`CHECKS`]).
+pub async fn run_check(name: &str, store: Arc<DynStore>) {
+    match name {
+        "claim_excludes_and_release_frees" => claim_excludes_and_release_frees(store).await,
+        "expired_lease_is_taken_over_and_fenced" => {
+            expired_lease_is_taken_over_and_fenced(store).await
+        }
+        "concurrent_claims_have_one_winner" => concurrent_claims_have_one_winner(store).await,
+        "keys_only_on_success" => keys_only_on_success(store).await,
+        "key_windows_and_latest_row" => key_windows_and_latest_row(store).await,
+        "ledger_queries" => ledger_queries(store).await,
+        "strings_round_trip" => strings_round_trip(store).await,
+        "purge_and_cleanup" => purge_and_cleanup(store).await,
+        "event_keys_batch" => event_keys_batch(store).await,
+        "renew_extends_lease" => renew_extends_lease(store).await,
+        other => panic!("unknown conformance check {other:?}"),
+    }
+}

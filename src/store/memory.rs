@@ -1,0 +1,310 @@
+//! In-memory store: for unit tests and library users who want no database.
+//!
+//! Correct across tasks and threads of one process (one mutex guards all state), gone when
+//! the process exits.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use super::{
+    Capabilities, Claim, ClaimRequest, CleanupReport, Finish, KeyLookup, Lease, LeaseHolder,
+    RunFilter, Store,
+};
+use crate::error::{Error, Result};
+use crate::model::{micros, KeyKind, KeyRecord, RunRecord, RunStatus};
+
+#[derive(Debug, Clone)]
+struct LeaseRow {
+    holder: Option<String>,
+    token: i64,
+    acquired_at: DateTime<Utc>,
+    expires_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    leases: HashMap<(String, String), LeaseRow>,
+    keys: HashMap<(KeyKind, String), Vec<KeyRecord>>,
+    runs: Vec<RunRecord>,
+    events: HashMap<String, HashMap<String, DateTime<Utc>>>,
+}
+
+/// A store that keeps everything in process memory.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    state: Mutex<State>,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        MemoryStore::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave State half-updated in a way that
+        // matters more than losing the whole store, so recover the guard.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn ttl_after(now: DateTime<Utc>, ttl: Duration) -> DateTime<Utc> {
+    micros(now + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::days(36500)))
+}
+
+fn lease_lost(lease: &Lease, row: Option<&LeaseRow>) -> Error {
+    Error::LeaseLost {
+        processor: lease.processor.clone(),
+        scope: lease.scope.clone(),
+        token: lease.token,
+        current_holder: row.and_then(|r| r.holder.clone()),
+    }
+}
+
+fn holds(row: Option<&LeaseRow>, lease: &Lease) -> bool {
+    matches!(row, Some(r) if r.token == lease.token && r.holder.as_deref() == Some(lease.run_id.as_str()))
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+
+    fn describe(&self) -> String {
+        "memory://".into()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            atomic_finish: true,
+            durable: false,
+            cross_process: false,
+        }
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        Ok(())
+    }
+
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claim> {
+        let now = micros(request.now);
+        let mut state = self.lock();
+        let id = (request.processor.to_string(), request.scope.to_string());
+        let row = state.leases.get(&id);
+        if let Some(r) = row {
+            if r.holder.is_some() && r.expires_at > now {
+                return Ok(Claim::Held(LeaseHolder {
+                    run_id: r.holder.clone().unwrap_or_default(),
+                    token: r.token,
+                    acquired_at: r.acquired_at,
+                    expires_at: r.expires_at,
+                }));
+            }
+        }
+        let token = row.map(|r| r.token + 1).unwrap_or(1);
+        let expires_at = ttl_after(now, request.ttl);
+        state.leases.insert(
+            id,
+            LeaseRow {
+                holder: Some(request.run_id.to_string()),
+                token,
+                acquired_at: now,
+                expires_at,
+            },
+        );
+        Ok(Claim::Acquired(Lease {
+            processor: request.processor.to_string(),
+            scope: request.scope.to_string(),
+            run_id: request.run_id.to_string(),
+            token,
+            acquired_at: now,
+            expires_at,
+        }))
+    }
+
+    async fn lease_holder(
+        &self,
+        processor: &str,
+        scope: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<LeaseHolder>> {
+        let state = self.lock();
+        Ok(state
+            .leases
+            .get(&(processor.to_string(), scope.to_string()))
+            .filter(|r| r.expires_at > now)
+            .and_then(|r| {
+                r.holder.clone().map(|run_id| LeaseHolder {
+                    run_id,
+                    token: r.token,
+                    acquired_at: r.acquired_at,
+                    expires_at: r.expires_at,
+                })
+            }))
+    }
+
+    async fn renew(&self, lease: &Lease, ttl: Duration, now: DateTime<Utc>) -> Result<Lease> {
+        let mut state = self.lock();
+        let id = (lease.processor.clone(), lease.scope.clone());
+        let row = state.leases.get_mut(&id);
+        match row {
+            Some(r) if r.token == lease.token && r.holder.as_deref() == Some(&lease.run_id) => {
+                r.expires_at = ttl_after(now, ttl);
+                Ok(Lease {
+                    expires_at: r.expires_at,
+                    ..lease.clone()
+                })
+            }
+            other => Err(lease_lost(lease, other.map(|r| &*r))),
+        }
+    }
+
+    async fn release(&self, lease: &Lease, now: DateTime<Utc>) -> Result<bool> {
+        let mut state = self.lock();
+        let id = (lease.processor.clone(), lease.scope.clone());
+        if !holds(state.leases.get(&id), lease) {
+            return Ok(false);
+        }
+        let r = state.leases.get_mut(&id).expect("checked above");
+        r.holder = None;
+        r.expires_at = micros(now);
+        Ok(true)
+    }
+
+    async fn find_keys(&self, lookups: &[KeyLookup]) -> Result<Vec<Option<KeyRecord>>> {
+        let state = self.lock();
+        Ok(lookups
+            .iter()
+            .map(|l| {
+                state
+                    .keys
+                    .get(&(l.kind, l.key.clone()))
+                    .and_then(|rows| {
+                        rows.iter()
+                            .filter(|r| r.processed_at >= l.since)
+                            .max_by_key(|r| r.processed_at)
+                    })
+                    .cloned()
+            })
+            .collect())
+    }
+
+    async fn finish(&self, finish: &Finish) -> Result<()> {
+        let mut state = self.lock();
+        if let Some(lease) = &finish.lease {
+            let id = (lease.processor.clone(), lease.scope.clone());
+            let row = state.leases.get(&id);
+            if !holds(row, lease) {
+                return Err(lease_lost(lease, row));
+            }
+            let r = state.leases.get_mut(&id).expect("checked above");
+            r.holder = None;
+            r.expires_at = micros(finish.run.finished_at);
+        }
+        if state.runs.iter().any(|r| r.run_id == finish.run.run_id) {
+            return Err(Error::store(
+                "memory://",
+                format!("run {} is already recorded", finish.run.run_id),
+            ));
+        }
+        if finish.run.status == RunStatus::Completed {
+            for k in &finish.keys {
+                let mut k = k.clone();
+                k.processed_at = micros(k.processed_at);
+                state
+                    .keys
+                    .entry((k.kind, k.key.clone()))
+                    .or_default()
+                    .push(k);
+            }
+        }
+        let mut run = finish.run.clone();
+        run.started_at = micros(run.started_at);
+        run.finished_at = micros(run.finished_at);
+        state.runs.push(run);
+        Ok(())
+    }
+
+    async fn runs(&self, filter: &RunFilter) -> Result<Vec<RunRecord>> {
+        let state = self.lock();
+        let mut rows: Vec<RunRecord> = state
+            .runs
+            .iter()
+            .filter(|r| filter.processor.as_ref().is_none_or(|p| &r.processor == p))
+            .filter(|r| filter.scope.as_ref().is_none_or(|s| &r.scope == s))
+            .filter(|r| filter.status.is_none_or(|s| r.status == s))
+            .filter(|r| filter.since.is_none_or(|t| r.started_at >= t))
+            .cloned()
+            .collect();
+        rows.sort_by(|a, b| {
+            b.started_at
+                .cmp(&a.started_at)
+                .then_with(|| b.run_id.cmp(&a.run_id))
+        });
+        if filter.limit > 0 {
+            rows.truncate(filter.limit);
+        }
+        Ok(rows)
+    }
+
+    async fn purge(&self, processor: &str, scope: Option<&str>) -> Result<u64> {
+        let mut state = self.lock();
+        let mut deleted = 0u64;
+        for rows in state.keys.values_mut() {
+            let before = rows.len();
+            rows.retain(|k| !(k.processor == processor && scope.is_none_or(|s| k.scope == s)));
+            deleted += (before - rows.len()) as u64;
+        }
+        state.keys.retain(|_, rows| !rows.is_empty());
+        Ok(deleted)
+    }
+
+    async fn cleanup(&self, before: DateTime<Utc>) -> Result<CleanupReport> {
+        let mut state = self.lock();
+        let mut report = CleanupReport::default();
+        for rows in state.keys.values_mut() {
+            let n = rows.len();
+            rows.retain(|k| k.processed_at >= before);
+            report.keys_deleted += (n - rows.len()) as u64;
+        }
+        state.keys.retain(|_, rows| !rows.is_empty());
+        let n = state.runs.len();
+        state.runs.retain(|r| r.started_at >= before);
+        report.runs_deleted = (n - state.runs.len()) as u64;
+        let n = state.leases.len();
+        state.leases.retain(|_, l| l.expires_at >= before);
+        report.leases_deleted = (n - state.leases.len()) as u64;
+        for seen in state.events.values_mut() {
+            let n = seen.len();
+            seen.retain(|_, at| *at >= before);
+            report.event_keys_deleted += (n - seen.len()) as u64;
+        }
+        Ok(report)
+    }
+
+    async fn mark_event_keys(
+        &self,
+        namespace: &str,
+        keys: &[String],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<bool>> {
+        let mut state = self.lock();
+        let seen = state.events.entry(namespace.to_string()).or_default();
+        Ok(keys
+            .iter()
+            .map(|k| {
+                if seen.contains_key(k) {
+                    false
+                } else {
+                    seen.insert(k.clone(), micros(now));
+                    true
+                }
+            })
+            .collect())
+    }
+}

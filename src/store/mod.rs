@@ -1,0 +1,325 @@
+//! The store abstraction: where leases, processing keys and the run ledger live.
+//!
+//! One object-safe trait, [`Store`], with one module per backend. A backend is chosen at
+//! run time from a URL ([`open`]): `sqlite://path` (the embedded default), `postgres://…`,
+//! `bigquery://project/dataset`, `memory://`. Every backend passes the same
+//! [`conformance`] suite.
+//!
+//! Why these operations: a run first *looks up* the keys its guards need (one round trip,
+//! [`Store::find_keys`]), *claims* a lease on (processor, scope) with an expiry and a
+//! fencing token ([`Store::claim`]), and ends with [`Store::finish`], which records the
+//! run, writes the keys only when it completed, and releases the lease — atomically where
+//! the backend allows, and only if the lease's token is still current, so a run whose
+//! lease expired and was taken over cannot record over the newer holder.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::model::{KeyKind, KeyRecord, RunRecord, RunStatus};
+
+pub mod breaker;
+pub mod conformance;
+pub mod memory;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
+
+pub use breaker::{BreakerConfig, CircuitBreakerStore};
+pub use memory::MemoryStore;
+
+/// A store chosen at run time.
+pub type DynStore = dyn Store;
+
+/// A held lease on (processor, scope).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Lease {
+    /// Processor (job) name.
+    pub processor: String,
+    /// Scope.
+    pub scope: String,
+    /// The run holding it.
+    pub run_id: String,
+    /// Fencing token: strictly increases each time the lease changes hands.
+    pub token: i64,
+    /// When it was claimed.
+    pub acquired_at: DateTime<Utc>,
+    /// When it expires unless renewed.
+    pub expires_at: DateTime<Utc>,
+}
+
+/// Who holds a lease another run wanted.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LeaseHolder {
+    /// The holding run.
+    pub run_id: String,
+    /// Its fencing token.
+    pub token: i64,
+    /// When it claimed.
+    pub acquired_at: DateTime<Utc>,
+    /// When its lease expires.
+    pub expires_at: DateTime<Utc>,
+}
+
+/// The answer to a claim.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Claim {
+    /// The caller holds the lease now.
+    Acquired(Lease),
+    /// Another run holds an unexpired lease.
+    Held(LeaseHolder),
+}
+
+/// A lease request.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest<'a> {
+    /// Processor (job) name.
+    pub processor: &'a str,
+    /// Scope.
+    pub scope: &'a str,
+    /// The claiming run.
+    pub run_id: &'a str,
+    /// How long the lease lasts unless renewed.
+    pub ttl: Duration,
+    /// The claim time (a lease expired at or before it may be taken over).
+    pub now: DateTime<Utc>,
+}
+
+/// One key a guard wants to know about: the latest record of `key` of `kind` processed at
+/// or after `since`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyLookup {
+    /// The key.
+    pub key: String,
+    /// Its kind.
+    pub kind: KeyKind,
+    /// Oldest `processed_at` that counts.
+    pub since: DateTime<Utc>,
+}
+
+/// The end of a run, recorded by [`Store::finish`].
+#[derive(Debug, Clone)]
+pub struct Finish {
+    /// The ledger row.
+    pub run: RunRecord,
+    /// Keys to write; only written when `run.status` is `completed`.
+    pub keys: Vec<KeyRecord>,
+    /// The lease to release; when present its token must still be current or nothing is
+    /// written and [`Error::LeaseLost`] is returned.
+    pub lease: Option<Lease>,
+}
+
+/// Filter for [`Store::runs`].
+#[derive(Debug, Clone, Default)]
+pub struct RunFilter {
+    /// Only this processor.
+    pub processor: Option<String>,
+    /// Only this scope.
+    pub scope: Option<String>,
+    /// Only this status.
+    pub status: Option<RunStatus>,
+    /// Only runs started at or after.
+    pub since: Option<DateTime<Utc>>,
+    /// At most this many rows, newest first (0 = no limit).
+    pub limit: usize,
+}
+
+/// What [`Store::cleanup`] removed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct CleanupReport {
+    /// Processing keys deleted.
+    pub keys_deleted: u64,
+    /// Ledger rows deleted.
+    pub runs_deleted: u64,
+    /// Released or expired leases deleted.
+    pub leases_deleted: u64,
+    /// Event keys deleted.
+    pub event_keys_deleted: u64,
+}
+
+/// What a backend can and cannot do; conformance checks read these instead of guessing.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Capabilities {
+    /// `finish` writes the run, the keys and the lease release in one transaction.
+    pub atomic_finish: bool,
+    /// Data survives the process.
+    pub durable: bool,
+    /// Claims stay correct across processes (not only across tasks of one process).
+    pub cross_process: bool,
+}
+
+/// Where leases, keys and the ledger live. Object-safe: use `Arc<dyn Store>`.
+#[async_trait]
+pub trait Store: Send + Sync + Debug + 'static {
+    /// Short backend name (`sqlite`, `postgres`, `bigquery`, `memory`).
+    fn kind(&self) -> &'static str;
+
+    /// The store's URL with any password removed, for messages.
+    fn describe(&self) -> String;
+
+    /// What this backend guarantees.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Creates or upgrades the schema. Idempotent; safe to call from several processes.
+    async fn migrate(&self) -> Result<()>;
+
+    /// Claims the lease on (processor, scope), taking over an expired one.
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claim>;
+
+    /// Who holds the lease on (processor, scope) at `now`, without claiming it (for
+    /// `explain`). `None` when free or expired.
+    async fn lease_holder(
+        &self,
+        processor: &str,
+        scope: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<LeaseHolder>>;
+
+    /// Extends a held lease to `now + ttl`. [`Error::LeaseLost`] when it was taken over.
+    async fn renew(&self, lease: &Lease, ttl: Duration, now: DateTime<Utc>) -> Result<Lease>;
+
+    /// Releases a lease without recording anything. Returns false when the lease was no
+    /// longer held with this token (expired and taken over): nothing is changed then.
+    async fn release(&self, lease: &Lease, now: DateTime<Utc>) -> Result<bool>;
+
+    /// The latest key record per lookup (same order), or `None`.
+    async fn find_keys(&self, lookups: &[KeyLookup]) -> Result<Vec<Option<KeyRecord>>>;
+
+    /// Records the end of a run: the ledger row, the keys when it completed, the lease
+    /// release. See [`Finish`].
+    async fn finish(&self, finish: &Finish) -> Result<()>;
+
+    /// Ledger rows, newest first.
+    async fn runs(&self, filter: &RunFilter) -> Result<Vec<RunRecord>>;
+
+    /// Deletes the processing keys of a processor (and scope, when given) on purpose, so
+    /// the next run is not skipped. Returns the rows deleted.
+    async fn purge(&self, processor: &str, scope: Option<&str>) -> Result<u64>;
+
+    /// Deletes keys, ledger rows, event keys and free leases older than `before`.
+    async fn cleanup(&self, before: DateTime<Utc>) -> Result<CleanupReport>;
+
+    /// Marks event keys of a namespace as seen, in one round trip; `true` at position `i`
+    /// means `keys[i]` was new (first sighting), `false` that it was seen before (or
+    /// earlier in the same batch).
+    async fn mark_event_keys(
+        &self,
+        namespace: &str,
+        keys: &[String],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<bool>>;
+}
+
+/// A store that could not be opened: every call fails with
+/// [`Error::StoreUnavailable`]. Used under the `best_effort` policy so a run can go on
+/// unguarded, with every store failure counted.
+#[derive(Debug, Clone)]
+pub struct UnavailableStore {
+    url: String,
+    message: String,
+}
+
+impl UnavailableStore {
+    /// A store at `url` that fails with `message`.
+    pub fn new(url: &str, message: impl Into<String>) -> Self {
+        UnavailableStore {
+            url: redact_url(url),
+            message: message.into(),
+        }
+    }
+
+    fn fail<T>(&self) -> Result<T> {
+        Err(Error::store(&self.url, &self.message))
+    }
+}
+
+#[async_trait]
+impl Store for UnavailableStore {
+    fn kind(&self) -> &'static str {
+        "unavailable"
+    }
+    fn describe(&self) -> String {
+        self.url.clone()
+    }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            atomic_finish: false,
+            durable: false,
+            cross_process: false,
+        }
+    }
+    async fn migrate(&self) -> Result<()> {
+        self.fail()
+    }
+    async fn claim(&self, _: &ClaimRequest<'_>) -> Result<Claim> {
+        self.fail()
+    }
+    async fn lease_holder(
+        &self,
+        _: &str,
+        _: &str,
+        _: DateTime<Utc>,
+    ) -> Result<Option<LeaseHolder>> {
+        self.fail()
+    }
+    async fn renew(&self, _: &Lease, _: Duration, _: DateTime<Utc>) -> Result<Lease> {
+        self.fail()
+    }
+    async fn release(&self, _: &Lease, _: DateTime<Utc>) -> Result<bool> {
+        self.fail()
+    }
+    async fn find_keys(&self, _: &[KeyLookup]) -> Result<Vec<Option<KeyRecord>>> {
+        self.fail()
+    }
+    async fn finish(&self, _: &Finish) -> Result<()> {
+        self.fail()
+    }
+    async fn runs(&self, _: &RunFilter) -> Result<Vec<RunRecord>> {
+        self.fail()
+    }
+    async fn purge(&self, _: &str, _: Option<&str>) -> Result<u64> {
+        self.fail()
+    }
+    async fn cleanup(&self, _: DateTime<Utc>) -> Result<CleanupReport> {
+        self.fail()
+    }
+    async fn mark_event_keys(&self, _: &str, _: &[String], _: DateTime<Utc>) -> Result<Vec<bool>> {
+        self.fail()
+    }
+}
+
+/// The default store URL: a SQLite file in the current directory.
+pub const DEFAULT_STORE_URL: &str = "sqlite://idem.db";
+
+/// Opens (and migrates) the store a URL names.
+pub async fn open(url: &str) -> Result<Arc<DynStore>> {
+    let scheme = url.split_once("://").map(|(s, _)| s).unwrap_or("");
+    let store: Arc<DynStore> = match scheme {
+        "memory" => Arc::new(MemoryStore::new()),
+        #[cfg(feature = "sqlite")]
+        "sqlite" => Arc::new(sqlite::SqliteStore::connect(url).await?),
+        _ => {
+            return Err(Error::config(format!(
+                "unsupported store url {:?}: expected sqlite://PATH, postgres://…, bigquery://PROJECT/DATASET or memory://",
+                redact_url(url)
+            )))
+        }
+    };
+    Ok(store)
+}
+
+/// A URL with its password replaced by `***`.
+pub fn redact_url(url: &str) -> String {
+    if let Some((scheme, rest)) = url.split_once("://") {
+        if let Some((userinfo, host)) = rest.split_once('@') {
+            if let Some((user, _password)) = userinfo.split_once(':') {
+                return format!("{scheme}://{user}:***@{host}");
+            }
+        }
+    }
+    url.to_string()
+}
