@@ -312,7 +312,10 @@ async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
             };
             let processor = job.processor(registry, &g.store).await?;
             let store = open_store(&g.store, policy).await?;
-            let mut runner = job.runner(store)?.store_failure_policy(policy);
+            let mut runner = job
+                .runner(store)?
+                .store_failure_policy(policy)
+                .interruptible(true);
             if let Some(mode) = args.mode {
                 runner = runner.mode(mode.into());
             }

@@ -98,7 +98,8 @@ pub struct Job {
     pub mode: Option<String>,
     /// `strict` (default) or `best_effort`.
     pub store_failure: Option<String>,
-    /// A completed run whose result cannot be recorded counts as failed; default false.
+    /// A completed run whose result cannot be recorded counts as failed (exit 3); default
+    /// true under `store_failure = "strict"`, false under `best_effort`.
     pub strict_recording: Option<bool>,
     /// Guards.
     #[serde(default)]
@@ -403,11 +404,14 @@ impl Job {
 
     /// A runner configured as the job says.
     pub fn runner(&self, store: Arc<DynStore>) -> Result<Runner> {
-        Ok(Runner::new(store, self.guard_stack()?)
+        let mut runner = Runner::new(store, self.guard_stack()?)
             .mode(self.mode()?)
             .store_failure_policy(self.store_failure()?)
-            .strict_recording(self.strict_recording.unwrap_or(false))
-            .heartbeat(self.guards.heartbeat.unwrap_or(true)))
+            .heartbeat(self.guards.heartbeat.unwrap_or(true));
+        if let Some(strict) = self.strict_recording {
+            runner = runner.strict_recording(strict);
+        }
+        Ok(runner)
     }
 
     /// Request parameters as JSON.

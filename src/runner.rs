@@ -87,6 +87,9 @@ pub struct RunReport {
     pub lease_lost: bool,
     /// Store failures tolerated under `best_effort` (or while recording).
     pub store_errors: Vec<String>,
+    /// True when the work ran but its result could not be recorded and the policy made
+    /// that a failure (exit code 3).
+    pub recording_failed: bool,
     /// Start time.
     pub started_at: DateTime<Utc>,
     /// End time.
@@ -116,9 +119,20 @@ impl RunReport {
             recorded: false,
             lease_lost: false,
             store_errors: Vec::new(),
+            recording_failed: false,
             started_at,
             finished_at: started_at,
             duration_ms: 0,
+        }
+    }
+
+    /// The CLI's exit code for this report: 0 completed or skipped, 1 failed, 3 the
+    /// result could not be recorded under a strict policy.
+    pub fn exit_code(&self) -> u8 {
+        match self.status {
+            RunStatus::Completed | RunStatus::Skipped => 0,
+            RunStatus::Failed if self.recording_failed => 3,
+            RunStatus::Failed => 1,
         }
     }
 
@@ -175,8 +189,32 @@ pub struct Runner {
     guards: GuardStack,
     mode: Mode,
     policy: StoreFailurePolicy,
-    strict_recording: bool,
+    strict_recording: Option<bool>,
     heartbeat: bool,
+    interruptible: bool,
+}
+
+/// Waits for SIGINT or SIGTERM; returns the signal's name.
+async fn shutdown_signal() -> &'static str {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => tokio::select! {
+                _ = tokio::signal::ctrl_c() => "SIGINT",
+                _ = term.recv() => "SIGTERM",
+            },
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+                "SIGINT"
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+        "SIGINT"
+    }
 }
 
 fn now() -> DateTime<Utc> {
@@ -191,8 +229,9 @@ impl Runner {
             guards,
             mode: Mode::Enforce,
             policy: StoreFailurePolicy::Strict,
-            strict_recording: false,
+            strict_recording: None,
             heartbeat: true,
+            interruptible: false,
         }
     }
 
@@ -208,9 +247,19 @@ impl Runner {
         self
     }
 
-    /// When true, a completed run whose result cannot be recorded is reported as failed.
+    /// When true, a completed run whose result cannot be recorded (store unreachable at
+    /// the end) is reported as failed, exit code 3. Default: true under the `strict`
+    /// store policy, false under `best_effort` (logged and counted instead).
     pub fn strict_recording(mut self, strict: bool) -> Self {
-        self.strict_recording = strict;
+        self.strict_recording = Some(strict);
+        self
+    }
+
+    /// When true, SIGINT or SIGTERM during processing stops the processor, records the
+    /// run as failed ("interrupted") and releases the lease, so the next run need not wait
+    /// for the lease to expire. For command-line use; off by default.
+    pub fn interruptible(mut self, on: bool) -> Self {
+        self.interruptible = on;
         self
     }
 
@@ -439,6 +488,18 @@ impl Runner {
         lease: Option<Lease>,
     ) -> std::result::Result<Outcome, BoxError> {
         let work = processor.process(request);
+        let work = async {
+            if !self.interruptible {
+                return work.await;
+            }
+            tokio::select! {
+                result = work => result,
+                signal = shutdown_signal() => {
+                    tracing::warn!("{signal} received: stopping the processor and releasing the lease");
+                    Err(format!("interrupted by {signal}").into())
+                }
+            }
+        };
         let Some(mut lease) = lease.filter(|_| self.heartbeat) else {
             return work.await;
         };
@@ -512,10 +573,14 @@ impl Runner {
                         );
                     }
                 }
-                if self.strict_recording && report.status == RunStatus::Completed {
+                let strict = self
+                    .strict_recording
+                    .unwrap_or(self.policy == StoreFailurePolicy::Strict);
+                if strict && report.status == RunStatus::Completed {
                     report.status = RunStatus::Failed;
+                    report.recording_failed = true;
                     report.error = Some(format!(
-                        "the work completed but its result could not be recorded (strict recording): {e}"
+                        "the work completed but its result could not be recorded, so no key was written and the next run will redo it: {e}"
                     ));
                 }
             }
