@@ -310,8 +310,8 @@ async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
                 Some(PolicyArg::BestEffort) => StoreFailurePolicy::BestEffort,
                 None => job.store_failure()?,
             };
-            let processor = job.processor(registry, &g.store).await?;
             let store = open_store(&g.store, policy).await?;
+            let processor = job.processor(registry, &g.store).await?;
             let mut runner = job
                 .runner(store)?
                 .store_failure_policy(policy)
@@ -335,8 +335,8 @@ async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
         }
         Command::Explain(args) => {
             let (job, request) = prepare(&args, &g)?;
-            let processor = job.processor(registry, &g.store).await?;
             let store = open_store(&g.store, StoreFailurePolicy::Strict).await?;
+            let processor = job.processor(registry, &g.store).await?;
             let mut runner = job.runner(store)?;
             if let Some(mode) = args.mode {
                 runner = runner.mode(mode.into());

@@ -1,0 +1,646 @@
+//! The `idem` command as a user runs it, on the embedded SQLite store: whole processes,
+//! real files, exit codes and JSON output.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const IDEM: &str = env!("CARGO_BIN_EXE_idem");
+
+/// A temp folder with a `jobs/` dir, a store and a warehouse.
+struct Sandbox {
+    dir: PathBuf,
+}
+
+impl Sandbox {
+    fn new() -> Self {
+        let dir = std::env::temp_dir().join(format!("idem-cli-{}", idem::new_run_id()));
+        std::fs::create_dir_all(dir.join("jobs")).unwrap();
+        Sandbox { dir }
+    }
+
+    fn store(&self) -> String {
+        format!("sqlite://{}", self.dir.join("idem.db").display())
+    }
+
+    fn write_job(&self, name: &str, toml: &str) -> PathBuf {
+        let path = self.dir.join("jobs").join(format!("{name}.toml"));
+        std::fs::write(&path, toml).unwrap();
+        path
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        self.command_with_store(args, &self.store())
+    }
+
+    fn command_with_store(&self, args: &[&str], store: &str) -> Command {
+        let mut c = Command::new(IDEM);
+        c.args(args)
+            .arg("--store")
+            .arg(store)
+            .arg("--jobs-dir")
+            .arg(self.dir.join("jobs"))
+            .current_dir(&self.dir)
+            .env_remove("IDEM_STORE")
+            .env_remove("RUST_LOG");
+        c
+    }
+
+    fn idem(&self, args: &[&str]) -> Output {
+        self.command(args).output().expect("run idem")
+    }
+
+    /// Runs `idem ARGS --format json`, returns (exit code, parsed stdout).
+    fn json(&self, args: &[&str]) -> (i32, Value) {
+        let mut all = args.to_vec();
+        all.extend(["--format", "json"]);
+        let out = self.idem(&all);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
+            panic!(
+                "stdout is not JSON ({e}): {stdout}\nstderr: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        (out.status.code().unwrap_or(-1), value)
+    }
+
+    fn sql(&self, db: &str, statements: &str) {
+        let path = self.dir.join("jobs").join(db);
+        let ok = Command::new("sqlite3")
+            .arg(&path)
+            .arg(statements)
+            .status()
+            .map(|s| s.success());
+        if ok.ok() != Some(true) {
+            // No sqlite3 binary: use the idem library's SQL processor instead.
+            let url = format!("sqlite://{}", path.display());
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            rt.block_on(async {
+                let w = idem::sql::open_warehouse(&url).await.unwrap();
+                let st = idem::sql::prepare(statements, idem::sql::Dialect::Sqlite).unwrap();
+                w.execute(&st, &Default::default()).await.unwrap();
+            });
+        }
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn sales_job(name: &str, guards: &str, process: &str) -> String {
+    format!(
+        r#"
+name = "{name}"
+processor = "sql"
+[guards]
+{guards}
+[sql]
+warehouse = "sqlite://warehouse.db"
+setup = """
+CREATE TABLE IF NOT EXISTS src (day TEXT, item TEXT, qty INTEGER);
+CREATE TABLE IF NOT EXISTS out (day TEXT PRIMARY KEY, qty INTEGER);
+"""
+content = "SELECT item, qty FROM src WHERE day = @scope"
+process = """{process}"""
+"#
+    )
+}
+
+const GOOD_PROCESS: &str = "DELETE FROM out WHERE day = @scope; INSERT INTO out SELECT day, SUM(qty) FROM src WHERE day = @scope GROUP BY day";
+
+fn status(v: &Value) -> &str {
+    v["status"].as_str().unwrap_or("?")
+}
+
+#[test]
+fn run_twice_completes_then_skips_with_time_window_and_explain_says_why() {
+    let s = Sandbox::new();
+    s.write_job(
+        "sales",
+        &sales_job("sales", "time_window = \"1h\"", GOOD_PROCESS),
+    );
+    s.sql("warehouse.db", "CREATE TABLE IF NOT EXISTS src (day TEXT, item TEXT, qty INTEGER); INSERT INTO src VALUES ('2025-11-18','a',2),('2025-11-18','b',3)");
+    let (code, first) = s.json(&["run", "sales", "--date", "2025-11-18"]);
+    assert_eq!(code, 0, "{first}");
+    assert_eq!(status(&first), "completed");
+    assert_eq!(
+        first["records_processed"], 1,
+        "rows affected: DELETE 0 + INSERT 1 {first}"
+    );
+    assert_eq!(first["job"], "sales");
+    assert_eq!(first["scope"], "2025-11-18");
+    let (code, second) = s.json(&[
+        "run",
+        "sales",
+        "--date",
+        "2025-11-18",
+        "--trigger",
+        "scheduler",
+    ]);
+    assert_eq!(code, 0, "a skip is a success");
+    assert_eq!(status(&second), "skipped");
+    assert_eq!(second["skip_reason"], "time_window");
+    assert_eq!(second["previous_run"]["run_id"], first["run_id"]);
+    assert_eq!(second["trigger"], "scheduler");
+
+    let out = s.idem(&["explain", "sales", "--date", "2025-11-18"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(text.contains("would be skipped (time_window)"), "{text}");
+    assert!(
+        text.contains(first["run_id"].as_str().unwrap()) || text.contains("completed at"),
+        "{text}"
+    );
+    let (_, explained) = s.json(&["explain", "sales", "--date", "2025-11-18"]);
+    assert_eq!(explained["decision"], "skip");
+    assert_eq!(explained["previous_run"]["run_id"], first["run_id"]);
+
+    // The human output of a skip says which guard, which run, when.
+    let out = s.idem(&["run", "sales", "--date", "2025-11-18"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.starts_with("skipped sales for 2025-11-18 (time_window)"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "previous run: {}",
+            first["run_id"].as_str().unwrap()
+        )),
+        "{text}"
+    );
+}
+
+#[test]
+fn content_hash_skips_unchanged_source_and_runs_changed_source() {
+    let s = Sandbox::new();
+    s.write_job(
+        "sales",
+        &sales_job(
+            "sales",
+            "time_window = \"0s\"\ncontent_hash = \"24h\"\nhash = \"md5\"",
+            GOOD_PROCESS,
+        ),
+    );
+    s.sql("warehouse.db", "CREATE TABLE IF NOT EXISTS src (day TEXT, item TEXT, qty INTEGER); INSERT INTO src VALUES ('2025-11-18','a',2)");
+    let (_, first) = s.json(&["run", "sales", "--date", "2025-11-18"]);
+    assert_eq!(status(&first), "completed", "{first}");
+    assert_eq!(first["processing_key"].as_str().unwrap().len(), 32, "md5");
+    let (_, unchanged) = s.json(&["run", "sales", "--date", "2025-11-18"]);
+    assert_eq!(status(&unchanged), "skipped");
+    assert_eq!(unchanged["skip_reason"], "duplicate_content_hash");
+    assert_eq!(unchanged["processing_key"], first["processing_key"]);
+    // A row for another day does not change this day's content.
+    s.sql(
+        "warehouse.db",
+        "INSERT INTO src VALUES ('2025-11-19','z',9)",
+    );
+    let (_, other_day) = s.json(&["run", "sales", "--date", "2025-11-18"]);
+    assert_eq!(other_day["skip_reason"], "duplicate_content_hash");
+    // A changed source row does.
+    s.sql(
+        "warehouse.db",
+        "UPDATE src SET qty = 5 WHERE day = '2025-11-18'",
+    );
+    let (code, changed) = s.json(&["run", "sales", "--date", "2025-11-18"]);
+    assert_eq!(code, 0);
+    assert_eq!(status(&changed), "completed", "{changed}");
+    assert_ne!(changed["processing_key"], first["processing_key"]);
+}
+
+#[test]
+fn failing_sql_exits_1_records_a_failed_run_and_no_key_then_the_fix_completes() {
+    let s = Sandbox::new();
+    let job = s.write_job(
+        "sales",
+        &sales_job(
+            "sales",
+            "time_window = \"1h\"",
+            "INSERT INTO out SELECT day, SUM(qty) FROM no_such_table",
+        ),
+    );
+    let out = s.idem(&["run", "sales", "--date", "2025-11-18"]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("failed sales for 2025-11-18"), "{text}");
+    assert!(text.contains("no such table: no_such_table"), "{text}");
+    let (_, runs) = s.json(&["runs", "--job", "sales"]);
+    assert_eq!(runs.as_array().unwrap().len(), 1);
+    assert_eq!(runs[0]["status"], "failed");
+    assert!(
+        runs[0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("sql process failed"),
+        "{runs}"
+    );
+    // No key: explain says the time window lets it run.
+    let (_, explained) = s.json(&["explain", "sales", "--date", "2025-11-18"]);
+    assert_eq!(explained["decision"], "run", "{explained}");
+    // Fix the SQL: the next run completes.
+    std::fs::write(
+        &job,
+        sales_job("sales", "time_window = \"1h\"", GOOD_PROCESS),
+    )
+    .unwrap();
+    let (code, fixed) = s.json(&["run", "sales", "--date", "2025-11-18"]);
+    assert_eq!(code, 0);
+    assert_eq!(status(&fixed), "completed");
+}
+
+#[test]
+fn a_failing_statement_rolls_back_the_whole_process_block() {
+    let s = Sandbox::new();
+    s.write_job(
+        "sales",
+        &sales_job(
+            "sales",
+            "",
+            "INSERT INTO out VALUES (@scope, 1); INSERT INTO missing VALUES (1)",
+        ),
+    );
+    let (code, r) = s.json(&["run", "sales", "--date", "2025-11-18"]);
+    assert_eq!(code, 1, "{r}");
+    assert!(
+        r["error"].as_str().unwrap().contains("statement 2 of 2"),
+        "{r}"
+    );
+    let (_, again) = s.json(&["run", "sales", "--date", "2025-11-18"]);
+    // Had the first INSERT stayed, the retry would fail on the primary key instead.
+    assert!(
+        again["error"]
+            .as_str()
+            .unwrap()
+            .contains("no such table: missing"),
+        "{again}"
+    );
+}
+
+#[test]
+fn concurrent_processes_one_completes_the_others_are_in_progress() {
+    let s = Sandbox::new();
+    // A process block that takes a while (a recursive count) so the runs overlap.
+    let slow = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 1500000) SELECT count(*) FROM c";
+    s.write_job(
+        "slow",
+        &sales_job("slow", "lease = \"1m\"\ntime_window = \"1h\"", slow),
+    );
+    // Create the store and warehouse first so the runs race on the claim, not on setup.
+    let (code, _) = s.json(&["migrate"]);
+    assert_eq!(code, 0);
+    for round in 0..3 {
+        let date = format!("2025-11-{:02}", 10 + round);
+        let children: Vec<_> = (0..6)
+            .map(|_| {
+                s.command(&["run", "slow", "--date", &date, "--format", "json"])
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let mut statuses = Vec::new();
+        for child in children {
+            let out = child.wait_with_output().unwrap();
+            assert_eq!(
+                out.status.code(),
+                Some(0),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+            statuses.push((
+                v["status"].as_str().unwrap().to_string(),
+                v["skip_reason"].clone(),
+            ));
+        }
+        let completed = statuses.iter().filter(|s| s.0 == "completed").count();
+        assert_eq!(completed, 1, "round {round}: {statuses:?}");
+        for (st, reason) in &statuses {
+            if st != "completed" {
+                assert_eq!(st, "skipped");
+                assert!(
+                    reason == "in_progress" || reason == "time_window",
+                    "round {round}: {statuses:?}"
+                );
+            }
+        }
+        assert!(
+            statuses.iter().any(|s| s.1 == "in_progress"),
+            "runs overlapped: {statuses:?}"
+        );
+    }
+}
+
+#[test]
+fn a_killed_run_blocks_with_in_progress_until_its_lease_expires() {
+    let s = Sandbox::new();
+    let slow = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 50000000) SELECT count(*) FROM c";
+    s.write_job("slow", &sales_job("slow", "lease = \"3s\"", slow));
+    s.json(&["migrate"]);
+    let mut child = s
+        .command(&["run", "slow", "--date", "2025-11-18"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait until the lease is taken.
+    let start = Instant::now();
+    loop {
+        let (_, e) = s.json(&["explain", "slow", "--date", "2025-11-18"]);
+        if e["skip_reason"] == "in_progress" {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the run never claimed: {e}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SIGKILL: no chance to release the lease or record anything.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let killed_at = Instant::now();
+    s.write_job("slow", &sales_job("slow", "lease = \"3s\"", GOOD_PROCESS));
+    let (code, blocked) = s.json(&["run", "slow", "--date", "2025-11-18"]);
+    assert_eq!(code, 0);
+    assert_eq!(blocked["skip_reason"], "in_progress", "{blocked}");
+    assert!(
+        blocked["detail"]
+            .as_str()
+            .unwrap()
+            .contains("holds the lease"),
+        "{blocked}"
+    );
+    // After expiry the next run completes.
+    let wait = Duration::from_millis(3300).saturating_sub(killed_at.elapsed());
+    std::thread::sleep(wait);
+    let mut last = Value::Null;
+    for _ in 0..40 {
+        let (_, r) = s.json(&["run", "slow", "--date", "2025-11-18"]);
+        if status(&r) == "completed" {
+            return;
+        }
+        last = r;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("the run never completed after the lease expired: {last}");
+}
+
+#[test]
+fn sigterm_releases_the_lease_and_records_an_interrupted_run() {
+    let s = Sandbox::new();
+    let slow = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 50000000) SELECT count(*) FROM c";
+    s.write_job("slow", &sales_job("slow", "lease = \"1h\"", slow));
+    s.json(&["migrate"]);
+    let child = s
+        .command(&["run", "slow", "--date", "2025-11-18", "--format", "json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    loop {
+        let (_, e) = s.json(&["explain", "slow", "--date", "2025-11-18"]);
+        if e["skip_reason"] == "in_progress" {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the run never claimed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["status"], "failed");
+    assert_eq!(v["error"], "interrupted by SIGTERM");
+    // The lease is free at once, not after an hour.
+    let (_, e) = s.json(&["explain", "slow", "--date", "2025-11-18"]);
+    assert_eq!(e["decision"], "run", "{e}");
+}
+
+#[test]
+fn shadow_mode_completes_and_records_the_would_skip_reason() {
+    let s = Sandbox::new();
+    s.write_job(
+        "sales",
+        &sales_job(
+            "sales",
+            "time_window = \"1h\"\ncontent_hash = \"24h\"",
+            GOOD_PROCESS,
+        ),
+    );
+    s.json(&["run", "sales", "--date", "2025-11-18", "--mode", "shadow"]);
+    let (code, second) = s.json(&["run", "sales", "--date", "2025-11-18", "--mode", "shadow"]);
+    assert_eq!(code, 0);
+    assert_eq!(status(&second), "completed");
+    assert_eq!(second["would_skip_reason"], "time_window");
+    assert_eq!(second["skip_reason"], Value::Null);
+    let (_, runs) = s.json(&["runs", "--job", "sales"]);
+    assert_eq!(runs[0]["would_skip_reason"], "time_window");
+    assert_eq!(runs[0]["mode"], "shadow");
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn bad_input_names_the_problem_exits_2_and_records_nothing() {
+    let s = Sandbox::new();
+    s.write_job(
+        "sales",
+        &sales_job("sales", "time_window = \"1h\"", GOOD_PROCESS),
+    );
+
+    let out = s.idem(&["run", "nope", "--date", "2025-11-18"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("error: unknown job \"nope\""),
+        "{}",
+        stderr(&out)
+    );
+    assert!(stderr(&out).contains("known: sales"), "{}", stderr(&out));
+
+    let out = s.idem(&["run", "sales", "--date", "2025-13-45"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("bad date \"2025-13-45\""),
+        "{}",
+        stderr(&out)
+    );
+
+    let out = s.idem(&["run", "sales"]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "missing --date is a usage error"
+    );
+
+    let broken = s.write_job("broken", "name = \"broken\"\nprocessor = \"sql\n");
+    let out = s.idem(&["run", broken.to_str().unwrap(), "--date", "2025-11-18"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("malformed job file"),
+        "{}",
+        stderr(&out)
+    );
+    std::fs::remove_file(&broken).unwrap();
+
+    let cron = s.write_job(
+        "cron",
+        "name = \"cron\"\nprocessor = \"x\"\nschedule = \"61 * * * *\"\n",
+    );
+    let out = s.idem(&["jobs"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("invalid cron expression \"61 * * * *\""),
+        "{}",
+        stderr(&out)
+    );
+    std::fs::remove_file(&cron).unwrap();
+
+    let unknown = s.write_job("rust", "name = \"rust\"\nprocessor = \"not_registered\"\n");
+    let out = s.idem(&["run", "rust", "--date", "2025-11-18"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("unknown processor \"not_registered\""),
+        "{}",
+        stderr(&out)
+    );
+    std::fs::remove_file(&unknown).unwrap();
+
+    // JSON callers get the error as JSON too.
+    let (code, v) = s.json(&["run", "nope", "--date", "2025-11-18"]);
+    assert_eq!(code, 2);
+    assert_eq!(v["exit_code"], 2);
+
+    // Nothing was recorded by any of these.
+    let (_, runs) = s.json(&["runs"]);
+    assert_eq!(runs.as_array().map(|r| r.len()), Some(0), "{runs}");
+}
+
+#[test]
+fn an_unreachable_store_exits_3_under_strict_and_runs_under_best_effort() {
+    let s = Sandbox::new();
+    s.write_job(
+        "sales",
+        &sales_job("sales", "time_window = \"1h\"", GOOD_PROCESS),
+    );
+    let bad_store = "sqlite:///nonexistent-dir/sub/idem.db";
+    let mut c = s.command_with_store(&["run", "sales", "--date", "2025-11-18"], bad_store);
+    let out = c.output().unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("error: store sqlite:///nonexistent-dir/sub/idem.db unavailable"),
+        "{}",
+        stderr(&out)
+    );
+    // Nothing ran: the job's warehouse was not even opened.
+    assert!(!s.dir.join("jobs/warehouse.db").exists());
+
+    let out = s
+        .command_with_store(
+            &[
+                "run",
+                "sales",
+                "--date",
+                "2025-11-18",
+                "--on-store-failure",
+                "best_effort",
+                "--format",
+                "json",
+            ],
+            bad_store,
+        )
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["status"], "completed");
+    assert_eq!(v["recorded"], false);
+    assert!(!v["store_errors"].as_array().unwrap().is_empty());
+    assert!(
+        stderr(&out).contains("WARN"),
+        "best_effort warns: {}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn scopes_with_quotes_and_unicode_round_trip() {
+    let s = Sandbox::new();
+    s.write_job(
+        "sales",
+        &sales_job(
+            "sales",
+            "time_window = \"1h\"",
+            "INSERT INTO out VALUES (@scope, 1)",
+        ),
+    );
+    let scope = "2025-11-18/team='LAL'; DROP TABLE out; -- ünïcødé 🎉";
+    let (code, r) = s.json(&["run", "sales", "--date", "2025-11-18", "--scope", scope]);
+    assert_eq!(code, 0, "{r}");
+    assert_eq!(r["scope"], scope);
+    let (_, again) = s.json(&["run", "sales", "--date", "2025-11-18", "--scope", scope]);
+    assert_eq!(again["skip_reason"], "time_window");
+    let (_, runs) = s.json(&["runs", "--scope", scope]);
+    assert_eq!(runs.as_array().unwrap().len(), 2);
+    assert_eq!(runs[0]["scope"], scope);
+}
+
+#[test]
+fn purge_forgets_keys_so_the_next_run_is_not_skipped() {
+    let s = Sandbox::new();
+    s.write_job(
+        "sales",
+        &sales_job("sales", "time_window = \"1h\"", GOOD_PROCESS),
+    );
+    s.json(&["run", "sales", "--date", "2025-11-18"]);
+    let (code, purged) = s.json(&["purge", "sales", "--date", "2025-11-18"]);
+    assert_eq!(code, 0);
+    assert_eq!(purged["keys_deleted"], 1);
+    let (_, again) = s.json(&["run", "sales", "--date", "2025-11-18"]);
+    assert_eq!(status(&again), "completed");
+    let out = s.idem(&["purge", "sales"]);
+    assert_eq!(out.status.code(), Some(2), "purge needs a scope or --all");
+}
+
+#[test]
+fn help_lists_commands_and_exit_codes() {
+    let out = Command::new(IDEM).arg("--help").output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for cmd in [
+        "run", "explain", "migrate", "jobs", "runs", "purge", "cleanup",
+    ] {
+        assert!(
+            text.contains(&format!("  {cmd} ")),
+            "--help lists {cmd}: {text}"
+        );
+    }
+    assert!(
+        text.contains("Exit codes: 0 completed or skipped, 1 the run failed"),
+        "{text}"
+    );
+    let out = Command::new(IDEM).args(["run", "--help"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("--date <DATE>") && text.contains("--trigger <TRIGGER>"),
+        "{text}"
+    );
+}
