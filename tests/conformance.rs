@@ -94,5 +94,22 @@ conformance_tests!(sqlite, {
     Some(idem::store::open(&url).await.expect("open sqlite store"))
 });
 
-// Postgres: a module `postgres` is added here by the Postgres store work.
+conformance_tests!(postgres, {
+    // A database the tests may fill, e.g. postgres://postgres@127.0.0.1:5432/idem_test.
+    // Every check uses its own processor names, so the checks share it.
+    match std::env::var("IDEM_TEST_POSTGRES_URL") {
+        Ok(url) if !url.trim().is_empty() => Some(
+            idem::store::open(&url)
+                .await
+                .expect("open the postgres store at IDEM_TEST_POSTGRES_URL"),
+        ),
+        _ => {
+            eprintln!(
+                "skipping the postgres conformance check: IDEM_TEST_POSTGRES_URL is not set \
+                 (set it to postgres://USER@HOST:PORT/DATABASE to run it)"
+            );
+            None
+        }
+    }
+});
 // BigQuery: a module `bigquery` is added here by the BigQuery store work.

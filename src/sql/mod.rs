@@ -66,6 +66,10 @@ pub async fn open_warehouse(url: &str) -> Result<Arc<dyn Warehouse>> {
     match scheme {
         #[cfg(feature = "sqlite")]
         "sqlite" => Ok(Arc::new(SqliteWarehouse::connect(url).await?)),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => Ok(Arc::new(
+            crate::store::postgres::PostgresWarehouse::connect(url).await?,
+        )),
         _ => Err(Error::config(format!(
             "unsupported warehouse url {:?}: expected sqlite://PATH, postgres://… or bigquery://PROJECT/DATASET",
             crate::store::redact_url(url)

@@ -26,6 +26,8 @@ use crate::model::{KeyKind, KeyRecord, RunRecord, RunStatus};
 pub mod breaker;
 pub mod conformance;
 pub mod memory;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
@@ -302,6 +304,8 @@ pub async fn open(url: &str) -> Result<Arc<DynStore>> {
         "memory" => Arc::new(MemoryStore::new()),
         #[cfg(feature = "sqlite")]
         "sqlite" => Arc::new(sqlite::SqliteStore::connect(url).await?),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => Arc::new(postgres::PostgresStore::connect(url).await?),
         _ => {
             return Err(Error::config(format!(
                 "unsupported store url {:?}: expected sqlite://PATH, postgres://…, bigquery://PROJECT/DATASET or memory://",

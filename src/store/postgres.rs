@@ -1,0 +1,1063 @@
+//! Postgres store and warehouse (sqlx).
+//!
+//! # Store
+//!
+//! `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE` (or `postgresql://…`). The schema
+//! (`sql/postgres/`) is applied on first use and by `idem migrate`: when the database is
+//! already migrated that costs one cheap query (`SELECT max(version) FROM
+//! idem_schema_migrations`); otherwise the migrations run in one transaction under
+//! `pg_advisory_xact_lock`, so several processes starting at once on a fresh database
+//! migrate it exactly once.
+//!
+//! Concurrency: a claim is one `INSERT … ON CONFLICT (processor_name, scope) DO UPDATE …
+//! WHERE <free or expired> RETURNING token` statement. Postgres runs it atomically per row
+//! (a concurrent claimer waits for the row lock and re-checks the condition against the
+//! committed row), so exactly one claimer wins across connections, pools and processes.
+//! Renew, release and finish are fenced by the lease's token; `finish` writes the lease
+//! release, the ledger row and (only for completed runs) the keys in one transaction.
+//! Lease times are the clocks of the idem processes (`now` is passed in), as with every
+//! store: keep the hosts that share a store NTP-synchronised.
+//!
+//! Connections: a small pool (4 connections) with a 5 s acquire timeout, so an
+//! unreachable server fails fast with [`Error::StoreUnavailable`] (exit code 3 under the
+//! `strict` policy) instead of hanging.
+//!
+//! TLS: idem is built without sqlx's TLS features, so connections are plain TCP (or Unix
+//! sockets). `sslmode=prefer` (the default) falls back to plain text; `sslmode=require`
+//! fails with an error saying TLS support is not compiled in. Reach a remote server over a
+//! trusted network, an SSH tunnel or a local TLS-terminating proxy (e.g. Cloud SQL Auth
+//! Proxy, pgbouncer).
+//!
+//! # Warehouse
+//!
+//! [`PostgresWarehouse`] runs job SQL for the built-in SQL processor. `@name` parameters
+//! become `$1..$n` and their string values are bound, never spliced. They behave like
+//! untyped literals (`'2025-11-18'`): `WHERE sale_date = @scope` compares with a DATE
+//! column. Postgres infers each parameter's type from its context, and the value is
+//! converted from text by that type's input function (see [`PostgresWarehouse`] for how).
+
+use std::collections::{HashMap, HashSet};
+use std::fmt::Write as _;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, NaiveDate, NaiveDateTime, NaiveTime, SecondsFormat, Utc};
+use serde_json::{Map, Value};
+use sqlx::encode::IsNull;
+use sqlx::error::BoxDynError;
+use sqlx::postgres::types::Oid;
+use sqlx::postgres::{
+    PgArgumentBuffer, PgArguments, PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow,
+    PgTypeInfo, Postgres,
+};
+use sqlx::{
+    Arguments, Column, ConnectOptions, Connection, Either, Executor, Row, Statement as _, TypeInfo,
+    ValueRef,
+};
+
+use super::{
+    redact_url, Capabilities, Claim, ClaimRequest, CleanupReport, Finish, KeyLookup, Lease,
+    LeaseHolder, RunFilter, Store,
+};
+use crate::error::{Error, Result};
+use crate::model::{micros, KeyKind, KeyRecord, Mode, RunRecord, RunStatus, SkipReason};
+use crate::sql::{bind_values, Dialect, Params, Statement, Warehouse};
+
+/// Schema migrations, applied in order: (version, name, SQL).
+const MIGRATIONS: &[(i32, &str, &str)] = &[(
+    1,
+    "0001_init",
+    include_str!("../../sql/postgres/0001_init.sql"),
+)];
+
+/// Advisory lock key taken while migrating (`idem` in ASCII, then `mig`).
+const MIGRATION_LOCK: i64 = 0x6964_656d_006d_6967;
+
+/// How long a caller waits for a pooled connection (including connecting) before the
+/// store counts as unavailable.
+pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Connections per store pool.
+const MAX_CONNECTIONS: u32 = 4;
+
+/// Postgres `undefined_table`.
+const UNDEFINED_TABLE: &str = "42P01";
+
+/// The Postgres store.
+#[derive(Debug, Clone)]
+pub struct PostgresStore {
+    pool: PgPool,
+    options: PgConnectOptions,
+    /// The URL without its password.
+    url: String,
+}
+
+fn connect_options(url: &str) -> Result<PgConnectOptions> {
+    let options = PgConnectOptions::from_str(url).map_err(|e| {
+        Error::config(format!(
+            "bad postgres url {:?}: {e} (expected postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE)",
+            redact_url(url)
+        ))
+    })?;
+    Ok(options.application_name("idem"))
+}
+
+fn ttl_after(now: DateTime<Utc>, ttl: Duration) -> DateTime<Utc> {
+    micros(now + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::days(36500)))
+}
+
+/// A sqlx error as a sentence; a pool timeout says what it usually means.
+fn sqlx_message(e: &sqlx::Error) -> String {
+    match e {
+        sqlx::Error::PoolTimedOut => format!(
+            "no connection within {} s (server down or unreachable, or its connection limit reached)",
+            ACQUIRE_TIMEOUT.as_secs()
+        ),
+        other => other.to_string(),
+    }
+}
+
+impl PostgresStore {
+    /// Opens `postgres://…` and migrates the schema (one cheap query when it is current).
+    pub async fn connect(url: &str) -> Result<Self> {
+        let store = Self::connect_lazy(url)?;
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// A store whose pool connects on first use; nothing is migrated or checked.
+    pub fn connect_lazy(url: &str) -> Result<Self> {
+        let options = connect_options(url)?;
+        let pool = PgPoolOptions::new()
+            .max_connections(MAX_CONNECTIONS)
+            .min_connections(0)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .idle_timeout(Duration::from_secs(120))
+            .connect_lazy_with(options.clone());
+        Ok(PostgresStore {
+            pool,
+            options,
+            url: redact_url(url),
+        })
+    }
+
+    /// The underlying pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    fn err(&self, e: sqlx::Error) -> Error {
+        Error::store(&self.url, sqlx_message(&e))
+    }
+
+    /// After a pool timeout, one direct connection attempt says why (refused, unknown
+    /// host, bad password, no such database …).
+    async fn diagnose(&self, e: sqlx::Error) -> Error {
+        if !matches!(e, sqlx::Error::PoolTimedOut) {
+            return self.err(e);
+        }
+        let attempt = tokio::time::timeout(
+            Duration::from_secs(2),
+            PgConnection::connect_with(&self.options),
+        )
+        .await;
+        match attempt {
+            Ok(Err(cause)) => Error::store(
+                &self.url,
+                format!(
+                    "cannot connect within {} s: {cause}",
+                    ACQUIRE_TIMEOUT.as_secs()
+                ),
+            ),
+            Ok(Ok(conn)) => {
+                let _ = conn.close().await;
+                self.err(e)
+            }
+            Err(_) => Error::store(
+                &self.url,
+                format!(
+                    "cannot connect within {} s: the server does not answer",
+                    ACQUIRE_TIMEOUT.as_secs()
+                ),
+            ),
+        }
+    }
+
+    async fn current_holder(&self, processor: &str, scope: &str) -> Result<Option<LeaseHolder>> {
+        let row = sqlx::query(
+            "SELECT holder_run_id, token, acquired_at, expires_at FROM processing_leases \
+             WHERE processor_name = $1 AND scope = $2",
+        )
+        .bind(processor)
+        .bind(scope)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(|e| self.err(e))?;
+        Ok(row.and_then(|r| {
+            let holder: Option<String> = r.get(0);
+            holder.map(|run_id| LeaseHolder {
+                run_id,
+                token: r.get(1),
+                acquired_at: r.get(2),
+                expires_at: r.get(3),
+            })
+        }))
+    }
+
+    async fn lease_lost(&self, lease: &Lease) -> Error {
+        let holder = self
+            .current_holder(&lease.processor, &lease.scope)
+            .await
+            .ok()
+            .flatten();
+        Error::LeaseLost {
+            processor: lease.processor.clone(),
+            scope: lease.scope.clone(),
+            token: lease.token,
+            current_holder: holder.map(|h| h.run_id),
+        }
+    }
+
+    async fn schema_version(&self) -> std::result::Result<i32, sqlx::Error> {
+        let version: std::result::Result<Option<i32>, sqlx::Error> =
+            sqlx::query_scalar("SELECT max(version) FROM idem_schema_migrations")
+                .fetch_one(&self.pool)
+                .await;
+        match version {
+            Ok(v) => Ok(v.unwrap_or(0)),
+            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some(UNDEFINED_TABLE) => {
+                Ok(0)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+async fn apply_migrations(conn: &mut PgConnection) -> std::result::Result<(), sqlx::Error> {
+    // Transaction-scoped: released by COMMIT or ROLLBACK, even if this process dies.
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(MIGRATION_LOCK)
+        .execute(&mut *conn)
+        .await?;
+    // A `&str` without arguments runs as a simple query: several statements allowed.
+    (&mut *conn)
+        .execute(
+            "CREATE TABLE IF NOT EXISTS idem_schema_migrations (\
+               version    INTEGER     PRIMARY KEY, \
+               name       TEXT        NOT NULL, \
+               applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+        )
+        .await?;
+    // Read again under the lock: another process may have migrated meanwhile.
+    let current: i32 =
+        sqlx::query_scalar("SELECT COALESCE(max(version), 0) FROM idem_schema_migrations")
+            .fetch_one(&mut *conn)
+            .await?;
+    for (version, name, sql) in MIGRATIONS.iter().filter(|(v, _, _)| *v > current) {
+        (&mut *conn).execute(*sql).await?;
+        sqlx::query("INSERT INTO idem_schema_migrations (version, name) VALUES ($1, $2)")
+            .bind(version)
+            .bind(name)
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}
+
+fn run_from_row(r: &PgRow) -> Result<RunRecord> {
+    Ok(RunRecord {
+        run_id: r.get("run_id"),
+        processor: r.get("processor_name"),
+        scope: r.get("scope"),
+        scope_date: r.get("scope_date"),
+        trigger: r.get::<String, _>("trigger_source").parse()?,
+        mode: r.get::<String, _>("mode").parse::<Mode>()?,
+        started_at: r.get("started_at"),
+        finished_at: r.get("finished_at"),
+        duration_ms: r.get("duration_ms"),
+        status: r.get::<String, _>("status").parse::<RunStatus>()?,
+        skip_reason: r
+            .get::<Option<String>, _>("skip_reason")
+            .map(|s| SkipReason::parse(&s)),
+        would_skip_reason: r
+            .get::<Option<String>, _>("would_skip_reason")
+            .map(|s| SkipReason::parse(&s)),
+        previous_run_id: r.get("previous_run_id"),
+        records_processed: r.get("records_processed"),
+        processing_key: r.get("processing_key"),
+        error: r.get("error"),
+        output: r.get("output"),
+    })
+}
+
+fn key_from_row(r: &PgRow) -> Result<KeyRecord> {
+    Ok(KeyRecord {
+        key: r.get("processing_key"),
+        kind: KeyKind::parse(r.get("kind"))?,
+        processor: r.get("processor_name"),
+        scope: r.get("scope"),
+        scope_date: r.get("scope_date"),
+        processed_at: r.get("processed_at"),
+        entity_count: r.get("entity_count"),
+        metadata: r.get::<Option<Value>, _>("metadata").unwrap_or(Value::Null),
+        run_id: r.get("run_id"),
+    })
+}
+
+const RUN_COLUMNS: &str = "run_id, processor_name, scope, scope_date, trigger_source, mode, \
+    started_at, finished_at, duration_ms, status, skip_reason, would_skip_reason, \
+    previous_run_id, records_processed, processing_key, error, output";
+
+const KEY_COLUMNS: &str = "processing_key, kind, processor_name, scope, scope_date, \
+    processed_at, entity_count, metadata, run_id";
+
+#[async_trait]
+impl Store for PostgresStore {
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn describe(&self) -> String {
+        self.url.clone()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            atomic_finish: true,
+            durable: true,
+            cross_process: true,
+        }
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        let target = MIGRATIONS.last().map(|(v, _, _)| *v).unwrap_or(0);
+        match self.schema_version().await {
+            Ok(v) if v >= target => return Ok(()),
+            Ok(_) => {}
+            Err(e) => return Err(self.diagnose(e).await),
+        }
+        let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
+        if let Err(e) = apply_migrations(&mut tx).await {
+            let _ = tx.rollback().await;
+            return Err(Error::store(
+                &self.url,
+                format!("migration failed: {}", sqlx_message(&e)),
+            ));
+        }
+        tx.commit().await.map_err(|e| self.err(e))
+    }
+
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claim> {
+        let now = micros(request.now);
+        let expires_at = ttl_after(now, request.ttl);
+        for _ in 0..3 {
+            let token: Option<i64> = sqlx::query_scalar(
+                "INSERT INTO processing_leases AS l \
+                   (processor_name, scope, holder_run_id, token, acquired_at, expires_at) \
+                 VALUES ($1, $2, $3, 1, $4, $5) \
+                 ON CONFLICT (processor_name, scope) DO UPDATE SET \
+                   holder_run_id = EXCLUDED.holder_run_id, \
+                   token = l.token + 1, \
+                   acquired_at = EXCLUDED.acquired_at, \
+                   expires_at = EXCLUDED.expires_at \
+                 WHERE l.holder_run_id IS NULL OR l.expires_at <= EXCLUDED.acquired_at \
+                 RETURNING token",
+            )
+            .bind(request.processor)
+            .bind(request.scope)
+            .bind(request.run_id)
+            .bind(now)
+            .bind(expires_at)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+            if let Some(token) = token {
+                return Ok(Claim::Acquired(Lease {
+                    processor: request.processor.to_string(),
+                    scope: request.scope.to_string(),
+                    run_id: request.run_id.to_string(),
+                    token,
+                    acquired_at: now,
+                    expires_at,
+                }));
+            }
+            // Held: say by whom. It may have been released in between; then claim again.
+            if let Some(holder) = self
+                .current_holder(request.processor, request.scope)
+                .await?
+            {
+                if holder.expires_at > now {
+                    return Ok(Claim::Held(holder));
+                }
+            }
+        }
+        Err(Error::store(
+            &self.url,
+            "lease claim did not settle after 3 attempts",
+        ))
+    }
+
+    async fn lease_holder(
+        &self,
+        processor: &str,
+        scope: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<LeaseHolder>> {
+        Ok(self
+            .current_holder(processor, scope)
+            .await?
+            .filter(|h| h.expires_at > now))
+    }
+
+    async fn renew(&self, lease: &Lease, ttl: Duration, now: DateTime<Utc>) -> Result<Lease> {
+        let expires_at = ttl_after(micros(now), ttl);
+        let done = sqlx::query(
+            "UPDATE processing_leases SET expires_at = $1 \
+             WHERE processor_name = $2 AND scope = $3 AND token = $4 AND holder_run_id = $5",
+        )
+        .bind(expires_at)
+        .bind(&lease.processor)
+        .bind(&lease.scope)
+        .bind(lease.token)
+        .bind(&lease.run_id)
+        .execute(&self.pool)
+        .await
+        .map_err(|e| self.err(e))?;
+        if done.rows_affected() == 1 {
+            return Ok(Lease {
+                expires_at,
+                ..lease.clone()
+            });
+        }
+        Err(self.lease_lost(lease).await)
+    }
+
+    async fn release(&self, lease: &Lease, now: DateTime<Utc>) -> Result<bool> {
+        let done = sqlx::query(
+            "UPDATE processing_leases SET holder_run_id = NULL, expires_at = $1 \
+             WHERE processor_name = $2 AND scope = $3 AND token = $4 AND holder_run_id = $5",
+        )
+        .bind(micros(now))
+        .bind(&lease.processor)
+        .bind(&lease.scope)
+        .bind(lease.token)
+        .bind(&lease.run_id)
+        .execute(&self.pool)
+        .await
+        .map_err(|e| self.err(e))?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn find_keys(&self, lookups: &[KeyLookup]) -> Result<Vec<Option<KeyRecord>>> {
+        let mut out: Vec<Option<KeyRecord>> = vec![None; lookups.len()];
+        if lookups.is_empty() {
+            return Ok(out);
+        }
+        let keys: Vec<&str> = lookups.iter().map(|l| l.key.as_str()).collect();
+        let kinds: Vec<&str> = lookups.iter().map(|l| l.kind.as_str()).collect();
+        let since: Vec<DateTime<Utc>> = lookups.iter().map(|l| l.since).collect();
+        // One round trip: the lookups as parallel arrays, the latest row of each by a
+        // LATERAL index scan of (processing_key, kind, processed_at).
+        let rows = sqlx::query(&format!(
+            "SELECT l.ord, k.* \
+             FROM UNNEST($1::text[], $2::text[], $3::timestamptz[]) \
+                  WITH ORDINALITY AS l(key, kind, since, ord) \
+             CROSS JOIN LATERAL ( \
+               SELECT {KEY_COLUMNS} FROM processing_keys p \
+               WHERE p.processing_key = l.key AND p.kind = l.kind AND p.processed_at >= l.since \
+               ORDER BY p.processed_at DESC, p.id DESC LIMIT 1) k"
+        ))
+        .bind(&keys)
+        .bind(&kinds)
+        .bind(&since)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(|e| self.err(e))?;
+        for row in &rows {
+            let ord: i64 = row.get("ord");
+            if let Some(slot) = usize::try_from(ord - 1).ok().and_then(|i| out.get_mut(i)) {
+                *slot = Some(key_from_row(row)?);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn finish(&self, finish: &Finish) -> Result<()> {
+        let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
+        if let Some(lease) = &finish.lease {
+            let done = sqlx::query(
+                "UPDATE processing_leases SET holder_run_id = NULL, expires_at = $1 \
+                 WHERE processor_name = $2 AND scope = $3 AND token = $4 AND holder_run_id = $5",
+            )
+            .bind(micros(finish.run.finished_at))
+            .bind(&lease.processor)
+            .bind(&lease.scope)
+            .bind(lease.token)
+            .bind(&lease.run_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| self.err(e))?;
+            if done.rows_affected() != 1 {
+                tx.rollback().await.map_err(|e| self.err(e))?;
+                return Err(self.lease_lost(lease).await);
+            }
+        }
+        let run = &finish.run;
+        sqlx::query(&format!(
+            "INSERT INTO processing_runs ({RUN_COLUMNS}) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)"
+        ))
+        .bind(&run.run_id)
+        .bind(&run.processor)
+        .bind(&run.scope)
+        .bind(run.scope_date)
+        .bind(run.trigger.as_str())
+        .bind(run.mode.as_str())
+        .bind(micros(run.started_at))
+        .bind(micros(run.finished_at))
+        .bind(run.duration_ms)
+        .bind(run.status.as_str())
+        .bind(run.skip_reason.as_ref().map(|r| r.as_str()))
+        .bind(run.would_skip_reason.as_ref().map(|r| r.as_str()))
+        .bind(&run.previous_run_id)
+        .bind(run.records_processed)
+        .bind(&run.processing_key)
+        .bind(&run.error)
+        .bind(&run.output)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| self.err(e))?;
+        if run.status == RunStatus::Completed && !finish.keys.is_empty() {
+            let k = &finish.keys;
+            sqlx::query(&format!(
+                "INSERT INTO processing_keys ({KEY_COLUMNS}) \
+                 SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], \
+                   $5::date[], $6::timestamptz[], $7::int8[], $8::jsonb[], $9::text[])"
+            ))
+            .bind(k.iter().map(|k| k.key.as_str()).collect::<Vec<_>>())
+            .bind(k.iter().map(|k| k.kind.as_str()).collect::<Vec<_>>())
+            .bind(k.iter().map(|k| k.processor.as_str()).collect::<Vec<_>>())
+            .bind(k.iter().map(|k| k.scope.as_str()).collect::<Vec<_>>())
+            .bind(k.iter().map(|k| k.scope_date).collect::<Vec<_>>())
+            .bind(k.iter().map(|k| micros(k.processed_at)).collect::<Vec<_>>())
+            .bind(k.iter().map(|k| k.entity_count).collect::<Vec<_>>())
+            .bind(k.iter().map(|k| k.metadata.clone()).collect::<Vec<_>>())
+            .bind(k.iter().map(|k| k.run_id.as_str()).collect::<Vec<_>>())
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| self.err(e))?;
+        }
+        tx.commit().await.map_err(|e| self.err(e))
+    }
+
+    async fn runs(&self, filter: &RunFilter) -> Result<Vec<RunRecord>> {
+        // Only the filters given become conditions (better plans than `$n IS NULL OR …`);
+        // every value is bound.
+        let mut conditions: Vec<String> = Vec::new();
+        let mut args = PgArguments::default();
+        let bind_err = |e: BoxDynError| Error::store(&self.url, e);
+        if let Some(p) = &filter.processor {
+            args.add(p.as_str()).map_err(bind_err)?;
+            conditions.push(format!("processor_name = ${}", args.len()));
+        }
+        if let Some(s) = &filter.scope {
+            args.add(s.as_str()).map_err(bind_err)?;
+            conditions.push(format!("scope = ${}", args.len()));
+        }
+        if let Some(s) = filter.status {
+            args.add(s.as_str()).map_err(bind_err)?;
+            conditions.push(format!("status = ${}", args.len()));
+        }
+        if let Some(t) = filter.since {
+            args.add(t).map_err(bind_err)?;
+            conditions.push(format!("started_at >= ${}", args.len()));
+        }
+        let mut sql = format!("SELECT {RUN_COLUMNS} FROM processing_runs");
+        if !conditions.is_empty() {
+            sql.push_str(" WHERE ");
+            sql.push_str(&conditions.join(" AND "));
+        }
+        sql.push_str(" ORDER BY started_at DESC, run_id DESC");
+        if filter.limit > 0 {
+            args.add(filter.limit as i64).map_err(bind_err)?;
+            let _ = write!(sql, " LIMIT ${}", args.len());
+        }
+        let rows = sqlx::query_with(&sql, args)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        rows.iter().map(run_from_row).collect()
+    }
+
+    async fn purge(&self, processor: &str, scope: Option<&str>) -> Result<u64> {
+        let done = match scope {
+            Some(scope) => {
+                sqlx::query("DELETE FROM processing_keys WHERE processor_name = $1 AND scope = $2")
+                    .bind(processor)
+                    .bind(scope)
+                    .execute(&self.pool)
+                    .await
+            }
+            None => {
+                sqlx::query("DELETE FROM processing_keys WHERE processor_name = $1")
+                    .bind(processor)
+                    .execute(&self.pool)
+                    .await
+            }
+        }
+        .map_err(|e| self.err(e))?;
+        Ok(done.rows_affected())
+    }
+
+    async fn cleanup(&self, before: DateTime<Utc>) -> Result<CleanupReport> {
+        let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
+        let mut report = CleanupReport::default();
+        for (sql, slot) in [
+            (
+                "DELETE FROM processing_keys WHERE processed_at < $1",
+                &mut report.keys_deleted,
+            ),
+            (
+                "DELETE FROM processing_runs WHERE started_at < $1",
+                &mut report.runs_deleted,
+            ),
+            (
+                "DELETE FROM processing_leases WHERE expires_at < $1",
+                &mut report.leases_deleted,
+            ),
+            (
+                "DELETE FROM event_keys WHERE first_seen < $1",
+                &mut report.event_keys_deleted,
+            ),
+        ] {
+            *slot = sqlx::query(sql)
+                .bind(before)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?
+                .rows_affected();
+        }
+        tx.commit().await.map_err(|e| self.err(e))?;
+        Ok(report)
+    }
+
+    async fn mark_event_keys(
+        &self,
+        namespace: &str,
+        keys: &[String],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<bool>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        // One round trip. Repeats inside the batch are removed in SQL and the rows are
+        // inserted in one fixed order (byte order), so two batches sharing keys cannot
+        // deadlock; RETURNING gives the keys that were new, and their first occurrence in
+        // the input is the one marked new.
+        let new: Vec<String> = sqlx::query_scalar(
+            "INSERT INTO event_keys (namespace, event_key, first_seen) \
+             SELECT $1, k, $3 FROM (SELECT DISTINCT k FROM UNNEST($2::text[]) AS t(k)) d \
+             ORDER BY k COLLATE \"C\" \
+             ON CONFLICT (namespace, event_key) DO NOTHING \
+             RETURNING event_key",
+        )
+        .bind(namespace)
+        .bind(keys)
+        .bind(micros(now))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(|e| self.err(e))?;
+        let mut new: HashSet<&str> = new.iter().map(String::as_str).collect();
+        Ok(keys.iter().map(|k| new.remove(k.as_str())).collect())
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Warehouse
+// ---------------------------------------------------------------------------------------
+
+/// Type OIDs whose binary wire format is the UTF-8 text itself.
+const TEXT_LIKE: &[u32] = &[
+    25,   // text
+    1043, // varchar
+    1042, // bpchar
+    19,   // name
+    705,  // unknown
+    114,  // json
+];
+const JSONB: u32 = 3802;
+
+/// A Postgres database the SQL processor runs on.
+///
+/// How string parameters bind like untyped literals: sqlx sends every parameter in the
+/// *binary* format (its `Bind` message hard-codes it), so declaring a parameter as
+/// `unknown` (OID 705) and sending UTF-8 bytes does not work: Postgres infers the real
+/// type (say DATE) and decodes the bytes with that type's *binary* receive function
+/// (`incorrect binary data format`). Instead each statement is prepared first (sqlx caches
+/// it per connection) and the parameter types Postgres inferred are read back. Values of
+/// text-like types (text, varchar, char, name, json, jsonb) are sent as their UTF-8 bytes;
+/// values of any other type are converted by the server in one extra round trip per
+/// statement, `SELECT CAST(CAST($1 AS text) AS <type>), …`, i.e. by the type's own input
+/// function, exactly as an untyped literal would be, and the binary result is sent on
+/// unchanged. A value the type rejects fails with Postgres's own message (`invalid input
+/// syntax for type date: "…"`).
+#[derive(Debug, Clone)]
+pub struct PostgresWarehouse {
+    pool: PgPool,
+    url: String,
+    type_names: Arc<Mutex<HashMap<u32, String>>>,
+}
+
+/// A parameter already in its binary wire format, of a type Postgres inferred.
+struct WireParam {
+    ty: PgTypeInfo,
+    bytes: Vec<u8>,
+}
+
+impl sqlx::Type<Postgres> for WireParam {
+    fn type_info() -> PgTypeInfo {
+        PgTypeInfo::with_oid(Oid(705))
+    }
+    fn compatible(_: &PgTypeInfo) -> bool {
+        true
+    }
+}
+
+impl sqlx::Encode<'_, Postgres> for WireParam {
+    fn encode_by_ref(
+        &self,
+        buf: &mut PgArgumentBuffer,
+    ) -> std::result::Result<IsNull, BoxDynError> {
+        buf.extend_from_slice(&self.bytes);
+        Ok(IsNull::No)
+    }
+    fn produces(&self) -> Option<PgTypeInfo> {
+        Some(self.ty.clone())
+    }
+    fn size_hint(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
+impl PostgresWarehouse {
+    /// A warehouse at `postgres://…`. Connects on first use (a bad URL fails now; an
+    /// unreachable server fails the statement that needs it).
+    pub async fn connect(url: &str) -> Result<Self> {
+        // Job SQL may run for long: no per-statement logs, no slow-statement warnings.
+        let options = connect_options(url)?.disable_statement_logging();
+        let pool = PgPoolOptions::new()
+            .max_connections(2)
+            .min_connections(0)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .connect_lazy_with(options);
+        Ok(PostgresWarehouse {
+            pool,
+            url: redact_url(url),
+            type_names: Arc::new(Mutex::new(HashMap::new())),
+        })
+    }
+
+    async fn type_name(&self, conn: &mut PgConnection, oid: Oid) -> Result<String, String> {
+        if let Some(name) = self
+            .type_names
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&oid.0)
+        {
+            return Ok(name.clone());
+        }
+        let name: String = sqlx::query_scalar("SELECT format_type($1, NULL)")
+            .bind(oid)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| format!("cannot name parameter type oid {}: {e}", oid.0))?;
+        self.type_names
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(oid.0, name.clone());
+        Ok(name)
+    }
+
+    /// The statement's parameters, typed as Postgres infers them from their context.
+    async fn arguments(
+        &self,
+        conn: &mut PgConnection,
+        statement: &Statement,
+        params: &Params,
+    ) -> Result<PgArguments, String> {
+        let values = bind_values(statement, params)?;
+        let mut args = PgArguments::default();
+        if values.is_empty() {
+            return Ok(args);
+        }
+        let prepared = (&mut *conn)
+            .prepare_with(&statement.sql, &[])
+            .await
+            .map_err(|e| e.to_string())?;
+        let types: Vec<PgTypeInfo> = match prepared.parameters() {
+            Some(Either::Left(types)) => types.to_vec(),
+            _ => return Err("postgres did not describe the statement's parameters".into()),
+        };
+        if types.len() != values.len() {
+            return Err(format!(
+                "the statement has {} parameters but {} values",
+                types.len(),
+                values.len()
+            ));
+        }
+        let mut wire: Vec<Option<Vec<u8>>> = Vec::with_capacity(values.len());
+        let mut convert: Vec<(usize, String)> = Vec::new();
+        for (i, (ty, value)) in types.iter().zip(&values).enumerate() {
+            let oid = ty
+                .oid()
+                .ok_or_else(|| format!("parameter ${} has an unresolved type", i + 1))?;
+            if TEXT_LIKE.contains(&oid.0) {
+                wire.push(Some(value.as_bytes().to_vec()));
+            } else if oid.0 == JSONB {
+                let mut bytes = Vec::with_capacity(value.len() + 1);
+                bytes.push(1); // jsonb binary format version
+                bytes.extend_from_slice(value.as_bytes());
+                wire.push(Some(bytes));
+            } else {
+                wire.push(None);
+                convert.push((i, self.type_name(conn, oid).await?));
+            }
+        }
+        if !convert.is_empty() {
+            let mut sql = String::from("SELECT ");
+            let mut convert_args = PgArguments::default();
+            for (n, (i, name)) in convert.iter().enumerate() {
+                if n > 0 {
+                    sql.push_str(", ");
+                }
+                let _ = write!(sql, "CAST(CAST(${} AS text) AS {name})", n + 1);
+                convert_args.add(values[*i]).map_err(|e| e.to_string())?;
+            }
+            let row = sqlx::query_with(&sql, convert_args)
+                .persistent(false)
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(|e| {
+                    let names: Vec<String> = convert
+                        .iter()
+                        .map(|(i, ty)| format!("@{} as {ty}", statement.params[*i]))
+                        .collect();
+                    format!("cannot bind {}: {e}", names.join(", "))
+                })?;
+            for (n, (i, _)) in convert.iter().enumerate() {
+                let raw = row.try_get_raw(n).map_err(|e| e.to_string())?;
+                if raw.is_null() {
+                    return Err(format!(
+                        "parameter @{} converts to NULL",
+                        statement.params[*i]
+                    ));
+                }
+                wire[*i] = Some(raw.as_bytes().map_err(|e| e.to_string())?.to_vec());
+            }
+        }
+        for (ty, bytes) in types.into_iter().zip(wire) {
+            let bytes = bytes.unwrap_or_default();
+            args.add(WireParam { ty, bytes })
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(args)
+    }
+}
+
+/// Postgres's binary NUMERIC as a decimal string (`"12.340"`, `"-0.5"`, `"NaN"`).
+fn numeric_string(bytes: &[u8]) -> Option<String> {
+    let word = |i: usize| -> Option<i16> {
+        Some(i16::from_be_bytes([
+            *bytes.get(2 * i)?,
+            *bytes.get(2 * i + 1)?,
+        ]))
+    };
+    let ndigits = word(0)? as i64;
+    let weight = word(1)? as i64;
+    let sign = word(2)? as u16;
+    let dscale = word(3)? as u16 as i64;
+    match sign {
+        0xC000 => return Some("NaN".into()),
+        0xD000 => return Some("Infinity".into()),
+        0xF000 => return Some("-Infinity".into()),
+        _ => {}
+    }
+    let digit = |p: i64| -> Option<i16> {
+        if p < 0 || p >= ndigits {
+            Some(0)
+        } else {
+            word(4 + p as usize)
+        }
+    };
+    let mut s = String::new();
+    if sign == 0x4000 {
+        s.push('-');
+    }
+    if weight < 0 {
+        s.push('0');
+    } else {
+        for p in 0..=weight {
+            let d = digit(p)?;
+            if p == 0 {
+                let _ = write!(s, "{d}");
+            } else {
+                let _ = write!(s, "{d:04}");
+            }
+        }
+    }
+    if dscale > 0 {
+        let mut frac = String::new();
+        let groups = (dscale + 3) / 4;
+        for k in 1..=groups {
+            let _ = write!(frac, "{:04}", digit(weight + k)?);
+        }
+        frac.truncate(dscale as usize);
+        s.push('.');
+        s.push_str(&frac);
+    }
+    Some(s)
+}
+
+fn float_value(f: f64, shortest: String) -> Value {
+    if f.is_finite() {
+        shortest
+            .parse::<f64>()
+            .ok()
+            .and_then(serde_json::Number::from_f64)
+            .map(Value::Number)
+            .unwrap_or(Value::Null)
+    } else {
+        Value::String(shortest)
+    }
+}
+
+fn column_value(row: &PgRow, i: usize) -> Value {
+    let Ok(raw) = row.try_get_raw(i) else {
+        return Value::Null;
+    };
+    if raw.is_null() {
+        return Value::Null;
+    }
+    let kind = raw.type_info().name().to_string();
+    let got = match kind.as_str() {
+        "INT2" => row.try_get::<i16, _>(i).map(Value::from),
+        "INT4" => row.try_get::<i32, _>(i).map(Value::from),
+        "INT8" => row.try_get::<i64, _>(i).map(Value::from),
+        "OID" => row.try_get::<Oid, _>(i).map(|o| Value::from(o.0)),
+        "FLOAT4" => row
+            .try_get::<f32, _>(i)
+            .map(|f| float_value(f as f64, f.to_string())),
+        "FLOAT8" => row
+            .try_get::<f64, _>(i)
+            .map(|f| float_value(f, f.to_string())),
+        "NUMERIC" => {
+            return raw
+                .as_bytes()
+                .ok()
+                .and_then(numeric_string)
+                .map(Value::String)
+                .unwrap_or(Value::Null)
+        }
+        "BOOL" => row.try_get::<bool, _>(i).map(Value::from),
+        "DATE" => row
+            .try_get::<NaiveDate, _>(i)
+            .map(|d| Value::from(d.format("%Y-%m-%d").to_string())),
+        "TIMESTAMPTZ" => row
+            .try_get::<DateTime<Utc>, _>(i)
+            .map(|t| Value::from(t.to_rfc3339_opts(SecondsFormat::AutoSi, true))),
+        // No time zone: ISO 8601 without an offset (not pretending it is UTC).
+        "TIMESTAMP" => row
+            .try_get::<NaiveDateTime, _>(i)
+            .map(|t| Value::from(t.format("%Y-%m-%dT%H:%M:%S%.f").to_string())),
+        "TIME" => row
+            .try_get::<NaiveTime, _>(i)
+            .map(|t| Value::from(t.format("%H:%M:%S%.f").to_string())),
+        "JSON" | "JSONB" => row.try_get::<Value, _>(i),
+        "UUID" => {
+            return raw
+                .as_bytes()
+                .ok()
+                .and_then(|b| uuid::Uuid::from_slice(b).ok())
+                .map(|u| Value::from(u.to_string()))
+                .unwrap_or(Value::Null)
+        }
+        "TEXT[]" | "VARCHAR[]" | "BPCHAR[]" | "NAME[]" => row
+            .try_get::<Vec<Option<String>>, _>(i)
+            .map(|v| Value::from(v.into_iter().map(Value::from).collect::<Vec<_>>())),
+        "INT2[]" => row
+            .try_get::<Vec<Option<i16>>, _>(i)
+            .map(|v| Value::from(v.into_iter().map(Value::from).collect::<Vec<_>>())),
+        "INT4[]" => row
+            .try_get::<Vec<Option<i32>>, _>(i)
+            .map(|v| Value::from(v.into_iter().map(Value::from).collect::<Vec<_>>())),
+        "INT8[]" => row
+            .try_get::<Vec<Option<i64>>, _>(i)
+            .map(|v| Value::from(v.into_iter().map(Value::from).collect::<Vec<_>>())),
+        _ => row.try_get::<String, _>(i).map(Value::from),
+    };
+    match got {
+        Ok(v) => v,
+        // Anything else: text when the wire bytes are readable text (enums, citext, …),
+        // else `\x` hex. Cast in SQL (`col::text`) for a readable value of other types.
+        Err(_) => match raw.as_bytes() {
+            Ok(b) => match std::str::from_utf8(b) {
+                Ok(s) if !s.chars().any(|c| c.is_control() && !c.is_whitespace()) => Value::from(s),
+                _ => Value::from(format!(
+                    "\\x{}",
+                    b.iter().map(|x| format!("{x:02x}")).collect::<String>()
+                )),
+            },
+            Err(_) => Value::Null,
+        },
+    }
+}
+
+fn row_to_json(row: &PgRow) -> Value {
+    let mut map = Map::new();
+    for (i, col) in row.columns().iter().enumerate() {
+        map.insert(col.name().to_string(), column_value(row, i));
+    }
+    Value::Object(map)
+}
+
+#[async_trait]
+impl Warehouse for PostgresWarehouse {
+    fn dialect(&self) -> Dialect {
+        Dialect::Postgres
+    }
+
+    fn describe(&self) -> String {
+        self.url.clone()
+    }
+
+    async fn execute(&self, statements: &[Statement], params: &Params) -> Result<u64, String> {
+        let mut tx = self.pool.begin().await.map_err(|e| sqlx_message(&e))?;
+        let mut affected = 0;
+        for (n, statement) in statements.iter().enumerate() {
+            let at = |e: String| format!("statement {} of {}: {e}", n + 1, statements.len());
+            let args = self
+                .arguments(&mut tx, statement, params)
+                .await
+                .map_err(at)?;
+            let done = sqlx::query_with(&statement.sql, args)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| at(e.to_string()))?;
+            affected += done.rows_affected();
+        }
+        tx.commit().await.map_err(|e| e.to_string())?;
+        Ok(affected)
+    }
+
+    async fn query(&self, statement: &Statement, params: &Params) -> Result<Vec<Value>, String> {
+        let mut conn = self.pool.acquire().await.map_err(|e| sqlx_message(&e))?;
+        let args = self.arguments(&mut conn, statement, params).await?;
+        let rows = sqlx::query_with(&statement.sql, args)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(rows.iter().map(row_to_json).collect())
+    }
+}
