@@ -112,4 +112,25 @@ conformance_tests!(postgres, {
         }
     }
 });
-// BigQuery: a module `bigquery` is added here by the BigQuery store work.
+
+#[cfg(feature = "bigquery")]
+conformance_tests!(bigquery, {
+    // e.g. bigquery://idem-test/idem_ci?endpoint=http://127.0.0.1:PORT (the emulator, see
+    // docs/bigquery.md). The dataset and tables are created on first use; every check uses
+    // its own processor names, so the checks share them.
+    match std::env::var("IDEM_TEST_BIGQUERY_URL") {
+        Ok(url) if !url.trim().is_empty() => Some(
+            idem::store::open(&url)
+                .await
+                .expect("open the bigquery store at IDEM_TEST_BIGQUERY_URL"),
+        ),
+        _ => {
+            eprintln!(
+                "skipping the bigquery conformance check: IDEM_TEST_BIGQUERY_URL is not set \
+                 (start the emulator with .ci/bqemulator.sh and set it to \
+                 bigquery://PROJECT/DATASET?endpoint=URL, see docs/bigquery.md)"
+            );
+            None
+        }
+    }
+});

@@ -18,10 +18,14 @@ use crate::key::Content;
 use crate::model::{Outcome, RunRequest};
 use crate::processor::Processor;
 
+#[cfg(feature = "bigquery")]
+mod bigquery;
 mod params;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
+#[cfg(feature = "bigquery")]
+pub use bigquery::BigQueryWarehouse;
 pub use params::{prepare, Dialect, Statement};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteWarehouse;
@@ -66,6 +70,8 @@ pub async fn open_warehouse(url: &str) -> Result<Arc<dyn Warehouse>> {
     match scheme {
         #[cfg(feature = "sqlite")]
         "sqlite" => Ok(Arc::new(SqliteWarehouse::connect(url).await?)),
+        #[cfg(feature = "bigquery")]
+        "bigquery" => Ok(Arc::new(BigQueryWarehouse::connect(url).await?)),
         #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => Ok(Arc::new(
             crate::store::postgres::PostgresWarehouse::connect(url).await?,

@@ -23,6 +23,8 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 use crate::model::{KeyKind, KeyRecord, RunRecord, RunStatus};
 
+#[cfg(feature = "bigquery")]
+pub mod bigquery;
 pub mod breaker;
 pub mod conformance;
 pub mod memory;
@@ -304,6 +306,8 @@ pub async fn open(url: &str) -> Result<Arc<DynStore>> {
         "memory" => Arc::new(MemoryStore::new()),
         #[cfg(feature = "sqlite")]
         "sqlite" => Arc::new(sqlite::SqliteStore::connect(url).await?),
+        #[cfg(feature = "bigquery")]
+        "bigquery" => Arc::new(bigquery::BigQueryStore::connect(url).await?),
         #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => Arc::new(postgres::PostgresStore::connect(url).await?),
         _ => {

@@ -1,0 +1,984 @@
+//! BigQuery store (gcp-bigquery-client): the production warehouse.
+//!
+//! URL: `bigquery://PROJECT/DATASET[?endpoint=http://HOST:PORT&location=US&partition_expiration_days=N&timeout=5m]`.
+//! Without an endpoint (and without `IDEM_BIGQUERY_ENDPOINT`) the store talks to Google
+//! with Application Default Credentials; with one it talks to an emulator with no
+//! credentials. See `docs/bigquery.md` for setup, IAM, costs and the exact concurrency
+//! guarantee; the short version follows.
+//!
+//! BigQuery has no row locks, runs at most two mutating DML statements (UPDATE, DELETE,
+//! MERGE) per table at once with 20 more queued, bills at least 10 MB per query, and keeps
+//! streamed rows (`insertAll`) out of reach of DML for about 30 minutes. So:
+//!
+//! * **Append-only keys and ledger, written with DML `INSERT`** (never streaming), so purge
+//!   and cleanup can `DELETE` at once. Keys are never updated; a lookup reads the latest row
+//!   per key. INSERTs do not take part in mutating-DML conflicts or queues.
+//! * **One query per guard decision**: [`Store::find_keys`] sends every lookup as one
+//!   `ARRAY<STRUCT>` parameter and answers them all in one statement ([`FIND_KEYS_SQL`]),
+//!   which filters on the partition column (`processed_at`) with the oldest window start,
+//!   so partitions older than the longest window are never read, and on the clustering
+//!   column (`processing_key IN UNNEST(@keys)`) so only the blocks holding the keys are.
+//! * **Claims without a lock**: a lease row is read; when free, the claim is a single
+//!   `UPDATE … WHERE token = @seen AND (free or expired)` — compare-and-set on the fencing
+//!   token, judged by `numDmlAffectedRows`. It is always an UPDATE (a missing row is first
+//!   created *free* with `INSERT … WHERE NOT EXISTS`) because BigQuery only detects
+//!   conflicts between statements that modify existing rows: two concurrent insert-only
+//!   statements both commit. A concurrent-update conflict on the claim means another
+//!   statement on the lease table committed first: the claim is lost, the lease is read
+//!   again and the run sees `in_progress` (never a run failure).
+//! * **`finish` is not atomic** (the emulator ignores parameters in multi-statement
+//!   scripts, and BigQuery has no cross-statement locks anyway): first the fenced release
+//!   (`UPDATE … WHERE token = @t AND holder_run_id = @r`; 0 rows ⇒ [`Error::LeaseLost`] and
+//!   nothing is written), then the ledger row, then the keys. A crash in between leaves a
+//!   ledger row without keys — the next run processes again — never a key without a
+//!   successful run.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use super::{
+    Capabilities, Claim, ClaimRequest, CleanupReport, Finish, KeyLookup, Lease, LeaseHolder,
+    RunFilter, Store,
+};
+use crate::error::{Error, Result};
+use crate::model::{micros, KeyKind, KeyRecord, Mode, RunRecord, RunStatus, SkipReason};
+
+mod client;
+
+pub use client::{
+    date, field_kind, int64, opt_int64, opt_string, parse_timestamp_cell, string, string_array,
+    struct_array, timestamp, timestamp_text, ApiError, BigQueryUrl, Connection, ErrorShape,
+    FaultFuture, FaultHook, Param, QueryOutput, Record, ENDPOINT_ENV,
+};
+
+/// Schema migrations, applied in order by [`Store::migrate`] (`{project}` and `{dataset}`
+/// are replaced by the validated ids).
+pub const MIGRATIONS: &[&str] = &[include_str!("../../sql/bigquery/0001_init.sql")];
+
+/// The tables the migrations create; [`BigQueryStore::connect`] checks they all exist
+/// (one `tables.list` call, not billed) before deciding to migrate. A migration that only
+/// alters a table must add a marker to this check.
+pub const TABLES: &[&str] = &[
+    "processing_keys",
+    "processing_runs",
+    "processing_leases",
+    "event_keys",
+];
+
+/// The partitioned tables (partition expiration applies to these).
+const PARTITIONED_TABLES: &[&str] = &["processing_keys", "processing_runs", "event_keys"];
+
+/// The per-run check: every guard lookup of a run in one statement. `@lookups` is an
+/// `ARRAY<STRUCT<pos INT64, key STRING, kind STRING, since TIMESTAMP>>`; `@keys` the
+/// distinct keys; `@oldest_since` the earliest `since`. `processed_at` is the partition
+/// column (`PARTITION BY DATE(processed_at)`), so the `k.processed_at >= @oldest_since`
+/// filter prunes every partition older than the longest guard window; `processing_key`
+/// is the first clustering column, so `IN UNNEST(@keys)` limits the blocks read.
+/// `{keys}` is the fully qualified `processing_keys` table.
+pub const FIND_KEYS_SQL: &str = "\
+SELECT l.pos AS pos, k.processing_key, k.kind, k.processor_name, k.scope, k.scope_date, \
+k.processed_at, k.entity_count, k.metadata, k.run_id
+FROM {keys} AS k
+JOIN UNNEST(@lookups) AS l
+  ON k.processing_key = l.key AND k.kind = l.kind AND k.processed_at >= l.since
+WHERE k.processed_at >= @oldest_since
+  AND k.processing_key IN UNNEST(@keys)
+QUALIFY ROW_NUMBER() OVER (PARTITION BY l.pos ORDER BY k.processed_at DESC, k.run_id DESC) = 1";
+
+const LEASE_READ_SQL: &str = "\
+SELECT holder_run_id, token, acquired_at, expires_at FROM {leases}
+WHERE processor_name = @processor AND scope = @scope
+ORDER BY token DESC LIMIT 1";
+
+/// Creates a *free* lease row when none exists. An INSERT, so it never conflicts; two
+/// concurrent ones may both insert, which is harmless: both rows are free with token 0,
+/// and every later UPDATE matches (and rewrites) both alike.
+const LEASE_CREATE_SQL: &str = "\
+INSERT INTO {leases} (processor_name, scope, holder_run_id, token, acquired_at, expires_at)
+SELECT @processor, @scope, NULL, 0, @now, @now
+FROM UNNEST([1])
+WHERE NOT EXISTS (SELECT 1 FROM {leases} WHERE processor_name = @processor AND scope = @scope)";
+
+/// The claim: compare-and-set on the token seen, only when free or expired.
+pub const LEASE_TAKE_SQL: &str = "\
+UPDATE {leases}
+SET holder_run_id = @run_id, token = token + 1, acquired_at = @now, expires_at = @expires_at
+WHERE processor_name = @processor AND scope = @scope AND token = @token
+  AND (holder_run_id IS NULL OR expires_at <= @now)";
+
+const LEASE_RENEW_SQL: &str = "\
+UPDATE {leases} SET expires_at = @expires_at
+WHERE processor_name = @processor AND scope = @scope AND token = @token AND holder_run_id = @run_id";
+
+const LEASE_RELEASE_SQL: &str = "\
+UPDATE {leases} SET holder_run_id = NULL, expires_at = @now
+WHERE processor_name = @processor AND scope = @scope AND token = @token AND holder_run_id = @run_id";
+
+const RUN_COLUMNS: &str = "run_id, processor_name, scope, scope_date, trigger_source, mode, \
+started_at, finished_at, duration_ms, status, skip_reason, would_skip_reason, \
+previous_run_id, records_processed, processing_key, error, output";
+
+/// A run id is recorded once: the insert adds nothing when the id is already there.
+const RUN_INSERT_SQL: &str = "\
+INSERT INTO {runs} ({run_columns})
+SELECT @run_id, @processor, @scope, @scope_date, @trigger_source, @mode, @started_at, \
+@finished_at, @duration_ms, @status, @skip_reason, @would_skip_reason, @previous_run_id, \
+@records_processed, @processing_key, @error, PARSE_JSON(@output)
+FROM UNNEST([1])
+WHERE NOT EXISTS (SELECT 1 FROM {runs} WHERE run_id = @run_id)";
+
+const KEYS_INSERT_SQL: &str = "\
+INSERT INTO {keys} (processing_key, kind, processor_name, scope, scope_date, processed_at, \
+entity_count, metadata, run_id)
+SELECT r.processing_key, r.kind, r.processor_name, r.scope, r.scope_date, r.processed_at, \
+r.entity_count, PARSE_JSON(r.metadata), r.run_id
+FROM UNNEST(@keys) AS r";
+
+/// Ledger rows; `started_at` is the partition column, so `@since` prunes.
+const RUNS_SQL: &str = "\
+SELECT {run_columns} FROM {runs}
+WHERE started_at >= @since
+  AND (@processor IS NULL OR processor_name = @processor)
+  AND (@scope IS NULL OR scope = @scope)
+  AND (@status IS NULL OR status = @status)
+ORDER BY started_at DESC, run_id DESC
+LIMIT @limit";
+
+const PURGE_SQL: &str = "\
+DELETE FROM {keys} WHERE processor_name = @processor AND (@scope IS NULL OR scope = @scope)";
+
+const CLEANUP_KEYS_SQL: &str = "DELETE FROM {keys} WHERE processed_at < @before";
+const CLEANUP_RUNS_SQL: &str = "DELETE FROM {runs} WHERE started_at < @before";
+const CLEANUP_LEASES_SQL: &str = "DELETE FROM {leases} WHERE expires_at < @before";
+const CLEANUP_EVENTS_SQL: &str = "DELETE FROM {events} WHERE first_seen < @before";
+
+/// Marks event keys: inserts the ones not seen yet, tagged with this call's batch id.
+const EVENTS_MARK_SQL: &str = "\
+MERGE {events} AS t
+USING (SELECT DISTINCT k AS event_key FROM UNNEST(@keys) AS k) AS s
+ON t.namespace = @namespace AND t.event_key = s.event_key
+WHEN NOT MATCHED THEN
+  INSERT (namespace, event_key, first_seen, batch_id) VALUES (@namespace, s.event_key, @now, @batch_id)";
+
+/// The keys this call inserted: the first row of each key carries this call's batch id.
+const EVENTS_NEW_SQL: &str = "\
+SELECT event_key FROM {events}
+WHERE namespace = @namespace AND event_key IN UNNEST(@keys)
+QUALIFY ROW_NUMBER() OVER (PARTITION BY event_key ORDER BY first_seen, batch_id) = 1
+  AND batch_id = @batch_id";
+
+/// How often a mutating statement that lost a concurrent-update conflict is sent again
+/// (BigQuery itself already retried it up to three times).
+const CONFLICT_RETRIES: u32 = 4;
+/// Claim rounds (read, then compare-and-set) before giving up.
+const CLAIM_ATTEMPTS: u32 = 4;
+
+/// Default limit for one store statement, polling included.
+const STORE_TIMEOUT: Duration = Duration::from_secs(300);
+
+#[derive(Debug, Clone)]
+struct Statements {
+    find_keys: String,
+    lease_read: String,
+    lease_create: String,
+    lease_take: String,
+    lease_renew: String,
+    lease_release: String,
+    run_insert: String,
+    keys_insert: String,
+    runs: String,
+    purge: String,
+    cleanup: [String; 4],
+    events_mark: String,
+    events_new: String,
+}
+
+impl Statements {
+    fn new(url: &BigQueryUrl) -> Self {
+        let render = |sql: &str| {
+            sql.replace("{run_columns}", RUN_COLUMNS)
+                .replace("{keys}", &url.table("processing_keys"))
+                .replace("{runs}", &url.table("processing_runs"))
+                .replace("{leases}", &url.table("processing_leases"))
+                .replace("{events}", &url.table("event_keys"))
+        };
+        Statements {
+            find_keys: render(FIND_KEYS_SQL),
+            lease_read: render(LEASE_READ_SQL),
+            lease_create: render(LEASE_CREATE_SQL),
+            lease_take: render(LEASE_TAKE_SQL),
+            lease_renew: render(LEASE_RENEW_SQL),
+            lease_release: render(LEASE_RELEASE_SQL),
+            run_insert: render(RUN_INSERT_SQL),
+            keys_insert: render(KEYS_INSERT_SQL),
+            runs: render(RUNS_SQL),
+            purge: render(PURGE_SQL),
+            cleanup: [
+                render(CLEANUP_KEYS_SQL),
+                render(CLEANUP_RUNS_SQL),
+                render(CLEANUP_LEASES_SQL),
+                render(CLEANUP_EVENTS_SQL),
+            ],
+            events_mark: render(EVENTS_MARK_SQL),
+            events_new: render(EVENTS_NEW_SQL),
+        }
+    }
+}
+
+/// The BigQuery store.
+#[derive(Debug)]
+pub struct BigQueryStore {
+    conn: Connection,
+    url: String,
+    config: BigQueryUrl,
+    sql: Statements,
+}
+
+/// The lease row as read.
+#[derive(Debug, Clone)]
+struct LeaseRow {
+    holder: Option<String>,
+    token: i64,
+    acquired_at: DateTime<Utc>,
+    expires_at: DateTime<Utc>,
+}
+
+impl LeaseRow {
+    fn held_at(&self, now: DateTime<Utc>) -> Option<LeaseHolder> {
+        self.holder
+            .as_ref()
+            .filter(|_| self.expires_at > now)
+            .map(|run_id| LeaseHolder {
+                run_id: run_id.clone(),
+                token: self.token,
+                acquired_at: self.acquired_at,
+                expires_at: self.expires_at,
+            })
+    }
+}
+
+fn ttl_after(now: DateTime<Utc>, ttl: Duration) -> DateTime<Utc> {
+    micros(now + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::days(36500)))
+}
+
+/// A short random pause before sending a conflicting statement again.
+async fn backoff(attempt: u32) {
+    let jitter = (uuid::Uuid::new_v4().as_u128() % 100) as u64;
+    let base = 50u64 << attempt.min(5);
+    tokio::time::sleep(Duration::from_millis(base + jitter)).await;
+}
+
+fn render_migration(sql: &str, url: &BigQueryUrl) -> String {
+    sql.replace("{project}", &url.project)
+        .replace("{dataset}", &url.dataset)
+}
+
+fn key_from_record(r: &Record<'_>) -> std::result::Result<KeyRecord, String> {
+    Ok(KeyRecord {
+        key: r.str("processing_key")?,
+        kind: KeyKind::parse(&r.str("kind")?).map_err(|e| e.to_string())?,
+        processor: r.str("processor_name")?,
+        scope: r.str("scope")?,
+        scope_date: r.date("scope_date")?,
+        processed_at: r.timestamp("processed_at")?,
+        entity_count: r.opt_i64("entity_count")?,
+        metadata: r.opt_json("metadata")?.unwrap_or(serde_json::Value::Null),
+        run_id: r.str("run_id")?,
+    })
+}
+
+fn run_from_record(r: &Record<'_>) -> std::result::Result<RunRecord, String> {
+    let text = |e: Error| e.to_string();
+    Ok(RunRecord {
+        run_id: r.str("run_id")?,
+        processor: r.str("processor_name")?,
+        scope: r.str("scope")?,
+        scope_date: r.date("scope_date")?,
+        trigger: r.str("trigger_source")?.parse().map_err(text)?,
+        mode: r.str("mode")?.parse::<Mode>().map_err(text)?,
+        started_at: r.timestamp("started_at")?,
+        finished_at: r.timestamp("finished_at")?,
+        duration_ms: r.i64("duration_ms")?,
+        status: r.str("status")?.parse::<RunStatus>().map_err(text)?,
+        skip_reason: r.opt_str("skip_reason")?.map(|s| SkipReason::parse(&s)),
+        would_skip_reason: r
+            .opt_str("would_skip_reason")?
+            .map(|s| SkipReason::parse(&s)),
+        previous_run_id: r.opt_str("previous_run_id")?,
+        records_processed: r.opt_i64("records_processed")?,
+        processing_key: r.opt_str("processing_key")?,
+        error: r.opt_str("error")?,
+        output: r.opt_json("output")?,
+    })
+}
+
+impl BigQueryStore {
+    /// Opens `bigquery://PROJECT/DATASET[?…]`. One cheap check (`tables.list`, not billed)
+    /// tells whether the tables exist; when one is missing the dataset and tables are
+    /// created ([`Store::migrate`]).
+    pub async fn connect(url: &str) -> Result<Self> {
+        let store = Self::connect_lazy(url).await?;
+        if !store.tables_exist().await? {
+            store.migrate().await?;
+        }
+        Ok(store)
+    }
+
+    /// Opens the store without checking or creating anything (nothing is sent to the API).
+    pub async fn connect_lazy(url: &str) -> Result<Self> {
+        let config = BigQueryUrl::parse(url)?;
+        let conn = Connection::open(&config, STORE_TIMEOUT)
+            .await
+            .map_err(|e| Error::store(url, e))?;
+        Ok(BigQueryStore {
+            conn,
+            url: url.to_string(),
+            sql: Statements::new(&config),
+            config,
+        })
+    }
+
+    /// Installs a test seam called before every statement (see [`FaultHook`]); the
+    /// emulator cannot produce real concurrent-update conflicts, so tests inject them here.
+    pub fn with_fault_hook(mut self, hook: FaultHook) -> Self {
+        self.conn.set_fault_hook(hook);
+        self
+    }
+
+    /// The parsed URL.
+    pub fn config(&self) -> &BigQueryUrl {
+        &self.config
+    }
+
+    /// The per-run check statement as sent (see [`FIND_KEYS_SQL`]).
+    pub fn find_keys_sql(&self) -> &str {
+        &self.sql.find_keys
+    }
+
+    /// Statements (API round trips) sent so far.
+    pub fn api_calls(&self) -> u64 {
+        self.conn.calls()
+    }
+
+    fn err(&self, e: impl std::fmt::Display) -> Error {
+        Error::store(&self.url, e)
+    }
+
+    fn bad_row(&self, operation: &str, e: String) -> Error {
+        self.err(format!("bigquery {operation}: unexpected result row: {e}"))
+    }
+
+    async fn query(&self, operation: &str, sql: &str, params: Vec<Param>) -> Result<QueryOutput> {
+        self.conn
+            .query(operation, sql, params)
+            .await
+            .map_err(|e| self.err(e))
+    }
+
+    /// A mutating statement (UPDATE/DELETE) whose effect does not depend on what it lost
+    /// to: sent again after a concurrent-update conflict. Returns the rows affected.
+    async fn mutate(&self, operation: &str, sql: &str, params: Vec<Param>) -> Result<u64> {
+        let mut attempt = 0;
+        loop {
+            match self.conn.query(operation, sql, params.clone()).await {
+                Ok(out) => return out.affected(operation).map_err(|e| self.err(e)),
+                Err(e) if e.is_concurrent_update() && attempt < CONFLICT_RETRIES => {
+                    tracing::info!("{e}; sending it again");
+                    backoff(attempt).await;
+                    attempt += 1;
+                }
+                Err(e) => return Err(self.err(e)),
+            }
+        }
+    }
+
+    async fn tables_exist(&self) -> Result<bool> {
+        use gcp_bigquery_client::table::ListOptions;
+        let mut found: Vec<String> = Vec::new();
+        let mut page: Option<String> = None;
+        loop {
+            let mut options = ListOptions::default().max_results(1000);
+            if let Some(token) = page.take() {
+                options = options.page_token(token);
+            }
+            let list = self
+                .conn
+                .rest(
+                    "migrate.check",
+                    self.conn.client().table().list(
+                        &self.config.project,
+                        &self.config.dataset,
+                        options,
+                    ),
+                )
+                .await;
+            let list = match list {
+                Ok(list) => list,
+                Err(e) if e.is_not_found() => return Ok(false),
+                Err(e) => return Err(self.err(e)),
+            };
+            found.extend(
+                list.tables
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|t| t.table_reference.table_id),
+            );
+            match list.next_page_token {
+                Some(token) if !token.is_empty() => page = Some(token),
+                _ => break,
+            }
+        }
+        Ok(TABLES.iter().all(|t| found.iter().any(|f| f == t)))
+    }
+
+    async fn ensure_dataset(&self) -> Result<()> {
+        use gcp_bigquery_client::model::dataset::Dataset;
+        let (project, dataset) = (&self.config.project, &self.config.dataset);
+        match self
+            .conn
+            .rest(
+                "migrate.dataset",
+                self.conn.client().dataset().get(project, dataset),
+            )
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(self.err(e)),
+        }
+        let mut new = Dataset::new(project, dataset);
+        if let Some(location) = &self.config.location {
+            new = new.location(location);
+        }
+        match self
+            .conn
+            .rest("migrate.dataset", self.conn.client().dataset().create(new))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_already_exists() => Ok(()),
+            Err(e) => Err(self.err(e)),
+        }
+    }
+
+    async fn lease_row(
+        &self,
+        operation: &str,
+        processor: &str,
+        scope: &str,
+    ) -> Result<Option<LeaseRow>> {
+        let out = self
+            .query(
+                operation,
+                &self.sql.lease_read,
+                vec![string("processor", processor), string("scope", scope)],
+            )
+            .await?;
+        let row = out.records().next();
+        row.map(|r| {
+            Ok(LeaseRow {
+                holder: r.opt_str("holder_run_id")?,
+                token: r.i64("token")?,
+                acquired_at: r.timestamp("acquired_at")?,
+                expires_at: r.timestamp("expires_at")?,
+            })
+        })
+        .transpose()
+        .map_err(|e| self.bad_row(operation, e))
+    }
+
+    async fn lease_lost(&self, lease: &Lease) -> Error {
+        let holder = match self
+            .lease_row("lease_holder", &lease.processor, &lease.scope)
+            .await
+        {
+            Ok(row) => row.and_then(|r| r.holder),
+            Err(e) => {
+                tracing::warn!("could not read the lease holder: {e}");
+                None
+            }
+        };
+        Error::LeaseLost {
+            processor: lease.processor.clone(),
+            scope: lease.scope.clone(),
+            token: lease.token,
+            current_holder: holder,
+        }
+    }
+
+    fn fenced_params(lease: &Lease) -> Vec<Param> {
+        vec![
+            string("processor", &lease.processor),
+            string("scope", &lease.scope),
+            int64("token", lease.token),
+            string("run_id", &lease.run_id),
+        ]
+    }
+}
+
+#[async_trait]
+impl Store for BigQueryStore {
+    fn kind(&self) -> &'static str {
+        "bigquery"
+    }
+
+    fn describe(&self) -> String {
+        self.url.clone()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            atomic_finish: false,
+            durable: true,
+            cross_process: true,
+        }
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        self.ensure_dataset().await?;
+        for migration in MIGRATIONS {
+            let script = render_migration(migration, &self.config);
+            for statement in crate::sql::prepare(&script, crate::sql::Dialect::BigQuery)? {
+                match self
+                    .conn
+                    .query("migrate.create_table", &statement.sql, Vec::new())
+                    .await
+                {
+                    Ok(_) => {}
+                    // Another process created it between IF NOT EXISTS and the create.
+                    Err(e) if e.is_already_exists() => {}
+                    Err(e) => return Err(self.err(e)),
+                }
+            }
+        }
+        if let Some(days) = self.config.partition_expiration_days {
+            for table in PARTITIONED_TABLES {
+                // The number was parsed as an integer from 1 to 36500; DDL options cannot
+                // be bound as parameters.
+                let sql = format!(
+                    "ALTER TABLE {} SET OPTIONS (partition_expiration_days = {days})",
+                    self.config.table(table)
+                );
+                self.query("migrate.partition_expiration", &sql, Vec::new())
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claim> {
+        let now = micros(request.now);
+        let expires_at = ttl_after(now, request.ttl);
+        let mut conflicts = 0;
+        for attempt in 0..CLAIM_ATTEMPTS {
+            let row = self
+                .lease_row("claim.read", request.processor, request.scope)
+                .await?;
+            let seen = match &row {
+                Some(r) => {
+                    if let Some(holder) = r.held_at(now) {
+                        return Ok(Claim::Held(holder));
+                    }
+                    r.token
+                }
+                None => {
+                    self.query(
+                        "claim.create",
+                        &self.sql.lease_create,
+                        vec![
+                            string("processor", request.processor),
+                            string("scope", request.scope),
+                            timestamp("now", now),
+                        ],
+                    )
+                    .await?;
+                    0
+                }
+            };
+            let taken = self
+                .conn
+                .query(
+                    "claim.take",
+                    &self.sql.lease_take,
+                    vec![
+                        string("processor", request.processor),
+                        string("scope", request.scope),
+                        string("run_id", request.run_id),
+                        int64("token", seen),
+                        timestamp("now", now),
+                        timestamp("expires_at", expires_at),
+                    ],
+                )
+                .await;
+            match taken {
+                Ok(out) => {
+                    if out.affected("claim.take").map_err(|e| self.err(e))? >= 1 {
+                        return Ok(Claim::Acquired(Lease {
+                            processor: request.processor.to_string(),
+                            scope: request.scope.to_string(),
+                            run_id: request.run_id.to_string(),
+                            token: seen + 1,
+                            acquired_at: now,
+                            expires_at,
+                        }));
+                    }
+                    // Another claim changed the row since it was read: read it again.
+                }
+                Err(e) if e.is_concurrent_update() => {
+                    // Another statement on the lease table committed first; this claim
+                    // did not. Read again: usually that was a competing claim (held).
+                    tracing::info!("{e}: the claim lost a concurrent update");
+                    conflicts += 1;
+                    if attempt + 1 < CLAIM_ATTEMPTS {
+                        backoff(attempt).await;
+                    }
+                }
+                Err(e) => return Err(self.err(e)),
+            }
+        }
+        let row = self
+            .lease_row("claim.read", request.processor, request.scope)
+            .await?;
+        if let Some(holder) = row.as_ref().and_then(|r| r.held_at(now)) {
+            return Ok(Claim::Held(holder));
+        }
+        if conflicts > 0 {
+            // Lost every round to concurrent updates of the lease table without anyone
+            // holding this lease now: still "someone else was writing", not a failure.
+            return Ok(Claim::Held(LeaseHolder {
+                run_id: format!(
+                    "unknown (the claim lost {conflicts} concurrent update conflict(s) on processing_leases)"
+                ),
+                token: row.map_or(0, |r| r.token),
+                acquired_at: now,
+                expires_at: now,
+            }));
+        }
+        Err(self.err(format!(
+            "lease claim did not settle after {CLAIM_ATTEMPTS} attempts"
+        )))
+    }
+
+    async fn lease_holder(
+        &self,
+        processor: &str,
+        scope: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<LeaseHolder>> {
+        Ok(self
+            .lease_row("lease_holder", processor, scope)
+            .await?
+            .and_then(|r| r.held_at(now)))
+    }
+
+    async fn renew(&self, lease: &Lease, ttl: Duration, now: DateTime<Utc>) -> Result<Lease> {
+        let expires_at = ttl_after(micros(now), ttl);
+        let mut params = Self::fenced_params(lease);
+        params.push(timestamp("expires_at", expires_at));
+        if self.mutate("renew", &self.sql.lease_renew, params).await? >= 1 {
+            return Ok(Lease {
+                expires_at,
+                ..lease.clone()
+            });
+        }
+        Err(self.lease_lost(lease).await)
+    }
+
+    async fn release(&self, lease: &Lease, now: DateTime<Utc>) -> Result<bool> {
+        let mut params = Self::fenced_params(lease);
+        params.push(timestamp("now", micros(now)));
+        Ok(self
+            .mutate("release", &self.sql.lease_release, params)
+            .await?
+            >= 1)
+    }
+
+    async fn find_keys(&self, lookups: &[KeyLookup]) -> Result<Vec<Option<KeyRecord>>> {
+        let mut out = vec![None; lookups.len()];
+        let Some(oldest) = lookups.iter().map(|l| micros(l.since)).min() else {
+            return Ok(out);
+        };
+        let mut keys: Vec<String> = lookups.iter().map(|l| l.key.clone()).collect();
+        keys.sort();
+        keys.dedup();
+        let rows = lookups
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                vec![
+                    Some(i.to_string()),
+                    Some(l.key.clone()),
+                    Some(l.kind.as_str().to_string()),
+                    Some(timestamp_text(micros(l.since))),
+                ]
+            })
+            .collect();
+        let result = self
+            .query(
+                "find_keys",
+                &self.sql.find_keys,
+                vec![
+                    struct_array(
+                        "lookups",
+                        &[
+                            ("pos", "INT64"),
+                            ("key", "STRING"),
+                            ("kind", "STRING"),
+                            ("since", "TIMESTAMP"),
+                        ],
+                        rows,
+                    ),
+                    string_array("keys", &keys),
+                    timestamp("oldest_since", oldest),
+                ],
+            )
+            .await?;
+        for r in result.records() {
+            let pos = r.i64("pos").map_err(|e| self.bad_row("find_keys", e))?;
+            let slot = usize::try_from(pos)
+                .ok()
+                .and_then(|p| out.get_mut(p))
+                .ok_or_else(|| self.bad_row("find_keys", format!("position {pos} out of range")))?;
+            *slot = Some(key_from_record(&r).map_err(|e| self.bad_row("find_keys", e))?);
+        }
+        Ok(out)
+    }
+
+    async fn finish(&self, finish: &Finish) -> Result<()> {
+        // 1. The fenced release: nothing is written for a run whose lease was taken over.
+        if let Some(lease) = &finish.lease {
+            let mut params = Self::fenced_params(lease);
+            params.push(timestamp("now", micros(finish.run.finished_at)));
+            if self
+                .mutate("finish.release", &self.sql.lease_release, params)
+                .await?
+                == 0
+            {
+                return Err(self.lease_lost(lease).await);
+            }
+        }
+        // 2. The ledger row (once per run id).
+        let run = &finish.run;
+        let inserted = self
+            .query(
+                "finish.run",
+                &self.sql.run_insert,
+                vec![
+                    string("run_id", &run.run_id),
+                    string("processor", &run.processor),
+                    string("scope", &run.scope),
+                    date("scope_date", run.scope_date),
+                    string("trigger_source", run.trigger.as_str()),
+                    string("mode", run.mode.as_str()),
+                    timestamp("started_at", micros(run.started_at)),
+                    timestamp("finished_at", micros(run.finished_at)),
+                    int64("duration_ms", run.duration_ms),
+                    string("status", run.status.as_str()),
+                    opt_string("skip_reason", run.skip_reason.as_ref().map(|r| r.as_str())),
+                    opt_string(
+                        "would_skip_reason",
+                        run.would_skip_reason.as_ref().map(|r| r.as_str()),
+                    ),
+                    opt_string("previous_run_id", run.previous_run_id.as_deref()),
+                    opt_int64("records_processed", run.records_processed),
+                    opt_string("processing_key", run.processing_key.as_deref()),
+                    opt_string("error", run.error.as_deref()),
+                    opt_string(
+                        "output",
+                        run.output.as_ref().map(|v| v.to_string()).as_deref(),
+                    ),
+                ],
+            )
+            .await?
+            .affected("finish.run")
+            .map_err(|e| self.err(e))?;
+        if inserted == 0 {
+            return Err(self.err(format!(
+                "run {} is already recorded in processing_runs; a run id is recorded once",
+                run.run_id
+            )));
+        }
+        // 3. The keys, only for a completed run.
+        if run.status == RunStatus::Completed && !finish.keys.is_empty() {
+            let rows = finish
+                .keys
+                .iter()
+                .map(|k| {
+                    vec![
+                        Some(k.key.clone()),
+                        Some(k.kind.as_str().to_string()),
+                        Some(k.processor.clone()),
+                        Some(k.scope.clone()),
+                        Some(k.scope_date.format("%Y-%m-%d").to_string()),
+                        Some(timestamp_text(micros(k.processed_at))),
+                        k.entity_count.map(|n| n.to_string()),
+                        Some(k.metadata.to_string()),
+                        Some(k.run_id.clone()),
+                    ]
+                })
+                .collect();
+            self.query(
+                "finish.keys",
+                &self.sql.keys_insert,
+                vec![struct_array(
+                    "keys",
+                    &[
+                        ("processing_key", "STRING"),
+                        ("kind", "STRING"),
+                        ("processor_name", "STRING"),
+                        ("scope", "STRING"),
+                        ("scope_date", "DATE"),
+                        ("processed_at", "TIMESTAMP"),
+                        ("entity_count", "INT64"),
+                        ("metadata", "STRING"),
+                        ("run_id", "STRING"),
+                    ],
+                    rows,
+                )],
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    async fn runs(&self, filter: &RunFilter) -> Result<Vec<RunRecord>> {
+        let since = filter
+            .since
+            .map(micros)
+            .unwrap_or_else(|| DateTime::from_timestamp_micros(0).unwrap_or_default());
+        let limit = if filter.limit == 0 {
+            i64::MAX
+        } else {
+            i64::try_from(filter.limit).unwrap_or(i64::MAX)
+        };
+        let out = self
+            .query(
+                "runs",
+                &self.sql.runs,
+                vec![
+                    timestamp("since", since),
+                    opt_string("processor", filter.processor.as_deref()),
+                    opt_string("scope", filter.scope.as_deref()),
+                    opt_string("status", filter.status.map(|s| s.as_str())),
+                    int64("limit", limit),
+                ],
+            )
+            .await?;
+        out.records()
+            .map(|r| run_from_record(&r).map_err(|e| self.bad_row("runs", e)))
+            .collect()
+    }
+
+    async fn purge(&self, processor: &str, scope: Option<&str>) -> Result<u64> {
+        self.mutate(
+            "purge",
+            &self.sql.purge,
+            vec![string("processor", processor), opt_string("scope", scope)],
+        )
+        .await
+    }
+
+    async fn cleanup(&self, before: DateTime<Utc>) -> Result<CleanupReport> {
+        let before = micros(before);
+        let mut counts = [0u64; 4];
+        for (i, (sql, operation)) in self
+            .sql
+            .cleanup
+            .iter()
+            .zip([
+                "cleanup.keys",
+                "cleanup.runs",
+                "cleanup.leases",
+                "cleanup.event_keys",
+            ])
+            .enumerate()
+        {
+            counts[i] = self
+                .mutate(operation, sql, vec![timestamp("before", before)])
+                .await?;
+        }
+        Ok(CleanupReport {
+            keys_deleted: counts[0],
+            runs_deleted: counts[1],
+            leases_deleted: counts[2],
+            event_keys_deleted: counts[3],
+        })
+    }
+
+    async fn mark_event_keys(
+        &self,
+        namespace: &str,
+        keys: &[String],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<bool>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut distinct: Vec<String> = keys.to_vec();
+        distinct.sort();
+        distinct.dedup();
+        let batch = crate::model::new_run_id();
+        self.query(
+            "mark_event_keys.insert",
+            &self.sql.events_mark,
+            vec![
+                string_array("keys", &distinct),
+                string("namespace", namespace),
+                timestamp("now", micros(now)),
+                string("batch_id", &batch),
+            ],
+        )
+        .await?;
+        let out = self
+            .query(
+                "mark_event_keys.read",
+                &self.sql.events_new,
+                vec![
+                    string_array("keys", &distinct),
+                    string("namespace", namespace),
+                    string("batch_id", &batch),
+                ],
+            )
+            .await?;
+        let new: std::collections::HashSet<String> = out
+            .records()
+            .map(|r| r.str("event_key"))
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|e| self.bad_row("mark_event_keys.read", e))?;
+        let mut seen = std::collections::HashSet::new();
+        Ok(keys
+            .iter()
+            .map(|k| seen.insert(k.as_str()) && new.contains(k))
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statements_are_qualified_and_parameterised() {
+        let url = BigQueryUrl::parse("bigquery://proj-1/ds_1").unwrap();
+        let sql = Statements::new(&url);
+        assert!(sql
+            .find_keys
+            .contains("FROM `proj-1.ds_1.processing_keys` AS k"));
+        assert!(sql
+            .find_keys
+            .contains("WHERE k.processed_at >= @oldest_since"));
+        for s in [&sql.find_keys, &sql.run_insert, &sql.runs, &sql.lease_take] {
+            assert!(!s.contains('{'), "unrendered placeholder in {s}");
+        }
+        let ddl = render_migration(MIGRATIONS[0], &url);
+        assert!(ddl.contains("`proj-1.ds_1.processing_keys`"));
+        assert!(ddl.contains(
+            "PARTITION BY DATE(processed_at)\nCLUSTER BY processing_key, processor_name"
+        ));
+        let statements = crate::sql::prepare(&ddl, crate::sql::Dialect::BigQuery).unwrap();
+        assert_eq!(statements.len(), TABLES.len());
+        assert!(statements.iter().all(|s| s.params.is_empty()));
+    }
+}
