@@ -55,10 +55,28 @@ impl std::str::FromStr for HashAlgorithm {
 /// );
 /// assert_eq!(a.key("p", "2025-11-18", HashAlgorithm::Md5).len(), 32);
 /// ```
+///
+/// Each field is encoded canonically once, when it is added (sorting rows needs their
+/// encoding anyway), so computing the key afterwards only streams those bytes into the
+/// digest.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Content {
-    fields: BTreeMap<String, Value>,
+    fields: BTreeMap<String, Field>,
     entity_count: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Field {
+    value: Value,
+    canonical: Vec<u8>,
+}
+
+impl Field {
+    fn new(value: Value) -> Self {
+        let mut canonical = Vec::new();
+        write_canonical(&mut canonical, &value).expect("writing to a Vec cannot fail");
+        Field { value, canonical }
+    }
 }
 
 impl Content {
@@ -78,7 +96,7 @@ impl Content {
         self.entity_count = Some(ids.len() as i64);
         self.fields.insert(
             "entities".into(),
-            Value::Array(ids.into_iter().map(Value::String).collect()),
+            Field::new(Value::Array(ids.into_iter().map(Value::String).collect())),
         );
         self
     }
@@ -96,9 +114,24 @@ impl Content {
             .collect();
         encoded.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         self.entity_count = Some(encoded.len() as i64);
+        let total: usize = encoded.iter().map(|(b, _)| b.len() + 1).sum();
+        let mut canonical = Vec::with_capacity(total + 2);
+        canonical.push(b'[');
+        let mut rows = Vec::with_capacity(encoded.len());
+        for (i, (bytes, row)) in encoded.into_iter().enumerate() {
+            if i > 0 {
+                canonical.push(b',');
+            }
+            canonical.extend_from_slice(&bytes);
+            rows.push(row);
+        }
+        canonical.push(b']');
         self.fields.insert(
             "rows".into(),
-            Value::Array(encoded.into_iter().map(|(_, row)| row).collect()),
+            Field {
+                value: Value::Array(rows),
+                canonical,
+            },
         );
         self
     }
@@ -110,7 +143,7 @@ impl Content {
 
     /// Any other field.
     pub fn field(mut self, name: impl Into<String>, value: impl Into<Value>) -> Self {
-        self.fields.insert(name.into(), value.into());
+        self.fields.insert(name.into(), Field::new(value.into()));
         self
     }
 
@@ -121,7 +154,12 @@ impl Content {
 
     /// The description as a JSON object (keys sorted).
     pub fn to_value(&self) -> Value {
-        Value::Object(self.fields.clone().into_iter().collect())
+        Value::Object(
+            self.fields
+                .iter()
+                .map(|(k, f)| (k.clone(), f.value.clone()))
+                .collect(),
+        )
     }
 
     /// The content key: digest of the canonical JSON of
@@ -130,13 +168,13 @@ impl Content {
         let mut w = DigestWriter::new(algorithm);
         // Keys in sorted order: content, processor, scope.
         w.put(b"{\"content\":{");
-        for (i, (name, value)) in self.fields.iter().enumerate() {
+        for (i, (name, field)) in self.fields.iter().enumerate() {
             if i > 0 {
                 w.put(b",");
             }
             write_string(&mut w, name).expect("digest writes cannot fail");
             w.put(b":");
-            write_canonical(&mut w, value).expect("digest writes cannot fail");
+            w.put(&field.canonical);
         }
         w.put(b"},\"processor\":");
         write_string(&mut w, processor).expect("digest writes cannot fail");
@@ -177,9 +215,12 @@ fn write_canonical<W: Write>(w: &mut W, value: &Value) -> io::Result<()> {
         Value::Object(map) => {
             // Sort explicitly: serde_json's map keeps insertion order when a dependency
             // enables `preserve_order`.
-            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
-            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
             w.write_all(b"{")?;
+            let sorted = map.keys().is_sorted();
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            if !sorted {
+                entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            }
             for (i, (k, v)) in entries.into_iter().enumerate() {
                 if i > 0 {
                     w.write_all(b",")?;

@@ -28,11 +28,11 @@ impl SqliteWarehouse {
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .busy_timeout(Duration::from_secs(30));
+        // Lazy: a run skipped by a guard never touches the warehouse; an unreachable
+        // warehouse fails the run (recorded, exit 1) instead of the command.
         let pool = SqlitePoolOptions::new()
             .max_connections(2)
-            .connect_with(options)
-            .await
-            .map_err(|e| Error::config(format!("cannot open warehouse {url}: {e}")))?;
+            .connect_lazy_with(options);
         Ok(SqliteWarehouse {
             pool,
             url: url.to_string(),
