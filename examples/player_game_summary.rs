@@ -31,7 +31,11 @@ impl Processor for PlayerGameSummary {
 
     /// What the run would consume; identical content within the window ⇒ skip.
     async fn describe(&self, request: &RunRequest) -> Result<Option<Content>, BoxError> {
-        let season = request.params.get("season").and_then(|v| v.as_str()).unwrap_or("2025-26");
+        let season = request
+            .params
+            .get("season")
+            .and_then(|v| v.as_str())
+            .unwrap_or("2025-26");
         Ok(Some(
             Content::new()
                 .entities(self.players(request))
