@@ -8,6 +8,8 @@ use std::sync::Arc;
 
 use idem::store::{conformance, DynStore};
 
+mod common;
+
 /// One `#[tokio::test]` per conformance check for a backend; `$make` is an async
 /// expression giving `Option<Arc<DynStore>>` (None = skip).
 macro_rules! conformance_tests {
@@ -19,10 +21,8 @@ macro_rules! conformance_tests {
                 let store: Option<Arc<DynStore>> = $make;
                 match store {
                     Some(store) => conformance::run_check(check, store).await,
-                    None => eprintln!(
-                        "skipped {}::{check}: backend not configured",
-                        stringify!($backend)
-                    ),
+                    // The store expression already said why it skipped.
+                    None => {}
                 }
             }
 
@@ -95,42 +95,36 @@ conformance_tests!(sqlite, {
 });
 
 conformance_tests!(postgres, {
-    // A database the tests may fill, e.g. postgres://postgres@127.0.0.1:5432/idem_test.
-    // Every check uses its own processor names, so the checks share it.
-    match std::env::var("IDEM_TEST_POSTGRES_URL") {
-        Ok(url) if !url.trim().is_empty() => Some(
+    // A database the tests may fill; every check uses its own processor names, so the
+    // checks share it.
+    match common::service_url(
+        "IDEM_TEST_POSTGRES_URL",
+        "postgres conformance check",
+        common::POSTGRES_HOW,
+    ) {
+        Some(url) => Some(
             idem::store::open(&url)
                 .await
                 .expect("open the postgres store at IDEM_TEST_POSTGRES_URL"),
         ),
-        _ => {
-            eprintln!(
-                "skipping the postgres conformance check: IDEM_TEST_POSTGRES_URL is not set \
-                 (set it to postgres://USER@HOST:PORT/DATABASE to run it)"
-            );
-            None
-        }
+        None => None,
     }
 });
 
 #[cfg(feature = "bigquery")]
 conformance_tests!(bigquery, {
-    // e.g. bigquery://idem-test/idem_ci?endpoint=http://127.0.0.1:PORT (the emulator, see
-    // docs/bigquery.md). The dataset and tables are created on first use; every check uses
-    // its own processor names, so the checks share them.
-    match std::env::var("IDEM_TEST_BIGQUERY_URL") {
-        Ok(url) if !url.trim().is_empty() => Some(
+    // The emulator (see docs/bigquery.md). The dataset and tables are created on first
+    // use; every check uses its own processor names, so the checks share them.
+    match common::service_url(
+        "IDEM_TEST_BIGQUERY_URL",
+        "bigquery conformance check",
+        common::BIGQUERY_HOW,
+    ) {
+        Some(url) => Some(
             idem::store::open(&url)
                 .await
                 .expect("open the bigquery store at IDEM_TEST_BIGQUERY_URL"),
         ),
-        _ => {
-            eprintln!(
-                "skipping the bigquery conformance check: IDEM_TEST_BIGQUERY_URL is not set \
-                 (start the emulator with .ci/bqemulator.sh and set it to \
-                 bigquery://PROJECT/DATASET?endpoint=URL, see docs/bigquery.md)"
-            );
-            None
-        }
+        None => None,
     }
 });
