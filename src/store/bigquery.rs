@@ -27,11 +27,13 @@
 //!   statement on the lease table committed first: the claim is lost, the lease is read
 //!   again and the run sees `in_progress` (never a run failure).
 //! * **`finish` is not atomic** (the emulator ignores parameters in multi-statement
-//!   scripts, and BigQuery has no cross-statement locks anyway): first the fenced release
-//!   (`UPDATE … WHERE token = @t AND holder_run_id = @r`; 0 rows ⇒ [`Error::LeaseLost`] and
-//!   nothing is written), then the ledger row, then the keys. A crash in between leaves a
-//!   ledger row without keys — the next run processes again — never a key without a
-//!   successful run.
+//!   scripts, and BigQuery has no cross-statement locks anyway). It runs in an order that
+//!   keeps the guarantees: first the fence (`UPDATE … WHERE token = @t AND holder_run_id =
+//!   @r`; 0 rows ⇒ [`Error::LeaseLost`] and nothing is written), which for a completed run
+//!   keeps the lease held a while longer; then the ledger row; then the keys; and only then
+//!   the release, so a run that claims the scope next re-checks and sees the keys. A crash
+//!   in between leaves a ledger row without keys — the next run processes again — never a
+//!   key without its ledger row, never a key from a run whose lease was taken over.
 
 use std::time::Duration;
 
@@ -112,6 +114,12 @@ const LEASE_RENEW_SQL: &str = "\
 UPDATE {leases} SET expires_at = @expires_at
 WHERE processor_name = @processor AND scope = @scope AND token = @token AND holder_run_id = @run_id";
 
+/// The fence of a finish that writes keys: still the holder? Then hold the lease until
+/// `@hold_until` at least, while the ledger row and keys are written.
+const LEASE_HOLD_SQL: &str = "\
+UPDATE {leases} SET expires_at = GREATEST(expires_at, @hold_until)
+WHERE processor_name = @processor AND scope = @scope AND token = @token AND holder_run_id = @run_id";
+
 const LEASE_RELEASE_SQL: &str = "\
 UPDATE {leases} SET holder_run_id = NULL, expires_at = @now
 WHERE processor_name = @processor AND scope = @scope AND token = @token AND holder_run_id = @run_id";
@@ -175,6 +183,10 @@ const CONFLICT_RETRIES: u32 = 4;
 /// Claim rounds (read, then compare-and-set) before giving up.
 const CLAIM_ATTEMPTS: u32 = 4;
 
+/// How long a finishing run keeps its lease at least while its ledger row and keys are
+/// written (a crash right then blocks the scope this long, or until the lease's own expiry).
+const FINISH_HOLD: Duration = Duration::from_secs(600);
+
 /// Default limit for one store statement, polling included.
 const STORE_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -185,6 +197,7 @@ struct Statements {
     lease_create: String,
     lease_take: String,
     lease_renew: String,
+    lease_hold: String,
     lease_release: String,
     run_insert: String,
     keys_insert: String,
@@ -210,6 +223,7 @@ impl Statements {
             lease_create: render(LEASE_CREATE_SQL),
             lease_take: render(LEASE_TAKE_SQL),
             lease_renew: render(LEASE_RENEW_SQL),
+            lease_hold: render(LEASE_HOLD_SQL),
             lease_release: render(LEASE_RELEASE_SQL),
             run_insert: render(RUN_INSERT_SQL),
             keys_insert: render(KEYS_INSERT_SQL),
@@ -747,20 +761,32 @@ impl Store for BigQueryStore {
     }
 
     async fn finish(&self, finish: &Finish) -> Result<()> {
-        // 1. The fenced release: nothing is written for a run whose lease was taken over.
+        let run = &finish.run;
+        let writes_keys = run.status == RunStatus::Completed && !finish.keys.is_empty();
+        // 1. The fence: nothing is written for a run whose lease was taken over. A run
+        //    that writes keys keeps its lease (held a little longer) until they are
+        //    written, so a run claiming the scope after it re-checks and sees them; any
+        //    other run releases at once.
         if let Some(lease) = &finish.lease {
             let mut params = Self::fenced_params(lease);
-            params.push(timestamp("now", micros(finish.run.finished_at)));
-            if self
-                .mutate("finish.release", &self.sql.lease_release, params)
-                .await?
-                == 0
-            {
+            let (operation, sql) = if writes_keys {
+                params.push(timestamp(
+                    "hold_until",
+                    micros(
+                        run.finished_at
+                            + chrono::Duration::from_std(FINISH_HOLD).unwrap_or_default(),
+                    ),
+                ));
+                ("finish.fence", &self.sql.lease_hold)
+            } else {
+                params.push(timestamp("now", micros(run.finished_at)));
+                ("finish.release", &self.sql.lease_release)
+            };
+            if self.mutate(operation, sql, params).await? == 0 {
                 return Err(self.lease_lost(lease).await);
             }
         }
         // 2. The ledger row (once per run id).
-        let run = &finish.run;
         let inserted = self
             .query(
                 "finish.run",
@@ -801,7 +827,7 @@ impl Store for BigQueryStore {
             )));
         }
         // 3. The keys, only for a completed run.
-        if run.status == RunStatus::Completed && !finish.keys.is_empty() {
+        if writes_keys {
             let rows = finish
                 .keys
                 .iter()
@@ -839,6 +865,33 @@ impl Store for BigQueryStore {
                 )],
             )
             .await?;
+            // 4. Now the keys are visible: release.
+            if let Some(lease) = &finish.lease {
+                let mut params = Self::fenced_params(lease);
+                params.push(timestamp("now", micros(run.finished_at)));
+                // The result is recorded whatever happens here, so this cannot fail the
+                // finish; a lease not released expires by itself.
+                match self
+                    .mutate("finish.release", &self.sql.lease_release, params)
+                    .await
+                {
+                    Ok(0) => tracing::warn!(
+                        "run {}: the lease on {}/{} was taken over while its result was being recorded (finishing took longer than {:?})",
+                        run.run_id,
+                        lease.processor,
+                        lease.scope,
+                        FINISH_HOLD
+                    ),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(
+                        "run {} is recorded, but its lease could not be released; it expires by {}: {e}",
+                        run.run_id,
+                        (run.finished_at + chrono::Duration::from_std(FINISH_HOLD).unwrap_or_default())
+                            .max(lease.expires_at)
+                            .format("%Y-%m-%d %H:%M:%S UTC")
+                    ),
+                }
+            }
         }
         Ok(())
     }
