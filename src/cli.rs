@@ -321,17 +321,7 @@ async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
             }
             let report = runner.run(&*processor, request).await?;
             print_report(&report, g.format);
-            Ok(match report.status {
-                RunStatus::Failed
-                    if !report.recorded
-                        && report.store_errors.len() > 0
-                        && policy == StoreFailurePolicy::Strict =>
-                {
-                    EXIT_STORE_UNAVAILABLE
-                }
-                RunStatus::Failed => EXIT_RUN_FAILED,
-                _ => EXIT_OK,
-            })
+            Ok(report.exit_code())
         }
         Command::Explain(args) => {
             let (job, request) = prepare(&args, &g)?;

@@ -1,7 +1,7 @@
 //! The `idem` command as a user runs it, on the embedded SQLite store: whole processes,
 //! real files, exit codes and JSON output.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 

@@ -320,11 +320,11 @@ pub struct DecideOptions {
 /// Formats a duration like `1h`, `90m`, `45s`.
 pub fn human_duration(d: std::time::Duration) -> String {
     let s = d.as_secs();
-    if s > 0 && s % 86_400 == 0 {
+    if s > 0 && s.is_multiple_of(86_400) {
         format!("{}d", s / 86_400)
-    } else if s > 0 && s % 3600 == 0 {
+    } else if s > 0 && s.is_multiple_of(3600) {
         format!("{}h", s / 3600)
-    } else if s > 0 && s % 60 == 0 {
+    } else if s > 0 && s.is_multiple_of(60) {
         format!("{}m", s / 60)
     } else if s > 0 {
         format!("{s}s")
