@@ -979,6 +979,63 @@ process = """{process}"""
             .is_none());
     }
 
+    /// `finish` is several statements on BigQuery; the lease stays held until the keys are
+    /// written, so a run claiming the scope in between sees `in_progress`, and one claiming
+    /// after it sees the keys.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_lease_is_held_until_the_keys_are_written() {
+        let url = require_bigquery!("the_lease_is_held_until_the_keys_are_written");
+        let other: Arc<DynStore> = Arc::new(BigQueryStore::connect(&url).await.unwrap());
+        let name = unique("ordered");
+        let seen = Arc::new(std::sync::Mutex::new(None));
+        let store: Arc<DynStore> = {
+            let (other, name, seen) = (other.clone(), name.clone(), seen.clone());
+            Arc::new(
+                BigQueryStore::connect(&url)
+                    .await
+                    .unwrap()
+                    .with_fault_hook(hook(move |op| {
+                        (op == "finish.keys").then(|| {
+                            let (other, name, seen) = (other.clone(), name.clone(), seen.clone());
+                            Box::pin(async move {
+                                let claim = other
+                                    .claim(&ClaimRequest {
+                                        processor: &name,
+                                        scope: "2025-11-18",
+                                        run_id: "intruder",
+                                        ttl: Duration::from_secs(60),
+                                        now: Utc::now(),
+                                    })
+                                    .await
+                                    .unwrap();
+                                *seen.lock().unwrap() = Some(claim);
+                                None
+                            }) as FaultFuture
+                        })
+                    })),
+            )
+        };
+        let guards = GuardStack::builder()
+            .guard(idem::guard::TimeWindowGuard::new(Duration::from_secs(3600)))
+            .guard(LeaseGuard::new(Duration::from_secs(600)))
+            .build();
+        let date = idem::parse_date("2025-11-18").unwrap();
+        let report = Runner::new(store, guards.clone())
+            .run(&Counting::default(), RunRequest::new(name.clone(), date))
+            .await
+            .unwrap();
+        assert_eq!(report.status, RunStatus::Completed, "{report:?}");
+        match seen.lock().unwrap().take() {
+            Some(idem::store::Claim::Held(h)) => assert_eq!(h.run_id, report.run_id),
+            other => panic!("a claim while the keys are written must be held, got {other:?}"),
+        }
+        let next = Runner::new(other, guards)
+            .run(&Counting::default(), RunRequest::new(name, date))
+            .await
+            .unwrap();
+        assert_eq!(next.skip_reason, Some(SkipReason::TimeWindow), "{next:?}");
+    }
+
     /// `idem migrate` creates the dataset and tables; running it again is a no-op; with
     /// `partition_expiration_days` it also sets the expiration.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
