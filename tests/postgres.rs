@@ -1,0 +1,1072 @@
+//! Postgres-specific scenarios: claims over many pools and processes, lease takeover and
+//! fencing through the CLI, the store dying mid-run (through a TCP proxy the test kills),
+//! odd strings, and the SQL processor on Postgres.
+//!
+//! They need a database they may fill: `IDEM_TEST_POSTGRES_URL=postgres://USER@HOST:PORT/DB`.
+//! Without it every test prints why it skipped and passes. Each test uses its own job,
+//! processor and table names (random suffix), so they share one database and run in
+//! parallel.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use idem::sql::{prepare, Dialect, Params, Warehouse};
+use idem::store::postgres::{PostgresStore, PostgresWarehouse};
+use idem::store::{Claim, ClaimRequest, Store};
+use serde_json::{json, Value};
+use sqlx::postgres::{PgPool, PgPoolOptions};
+
+const IDEM: &str = env!("CARGO_BIN_EXE_idem");
+
+/// The test database, or `None` (with a message) when it is not configured.
+fn pg_url(test: &str) -> Option<String> {
+    match std::env::var("IDEM_TEST_POSTGRES_URL") {
+        Ok(url) if !url.trim().is_empty() => Some(url),
+        _ => {
+            eprintln!(
+                "skipping postgres::{test}: IDEM_TEST_POSTGRES_URL is not set \
+                 (set it to postgres://USER@HOST:PORT/DATABASE to run it)"
+            );
+            None
+        }
+    }
+}
+
+/// 8 lowercase hex characters: safe inside SQL identifiers and job names.
+fn suffix() -> String {
+    idem::new_run_id().replace('-', "")[..8].to_string()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+async fn db(url: &str) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(2)
+        .connect(url)
+        .await
+        .expect("connect to IDEM_TEST_POSTGRES_URL")
+}
+
+/// A TOML basic string (JSON string escapes are valid TOML).
+fn toml_str(s: &str) -> String {
+    serde_json::to_string(s).expect("string")
+}
+
+/// A temp folder for job files, removed at the end.
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new() -> Self {
+        let dir = std::env::temp_dir().join(format!("idem-pg-{}", idem::new_run_id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        Dir(dir)
+    }
+
+    fn job(&self, file: &str, toml: &str) -> PathBuf {
+        let path = self.0.join(file);
+        std::fs::write(&path, toml).expect("write job");
+        path
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `idem ARGS --store STORE --format json`, from `dir`.
+fn idem(dir: &Path, store: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(IDEM);
+    c.args(args)
+        .args(["--store", store, "--format", "json"])
+        .arg("--jobs-dir")
+        .arg(dir)
+        .current_dir(dir)
+        .env_remove("IDEM_STORE")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+/// Exit code, parsed stdout, stderr.
+fn parse(out: Output) -> (i32, Value, String) {
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {stdout:?}\nstderr: {stderr}"));
+    (out.status.code().unwrap_or(-1), value, stderr)
+}
+
+fn run(cmd: &mut Command) -> (i32, Value, String) {
+    parse(cmd.output().expect("run idem"))
+}
+
+fn wait(child: Child) -> (i32, Value, String) {
+    parse(child.wait_with_output().expect("wait for idem"))
+}
+
+fn sql_job(name: &str, guards: &str, sql: &str) -> String {
+    format!(
+        "name = {}\nprocessor = \"sql\"\n[guards]\n{guards}\n[sql]\n{sql}\n",
+        toml_str(name)
+    )
+}
+
+/// 32 stores, each with its own pool (so 32 connections), claim one scope at the same
+/// instant, 20 times over: exactly one wins each time and every loser names it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claims_from_32_pools_have_exactly_one_winner() {
+    let Some(url) = pg_url("claims_from_32_pools_have_exactly_one_winner") else {
+        return;
+    };
+    let mut stores = Vec::new();
+    for _ in 0..32 {
+        stores.push(Arc::new(
+            PostgresStore::connect(&url).await.expect("open store"),
+        ));
+    }
+    let processor = format!("pg-claims-{}", suffix());
+    let mut double_wins = 0;
+    for round in 0..20 {
+        let scope = format!("2025-02-{:02}", round + 1);
+        let barrier = Arc::new(tokio::sync::Barrier::new(stores.len()));
+        let mut tasks = Vec::new();
+        for store in &stores {
+            let (store, barrier) = (store.clone(), barrier.clone());
+            let (processor, scope) = (processor.clone(), scope.clone());
+            tasks.push(tokio::spawn(async move {
+                let run_id = idem::new_run_id();
+                barrier.wait().await;
+                let claim = store
+                    .claim(&ClaimRequest {
+                        processor: &processor,
+                        scope: &scope,
+                        run_id: &run_id,
+                        ttl: Duration::from_secs(60),
+                        now: Utc::now(),
+                    })
+                    .await
+                    .expect("claim");
+                (run_id, claim)
+            }));
+        }
+        let mut winners = Vec::new();
+        let mut named = std::collections::HashSet::new();
+        for task in tasks {
+            match task.await.expect("claim task") {
+                (run_id, Claim::Acquired(lease)) => {
+                    assert_eq!(lease.run_id, run_id);
+                    winners.push(run_id);
+                }
+                (_, Claim::Held(holder)) => {
+                    named.insert(holder.run_id);
+                }
+            }
+        }
+        if winners.len() != 1 {
+            double_wins += 1;
+        }
+        assert_eq!(winners.len(), 1, "round {round}: {} winners", winners.len());
+        assert!(
+            named.len() == 1 && named.contains(&winners[0]),
+            "round {round}: losers name {named:?}, the winner is {}",
+            winners[0]
+        );
+    }
+    assert_eq!(double_wins, 0);
+    for store in &stores {
+        assert!(
+            store.pool().size() >= 1,
+            "each store has its own connection"
+        );
+        store.pool().close().await;
+    }
+}
+
+/// 8 `idem run` processes started at once for one scope, 20 times over: one completes,
+/// 7 skip with `in_progress`, and the work ran exactly once per scope.
+#[test]
+fn eight_processes_one_scope_run_once() {
+    let Some(url) = pg_url("eight_processes_one_scope_run_once") else {
+        return;
+    };
+    let rt = runtime();
+    let sfx = suffix();
+    let effects = format!("pg_race_effects_{sfx}");
+    let pool = rt.block_on(db(&url));
+    rt.block_on(
+        sqlx::query(&format!(
+            "CREATE TABLE {effects} (scope TEXT NOT NULL, run_id TEXT NOT NULL)"
+        ))
+        .execute(&pool),
+    )
+    .expect("create effects table");
+    let dir = Dir::new();
+    let name = format!("pg_race_{sfx}");
+    let job = dir.job(
+        "race.toml",
+        &sql_job(
+            &name,
+            "lease = \"1m\"\ntime_window = \"1h\"",
+            &format!(
+                "process = '''\nINSERT INTO {effects} (scope, run_id) VALUES (@scope, @run_id);\n\
+                 SELECT pg_sleep(0.5)\n'''"
+            ),
+        ),
+    );
+    let job = job.to_str().unwrap();
+    let started = Instant::now();
+    for round in 0..20 {
+        let date = format!("2025-01-{:02}", round + 1);
+        let children: Vec<Child> = (0..8)
+            .map(|_| {
+                idem(&dir.0, &url, &["run", job, "--date", &date])
+                    .spawn()
+                    .expect("spawn idem")
+            })
+            .collect();
+        let mut completed = 0;
+        let mut in_progress = 0;
+        for child in children {
+            let (code, report, stderr) = wait(child);
+            assert_eq!(code, 0, "round {round}: {report}\n{stderr}");
+            match (report["status"].as_str(), report["skip_reason"].as_str()) {
+                (Some("completed"), _) => completed += 1,
+                (Some("skipped"), Some("in_progress")) => in_progress += 1,
+                _ => panic!("round {round}: unexpected report {report}\n{stderr}"),
+            }
+        }
+        assert_eq!(
+            (completed, in_progress),
+            (1, 7),
+            "round {round}: one run, seven in_progress skips"
+        );
+    }
+    let elapsed = started.elapsed();
+    // The work itself ran once per scope, and the ledger agrees.
+    let per_scope: Vec<(String, i64)> = rt
+        .block_on(
+            sqlx::query_as(&format!(
+                "SELECT scope, count(*) FROM {effects} GROUP BY scope ORDER BY scope"
+            ))
+            .fetch_all(&pool),
+        )
+        .unwrap();
+    assert_eq!(per_scope.len(), 20);
+    assert!(per_scope.iter().all(|(_, n)| *n == 1), "{per_scope:?}");
+    let ledger: Vec<(String, i64)> = rt
+        .block_on(
+            sqlx::query_as(
+                "SELECT status, count(*) FROM processing_runs WHERE processor_name = $1 \
+                 GROUP BY status ORDER BY status",
+            )
+            .bind(&name)
+            .fetch_all(&pool),
+        )
+        .unwrap();
+    assert_eq!(
+        ledger,
+        vec![("completed".to_string(), 20), ("skipped".to_string(), 140)]
+    );
+    eprintln!("8 processes x 20 scopes in {elapsed:?}");
+    rt.block_on(sqlx::query(&format!("DROP TABLE {effects}")).execute(&pool))
+        .unwrap();
+}
+
+/// A slow run whose lease (1 s, no heartbeat) expires is taken over by the next run; the
+/// slow run's late completion is rejected, reported, and not recorded over the newer run.
+#[test]
+fn expired_lease_is_taken_over_and_the_late_run_is_fenced() {
+    let Some(url) = pg_url("expired_lease_is_taken_over_and_the_late_run_is_fenced") else {
+        return;
+    };
+    let rt = runtime();
+    let pool = rt.block_on(db(&url));
+    let dir = Dir::new();
+    let name = format!("pg_takeover_{}", suffix());
+    let slow = dir.job(
+        "slow.toml",
+        &sql_job(
+            &name,
+            "lease = \"1s\"\nheartbeat = false",
+            "process = \"SELECT pg_sleep(2.5)\"",
+        ),
+    );
+    let quick = dir.job(
+        "quick.toml",
+        &sql_job(&name, "lease = \"1m\"", "process = \"SELECT 1\""),
+    );
+    let args = |job: &Path| {
+        vec![
+            "run".to_string(),
+            job.to_str().unwrap().to_string(),
+            "--date".into(),
+            "2025-04-01".into(),
+        ]
+    };
+    let a_args = args(&slow);
+    let a = idem(
+        &dir.0,
+        &url,
+        &a_args.iter().map(String::as_str).collect::<Vec<_>>(),
+    )
+    .spawn()
+    .expect("spawn run A");
+    std::thread::sleep(Duration::from_millis(1500));
+    let b_args = args(&quick);
+    let (b_code, b, b_err) = run(&mut idem(
+        &dir.0,
+        &url,
+        &b_args.iter().map(String::as_str).collect::<Vec<_>>(),
+    ));
+    assert_eq!(b_code, 0, "{b}\n{b_err}");
+    assert_eq!(
+        b["status"], "completed",
+        "B takes the expired lease over: {b}"
+    );
+    let (a_code, a, a_err) = wait(a);
+    assert_eq!(a_code, 1, "{a}\n{a_err}");
+    assert_eq!(a["status"], "failed", "{a}");
+    assert_eq!(a["lease_lost"], true, "{a}");
+    assert!(
+        a["error"].as_str().unwrap_or("").contains("lease"),
+        "the error says the lease was lost: {a}"
+    );
+    assert!(a_err.contains("lost"), "stderr says so too: {a_err}");
+
+    // The ledger: B completed, A failed; only B's keys exist.
+    let (code, runs, _) = run(&mut idem(
+        &dir.0,
+        &url,
+        &["runs", "--job", &name, "--limit", "10"],
+    ));
+    assert_eq!(code, 0);
+    let runs = runs.as_array().expect("runs array");
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    let find = |id: &Value| runs.iter().find(|r| r["run_id"] == *id).cloned();
+    let b_row = find(&b["run_id"]).expect("B in the ledger");
+    let a_row = find(&a["run_id"]).expect("A in the ledger");
+    assert_eq!(b_row["status"], "completed");
+    assert_eq!(a_row["status"], "failed");
+    assert!(a_row["error"].as_str().unwrap_or("").contains("lease"));
+    let key_runs: Vec<String> = rt
+        .block_on(
+            sqlx::query_scalar("SELECT run_id FROM processing_keys WHERE processor_name = $1")
+                .bind(&name)
+                .fetch_all(&pool),
+        )
+        .unwrap();
+    assert!(!key_runs.is_empty(), "B wrote its key");
+    assert!(
+        key_runs.iter().all(|r| b["run_id"] == *r),
+        "no key of A: {key_runs:?}"
+    );
+    let holder: Option<String> = rt
+        .block_on(
+            sqlx::query_scalar(
+                "SELECT holder_run_id FROM processing_leases WHERE processor_name = $1",
+            )
+            .bind(&name)
+            .fetch_one(&pool),
+        )
+        .unwrap();
+    assert_eq!(holder, None, "B released the lease; A did not touch it");
+}
+
+/// A TCP proxy to the test server that the test can kill: stop listening (connections
+/// are refused from then on) and cut every open connection.
+struct Proxy {
+    port: u16,
+    stop: Arc<AtomicBool>,
+    sockets: Arc<Mutex<Vec<TcpStream>>>,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+impl Proxy {
+    fn start(target: SocketAddr) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind proxy");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let port = listener.local_addr().unwrap().port();
+        let stop = Arc::new(AtomicBool::new(false));
+        let sockets: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+        let (stop2, sockets2) = (stop.clone(), sockets.clone());
+        let acceptor = std::thread::spawn(move || {
+            while !stop2.load(Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((inbound, _)) => {
+                        inbound.set_nonblocking(false).ok();
+                        let Ok(outbound) = TcpStream::connect(target) else {
+                            continue;
+                        };
+                        let mut all = sockets2.lock().unwrap();
+                        all.push(inbound.try_clone().unwrap());
+                        all.push(outbound.try_clone().unwrap());
+                        pipe(inbound.try_clone().unwrap(), outbound.try_clone().unwrap());
+                        pipe(outbound, inbound);
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+            // The listener is dropped here: the port refuses connections from now on.
+        });
+        Proxy {
+            port,
+            stop,
+            sockets,
+            acceptor: Some(acceptor),
+        }
+    }
+
+    fn kill(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(a) = self.acceptor.take() {
+            a.join().unwrap();
+        }
+        for s in self.sockets.lock().unwrap().drain(..) {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn pipe(mut from: TcpStream, mut to: TcpStream) {
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 16384];
+        loop {
+            match from.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if to.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        let _ = to.shutdown(Shutdown::Both);
+        let _ = from.shutdown(Shutdown::Both);
+    });
+}
+
+/// The server address of a `postgres://user@host:port/db` URL, and the same URL through
+/// `127.0.0.1:port`.
+fn split_url(url: &str) -> (SocketAddr, Box<dyn Fn(u16) -> String>) {
+    let (scheme, rest) = url.split_once("://").expect("url scheme");
+    let (userinfo, rest) = match rest.rsplit_once('@') {
+        Some((u, r)) => (format!("{u}@"), r.to_string()),
+        None => (String::new(), rest.to_string()),
+    };
+    let split = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (hostport, tail) = rest.split_at(split);
+    let hostport = if hostport.is_empty() {
+        "localhost:5432".to_string()
+    } else if hostport.contains(':') {
+        hostport.to_string()
+    } else {
+        format!("{hostport}:5432")
+    };
+    let target = hostport
+        .to_socket_addrs()
+        .expect("resolve the test server")
+        .next()
+        .expect("an address");
+    let (scheme, tail) = (scheme.to_string(), tail.to_string());
+    (
+        target,
+        Box::new(move |port| format!("{scheme}://{userinfo}127.0.0.1:{port}{tail}")),
+    )
+}
+
+/// A job whose work is visible: it inserts its run id into `effects`, then sleeps.
+fn effect_job(dir: &Dir, name: &str, warehouse: &str, effects: &str, sleep: f64) -> PathBuf {
+    dir.job(
+        "job.toml",
+        &sql_job(
+            name,
+            "lease = \"30s\"\ntime_window = \"1h\"",
+            &format!(
+                "warehouse = {}\nprocess = '''\nINSERT INTO {effects} (run_id) VALUES (@run_id);\n\
+                 SELECT pg_sleep({sleep}) AS {effects}\n'''",
+                toml_str(warehouse)
+            ),
+        ),
+    )
+}
+
+fn effects_table(rt: &tokio::runtime::Runtime, pool: &PgPool, name: &str) {
+    rt.block_on(sqlx::query(&format!("CREATE TABLE {name} (run_id TEXT NOT NULL)")).execute(pool))
+        .expect("create effects table");
+}
+
+fn count(rt: &tokio::runtime::Runtime, pool: &PgPool, sql: &str, bind: &str) -> i64 {
+    rt.block_on(sqlx::query_scalar(sql).bind(bind).fetch_one(pool))
+        .expect("count")
+}
+
+/// Strict policy, store lost while the work runs: the work is done but its result cannot
+/// be recorded: exit 3, a warning, `recorded: false`; nothing is half-written (no key
+/// without a run row) and the lease is left to expire.
+#[test]
+fn store_lost_mid_run_records_nothing_half_way() {
+    let Some(url) = pg_url("store_lost_mid_run_records_nothing_half_way") else {
+        return;
+    };
+    let rt = runtime();
+    let pool = rt.block_on(db(&url));
+    let sfx = suffix();
+    let (name, effects) = (
+        format!("pg_midrun_{sfx}"),
+        format!("pg_midrun_effects_{sfx}"),
+    );
+    effects_table(&rt, &pool, &effects);
+    let (target, via) = split_url(&url);
+    let mut proxy = Proxy::start(target);
+    let store = via(proxy.port);
+    let dir = Dir::new();
+    // The warehouse is the real server: only the store goes through the proxy.
+    let job = effect_job(&dir, &name, &url, &effects, 2.0);
+    let child = idem(
+        &dir.0,
+        &store,
+        &[
+            "run",
+            job.to_str().unwrap(),
+            "--date",
+            "2025-05-01",
+            "--on-store-failure",
+            "strict",
+        ],
+    )
+    .spawn()
+    .expect("spawn idem");
+    // Wait until the work is running in the warehouse (past every guard: the lease guard
+    // re-reads the keys after claiming), then kill the store.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let active: i64 = rt
+            .block_on(
+                sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
+                     AND pid <> pg_backend_pid() AND query LIKE '%pg_sleep%' \
+                     AND query LIKE '%' || $1 || '%'",
+                )
+                .bind(&effects)
+                .fetch_one(&pool),
+            )
+            .unwrap();
+        if active > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the work never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let run_id: String = rt
+        .block_on(
+            sqlx::query_scalar(
+                "SELECT holder_run_id FROM processing_leases WHERE processor_name = $1",
+            )
+            .bind(&name)
+            .fetch_one(&pool),
+        )
+        .expect("the run holds its lease");
+    proxy.kill();
+    let (code, report, stderr) = wait(child);
+    assert_eq!(code, 3, "{report}\n{stderr}");
+    assert_eq!(report["run_id"], run_id.as_str());
+    assert_eq!(report["status"], "failed", "{report}");
+    assert_eq!(report["recorded"], false, "{report}");
+    assert_eq!(report["recording_failed"], true, "{report}");
+    assert!(
+        !report["store_errors"].as_array().unwrap().is_empty(),
+        "{report}"
+    );
+    assert!(
+        stderr.contains("could not record run"),
+        "a clear warning: {stderr}"
+    );
+    // The work ran once; with a fresh connection: no run row, no key, the lease is still
+    // held by the run and will expire.
+    assert_eq!(
+        count(
+            &rt,
+            &pool,
+            &format!("SELECT count(*) FROM {effects} WHERE run_id = $1"),
+            &run_id
+        ),
+        1
+    );
+    assert_eq!(
+        count(
+            &rt,
+            &pool,
+            "SELECT count(*) FROM processing_runs WHERE run_id = $1",
+            &run_id
+        ),
+        0
+    );
+    assert_eq!(
+        count(
+            &rt,
+            &pool,
+            "SELECT count(*) FROM processing_keys WHERE processor_name = $1",
+            &name
+        ),
+        0
+    );
+    let expires_in: f64 = rt
+        .block_on(
+            sqlx::query_scalar(
+                "SELECT EXTRACT(EPOCH FROM expires_at - now())::float8 FROM processing_leases \
+                 WHERE processor_name = $1 AND holder_run_id = $2",
+            )
+            .bind(&name)
+            .bind(&run_id)
+            .fetch_one(&pool),
+        )
+        .expect("the lease is still held by the run");
+    assert!(
+        expires_in > 0.0 && expires_in <= 30.0,
+        "expires in {expires_in}s"
+    );
+    rt.block_on(sqlx::query(&format!("DROP TABLE {effects}")).execute(&pool))
+        .unwrap();
+}
+
+/// Strict policy, store unreachable before the run: exit 3, a clear `error: store …
+/// unavailable`, and nothing ran.
+#[test]
+fn store_down_before_the_run_strict_runs_nothing() {
+    let Some(url) = pg_url("store_down_before_the_run_strict_runs_nothing") else {
+        return;
+    };
+    let rt = runtime();
+    let pool = rt.block_on(db(&url));
+    let sfx = suffix();
+    let (name, effects) = (format!("pg_down_{sfx}"), format!("pg_down_effects_{sfx}"));
+    effects_table(&rt, &pool, &effects);
+    let (target, via) = split_url(&url);
+    let mut proxy = Proxy::start(target);
+    let store = via(proxy.port);
+    proxy.kill();
+    let dir = Dir::new();
+    let job = effect_job(&dir, &name, &url, &effects, 0.0);
+    let started = Instant::now();
+    let (code, doc, stderr) = run(&mut idem(
+        &dir.0,
+        &store,
+        &[
+            "run",
+            job.to_str().unwrap(),
+            "--date",
+            "2025-05-02",
+            "--on-store-failure",
+            "strict",
+        ],
+    ));
+    let took = started.elapsed();
+    assert_eq!(code, 3, "{doc}\n{stderr}");
+    assert_eq!(doc["exit_code"], 3);
+    assert!(
+        stderr.contains("error: store postgres://") && stderr.contains("unavailable"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("127.0.0.1:{}", proxy.port)),
+        "names the store: {stderr}"
+    );
+    assert!(took < Duration::from_secs(15), "fails fast: {took:?}");
+    assert_eq!(
+        count(
+            &rt,
+            &pool,
+            &format!("SELECT count(*) FROM {effects} WHERE run_id <> $1"),
+            ""
+        ),
+        0,
+        "nothing ran"
+    );
+    assert_eq!(
+        count(
+            &rt,
+            &pool,
+            "SELECT count(*) FROM processing_runs WHERE processor_name = $1",
+            &name
+        ),
+        0
+    );
+    rt.block_on(sqlx::query(&format!("DROP TABLE {effects}")).execute(&pool))
+        .unwrap();
+}
+
+/// Best-effort policy, store unreachable from the start: the run proceeds unguarded,
+/// warns, and lists the store errors.
+#[test]
+fn store_down_best_effort_runs_and_reports_store_errors() {
+    let Some(url) = pg_url("store_down_best_effort_runs_and_reports_store_errors") else {
+        return;
+    };
+    let rt = runtime();
+    let pool = rt.block_on(db(&url));
+    let sfx = suffix();
+    let (name, effects) = (format!("pg_best_{sfx}"), format!("pg_best_effects_{sfx}"));
+    effects_table(&rt, &pool, &effects);
+    let (target, via) = split_url(&url);
+    let mut proxy = Proxy::start(target);
+    let store = via(proxy.port);
+    proxy.kill();
+    let dir = Dir::new();
+    let job = effect_job(&dir, &name, &url, &effects, 0.0);
+    let (code, report, stderr) = run(&mut idem(
+        &dir.0,
+        &store,
+        &[
+            "run",
+            job.to_str().unwrap(),
+            "--date",
+            "2025-05-03",
+            "--on-store-failure",
+            "best_effort",
+        ],
+    ));
+    assert_eq!(code, 0, "{report}\n{stderr}");
+    assert_eq!(report["status"], "completed", "{report}");
+    assert_eq!(report["recorded"], false, "{report}");
+    let errors = report["store_errors"].as_array().expect("store_errors");
+    assert!(!errors.is_empty(), "{report}");
+    assert!(stderr.contains("best_effort"), "a warning: {stderr}");
+    let run_id = report["run_id"].as_str().unwrap();
+    assert_eq!(
+        count(
+            &rt,
+            &pool,
+            &format!("SELECT count(*) FROM {effects} WHERE run_id = $1"),
+            run_id
+        ),
+        1,
+        "the work ran"
+    );
+    rt.block_on(sqlx::query(&format!("DROP TABLE {effects}")).execute(&pool))
+        .unwrap();
+}
+
+/// A job name and a scope full of quotes, semicolons, comment markers and unicode
+/// round-trip through `idem run --scope`, the SQL processor's parameters and the ledger.
+#[test]
+fn odd_names_and_scopes_round_trip() {
+    let Some(url) = pg_url("odd_names_and_scopes_round_trip") else {
+        return;
+    };
+    let rt = runtime();
+    let pool = rt.block_on(db(&url));
+    let sfx = suffix();
+    let table = format!("pg_odd_{sfx}");
+    rt.block_on(
+        sqlx::query(&format!(
+            "CREATE TABLE {table} (scope TEXT NOT NULL, job TEXT NOT NULL)"
+        ))
+        .execute(&pool),
+    )
+    .unwrap();
+    let name = format!("it's; \"odd\" -- DROP TABLE processing_runs; — ünïcødé 🎉 {sfx}");
+    let scope = "2025-11-18'; DELETE FROM processing_keys; --/ñ \"x\" $1 @scope 🎉";
+    let dir = Dir::new();
+    let job = dir.job(
+        "odd.toml",
+        &format!(
+            "{}[sql.params]\njob = {}\n",
+            sql_job(
+                &name,
+                "lease = \"1m\"\ntime_window = \"1h\"",
+                &format!("process = \"INSERT INTO {table} (scope, job) VALUES (@scope, @job)\""),
+            ),
+            toml_str(&name)
+        ),
+    );
+    let run_args = [
+        "run",
+        job.to_str().unwrap(),
+        "--date",
+        "2025-11-18",
+        "--scope",
+        scope,
+    ];
+    let (code, report, stderr) = run(&mut idem(&dir.0, &url, &run_args));
+    assert_eq!(code, 0, "{report}\n{stderr}");
+    assert_eq!(report["status"], "completed");
+    assert_eq!(report["job"], name.as_str());
+    assert_eq!(report["scope"], scope);
+    let (code, runs, _) = run(&mut idem(
+        &dir.0,
+        &url,
+        &["runs", "--job", &name, "--scope", scope],
+    ));
+    assert_eq!(code, 0);
+    let runs = runs.as_array().unwrap();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_eq!(runs[0]["processor"], name.as_str());
+    assert_eq!(runs[0]["scope"], scope);
+    let rows: Vec<(String, String)> = rt
+        .block_on(sqlx::query_as(&format!("SELECT scope, job FROM {table}")).fetch_all(&pool))
+        .unwrap();
+    assert_eq!(rows, vec![(scope.to_string(), name.clone())]);
+    // The key written under those strings is found again: the next run is skipped.
+    let (code, again, _) = run(&mut idem(&dir.0, &url, &run_args));
+    assert_eq!(code, 0);
+    assert_eq!(again["status"], "skipped", "{again}");
+    assert_eq!(again["skip_reason"], "time_window");
+    rt.block_on(sqlx::query(&format!("DROP TABLE {table}")).execute(&pool))
+        .unwrap();
+}
+
+/// The SQL processor on Postgres: `@scope` compared with a DATE column; a multi-statement
+/// `process` is one transaction (a failing second statement rolls back the first, the run
+/// fails and writes no key); fixed, the rerun completes.
+#[test]
+fn sql_processor_binds_dates_and_rolls_back_failed_scripts() {
+    let Some(url) = pg_url("sql_processor_binds_dates_and_rolls_back_failed_scripts") else {
+        return;
+    };
+    let rt = runtime();
+    let pool = rt.block_on(db(&url));
+    let sfx = suffix();
+    let (sales, daily) = (format!("pg_sales_{sfx}"), format!("pg_daily_{sfx}"));
+    rt.block_on(async {
+        for sql in [
+            format!(
+                "CREATE TABLE {sales} (sale_date DATE NOT NULL, amount NUMERIC(10,2) NOT NULL)"
+            ),
+            format!(
+                "CREATE TABLE {daily} (sale_date DATE PRIMARY KEY, total NUMERIC(12,2), n BIGINT)"
+            ),
+            format!(
+                "INSERT INTO {sales} VALUES ('2025-03-14', 10.50), ('2025-03-14', 4.25), \
+                 ('2025-03-15', 99.99)"
+            ),
+        ] {
+            sqlx::query(&sql).execute(&pool).await.unwrap();
+        }
+    });
+    let name = format!("pg_sales_{sfx}");
+    let content = format!(
+        "content = \"SELECT sale_date, count(*) AS n, sum(amount) AS total FROM {sales} \
+         WHERE sale_date = @scope GROUP BY sale_date\""
+    );
+    let guards = "lease = \"1m\"\ntime_window = \"1h\"\ncontent_hash = \"24h\"";
+    let insert = format!(
+        "INSERT INTO {daily} (sale_date, total, n) \
+         SELECT sale_date, sum(amount), count(*) FROM {sales} WHERE sale_date = @scope \
+         GROUP BY sale_date"
+    );
+    let dir = Dir::new();
+    let broken = dir.job(
+        "broken.toml",
+        &sql_job(
+            &name,
+            guards,
+            &format!(
+                "{content}\nprocess = '''\n{insert};\n\
+                 INSERT INTO pg_no_such_table_{sfx} VALUES (@scope)\n'''"
+            ),
+        ),
+    );
+    let fixed = dir.job(
+        "fixed.toml",
+        &sql_job(
+            &name,
+            guards,
+            &format!(
+                "{content}\nprocess = '''\nDELETE FROM {daily} WHERE sale_date = @scope;\n\
+                 {insert}\n'''"
+            ),
+        ),
+    );
+    let args = |job: &Path| {
+        vec![
+            "run".to_string(),
+            job.to_str().unwrap().to_string(),
+            "--date".into(),
+            "2025-03-14".into(),
+        ]
+    };
+    let run_job = |job: &Path| {
+        let a = args(job);
+        run(&mut idem(
+            &dir.0,
+            &url,
+            &a.iter().map(String::as_str).collect::<Vec<_>>(),
+        ))
+    };
+
+    let (code, report, stderr) = run_job(&broken);
+    assert_eq!(code, 1, "{report}\n{stderr}");
+    assert_eq!(report["status"], "failed");
+    let error = report["error"].as_str().unwrap_or("");
+    assert!(
+        error.contains("statement 2 of 2") && error.contains("does not exist"),
+        "{error}"
+    );
+    assert!(report["processing_key"].is_string(), "content was hashed");
+    let rows = |date: &str| -> i64 {
+        count(
+            &rt,
+            &pool,
+            &format!("SELECT count(*) FROM {daily} WHERE sale_date = $1::date"),
+            date,
+        )
+    };
+    assert_eq!(rows("2025-03-14"), 0, "the first statement was rolled back");
+    assert_eq!(
+        count(
+            &rt,
+            &pool,
+            "SELECT count(*) FROM processing_keys WHERE processor_name = $1",
+            &name
+        ),
+        0,
+        "a failed run writes no key"
+    );
+
+    let (code, report, stderr) = run_job(&fixed);
+    assert_eq!(code, 0, "{report}\n{stderr}");
+    assert_eq!(report["status"], "completed", "{report}");
+    assert_eq!(report["records_processed"], 1, "DELETE 0 + INSERT 1");
+    let (total, n): (String, i64) = rt
+        .block_on(
+            sqlx::query_as(&format!(
+                "SELECT total::text, n FROM {daily} WHERE sale_date = '2025-03-14'"
+            ))
+            .fetch_one(&pool),
+        )
+        .unwrap();
+    assert_eq!((total.as_str(), n), ("14.75", 2));
+    assert_eq!(rows("2025-03-15"), 0, "only the scope's date");
+
+    // Same content again: skipped (time window first).
+    let (code, report, _) = run_job(&fixed);
+    assert_eq!(code, 0);
+    assert_eq!(report["status"], "skipped");
+
+    let (code, runs, _) = run(&mut idem(&dir.0, &url, &["runs", "--job", &name]));
+    assert_eq!(code, 0);
+    let statuses: Vec<&str> = runs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(statuses, vec!["skipped", "completed", "failed"]);
+    rt.block_on(async {
+        for t in [&sales, &daily] {
+            sqlx::query(&format!("DROP TABLE {t}"))
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+    });
+}
+
+/// The warehouse's parameters behave like untyped literals whatever type Postgres infers,
+/// values never become SQL, and rows come back as JSON for the common types.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warehouse_binds_like_literals_and_decodes_common_types() {
+    let Some(url) = pg_url("warehouse_binds_like_literals_and_decodes_common_types") else {
+        return;
+    };
+    let wh = PostgresWarehouse::connect(&url).await.unwrap();
+    let params: Params = [
+        ("d", "2025-11-18"),
+        ("n", "41"),
+        ("amount", "12.50"),
+        ("flag", "yes"),
+        ("stamp", "2025-11-18 10:00:00+02"),
+        ("doc", "{\"k\": [1, 2]}"),
+        ("evil", "x'); DROP TABLE processing_runs; --"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let one = |sql: &str| prepare(sql, Dialect::Postgres).unwrap().remove(0);
+
+    let rows = wh
+        .query(
+            &one(
+                "SELECT 1::int2 AS i2, 2::int4 AS i4, 3::int8 AS i8, 1.5::float4 AS f4, \
+                 0.1::float8 AS f8, 12.340::numeric AS num, -0.05::numeric AS neg, \
+                 123456789012345678901234567890.000000001::numeric AS big, 10000::numeric AS ten_k, \
+                 'x'::text AS t, 'y'::varchar AS v, true AS b, DATE '2025-11-18' AS d, \
+                 TIMESTAMPTZ '2025-11-18 10:00:00.5+00' AS tz, TIMESTAMP '2025-11-18 10:00:00' AS ts, \
+                 '{\"a\": 1}'::json AS j, '{\"b\": [2]}'::jsonb AS jb, \
+                 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'::uuid AS u, NULL::int AS nothing, \
+                 ARRAY['p', 'q'] AS arr",
+            ),
+            &params,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        rows,
+        vec![json!({
+            "i2": 1, "i4": 2, "i8": 3, "f4": 1.5, "f8": 0.1, "num": "12.340", "neg": "-0.05",
+            "big": "123456789012345678901234567890.000000001", "ten_k": "10000",
+            "t": "x", "v": "y", "b": true, "d": "2025-11-18",
+            "tz": "2025-11-18T10:00:00.500Z", "ts": "2025-11-18T10:00:00",
+            "j": {"a": 1}, "jb": {"b": [2]}, "u": "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
+            "nothing": null, "arr": ["p", "q"],
+        })]
+    );
+
+    // Parameters take the type Postgres infers from their context.
+    let rows = wh
+        .query(
+            &one(
+                "SELECT @d::date + 1 AS next_day, @n + 1 AS n_plus, @amount * 2.0 AS twice, \
+                 (DATE '2025-11-18' = @d) AS same_day, (true = @flag) AS flag, \
+                 (TIMESTAMPTZ '2025-11-18 08:00:00+00' = @stamp) AS same_instant, \
+                 (@doc)::jsonb -> 'k' AS k, @evil AS evil, @d AS d_text",
+            ),
+            &params,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        rows,
+        vec![json!({
+            "next_day": "2025-11-19", "n_plus": 42, "twice": "25.000", "same_day": true,
+            "flag": true, "same_instant": true, "k": [1, 2],
+            "evil": "x'); DROP TABLE processing_runs; --", "d_text": "2025-11-18",
+        })]
+    );
+
+    // A value the inferred type rejects fails with Postgres's own message.
+    let bad: Params = [("d".to_string(), "not-a-date".to_string())].into();
+    let err = wh
+        .query(&one("SELECT @d::date AS d"), &bad)
+        .await
+        .unwrap_err();
+    assert!(err.contains("invalid input syntax for type date"), "{err}");
+    let missing = wh
+        .query(&one("SELECT @nope AS x"), &params)
+        .await
+        .unwrap_err();
+    assert!(missing.contains("@nope"), "{missing}");
+}
