@@ -1099,5 +1099,27 @@ process = """{process}"""
             .unwrap();
         assert_eq!(second.skip_reason, Some(SkipReason::TimeWindow));
         assert_eq!(store.api_calls() - before, 2);
+
+        // Skipped in_progress: the check, the lease read, the ledger row.
+        store
+            .claim(&ClaimRequest {
+                processor: &name,
+                scope: "2025-11-19",
+                run_id: "holder",
+                ttl: Duration::from_secs(600),
+                now: Utc::now(),
+            })
+            .await
+            .unwrap();
+        let before = store.api_calls();
+        let held = runner
+            .run(
+                &processor,
+                RunRequest::new(name.clone(), idem::parse_date("2025-11-19").unwrap()),
+            )
+            .await
+            .unwrap();
+        assert_eq!(held.skip_reason, Some(SkipReason::InProgress));
+        assert_eq!(store.api_calls() - before, 3);
     }
 }

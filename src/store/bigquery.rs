@@ -129,11 +129,13 @@ started_at, finished_at, duration_ms, status, skip_reason, would_skip_reason, \
 previous_run_id, records_processed, processing_key, error, output";
 
 /// A run id is recorded once: the insert adds nothing when the id is already there.
+/// `wide_number_mode => 'round'`: a JSON number beyond FLOAT64 precision is rounded rather
+/// than failing the insert (BigQuery's default is to reject it).
 const RUN_INSERT_SQL: &str = "\
 INSERT INTO {runs} ({run_columns})
 SELECT @run_id, @processor, @scope, @scope_date, @trigger_source, @mode, @started_at, \
 @finished_at, @duration_ms, @status, @skip_reason, @would_skip_reason, @previous_run_id, \
-@records_processed, @processing_key, @error, PARSE_JSON(@output)
+@records_processed, @processing_key, @error, PARSE_JSON(@output, wide_number_mode => 'round')
 FROM UNNEST([1])
 WHERE NOT EXISTS (SELECT 1 FROM {runs} WHERE run_id = @run_id)";
 
@@ -141,7 +143,7 @@ const KEYS_INSERT_SQL: &str = "\
 INSERT INTO {keys} (processing_key, kind, processor_name, scope, scope_date, processed_at, \
 entity_count, metadata, run_id)
 SELECT r.processing_key, r.kind, r.processor_name, r.scope, r.scope_date, r.processed_at, \
-r.entity_count, PARSE_JSON(r.metadata), r.run_id
+r.entity_count, PARSE_JSON(r.metadata, wide_number_mode => 'round'), r.run_id
 FROM UNNEST(@keys) AS r";
 
 /// Ledger rows; `started_at` is the partition column, so `@since` prunes.
