@@ -461,7 +461,7 @@ pub fn date(name: &str, value: NaiveDate) -> Param {
     scalar(name, "DATE", Some(value.format("%Y-%m-%d").to_string()))
 }
 
-/// An ARRAY<STRING> parameter.
+/// An `ARRAY<STRING>` parameter.
 pub fn string_array(name: &str, values: &[String]) -> Param {
     QueryParameter {
         name: Some(name.to_string()),
@@ -491,7 +491,7 @@ pub fn string_array(name: &str, values: &[String]) -> Param {
     }
 }
 
-/// An ARRAY<STRUCT<…>> parameter: `fields` are (name, scalar type); each row gives one
+/// An `ARRAY<STRUCT<…>>` parameter: `fields` are (name, scalar type); each row gives one
 /// value per field (`None` = NULL). Read it with `FROM UNNEST(@name) AS r` and `r.field`.
 pub fn struct_array(name: &str, fields: &[(&str, &str)], rows: Vec<Vec<Option<String>>>) -> Param {
     let struct_types = fields
