@@ -12,6 +12,8 @@
 //! hook.
 #![cfg(feature = "bigquery")]
 
+mod common;
+
 /// One module, so `cargo test bigquery` selects these tests as it does the BigQuery
 /// conformance checks.
 mod bigquery {
@@ -38,19 +40,14 @@ mod bigquery {
 
     const IDEM: &str = env!("CARGO_BIN_EXE_idem");
 
-    /// The emulator URL, or `None` after saying why the test is skipped.
+    /// The emulator URL, or `None` after saying why the test is skipped (in CI, with
+    /// `IDEM_REQUIRE_SERVICES=1`, a missing URL fails the test instead).
     fn bigquery_url(test: &str) -> Option<String> {
-        match std::env::var("IDEM_TEST_BIGQUERY_URL") {
-            Ok(url) if !url.trim().is_empty() => Some(url),
-            _ => {
-                eprintln!(
-                    "skipping {test}: IDEM_TEST_BIGQUERY_URL is not set (start the emulator: \
-                 .ci/bqemulator.sh install && URL=$(.ci/bqemulator.sh start), then set \
-                 IDEM_TEST_BIGQUERY_URL=\"bigquery://idem-test/idem_local?endpoint=$URL\")"
-                );
-                None
-            }
-        }
+        super::common::service_url(
+            "IDEM_TEST_BIGQUERY_URL",
+            &format!("bigquery::{test}"),
+            super::common::BIGQUERY_HOW,
+        )
     }
 
     macro_rules! require_bigquery {
