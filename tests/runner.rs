@@ -480,3 +480,84 @@ async fn explain_claims_nothing_and_shows_every_guard() {
         .is_none());
     assert_eq!(p.runs.load(Ordering::SeqCst), 1);
 }
+
+#[tokio::test]
+async fn on_in_progress_wait_runs_after_the_holder_finishes() {
+    use idem::guard::OnHeld;
+    let store = store();
+    let holder = Arc::new(Scripted {
+        delay: Duration::from_millis(400),
+        ..Default::default()
+    });
+    let first = {
+        let (store, holder) = (store.clone(), holder.clone());
+        tokio::spawn(async move {
+            Runner::new(
+                store,
+                GuardStack::builder()
+                    .guard(LeaseGuard::new(Duration::from_secs(60)))
+                    .build(),
+            )
+            .run(&*holder, request("2025-11-18"))
+            .await
+            .unwrap()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let waiting = Runner::new(
+        store.clone(),
+        GuardStack::builder()
+            .guard(TimeWindowGuard::new(Duration::from_secs(3600)))
+            .guard(
+                LeaseGuard::new(Duration::from_secs(60)).on_held(OnHeld::Wait {
+                    max: Duration::from_secs(10),
+                }),
+            )
+            .build(),
+    );
+    let p = Scripted::default();
+    let r = waiting.run(&p, request("2025-11-18")).await.unwrap();
+    let first = first.await.unwrap();
+    assert_eq!(first.status, RunStatus::Completed);
+    // It waited for the lease, then the re-check saw the holder's completed run.
+    assert_eq!(r.skip_reason, Some(SkipReason::TimeWindow), "{r:?}");
+    assert_eq!(r.previous_run.unwrap().run_id, first.run_id);
+    assert_eq!(p.runs.load(Ordering::SeqCst), 0);
+
+    // A wait that runs out skips with in_progress.
+    let slow = Arc::new(Scripted {
+        delay: Duration::from_millis(1500),
+        ..Default::default()
+    });
+    let holder_task = {
+        let (store, slow) = (store.clone(), slow.clone());
+        tokio::spawn(async move {
+            Runner::new(
+                store,
+                GuardStack::builder()
+                    .guard(LeaseGuard::new(Duration::from_secs(60)))
+                    .build(),
+            )
+            .run(&*slow, request("2025-11-19"))
+            .await
+            .unwrap()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let impatient = Runner::new(
+        store,
+        GuardStack::builder()
+            .guard(
+                LeaseGuard::new(Duration::from_secs(60)).on_held(OnHeld::Wait {
+                    max: Duration::from_millis(300),
+                }),
+            )
+            .build(),
+    );
+    let r = impatient
+        .run(&Scripted::default(), request("2025-11-19"))
+        .await
+        .unwrap();
+    assert_eq!(r.skip_reason, Some(SkipReason::InProgress));
+    holder_task.await.unwrap();
+}

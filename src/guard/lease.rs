@@ -97,6 +97,7 @@ impl Guard for LeaseGuard {
             );
         }
         let started = std::time::Instant::now();
+        let mut polls = 0u32;
         loop {
             let now = if started.elapsed().is_zero() {
                 ctx.now
@@ -125,8 +126,13 @@ impl Guard for LeaseGuard {
                 }
                 Claim::Held(holder) => match self.on_held {
                     OnHeld::Wait { max } if started.elapsed() < max && !ctx.shadow => {
+                        // Back off (250 ms doubling to 30 s): on BigQuery every poll is a
+                        // billed query.
                         let left = max.saturating_sub(started.elapsed());
-                        tokio::time::sleep(left.min(Duration::from_millis(500))).await;
+                        let pause =
+                            Duration::from_millis(250 << polls.min(7)).min(Duration::from_secs(30));
+                        polls += 1;
+                        tokio::time::sleep(left.min(pause)).await;
                     }
                     _ => return Ok(self.held(ctx, holder)),
                 },

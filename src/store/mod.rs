@@ -195,6 +195,11 @@ pub trait Store: Send + Sync + Debug + 'static {
 
     /// Records the end of a run: the ledger row, the keys when it completed, the lease
     /// release. See [`Finish`].
+    ///
+    /// `Ok` means the run is recorded. An error means the ledger row and keys were *not*
+    /// recorded: atomic stores roll back; stores without `atomic_finish` must return `Ok`
+    /// once the row and keys are written even if releasing the lease then fails (the lease
+    /// expires), so the runner never reports a recorded run as unrecorded.
     async fn finish(&self, finish: &Finish) -> Result<()>;
 
     /// Ledger rows, newest first.
