@@ -79,6 +79,9 @@ const MIGRATION_LOCK: i64 = 0x6964_656d_006d_6967;
 /// store counts as unavailable.
 pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// A pooled connection idle at least this long is pinged before use.
+const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
+
 /// Connections per store pool.
 const MAX_CONNECTIONS: u32 = 4;
 
@@ -135,6 +138,19 @@ impl PostgresStore {
             .min_connections(0)
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .idle_timeout(Duration::from_secs(120))
+            // A connection used within the last second is live: no ping, so a busy caller
+            // (batches of event keys) pays one round trip per call. One idle for longer
+            // (say, across a long processing step) is pinged first, so a dropped
+            // connection costs a reconnect rather than a failed call.
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for < PING_AFTER_IDLE {
+                        return Ok(true);
+                    }
+                    Ok(conn.ping().await.is_ok())
+                })
+            })
             .connect_lazy_with(options.clone());
         Ok(PostgresStore {
             pool,
@@ -652,19 +668,22 @@ impl Store for PostgresStore {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        // One round trip. Repeats inside the batch are removed in SQL and the rows are
-        // inserted in one fixed order (byte order), so two batches sharing keys cannot
-        // deadlock; RETURNING gives the keys that were new, and their first occurrence in
-        // the input is the one marked new.
+        // One round trip, the same statement as a hand-written batch insert. Repeats
+        // inside the batch are removed here and the keys sent in byte order, which is the
+        // order the function scan inserts them in: two batches sharing keys lock them in
+        // the same order, so they cannot deadlock. RETURNING gives the keys that were new;
+        // the first occurrence of each in the input is the one marked new.
+        let mut unique: Vec<&str> = keys.iter().map(String::as_str).collect();
+        unique.sort_unstable();
+        unique.dedup();
         let new: Vec<String> = sqlx::query_scalar(
             "INSERT INTO event_keys (namespace, event_key, first_seen) \
-             SELECT $1, k, $3 FROM (SELECT DISTINCT k FROM UNNEST($2::text[]) AS t(k)) d \
-             ORDER BY k COLLATE \"C\" \
+             SELECT $1, k, $3 FROM UNNEST($2::text[]) AS t(k) \
              ON CONFLICT (namespace, event_key) DO NOTHING \
              RETURNING event_key",
         )
         .bind(namespace)
-        .bind(keys)
+        .bind(&unique)
         .bind(micros(now))
         .fetch_all(&self.pool)
         .await
