@@ -1070,3 +1070,42 @@ async fn warehouse_binds_like_literals_and_decodes_common_types() {
         .unwrap_err();
     assert!(missing.contains("@nope"), "{missing}");
 }
+
+/// Eight `idem migrate` processes on a fresh schema at once: all succeed, the schema is
+/// created once (advisory lock), and a later open costs one query.
+#[test]
+fn concurrent_first_use_migrates_once() {
+    let Some(url) = pg_url("concurrent_first_use_migrates_once") else {
+        return;
+    };
+    let rt = runtime();
+    let pool = rt.block_on(db(&url));
+    let schema = format!("idem_mig_{}", suffix());
+    rt.block_on(sqlx::query(&format!("CREATE SCHEMA {schema}")).execute(&pool))
+        .unwrap();
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let scoped = format!("{url}{sep}options[search_path]={schema}");
+    let dir = Dir::new();
+    let children: Vec<Child> = (0..8)
+        .map(|_| idem(&dir.0, &scoped, &["migrate"]).spawn().expect("spawn"))
+        .collect();
+    for child in children {
+        let (code, doc, stderr) = wait(child);
+        assert_eq!(code, 0, "{doc}\n{stderr}");
+        assert_eq!(doc["migrated"], true);
+    }
+    let (versions, tables): (i64, i64) = rt
+        .block_on(
+            sqlx::query_as(&format!(
+                "SELECT (SELECT count(*) FROM {schema}.idem_schema_migrations), \
+                 (SELECT count(*) FROM information_schema.tables WHERE table_schema = $1)"
+            ))
+            .bind(&schema)
+            .fetch_one(&pool),
+        )
+        .unwrap();
+    assert_eq!(versions, 1, "each migration applied once");
+    assert_eq!(tables, 5, "four idem tables and the migrations table");
+    rt.block_on(sqlx::query(&format!("DROP SCHEMA {schema} CASCADE")).execute(&pool))
+        .unwrap();
+}
