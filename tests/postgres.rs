@@ -3,7 +3,8 @@
 //! odd strings, and the SQL processor on Postgres.
 //!
 //! They need a database they may fill: `IDEM_TEST_POSTGRES_URL=postgres://USER@HOST:PORT/DB`.
-//! Without it every test prints why it skipped and passes. Each test uses its own job,
+//! Without it every test prints why it skipped and passes (under
+//! `IDEM_REQUIRE_SERVICES=1`, as in CI, it fails instead). Each test uses its own job,
 //! processor and table names (random suffix), so they share one database and run in
 //! parallel.
 
@@ -25,18 +26,16 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 
 const IDEM: &str = env!("CARGO_BIN_EXE_idem");
 
-/// The test database, or `None` (with a message) when it is not configured.
+mod common;
+
+/// The test database, or `None` (with a message) when it is not configured; under
+/// `IDEM_REQUIRE_SERVICES=1` (CI) a missing URL fails the test instead.
 fn pg_url(test: &str) -> Option<String> {
-    match std::env::var("IDEM_TEST_POSTGRES_URL") {
-        Ok(url) if !url.trim().is_empty() => Some(url),
-        _ => {
-            eprintln!(
-                "skipping postgres::{test}: IDEM_TEST_POSTGRES_URL is not set \
-                 (set it to postgres://USER@HOST:PORT/DATABASE to run it)"
-            );
-            None
-        }
-    }
+    common::service_url(
+        "IDEM_TEST_POSTGRES_URL",
+        &format!("postgres::{test}"),
+        common::POSTGRES_HOW,
+    )
 }
 
 /// 8 lowercase hex characters: safe inside SQL identifiers and job names.
