@@ -722,6 +722,9 @@ const JSONB: u32 = 3802;
 /// function, exactly as an untyped literal would be, and the binary result is sent on
 /// unchanged. A value the type rejects fails with Postgres's own message (`invalid input
 /// syntax for type date: "…"`).
+///
+/// A name used twice in one statement is one parameter of one type (`$1` both times):
+/// where the two uses need different types, cast one of them (`@scope::text`).
 #[derive(Debug, Clone)]
 pub struct PostgresWarehouse {
     pool: PgPool,
