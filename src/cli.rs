@@ -280,7 +280,11 @@ async fn open_store(url: &str, policy: StoreFailurePolicy) -> Result<Arc<DynStor
         Ok(s) => s,
         Err(e) if e.is_store_failure() && policy == StoreFailurePolicy::BestEffort => {
             tracing::warn!("{e}; continuing without a store (best_effort)");
-            Arc::new(UnavailableStore::new(url, e.to_string()))
+            let message = match e {
+                Error::StoreUnavailable { message, .. } => message,
+                other => other.to_string(),
+            };
+            Arc::new(UnavailableStore::new(url, message))
         }
         Err(e) => return Err(e),
     };

@@ -500,23 +500,42 @@ impl Runner {
                 }
             }
         };
-        let Some(mut lease) = lease.filter(|_| self.heartbeat) else {
+        let Some(lease) = lease.filter(|_| self.heartbeat) else {
             return work.await;
         };
+        // The heartbeat runs beside the work (one select, both polled), so a slow renewal
+        // never stalls the processor. If the lease is lost, the processor is stopped: a
+        // newer run owns the scope now.
+        tokio::select! {
+            result = work => result,
+            lost = self.heartbeat_until_lost(lease) => Err(lost.into()),
+        }
+    }
+
+    /// Renews `lease` every third of its duration; returns only when it was lost.
+    async fn heartbeat_until_lost(&self, mut lease: Lease) -> String {
         let ttl = (lease.expires_at - lease.acquired_at)
             .to_std()
             .unwrap_or(Duration::from_secs(60));
         let every = (ttl / 3).max(Duration::from_millis(100));
-        tokio::pin!(work);
         loop {
-            tokio::select! {
-                result = &mut work => return result,
-                _ = tokio::time::sleep(every) => {
-                    match self.store.renew(&lease, ttl, now()).await {
-                        Ok(renewed) => lease = renewed,
-                        Err(e) => tracing::warn!("could not renew the lease: {e}"),
-                    }
+            tokio::time::sleep(every).await;
+            match self.store.renew(&lease, ttl, now()).await {
+                Ok(renewed) => lease = renewed,
+                Err(e @ Error::LeaseLost { .. }) => {
+                    tracing::error!("{e}: stopping the processor");
+                    return format!("{e} while processing; the processor was stopped");
                 }
+                Err(e) if now() >= lease.expires_at => {
+                    tracing::error!(
+                        "could not renew the lease, which expired at {}: {e}",
+                        lease.expires_at
+                    );
+                }
+                Err(e) => tracing::warn!(
+                    "could not renew the lease (expires at {}): {e}",
+                    lease.expires_at
+                ),
             }
         }
     }
@@ -565,14 +584,17 @@ impl Runner {
             Err(e) => {
                 tracing::warn!("could not record run {}: {e}", report.run_id);
                 report.store_errors.push(e.to_string());
-                if let Some(lease) = &lease {
-                    if let Err(e) = self.store.release(lease, now()).await {
-                        tracing::warn!(
-                            "could not release the lease either; it expires at {}: {e}",
-                            lease.expires_at
-                        );
-                    }
-                }
+                // The store just failed: releasing the lease would most likely fail too
+                // (after another timeout). It expires on its own.
+                let locked_until = lease
+                    .as_ref()
+                    .map(|l| {
+                        format!(
+                            "; the scope stays locked until its lease expires at {}",
+                            l.expires_at.format("%Y-%m-%d %H:%M:%S UTC")
+                        )
+                    })
+                    .unwrap_or_default();
                 let strict = self
                     .strict_recording
                     .unwrap_or(self.policy == StoreFailurePolicy::Strict);
@@ -580,7 +602,7 @@ impl Runner {
                     report.status = RunStatus::Failed;
                     report.recording_failed = true;
                     report.error = Some(format!(
-                        "the work completed but its result could not be recorded, so no key was written and the next run will redo it: {e}"
+                        "the work completed but its result could not be recorded, so no key was written and the next run will redo it{locked_until}: {e}"
                     ));
                 }
             }

@@ -561,3 +561,52 @@ async fn on_in_progress_wait_runs_after_the_holder_finishes() {
     assert_eq!(r.skip_reason, Some(SkipReason::InProgress));
     holder_task.await.unwrap();
 }
+
+#[tokio::test]
+async fn a_lease_lost_while_processing_stops_the_processor() {
+    let store = store();
+    let slow = Arc::new(Scripted {
+        delay: Duration::from_secs(5),
+        ..Default::default()
+    });
+    let task = {
+        let (store, slow) = (store.clone(), slow.clone());
+        tokio::spawn(async move {
+            Runner::new(
+                store,
+                GuardStack::builder()
+                    .guard(LeaseGuard::new(Duration::from_millis(300)))
+                    .build(),
+            )
+            .run(&*slow, request("2025-11-18"))
+            .await
+            .unwrap()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Another run, whose clock says the lease expired, takes it over.
+    let takeover = store
+        .claim(&ClaimRequest {
+            processor: "summary",
+            scope: "2025-11-18",
+            run_id: "newer",
+            ttl: Duration::from_secs(600),
+            now: chrono::Utc::now() + chrono::Duration::seconds(10),
+        })
+        .await
+        .unwrap();
+    assert!(matches!(takeover, Claim::Acquired(_)));
+    let started = std::time::Instant::now();
+    let r = task.await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "stopped at the next heartbeat, not after 5 s"
+    );
+    assert_eq!(r.status, RunStatus::Failed);
+    assert!(r.lease_lost);
+    assert!(
+        r.error.as_ref().unwrap().contains("while processing"),
+        "{:?}",
+        r.error
+    );
+}
