@@ -41,8 +41,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::{
-    Capabilities, Claim, ClaimRequest, CleanupReport, Finish, KeyLookup, Lease, LeaseHolder,
-    RunFilter, Store,
+    lease_expiry, Capabilities, Claim, ClaimRequest, CleanupReport, Finish, KeyLookup, Lease,
+    LeaseHolder, RunFilter, Store,
 };
 use crate::error::{Error, Result};
 use crate::model::{micros, KeyKind, KeyRecord, Mode, RunRecord, RunStatus, SkipReason};
@@ -273,10 +273,6 @@ impl LeaseRow {
                 expires_at: self.expires_at,
             })
     }
-}
-
-fn ttl_after(now: DateTime<Utc>, ttl: Duration) -> DateTime<Utc> {
-    micros(now + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::days(36500)))
 }
 
 /// A short random pause before sending a conflicting statement again.
@@ -516,12 +512,7 @@ impl BigQueryStore {
                 None
             }
         };
-        Error::LeaseLost {
-            processor: lease.processor.clone(),
-            scope: lease.scope.clone(),
-            token: lease.token,
-            current_holder: holder,
-        }
+        lease.lost(holder)
     }
 
     fn fenced_params(lease: &Lease) -> Vec<Param> {
@@ -586,7 +577,7 @@ impl Store for BigQueryStore {
 
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claim> {
         let now = micros(request.now);
-        let expires_at = ttl_after(now, request.ttl);
+        let expires_at = lease_expiry(now, request.ttl);
         let mut conflicts = 0;
         for attempt in 0..CLAIM_ATTEMPTS {
             let row = self
@@ -631,14 +622,7 @@ impl Store for BigQueryStore {
             match taken {
                 Ok(out) => {
                     if out.affected("claim.take").map_err(|e| self.err(e))? >= 1 {
-                        return Ok(Claim::Acquired(Lease {
-                            processor: request.processor.to_string(),
-                            scope: request.scope.to_string(),
-                            run_id: request.run_id.to_string(),
-                            token: seen + 1,
-                            acquired_at: now,
-                            expires_at,
-                        }));
+                        return Ok(request.acquired(seen + 1, now, expires_at));
                     }
                     // Another claim changed the row since it was read: read it again.
                 }
@@ -690,7 +674,7 @@ impl Store for BigQueryStore {
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration, now: DateTime<Utc>) -> Result<Lease> {
-        let expires_at = ttl_after(micros(now), ttl);
+        let expires_at = lease_expiry(micros(now), ttl);
         let mut params = Self::fenced_params(lease);
         params.push(timestamp("expires_at", expires_at));
         if self.mutate("renew", &self.sql.lease_renew, params).await? >= 1 {

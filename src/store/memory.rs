@@ -11,8 +11,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::{
-    Capabilities, Claim, ClaimRequest, CleanupReport, Finish, KeyLookup, Lease, LeaseHolder,
-    RunFilter, Store,
+    lease_expiry, Capabilities, Claim, ClaimRequest, CleanupReport, Finish, KeyLookup, Lease,
+    LeaseHolder, RunFilter, Store,
 };
 use crate::error::{Error, Result};
 use crate::model::{micros, KeyKind, KeyRecord, RunRecord, RunStatus};
@@ -52,17 +52,8 @@ impl MemoryStore {
     }
 }
 
-fn ttl_after(now: DateTime<Utc>, ttl: Duration) -> DateTime<Utc> {
-    micros(now + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::days(36500)))
-}
-
 fn lease_lost(lease: &Lease, row: Option<&LeaseRow>) -> Error {
-    Error::LeaseLost {
-        processor: lease.processor.clone(),
-        scope: lease.scope.clone(),
-        token: lease.token,
-        current_holder: row.and_then(|r| r.holder.clone()),
-    }
+    lease.lost(row.and_then(|r| r.holder.clone()))
 }
 
 fn holds(row: Option<&LeaseRow>, lease: &Lease) -> bool {
@@ -107,7 +98,7 @@ impl Store for MemoryStore {
             }
         }
         let token = row.map(|r| r.token + 1).unwrap_or(1);
-        let expires_at = ttl_after(now, request.ttl);
+        let expires_at = lease_expiry(now, request.ttl);
         state.leases.insert(
             id,
             LeaseRow {
@@ -117,14 +108,7 @@ impl Store for MemoryStore {
                 expires_at,
             },
         );
-        Ok(Claim::Acquired(Lease {
-            processor: request.processor.to_string(),
-            scope: request.scope.to_string(),
-            run_id: request.run_id.to_string(),
-            token,
-            acquired_at: now,
-            expires_at,
-        }))
+        Ok(request.acquired(token, now, expires_at))
     }
 
     async fn lease_holder(
@@ -154,7 +138,7 @@ impl Store for MemoryStore {
         let row = state.leases.get_mut(&id);
         match row {
             Some(r) if r.token == lease.token && r.holder.as_deref() == Some(&lease.run_id) => {
-                r.expires_at = ttl_after(now, ttl);
+                r.expires_at = lease_expiry(now, ttl);
                 Ok(Lease {
                     expires_at: r.expires_at,
                     ..lease.clone()

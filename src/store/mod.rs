@@ -56,6 +56,27 @@ pub struct Lease {
     pub expires_at: DateTime<Utc>,
 }
 
+impl Lease {
+    /// The error a fenced operation on this lease returns when its token is no longer
+    /// current (`current_holder`: the run holding the lease now, if known).
+    pub fn lost(&self, current_holder: Option<String>) -> Error {
+        Error::LeaseLost {
+            processor: self.processor.clone(),
+            scope: self.scope.clone(),
+            token: self.token,
+            current_holder,
+        }
+    }
+}
+
+/// When a lease taken at `now` for `ttl` expires, at the microsecond precision every
+/// store keeps.
+pub fn lease_expiry(now: DateTime<Utc>, ttl: Duration) -> DateTime<Utc> {
+    crate::model::micros(
+        now + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::days(36500)),
+    )
+}
+
 /// Who holds a lease another run wanted.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LeaseHolder {
@@ -91,6 +112,26 @@ pub struct ClaimRequest<'a> {
     pub ttl: Duration,
     /// The claim time (a lease expired at or before it may be taken over).
     pub now: DateTime<Utc>,
+}
+
+impl ClaimRequest<'_> {
+    /// The claim's answer when it won: a lease with `token` from `acquired_at` to
+    /// `expires_at`.
+    pub fn acquired(
+        &self,
+        token: i64,
+        acquired_at: DateTime<Utc>,
+        expires_at: DateTime<Utc>,
+    ) -> Claim {
+        Claim::Acquired(Lease {
+            processor: self.processor.to_string(),
+            scope: self.scope.to_string(),
+            run_id: self.run_id.to_string(),
+            token,
+            acquired_at,
+            expires_at,
+        })
+    }
 }
 
 /// One key a guard wants to know about: the latest record of `key` of `kind` processed at

@@ -58,8 +58,8 @@ use sqlx::{
 };
 
 use super::{
-    redact_url, Capabilities, Claim, ClaimRequest, CleanupReport, Finish, KeyLookup, Lease,
-    LeaseHolder, RunFilter, Store,
+    lease_expiry, redact_url, Capabilities, Claim, ClaimRequest, CleanupReport, Finish, KeyLookup,
+    Lease, LeaseHolder, RunFilter, Store,
 };
 use crate::error::{Error, Result};
 use crate::model::{micros, KeyKind, KeyRecord, Mode, RunRecord, RunStatus, SkipReason};
@@ -105,10 +105,6 @@ fn connect_options(url: &str) -> Result<PgConnectOptions> {
         ))
     })?;
     Ok(options.application_name("idem"))
-}
-
-fn ttl_after(now: DateTime<Utc>, ttl: Duration) -> DateTime<Utc> {
-    micros(now + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::days(36500)))
 }
 
 /// A sqlx error as a sentence; a pool timeout says what it usually means.
@@ -228,12 +224,7 @@ impl PostgresStore {
             .await
             .ok()
             .flatten();
-        Error::LeaseLost {
-            processor: lease.processor.clone(),
-            scope: lease.scope.clone(),
-            token: lease.token,
-            current_holder: holder.map(|h| h.run_id),
-        }
+        lease.lost(holder.map(|h| h.run_id))
     }
 
     async fn schema_version(&self) -> std::result::Result<i32, sqlx::Error> {
@@ -367,7 +358,7 @@ impl Store for PostgresStore {
 
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claim> {
         let now = micros(request.now);
-        let expires_at = ttl_after(now, request.ttl);
+        let expires_at = lease_expiry(now, request.ttl);
         for _ in 0..3 {
             let token: Option<i64> = sqlx::query_scalar(
                 "INSERT INTO processing_leases AS l \
@@ -390,14 +381,7 @@ impl Store for PostgresStore {
             .await
             .map_err(|e| self.err(e))?;
             if let Some(token) = token {
-                return Ok(Claim::Acquired(Lease {
-                    processor: request.processor.to_string(),
-                    scope: request.scope.to_string(),
-                    run_id: request.run_id.to_string(),
-                    token,
-                    acquired_at: now,
-                    expires_at,
-                }));
+                return Ok(request.acquired(token, now, expires_at));
             }
             // Held: say by whom. It may have been released in between; then claim again.
             if let Some(holder) = self
@@ -428,7 +412,7 @@ impl Store for PostgresStore {
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration, now: DateTime<Utc>) -> Result<Lease> {
-        let expires_at = ttl_after(micros(now), ttl);
+        let expires_at = lease_expiry(micros(now), ttl);
         let done = sqlx::query(
             "UPDATE processing_leases SET expires_at = $1 \
              WHERE processor_name = $2 AND scope = $3 AND token = $4 AND holder_run_id = $5",

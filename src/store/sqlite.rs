@@ -17,8 +17,8 @@ use sqlx::sqlite::{
 use sqlx::{Connection, Row};
 
 use super::{
-    Capabilities, Claim, ClaimRequest, CleanupReport, Finish, KeyLookup, Lease, LeaseHolder,
-    RunFilter, Store,
+    lease_expiry, Capabilities, Claim, ClaimRequest, CleanupReport, Finish, KeyLookup, Lease,
+    LeaseHolder, RunFilter, Store,
 };
 use crate::error::{Error, Result};
 use crate::model::{micros, KeyKind, KeyRecord, Mode, RunRecord, RunStatus, SkipReason};
@@ -39,10 +39,6 @@ fn ts(t: DateTime<Utc>) -> i64 {
 
 fn from_ts(v: i64) -> DateTime<Utc> {
     DateTime::from_timestamp_micros(v).unwrap_or_default()
-}
-
-fn ttl_after(now: DateTime<Utc>, ttl: Duration) -> DateTime<Utc> {
-    micros(now + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::days(36500)))
 }
 
 fn date(s: &str) -> NaiveDate {
@@ -221,7 +217,7 @@ impl Store for SqliteStore {
 
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claim> {
         let now = micros(request.now);
-        let expires_at = ttl_after(now, request.ttl);
+        let expires_at = lease_expiry(now, request.ttl);
         for _ in 0..3 {
             let token: Option<i64> = sqlx::query_scalar(
                 "INSERT INTO processing_leases \
@@ -245,14 +241,7 @@ impl Store for SqliteStore {
             .await
             .map_err(|e| self.err(e))?;
             if let Some(token) = token {
-                return Ok(Claim::Acquired(Lease {
-                    processor: request.processor.to_string(),
-                    scope: request.scope.to_string(),
-                    run_id: request.run_id.to_string(),
-                    token,
-                    acquired_at: now,
-                    expires_at,
-                }));
+                return Ok(request.acquired(token, now, expires_at));
             }
             // Held: say by whom. It may have been released in between; then claim again.
             if let Some(holder) = self
@@ -283,7 +272,7 @@ impl Store for SqliteStore {
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration, now: DateTime<Utc>) -> Result<Lease> {
-        let expires_at = ttl_after(now, ttl);
+        let expires_at = lease_expiry(now, ttl);
         let done = sqlx::query(
             "UPDATE processing_leases SET expires_at = ?1 \
              WHERE processor_name = ?2 AND scope = ?3 AND token = ?4 AND holder_run_id = ?5",
@@ -303,12 +292,7 @@ impl Store for SqliteStore {
             });
         }
         let holder = self.current_holder(&lease.processor, &lease.scope).await?;
-        Err(Error::LeaseLost {
-            processor: lease.processor.clone(),
-            scope: lease.scope.clone(),
-            token: lease.token,
-            current_holder: holder.map(|h| h.run_id),
-        })
+        Err(lease.lost(holder.map(|h| h.run_id)))
     }
 
     async fn release(&self, lease: &Lease, now: DateTime<Utc>) -> Result<bool> {
@@ -366,12 +350,7 @@ impl Store for SqliteStore {
             if done.rows_affected() != 1 {
                 tx.rollback().await.map_err(|e| self.err(e))?;
                 let holder = self.current_holder(&lease.processor, &lease.scope).await?;
-                return Err(Error::LeaseLost {
-                    processor: lease.processor.clone(),
-                    scope: lease.scope.clone(),
-                    token: lease.token,
-                    current_holder: holder.map(|h| h.run_id),
-                });
+                return Err(lease.lost(holder.map(|h| h.run_id)));
             }
         }
         let run = &finish.run;
