@@ -19,8 +19,6 @@ mod common;
 mod bigquery {
     use std::io::{Read, Write};
     use std::net::TcpListener;
-    use std::path::PathBuf;
-    use std::process::{Command, Output};
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
     use std::time::Duration;
@@ -38,7 +36,7 @@ mod bigquery {
     };
     use serde_json::Value;
 
-    const IDEM: &str = env!("CARGO_BIN_EXE_idem");
+    use super::common::Sandbox;
 
     /// The emulator URL, or `None` after saying why the test is skipped (in CI, with
     /// `IDEM_REQUIRE_SERVICES=1`, a missing URL fails the test instead).
@@ -87,66 +85,6 @@ mod bigquery {
         let w = BigQueryWarehouse::connect(url).await.unwrap();
         let statement = &prepare(sql, Dialect::BigQuery).unwrap()[0];
         w.query(statement, &Default::default()).await.unwrap()
-    }
-
-    /// A temp folder with a `jobs/` dir; the store and warehouse are the emulator.
-    struct Sandbox {
-        dir: PathBuf,
-        store: String,
-    }
-
-    impl Sandbox {
-        fn new(store: &str) -> Self {
-            let dir = std::env::temp_dir().join(format!("idem-bq-{}", idem::new_run_id()));
-            std::fs::create_dir_all(dir.join("jobs")).unwrap();
-            Sandbox {
-                dir,
-                store: store.to_string(),
-            }
-        }
-
-        fn write_job(&self, file: &str, toml: &str) -> String {
-            let path = self.dir.join("jobs").join(format!("{file}.toml"));
-            std::fs::write(&path, toml).unwrap();
-            path.display().to_string()
-        }
-
-        fn idem_with_store(&self, args: &[&str], store: &str) -> Output {
-            Command::new(IDEM)
-                .args(args)
-                .arg("--store")
-                .arg(store)
-                .arg("--jobs-dir")
-                .arg(self.dir.join("jobs"))
-                .current_dir(&self.dir)
-                .env_remove("IDEM_STORE")
-                .env_remove("IDEM_BIGQUERY_ENDPOINT")
-                .env_remove("RUST_LOG")
-                .output()
-                .expect("run idem")
-        }
-
-        /// `idem ARGS --format json`: (exit code, stdout as JSON, stderr).
-        fn json(&self, args: &[&str]) -> (i32, Value, String) {
-            let mut all = args.to_vec();
-            all.extend(["--format", "json"]);
-            let out = self.idem_with_store(&all, &self.store);
-            let stdout = String::from_utf8_lossy(&out.stdout);
-            let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-            let value = serde_json::from_str(&stdout)
-                .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {stdout}\nstderr: {stderr}"));
-            (out.status.code().unwrap_or(-1), value, stderr)
-        }
-
-        fn run(&self, job: &str, date: &str) -> (i32, Value, String) {
-            self.json(&["run", job, "--date", date])
-        }
-    }
-
-    impl Drop for Sandbox {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
     }
 
     /// A SQL job on BigQuery: sums `src` into `out` for the scope's day.
@@ -240,7 +178,7 @@ process = """{process}"""
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn sql_job_runs_once_then_skips_by_time_window() {
         let url = require_bigquery!("sql_job_runs_once_then_skips_by_time_window");
-        let sandbox = Sandbox::new(&url);
+        let sandbox = Sandbox::with_store("idem-bq", &url);
         let job = SalesJob::new(&url).await;
         job.add(&url, "2025-11-18", "ball", 3).await;
         job.add(&url, "2025-11-18", "bat", 4).await;
@@ -284,7 +222,7 @@ process = """{process}"""
     async fn failing_sql_records_a_failed_run_and_no_key_then_the_fix_runs() {
         let url =
             require_bigquery!("failing_sql_records_a_failed_run_and_no_key_then_the_fix_runs");
-        let sandbox = Sandbox::new(&url);
+        let sandbox = Sandbox::with_store("idem-bq", &url);
         let job = SalesJob::new(&url).await;
         job.add(&url, "2025-11-18", "ball", 5).await;
         let name = unique("failing");
@@ -329,7 +267,7 @@ process = """{process}"""
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn content_hash_skips_unchanged_source_and_runs_on_change() {
         let url = require_bigquery!("content_hash_skips_unchanged_source_and_runs_on_change");
-        let sandbox = Sandbox::new(&url);
+        let sandbox = Sandbox::with_store("idem-bq", &url);
         let job = SalesJob::new(&url).await;
         job.add(&url, "2025-11-18", "ball", 3).await;
         let name = unique("hashed");
@@ -378,7 +316,7 @@ process = """{process}"""
     async fn processor_names_and_scopes_with_quotes_and_unicode_round_trip() {
         let url =
             require_bigquery!("processor_names_and_scopes_with_quotes_and_unicode_round_trip");
-        let sandbox = Sandbox::new(&url);
+        let sandbox = Sandbox::with_store("idem-bq", &url);
         let job = SalesJob::new(&url).await;
         job.add(&url, "2025-11-18", "ball", 1).await;
         let name = format!(
@@ -390,7 +328,8 @@ process = """{process}"""
             "quoted",
             &job.toml(&name, &url, "time_window = \"1h\"", &job.process()),
         );
-        let run = |s: &Sandbox| s.json(&["run", &path, "--date", "2025-11-18", "--scope", scope]);
+        let path = path.to_str().unwrap();
+        let run = |s: &Sandbox| s.json(&["run", path, "--date", "2025-11-18", "--scope", scope]);
 
         let (code, first, stderr) = run(&sandbox);
         assert_eq!(
@@ -690,12 +629,12 @@ process = """{process}"""
         );
 
         // The CLI: a run under `strict` fails before processing with exit 3 and the message.
-        let sandbox = Sandbox::new(&store_url);
+        let sandbox = Sandbox::with_store("idem-bq", &store_url);
         let path = sandbox.write_job(
         "j",
         "name = \"j\"\nprocessor = \"sql\"\n[guards]\ntime_window = \"1h\"\n[sql]\nwarehouse = \"sqlite://w.db\"\nprocess = \"SELECT 1\"\n",
     );
-        let out = sandbox.idem_with_store(&["run", &path, "--date", "2025-11-18"], &store_url);
+        let out = sandbox.idem(&["run", path.to_str().unwrap(), "--date", "2025-11-18"]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(
             out.status.code(),
@@ -758,7 +697,10 @@ process = """{process}"""
             )
         });
         let denied = format!("bigquery://p/d?endpoint={endpoint}");
-        let out = sandbox.idem_with_store(&["migrate"], &denied);
+        let out = sandbox
+            .command_with_store(&["migrate"], &denied)
+            .output()
+            .expect("run idem");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(3), "{stderr}");
         assert!(
@@ -1042,7 +984,7 @@ process = """{process}"""
             "{}&partition_expiration_days=30",
             with_dataset(&url, &unique("idem_migrate"))
         );
-        let sandbox = Sandbox::new(&fresh);
+        let sandbox = Sandbox::with_store("idem-bq", &fresh);
         for _ in 0..2 {
             let (code, out, stderr) = sandbox.json(&["migrate"]);
             assert_eq!(code, 0, "{out}\n{stderr}");

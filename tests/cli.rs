@@ -1,72 +1,17 @@
 //! The `idem` command as a user runs it, on the embedded SQLite store: whole processes,
 //! real files, exit codes and JSON output.
 
-use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const IDEM: &str = env!("CARGO_BIN_EXE_idem");
+mod common;
 
-/// A temp folder with a `jobs/` dir, a store and a warehouse.
-struct Sandbox {
-    dir: PathBuf,
-}
+use common::{Sandbox, IDEM};
 
+/// The warehouse helper of the SQLite tests: runs statements against `jobs/DB`.
 impl Sandbox {
-    fn new() -> Self {
-        let dir = std::env::temp_dir().join(format!("idem-cli-{}", idem::new_run_id()));
-        std::fs::create_dir_all(dir.join("jobs")).unwrap();
-        Sandbox { dir }
-    }
-
-    fn store(&self) -> String {
-        format!("sqlite://{}", self.dir.join("idem.db").display())
-    }
-
-    fn write_job(&self, name: &str, toml: &str) -> PathBuf {
-        let path = self.dir.join("jobs").join(format!("{name}.toml"));
-        std::fs::write(&path, toml).unwrap();
-        path
-    }
-
-    fn command(&self, args: &[&str]) -> Command {
-        self.command_with_store(args, &self.store())
-    }
-
-    fn command_with_store(&self, args: &[&str], store: &str) -> Command {
-        let mut c = Command::new(IDEM);
-        c.args(args)
-            .arg("--store")
-            .arg(store)
-            .arg("--jobs-dir")
-            .arg(self.dir.join("jobs"))
-            .current_dir(&self.dir)
-            .env_remove("IDEM_STORE")
-            .env_remove("RUST_LOG");
-        c
-    }
-
-    fn idem(&self, args: &[&str]) -> Output {
-        self.command(args).output().expect("run idem")
-    }
-
-    /// Runs `idem ARGS --format json`, returns (exit code, parsed stdout).
-    fn json(&self, args: &[&str]) -> (i32, Value) {
-        let mut all = args.to_vec();
-        all.extend(["--format", "json"]);
-        let out = self.idem(&all);
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
-            panic!(
-                "stdout is not JSON ({e}): {stdout}\nstderr: {}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-        });
-        (out.status.code().unwrap_or(-1), value)
-    }
-
     fn sql(&self, db: &str, statements: &str) {
         let path = self.dir.join("jobs").join(db);
         let ok = Command::new("sqlite3")
@@ -84,12 +29,6 @@ impl Sandbox {
                 w.execute(&st, &Default::default()).await.unwrap();
             });
         }
-    }
-}
-
-impl Drop for Sandbox {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -120,13 +59,13 @@ fn status(v: &Value) -> &str {
 
 #[test]
 fn run_twice_completes_then_skips_with_time_window_and_explain_says_why() {
-    let s = Sandbox::new();
+    let s = Sandbox::new("idem-cli");
     s.write_job(
         "sales",
         &sales_job("sales", "time_window = \"1h\"", GOOD_PROCESS),
     );
     s.sql("warehouse.db", "CREATE TABLE IF NOT EXISTS src (day TEXT, item TEXT, qty INTEGER); INSERT INTO src VALUES ('2025-11-18','a',2),('2025-11-18','b',3)");
-    let (code, first) = s.json(&["run", "sales", "--date", "2025-11-18"]);
+    let (code, first, _) = s.json(&["run", "sales", "--date", "2025-11-18"]);
     assert_eq!(code, 0, "{first}");
     assert_eq!(status(&first), "completed");
     assert_eq!(
@@ -135,7 +74,7 @@ fn run_twice_completes_then_skips_with_time_window_and_explain_says_why() {
     );
     assert_eq!(first["job"], "sales");
     assert_eq!(first["scope"], "2025-11-18");
-    let (code, second) = s.json(&[
+    let (code, second, _) = s.json(&[
         "run",
         "sales",
         "--date",
@@ -157,7 +96,7 @@ fn run_twice_completes_then_skips_with_time_window_and_explain_says_why() {
         text.contains(first["run_id"].as_str().unwrap()) || text.contains("completed at"),
         "{text}"
     );
-    let (_, explained) = s.json(&["explain", "sales", "--date", "2025-11-18"]);
+    let (_, explained, _) = s.json(&["explain", "sales", "--date", "2025-11-18"]);
     assert_eq!(explained["decision"], "skip");
     assert_eq!(explained["previous_run"]["run_id"], first["run_id"]);
 
@@ -179,7 +118,7 @@ fn run_twice_completes_then_skips_with_time_window_and_explain_says_why() {
 
 #[test]
 fn content_hash_skips_unchanged_source_and_runs_changed_source() {
-    let s = Sandbox::new();
+    let s = Sandbox::new("idem-cli");
     s.write_job(
         "sales",
         &sales_job(
@@ -189,10 +128,10 @@ fn content_hash_skips_unchanged_source_and_runs_changed_source() {
         ),
     );
     s.sql("warehouse.db", "CREATE TABLE IF NOT EXISTS src (day TEXT, item TEXT, qty INTEGER); INSERT INTO src VALUES ('2025-11-18','a',2)");
-    let (_, first) = s.json(&["run", "sales", "--date", "2025-11-18"]);
+    let (_, first, _) = s.json(&["run", "sales", "--date", "2025-11-18"]);
     assert_eq!(status(&first), "completed", "{first}");
     assert_eq!(first["processing_key"].as_str().unwrap().len(), 32, "md5");
-    let (_, unchanged) = s.json(&["run", "sales", "--date", "2025-11-18"]);
+    let (_, unchanged, _) = s.json(&["run", "sales", "--date", "2025-11-18"]);
     assert_eq!(status(&unchanged), "skipped");
     assert_eq!(unchanged["skip_reason"], "duplicate_content_hash");
     assert_eq!(unchanged["processing_key"], first["processing_key"]);
@@ -201,14 +140,14 @@ fn content_hash_skips_unchanged_source_and_runs_changed_source() {
         "warehouse.db",
         "INSERT INTO src VALUES ('2025-11-19','z',9)",
     );
-    let (_, other_day) = s.json(&["run", "sales", "--date", "2025-11-18"]);
+    let (_, other_day, _) = s.json(&["run", "sales", "--date", "2025-11-18"]);
     assert_eq!(other_day["skip_reason"], "duplicate_content_hash");
     // A changed source row does.
     s.sql(
         "warehouse.db",
         "UPDATE src SET qty = 5 WHERE day = '2025-11-18'",
     );
-    let (code, changed) = s.json(&["run", "sales", "--date", "2025-11-18"]);
+    let (code, changed, _) = s.json(&["run", "sales", "--date", "2025-11-18"]);
     assert_eq!(code, 0);
     assert_eq!(status(&changed), "completed", "{changed}");
     assert_ne!(changed["processing_key"], first["processing_key"]);
@@ -216,7 +155,7 @@ fn content_hash_skips_unchanged_source_and_runs_changed_source() {
 
 #[test]
 fn failing_sql_exits_1_records_a_failed_run_and_no_key_then_the_fix_completes() {
-    let s = Sandbox::new();
+    let s = Sandbox::new("idem-cli");
     let job = s.write_job(
         "sales",
         &sales_job(
@@ -230,7 +169,7 @@ fn failing_sql_exits_1_records_a_failed_run_and_no_key_then_the_fix_completes() 
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.starts_with("failed sales for 2025-11-18"), "{text}");
     assert!(text.contains("no such table: no_such_table"), "{text}");
-    let (_, runs) = s.json(&["runs", "--job", "sales"]);
+    let (_, runs, _) = s.json(&["runs", "--job", "sales"]);
     assert_eq!(runs.as_array().unwrap().len(), 1);
     assert_eq!(runs[0]["status"], "failed");
     assert!(
@@ -241,7 +180,7 @@ fn failing_sql_exits_1_records_a_failed_run_and_no_key_then_the_fix_completes() 
         "{runs}"
     );
     // No key: explain says the time window lets it run.
-    let (_, explained) = s.json(&["explain", "sales", "--date", "2025-11-18"]);
+    let (_, explained, _) = s.json(&["explain", "sales", "--date", "2025-11-18"]);
     assert_eq!(explained["decision"], "run", "{explained}");
     // Fix the SQL: the next run completes.
     std::fs::write(
@@ -249,14 +188,14 @@ fn failing_sql_exits_1_records_a_failed_run_and_no_key_then_the_fix_completes() 
         sales_job("sales", "time_window = \"1h\"", GOOD_PROCESS),
     )
     .unwrap();
-    let (code, fixed) = s.json(&["run", "sales", "--date", "2025-11-18"]);
+    let (code, fixed, _) = s.json(&["run", "sales", "--date", "2025-11-18"]);
     assert_eq!(code, 0);
     assert_eq!(status(&fixed), "completed");
 }
 
 #[test]
 fn a_failing_statement_rolls_back_the_whole_process_block() {
-    let s = Sandbox::new();
+    let s = Sandbox::new("idem-cli");
     s.write_job(
         "sales",
         &sales_job(
@@ -265,13 +204,13 @@ fn a_failing_statement_rolls_back_the_whole_process_block() {
             "INSERT INTO out VALUES (@scope, 1); INSERT INTO missing VALUES (1)",
         ),
     );
-    let (code, r) = s.json(&["run", "sales", "--date", "2025-11-18"]);
+    let (code, r, _) = s.json(&["run", "sales", "--date", "2025-11-18"]);
     assert_eq!(code, 1, "{r}");
     assert!(
         r["error"].as_str().unwrap().contains("statement 2 of 2"),
         "{r}"
     );
-    let (_, again) = s.json(&["run", "sales", "--date", "2025-11-18"]);
+    let (_, again, _) = s.json(&["run", "sales", "--date", "2025-11-18"]);
     // Had the first INSERT stayed, the retry would fail on the primary key instead.
     assert!(
         again["error"]
@@ -284,7 +223,7 @@ fn a_failing_statement_rolls_back_the_whole_process_block() {
 
 #[test]
 fn concurrent_processes_one_completes_the_others_are_in_progress() {
-    let s = Sandbox::new();
+    let s = Sandbox::new("idem-cli");
     // A process block that takes a while (a recursive count) so the runs overlap.
     let slow = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 1500000) SELECT count(*) FROM c";
     s.write_job(
@@ -292,7 +231,7 @@ fn concurrent_processes_one_completes_the_others_are_in_progress() {
         &sales_job("slow", "lease = \"1m\"\ntime_window = \"1h\"", slow),
     );
     // Create the store and warehouse first so the runs race on the claim, not on setup.
-    let (code, _) = s.json(&["migrate"]);
+    let (code, _, _) = s.json(&["migrate"]);
     assert_eq!(code, 0);
     for round in 0..3 {
         let date = format!("2025-11-{:02}", 10 + round);
@@ -340,7 +279,7 @@ fn concurrent_processes_one_completes_the_others_are_in_progress() {
 
 #[test]
 fn a_killed_run_blocks_with_in_progress_until_its_lease_expires() {
-    let s = Sandbox::new();
+    let s = Sandbox::new("idem-cli");
     let slow = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 50000000) SELECT count(*) FROM c";
     s.write_job("slow", &sales_job("slow", "lease = \"3s\"", slow));
     s.json(&["migrate"]);
@@ -353,7 +292,7 @@ fn a_killed_run_blocks_with_in_progress_until_its_lease_expires() {
     // Wait until the lease is taken.
     let start = Instant::now();
     loop {
-        let (_, e) = s.json(&["explain", "slow", "--date", "2025-11-18"]);
+        let (_, e, _) = s.json(&["explain", "slow", "--date", "2025-11-18"]);
         if e["skip_reason"] == "in_progress" {
             break;
         }
@@ -368,7 +307,7 @@ fn a_killed_run_blocks_with_in_progress_until_its_lease_expires() {
     child.wait().unwrap();
     let killed_at = Instant::now();
     s.write_job("slow", &sales_job("slow", "lease = \"3s\"", GOOD_PROCESS));
-    let (code, blocked) = s.json(&["run", "slow", "--date", "2025-11-18"]);
+    let (code, blocked, _) = s.json(&["run", "slow", "--date", "2025-11-18"]);
     assert_eq!(code, 0);
     assert_eq!(blocked["skip_reason"], "in_progress", "{blocked}");
     assert!(
@@ -383,7 +322,7 @@ fn a_killed_run_blocks_with_in_progress_until_its_lease_expires() {
     std::thread::sleep(wait);
     let mut last = Value::Null;
     for _ in 0..40 {
-        let (_, r) = s.json(&["run", "slow", "--date", "2025-11-18"]);
+        let (_, r, _) = s.json(&["run", "slow", "--date", "2025-11-18"]);
         if status(&r) == "completed" {
             return;
         }
@@ -395,7 +334,7 @@ fn a_killed_run_blocks_with_in_progress_until_its_lease_expires() {
 
 #[test]
 fn sigterm_releases_the_lease_and_records_an_interrupted_run() {
-    let s = Sandbox::new();
+    let s = Sandbox::new("idem-cli");
     let slow = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 50000000) SELECT count(*) FROM c";
     s.write_job("slow", &sales_job("slow", "lease = \"1h\"", slow));
     s.json(&["migrate"]);
@@ -407,7 +346,7 @@ fn sigterm_releases_the_lease_and_records_an_interrupted_run() {
         .unwrap();
     let start = Instant::now();
     loop {
-        let (_, e) = s.json(&["explain", "slow", "--date", "2025-11-18"]);
+        let (_, e, _) = s.json(&["explain", "slow", "--date", "2025-11-18"]);
         if e["skip_reason"] == "in_progress" {
             break;
         }
@@ -429,13 +368,13 @@ fn sigterm_releases_the_lease_and_records_an_interrupted_run() {
     assert_eq!(v["status"], "failed");
     assert_eq!(v["error"], "interrupted by SIGTERM");
     // The lease is free at once, not after an hour.
-    let (_, e) = s.json(&["explain", "slow", "--date", "2025-11-18"]);
+    let (_, e, _) = s.json(&["explain", "slow", "--date", "2025-11-18"]);
     assert_eq!(e["decision"], "run", "{e}");
 }
 
 #[test]
 fn shadow_mode_completes_and_records_the_would_skip_reason() {
-    let s = Sandbox::new();
+    let s = Sandbox::new("idem-cli");
     s.write_job(
         "sales",
         &sales_job(
@@ -445,12 +384,12 @@ fn shadow_mode_completes_and_records_the_would_skip_reason() {
         ),
     );
     s.json(&["run", "sales", "--date", "2025-11-18", "--mode", "shadow"]);
-    let (code, second) = s.json(&["run", "sales", "--date", "2025-11-18", "--mode", "shadow"]);
+    let (code, second, _) = s.json(&["run", "sales", "--date", "2025-11-18", "--mode", "shadow"]);
     assert_eq!(code, 0);
     assert_eq!(status(&second), "completed");
     assert_eq!(second["would_skip_reason"], "time_window");
     assert_eq!(second["skip_reason"], Value::Null);
-    let (_, runs) = s.json(&["runs", "--job", "sales"]);
+    let (_, runs, _) = s.json(&["runs", "--job", "sales"]);
     assert_eq!(runs[0]["would_skip_reason"], "time_window");
     assert_eq!(runs[0]["mode"], "shadow");
 }
@@ -461,7 +400,7 @@ fn stderr(out: &Output) -> String {
 
 #[test]
 fn bad_input_names_the_problem_exits_2_and_records_nothing() {
-    let s = Sandbox::new();
+    let s = Sandbox::new("idem-cli");
     s.write_job(
         "sales",
         &sales_job("sales", "time_window = \"1h\"", GOOD_PROCESS),
@@ -525,18 +464,18 @@ fn bad_input_names_the_problem_exits_2_and_records_nothing() {
     std::fs::remove_file(&unknown).unwrap();
 
     // JSON callers get the error as JSON too.
-    let (code, v) = s.json(&["run", "nope", "--date", "2025-11-18"]);
+    let (code, v, _) = s.json(&["run", "nope", "--date", "2025-11-18"]);
     assert_eq!(code, 2);
     assert_eq!(v["exit_code"], 2);
 
     // Nothing was recorded by any of these.
-    let (_, runs) = s.json(&["runs"]);
+    let (_, runs, _) = s.json(&["runs"]);
     assert_eq!(runs.as_array().map(|r| r.len()), Some(0), "{runs}");
 }
 
 #[test]
 fn an_unreachable_store_exits_3_under_strict_and_runs_under_best_effort() {
-    let s = Sandbox::new();
+    let s = Sandbox::new("idem-cli");
     s.write_job(
         "sales",
         &sales_job("sales", "time_window = \"1h\"", GOOD_PROCESS),
@@ -583,7 +522,7 @@ fn an_unreachable_store_exits_3_under_strict_and_runs_under_best_effort() {
 
 #[test]
 fn scopes_with_quotes_and_unicode_round_trip() {
-    let s = Sandbox::new();
+    let s = Sandbox::new("idem-cli");
     s.write_job(
         "sales",
         &sales_job(
@@ -593,28 +532,28 @@ fn scopes_with_quotes_and_unicode_round_trip() {
         ),
     );
     let scope = "2025-11-18/team='LAL'; DROP TABLE out; -- ünïcødé 🎉";
-    let (code, r) = s.json(&["run", "sales", "--date", "2025-11-18", "--scope", scope]);
+    let (code, r, _) = s.json(&["run", "sales", "--date", "2025-11-18", "--scope", scope]);
     assert_eq!(code, 0, "{r}");
     assert_eq!(r["scope"], scope);
-    let (_, again) = s.json(&["run", "sales", "--date", "2025-11-18", "--scope", scope]);
+    let (_, again, _) = s.json(&["run", "sales", "--date", "2025-11-18", "--scope", scope]);
     assert_eq!(again["skip_reason"], "time_window");
-    let (_, runs) = s.json(&["runs", "--scope", scope]);
+    let (_, runs, _) = s.json(&["runs", "--scope", scope]);
     assert_eq!(runs.as_array().unwrap().len(), 2);
     assert_eq!(runs[0]["scope"], scope);
 }
 
 #[test]
 fn purge_forgets_keys_so_the_next_run_is_not_skipped() {
-    let s = Sandbox::new();
+    let s = Sandbox::new("idem-cli");
     s.write_job(
         "sales",
         &sales_job("sales", "time_window = \"1h\"", GOOD_PROCESS),
     );
     s.json(&["run", "sales", "--date", "2025-11-18"]);
-    let (code, purged) = s.json(&["purge", "sales", "--date", "2025-11-18"]);
+    let (code, purged, _) = s.json(&["purge", "sales", "--date", "2025-11-18"]);
     assert_eq!(code, 0);
     assert_eq!(purged["keys_deleted"], 1);
-    let (_, again) = s.json(&["run", "sales", "--date", "2025-11-18"]);
+    let (_, again, _) = s.json(&["run", "sales", "--date", "2025-11-18"]);
     assert_eq!(status(&again), "completed");
     let out = s.idem(&["purge", "sales"]);
     assert_eq!(out.status.code(), Some(2), "purge needs a scope or --all");

@@ -11,7 +11,7 @@
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::Child;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -24,9 +24,9 @@ use idem::store::{Claim, ClaimRequest, Store};
 use serde_json::{json, Value};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 
-const IDEM: &str = env!("CARGO_BIN_EXE_idem");
-
 mod common;
+
+use common::{toml_str, wait, Sandbox};
 
 /// The test database, or `None` (with a message) when it is not configured; under
 /// `IDEM_REQUIRE_SERVICES=1` (CI) a missing URL fails the test instead.
@@ -57,67 +57,6 @@ async fn db(url: &str) -> PgPool {
         .connect(url)
         .await
         .expect("connect to IDEM_TEST_POSTGRES_URL")
-}
-
-/// A TOML basic string (JSON string escapes are valid TOML).
-fn toml_str(s: &str) -> String {
-    serde_json::to_string(s).expect("string")
-}
-
-/// A temp folder for job files, removed at the end.
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new() -> Self {
-        let dir = std::env::temp_dir().join(format!("idem-pg-{}", idem::new_run_id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        Dir(dir)
-    }
-
-    fn job(&self, file: &str, toml: &str) -> PathBuf {
-        let path = self.0.join(file);
-        std::fs::write(&path, toml).expect("write job");
-        path
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// `idem ARGS --store STORE --format json`, from `dir`.
-fn idem(dir: &Path, store: &str, args: &[&str]) -> Command {
-    let mut c = Command::new(IDEM);
-    c.args(args)
-        .args(["--store", store, "--format", "json"])
-        .arg("--jobs-dir")
-        .arg(dir)
-        .current_dir(dir)
-        .env_remove("IDEM_STORE")
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    c
-}
-
-/// Exit code, parsed stdout, stderr.
-fn parse(out: Output) -> (i32, Value, String) {
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    let value = serde_json::from_str(&stdout)
-        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {stdout:?}\nstderr: {stderr}"));
-    (out.status.code().unwrap_or(-1), value, stderr)
-}
-
-fn run(cmd: &mut Command) -> (i32, Value, String) {
-    parse(cmd.output().expect("run idem"))
-}
-
-fn wait(child: Child) -> (i32, Value, String) {
-    parse(child.wait_with_output().expect("wait for idem"))
 }
 
 fn sql_job(name: &str, guards: &str, sql: &str) -> String {
@@ -216,10 +155,10 @@ fn eight_processes_one_scope_run_once() {
         .execute(&pool),
     )
     .expect("create effects table");
-    let dir = Dir::new();
+    let dir = Sandbox::with_store("idem-pg", &url);
     let name = format!("pg_race_{sfx}");
-    let job = dir.job(
-        "race.toml",
+    let job = dir.write_job(
+        "race",
         &sql_job(
             &name,
             "lease = \"1m\"\ntime_window = \"1h\"",
@@ -235,7 +174,7 @@ fn eight_processes_one_scope_run_once() {
         let date = format!("2025-01-{:02}", round + 1);
         let children: Vec<Child> = (0..8)
             .map(|_| {
-                idem(&dir.0, &url, &["run", job, "--date", &date])
+                dir.json_command(&["run", job, "--date", &date])
                     .spawn()
                     .expect("spawn idem")
             })
@@ -297,43 +236,26 @@ fn expired_lease_is_taken_over_and_the_late_run_is_fenced() {
     };
     let rt = runtime();
     let pool = rt.block_on(db(&url));
-    let dir = Dir::new();
+    let dir = Sandbox::with_store("idem-pg", &url);
     let name = format!("pg_takeover_{}", suffix());
-    let slow = dir.job(
-        "slow.toml",
+    let slow = dir.write_job(
+        "slow",
         &sql_job(
             &name,
             "lease = \"1s\"\nheartbeat = false",
             "process = \"SELECT pg_sleep(2.5)\"",
         ),
     );
-    let quick = dir.job(
-        "quick.toml",
+    let quick = dir.write_job(
+        "quick",
         &sql_job(&name, "lease = \"1m\"", "process = \"SELECT 1\""),
     );
-    let args = |job: &Path| {
-        vec![
-            "run".to_string(),
-            job.to_str().unwrap().to_string(),
-            "--date".into(),
-            "2025-04-01".into(),
-        ]
-    };
-    let a_args = args(&slow);
-    let a = idem(
-        &dir.0,
-        &url,
-        &a_args.iter().map(String::as_str).collect::<Vec<_>>(),
-    )
-    .spawn()
-    .expect("spawn run A");
+    let a = dir
+        .json_command(&["run", slow.to_str().unwrap(), "--date", "2025-04-01"])
+        .spawn()
+        .expect("spawn run A");
     std::thread::sleep(Duration::from_millis(1500));
-    let b_args = args(&quick);
-    let (b_code, b, b_err) = run(&mut idem(
-        &dir.0,
-        &url,
-        &b_args.iter().map(String::as_str).collect::<Vec<_>>(),
-    ));
+    let (b_code, b, b_err) = dir.run(&quick, "2025-04-01");
     assert_eq!(b_code, 0, "{b}\n{b_err}");
     assert_eq!(
         b["status"], "completed",
@@ -350,11 +272,7 @@ fn expired_lease_is_taken_over_and_the_late_run_is_fenced() {
     assert!(a_err.contains("lost"), "stderr says so too: {a_err}");
 
     // The ledger: B completed, A failed; only B's keys exist.
-    let (code, runs, _) = run(&mut idem(
-        &dir.0,
-        &url,
-        &["runs", "--job", &name, "--limit", "10"],
-    ));
+    let (code, runs, _) = dir.json(&["runs", "--job", &name, "--limit", "10"]);
     assert_eq!(code, 0);
     let runs = runs.as_array().expect("runs array");
     assert_eq!(runs.len(), 2, "{runs:?}");
@@ -497,9 +415,9 @@ fn split_url(url: &str) -> (SocketAddr, Box<dyn Fn(u16) -> String>) {
 }
 
 /// A job whose work is visible: it inserts its run id into `effects`, then sleeps.
-fn effect_job(dir: &Dir, name: &str, warehouse: &str, effects: &str, sleep: f64) -> PathBuf {
-    dir.job(
-        "job.toml",
+fn effect_job(dir: &Sandbox, name: &str, warehouse: &str, effects: &str, sleep: f64) -> PathBuf {
+    dir.write_job(
+        "job",
         &sql_job(
             name,
             "lease = \"30s\"\ntime_window = \"1h\"",
@@ -541,23 +459,20 @@ fn store_lost_mid_run_records_nothing_half_way() {
     let (target, via) = split_url(&url);
     let mut proxy = Proxy::start(target);
     let store = via(proxy.port);
-    let dir = Dir::new();
+    let dir = Sandbox::with_store("idem-pg", &store);
     // The warehouse is the real server: only the store goes through the proxy.
     let job = effect_job(&dir, &name, &url, &effects, 2.0);
-    let child = idem(
-        &dir.0,
-        &store,
-        &[
+    let child = dir
+        .json_command(&[
             "run",
             job.to_str().unwrap(),
             "--date",
             "2025-05-01",
             "--on-store-failure",
             "strict",
-        ],
-    )
-    .spawn()
-    .expect("spawn idem");
+        ])
+        .spawn()
+        .expect("spawn idem");
     // Wait until the work is running in the warehouse (past every guard: the lease guard
     // re-reads the keys after claiming), then kill the store.
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -667,21 +582,17 @@ fn store_down_before_the_run_strict_runs_nothing() {
     let mut proxy = Proxy::start(target);
     let store = via(proxy.port);
     proxy.kill();
-    let dir = Dir::new();
+    let dir = Sandbox::with_store("idem-pg", &store);
     let job = effect_job(&dir, &name, &url, &effects, 0.0);
     let started = Instant::now();
-    let (code, doc, stderr) = run(&mut idem(
-        &dir.0,
-        &store,
-        &[
-            "run",
-            job.to_str().unwrap(),
-            "--date",
-            "2025-05-02",
-            "--on-store-failure",
-            "strict",
-        ],
-    ));
+    let (code, doc, stderr) = dir.json(&[
+        "run",
+        job.to_str().unwrap(),
+        "--date",
+        "2025-05-02",
+        "--on-store-failure",
+        "strict",
+    ]);
     let took = started.elapsed();
     assert_eq!(code, 3, "{doc}\n{stderr}");
     assert_eq!(doc["exit_code"], 3);
@@ -733,20 +644,16 @@ fn store_down_best_effort_runs_and_reports_store_errors() {
     let mut proxy = Proxy::start(target);
     let store = via(proxy.port);
     proxy.kill();
-    let dir = Dir::new();
+    let dir = Sandbox::with_store("idem-pg", &store);
     let job = effect_job(&dir, &name, &url, &effects, 0.0);
-    let (code, report, stderr) = run(&mut idem(
-        &dir.0,
-        &store,
-        &[
-            "run",
-            job.to_str().unwrap(),
-            "--date",
-            "2025-05-03",
-            "--on-store-failure",
-            "best_effort",
-        ],
-    ));
+    let (code, report, stderr) = dir.json(&[
+        "run",
+        job.to_str().unwrap(),
+        "--date",
+        "2025-05-03",
+        "--on-store-failure",
+        "best_effort",
+    ]);
     assert_eq!(code, 0, "{report}\n{stderr}");
     assert_eq!(report["status"], "completed", "{report}");
     assert_eq!(report["recorded"], false, "{report}");
@@ -788,9 +695,9 @@ fn odd_names_and_scopes_round_trip() {
     .unwrap();
     let name = format!("it's; \"odd\" -- DROP TABLE processing_runs; — ünïcødé 🎉 {sfx}");
     let scope = "2025-11-18'; DELETE FROM processing_keys; --/ñ \"x\" $1 @scope 🎉";
-    let dir = Dir::new();
-    let job = dir.job(
-        "odd.toml",
+    let dir = Sandbox::with_store("idem-pg", &url);
+    let job = dir.write_job(
+        "odd",
         &format!(
             "{}[sql.params]\njob = {}\n",
             sql_job(
@@ -809,16 +716,12 @@ fn odd_names_and_scopes_round_trip() {
         "--scope",
         scope,
     ];
-    let (code, report, stderr) = run(&mut idem(&dir.0, &url, &run_args));
+    let (code, report, stderr) = dir.json(&run_args);
     assert_eq!(code, 0, "{report}\n{stderr}");
     assert_eq!(report["status"], "completed");
     assert_eq!(report["job"], name.as_str());
     assert_eq!(report["scope"], scope);
-    let (code, runs, _) = run(&mut idem(
-        &dir.0,
-        &url,
-        &["runs", "--job", &name, "--scope", scope],
-    ));
+    let (code, runs, _) = dir.json(&["runs", "--job", &name, "--scope", scope]);
     assert_eq!(code, 0);
     let runs = runs.as_array().unwrap();
     assert_eq!(runs.len(), 1, "{runs:?}");
@@ -829,7 +732,7 @@ fn odd_names_and_scopes_round_trip() {
         .unwrap();
     assert_eq!(rows, vec![(scope.to_string(), name.clone())]);
     // The key written under those strings is found again: the next run is skipped.
-    let (code, again, _) = run(&mut idem(&dir.0, &url, &run_args));
+    let (code, again, _) = dir.json(&run_args);
     assert_eq!(code, 0);
     assert_eq!(again["status"], "skipped", "{again}");
     assert_eq!(again["skip_reason"], "time_window");
@@ -876,9 +779,9 @@ fn sql_processor_binds_dates_and_rolls_back_failed_scripts() {
          SELECT sale_date, sum(amount), count(*) FROM {sales} WHERE sale_date = @scope \
          GROUP BY sale_date"
     );
-    let dir = Dir::new();
-    let broken = dir.job(
-        "broken.toml",
+    let dir = Sandbox::with_store("idem-pg", &url);
+    let broken = dir.write_job(
+        "broken",
         &sql_job(
             &name,
             guards,
@@ -888,8 +791,8 @@ fn sql_processor_binds_dates_and_rolls_back_failed_scripts() {
             ),
         ),
     );
-    let fixed = dir.job(
-        "fixed.toml",
+    let fixed = dir.write_job(
+        "fixed",
         &sql_job(
             &name,
             guards,
@@ -899,22 +802,7 @@ fn sql_processor_binds_dates_and_rolls_back_failed_scripts() {
             ),
         ),
     );
-    let args = |job: &Path| {
-        vec![
-            "run".to_string(),
-            job.to_str().unwrap().to_string(),
-            "--date".into(),
-            "2025-03-14".into(),
-        ]
-    };
-    let run_job = |job: &Path| {
-        let a = args(job);
-        run(&mut idem(
-            &dir.0,
-            &url,
-            &a.iter().map(String::as_str).collect::<Vec<_>>(),
-        ))
-    };
+    let run_job = |job: &Path| dir.run(job, "2025-03-14");
 
     let (code, report, stderr) = run_job(&broken);
     assert_eq!(code, 1, "{report}\n{stderr}");
@@ -965,7 +853,7 @@ fn sql_processor_binds_dates_and_rolls_back_failed_scripts() {
     assert_eq!(code, 0);
     assert_eq!(report["status"], "skipped");
 
-    let (code, runs, _) = run(&mut idem(&dir.0, &url, &["runs", "--job", &name]));
+    let (code, runs, _) = dir.json(&["runs", "--job", &name]);
     assert_eq!(code, 0);
     let statuses: Vec<&str> = runs
         .as_array()
@@ -1084,9 +972,9 @@ fn concurrent_first_use_migrates_once() {
         .unwrap();
     let sep = if url.contains('?') { '&' } else { '?' };
     let scoped = format!("{url}{sep}options[search_path]={schema}");
-    let dir = Dir::new();
+    let dir = Sandbox::with_store("idem-pg", &scoped);
     let children: Vec<Child> = (0..8)
-        .map(|_| idem(&dir.0, &scoped, &["migrate"]).spawn().expect("spawn"))
+        .map(|_| dir.json_command(&["migrate"]).spawn().expect("spawn"))
         .collect();
     for child in children {
         let (code, doc, stderr) = wait(child);

@@ -1,6 +1,10 @@
 //! Helpers shared by the integration tests.
 
 use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+use serde_json::Value;
 
 /// The URL of a service a test needs, from the environment variable `var`.
 ///
@@ -41,3 +45,122 @@ pub const POSTGRES_HOW: &str =
 #[allow(dead_code)]
 pub const BIGQUERY_HOW: &str = "start the emulator: .ci/bqemulator.sh install && \
      URL=$(.ci/bqemulator.sh start) and set it to bigquery://idem-test/idem_local?endpoint=$URL";
+
+/// The `idem` binary under test.
+#[allow(dead_code)]
+pub const IDEM: &str = env!("CARGO_BIN_EXE_idem");
+
+/// A temp folder to run `idem` in: job files go in `dir/jobs/` (also the `--jobs-dir`),
+/// `store` is the `--store` URL. The folder is removed on drop.
+#[allow(dead_code)]
+pub struct Sandbox {
+    pub dir: PathBuf,
+    pub store: String,
+}
+
+#[allow(dead_code)]
+impl Sandbox {
+    /// A folder named `PREFIX-RUN_ID` whose store is a SQLite file inside it.
+    pub fn new(prefix: &str) -> Self {
+        let dir = Self::make_dir(prefix);
+        let store = format!("sqlite://{}", dir.join("idem.db").display());
+        Sandbox { dir, store }
+    }
+
+    /// A folder named `PREFIX-RUN_ID` whose store is `store`.
+    pub fn with_store(prefix: &str, store: &str) -> Self {
+        Sandbox {
+            dir: Self::make_dir(prefix),
+            store: store.to_string(),
+        }
+    }
+
+    fn make_dir(prefix: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("{prefix}-{}", idem::new_run_id()));
+        std::fs::create_dir_all(dir.join("jobs")).expect("create the sandbox");
+        dir
+    }
+
+    /// Writes `jobs/NAME.toml` and returns its path.
+    pub fn write_job(&self, name: &str, toml: &str) -> PathBuf {
+        let path = self.dir.join("jobs").join(format!("{name}.toml"));
+        std::fs::write(&path, toml).expect("write job");
+        path
+    }
+
+    /// `idem ARGS --store STORE --jobs-dir DIR/jobs`, from the folder, without the
+    /// caller's `IDEM_STORE`, `IDEM_BIGQUERY_ENDPOINT` and `RUST_LOG`.
+    pub fn command(&self, args: &[&str]) -> Command {
+        self.command_with_store(args, &self.store)
+    }
+
+    /// [`Sandbox::command`] with another store.
+    pub fn command_with_store(&self, args: &[&str], store: &str) -> Command {
+        let mut c = Command::new(IDEM);
+        c.args(args)
+            .arg("--store")
+            .arg(store)
+            .arg("--jobs-dir")
+            .arg(self.dir.join("jobs"))
+            .current_dir(&self.dir)
+            .env_remove("IDEM_STORE")
+            .env_remove("IDEM_BIGQUERY_ENDPOINT")
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null());
+        c
+    }
+
+    /// `idem ARGS --format json` with stdout and stderr captured, ready to spawn; read the
+    /// child with [`wait`].
+    pub fn json_command(&self, args: &[&str]) -> Command {
+        let mut all = args.to_vec();
+        all.extend(["--format", "json"]);
+        let mut c = self.command(&all);
+        c.stdout(Stdio::piped()).stderr(Stdio::piped());
+        c
+    }
+
+    /// Runs `idem ARGS` to the end.
+    pub fn idem(&self, args: &[&str]) -> Output {
+        self.command(args).output().expect("run idem")
+    }
+
+    /// Runs `idem ARGS --format json`: (exit code, stdout as JSON, stderr).
+    pub fn json(&self, args: &[&str]) -> (i32, Value, String) {
+        parse(self.json_command(args).output().expect("run idem"))
+    }
+
+    /// Runs `idem run JOB --date DATE --format json`.
+    pub fn run(&self, job: &Path, date: &str) -> (i32, Value, String) {
+        let job = job.to_str().expect("a UTF-8 job path");
+        self.json(&["run", job, "--date", date])
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Exit code, stdout parsed as JSON, stderr; panics with both when stdout is not JSON.
+#[allow(dead_code)]
+pub fn parse(out: Output) -> (i32, Value, String) {
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {stdout:?}\nstderr: {stderr}"));
+    (out.status.code().unwrap_or(-1), value, stderr)
+}
+
+/// Waits for a child started from [`Sandbox::json_command`] and [`parse`]s its output.
+#[allow(dead_code)]
+pub fn wait(child: Child) -> (i32, Value, String) {
+    parse(child.wait_with_output().expect("wait for idem"))
+}
+
+/// A TOML basic string (JSON string escapes are valid TOML).
+#[allow(dead_code)]
+pub fn toml_str(s: &str) -> String {
+    serde_json::to_string(s).expect("string")
+}
