@@ -25,6 +25,7 @@ use crate::job::{find_job, load_jobs, parse_duration, Job};
 use crate::model::{parse_date, Mode, RunRequest, RunStatus, Trigger};
 use crate::processor::Registry;
 use crate::runner::{Explanation, RunReport, StoreFailurePolicy};
+use crate::spool::Spool;
 use crate::store::{
     self, BreakerConfig, CircuitBreakerStore, DynStore, RunFilter, UnavailableStore,
 };
@@ -298,6 +299,23 @@ async fn open_store(url: &str, policy: StoreFailurePolicy) -> Result<Arc<DynStor
     )))
 }
 
+/// Records results spooled while the store was unreachable; problems are warnings (the
+/// command goes on, and the spool keeps what was not recorded).
+async fn replay_spool(spool: &Spool, store: &DynStore) {
+    if !spool.path().exists() {
+        return;
+    }
+    match spool.replay(store).await {
+        Ok(r) if r.remaining > 0 => tracing::warn!(
+            "{} spooled run(s) still wait in {}",
+            r.remaining,
+            spool.path().display()
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!("spooled runs not recorded yet: {e}"),
+    }
+}
+
 fn print_json<T: serde::Serialize>(value: &T) {
     let mut out = std::io::stdout().lock();
     let _ = serde_json::to_writer_pretty(&mut out, value);
@@ -315,11 +333,14 @@ async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
                 None => job.store_failure()?,
             };
             let store = open_store(&g.store, policy).await?;
+            let spool = Spool::from_env(&g.store);
+            replay_spool(&spool, &*store).await;
             let processor = job.processor(registry, &g.store).await?;
             let mut runner = job
                 .runner(store)?
                 .store_failure_policy(policy)
-                .interruptible(true);
+                .interruptible(true)
+                .spool(spool);
             if let Some(mode) = args.mode {
                 runner = runner.mode(mode.into());
             }
@@ -357,6 +378,7 @@ async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
         }
         Command::Runs(args) => {
             let store = store::open(&g.store).await?;
+            replay_spool(&Spool::from_env(&g.store), &*store).await;
             let runs = store
                 .runs(&RunFilter {
                     processor: args.job,
@@ -515,7 +537,9 @@ fn print_report(report: &RunReport, format: Format) {
     for e in &report.store_errors {
         println!("  store error (tolerated): {e}");
     }
-    if !report.recorded {
+    if report.spooled {
+        println!("  warning: the store is unreachable; this run is spooled locally and recorded when it is back");
+    } else if !report.recorded {
         println!("  warning: this run is not recorded in the ledger");
     }
 }

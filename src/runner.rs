@@ -22,6 +22,7 @@ use crate::model::{
     SkipReason, Trigger,
 };
 use crate::processor::Processor;
+use crate::spool::Spool;
 use crate::store::{DynStore, Finish, Lease};
 
 /// What to do when the store cannot be used.
@@ -90,6 +91,9 @@ pub struct RunReport {
     /// True when the work ran but its result could not be recorded and the policy made
     /// that a failure (exit code 3).
     pub recording_failed: bool,
+    /// True when the result could not be recorded and was written to the local spool
+    /// instead (`best_effort`); the next command that reaches the store records it.
+    pub spooled: bool,
     /// Start time.
     pub started_at: DateTime<Utc>,
     /// End time.
@@ -120,6 +124,7 @@ impl RunReport {
             lease_lost: false,
             store_errors: Vec::new(),
             recording_failed: false,
+            spooled: false,
             started_at,
             finished_at: started_at,
             duration_ms: 0,
@@ -192,6 +197,7 @@ pub struct Runner {
     strict_recording: Option<bool>,
     heartbeat: bool,
     interruptible: bool,
+    spool: Option<Spool>,
 }
 
 /// Waits for SIGINT or SIGTERM; returns the signal's name.
@@ -232,6 +238,7 @@ impl Runner {
             strict_recording: None,
             heartbeat: true,
             interruptible: false,
+            spool: None,
         }
     }
 
@@ -267,6 +274,13 @@ impl Runner {
     /// the processor works, so only a crashed or stalled run loses it.
     pub fn heartbeat(mut self, on: bool) -> Self {
         self.heartbeat = on;
+        self
+    }
+
+    /// Where results go when the store cannot take them and recording is not strict, so
+    /// the ledger catches up later (see [`Spool`]). Off by default; the CLI sets it.
+    pub fn spool(mut self, spool: Spool) -> Self {
+        self.spool = Some(spool);
         self
     }
 
@@ -598,6 +612,25 @@ impl Runner {
                 let strict = self
                     .strict_recording
                     .unwrap_or(self.policy == StoreFailurePolicy::Strict);
+                if !strict {
+                    if let Some(spool) = &self.spool {
+                        match spool.push(&finish.run, &finish.keys) {
+                            Ok(()) => {
+                                report.spooled = true;
+                                tracing::warn!(
+                                    "run {} spooled to {}; it is recorded when the store is back",
+                                    report.run_id,
+                                    spool.path().display()
+                                );
+                            }
+                            Err(e) => tracing::error!(
+                                "could not spool run {} to {}: {e}",
+                                report.run_id,
+                                spool.path().display()
+                            ),
+                        }
+                    }
+                }
                 if strict && report.status == RunStatus::Completed {
                     report.status = RunStatus::Failed;
                     report.recording_failed = true;

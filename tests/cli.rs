@@ -579,3 +579,71 @@ fn help_lists_commands_and_exit_codes() {
         "{text}"
     );
 }
+
+#[test]
+fn best_effort_spools_a_result_the_store_missed_and_the_ledger_catches_up() {
+    let s = Sandbox::new("idem-cli");
+    s.write_job(
+        "sales",
+        &sales_job("sales", "time_window = \"1h\"", GOOD_PROCESS),
+    );
+    // A store whose folder does not exist yet: unreachable now, reachable later.
+    let later = s.dir.join("later");
+    let store = format!("sqlite://{}", later.join("idem.db").display());
+    let out = s
+        .command_with_store(
+            &[
+                "run",
+                "sales",
+                "--date",
+                "2025-11-18",
+                "--on-store-failure",
+                "best_effort",
+                "--format",
+                "json",
+            ],
+            &store,
+        )
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let first: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(first["status"], "completed");
+    assert_eq!(first["recorded"], false);
+    assert_eq!(first["spooled"], true, "{first}");
+
+    // The store comes back: the next run records the spooled one first, so its time
+    // window sees it.
+    std::fs::create_dir_all(&later).unwrap();
+    let out = s
+        .command_with_store(
+            &["run", "sales", "--date", "2025-11-18", "--format", "json"],
+            &store,
+        )
+        .output()
+        .unwrap();
+    let second: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(second["skip_reason"], "time_window", "{second}");
+    assert_eq!(second["previous_run"]["run_id"], first["run_id"]);
+    let out = s
+        .command_with_store(&["runs", "--format", "json"], &store)
+        .output()
+        .unwrap();
+    let runs: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ids: Vec<&str> = runs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["run_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 2, "recorded once: {runs}");
+    assert!(ids.contains(&first["run_id"].as_str().unwrap()));
+    // The spool is empty now.
+    let spool = s.dir.join(".idem-spool");
+    let left: Vec<_> = std::fs::read_dir(&spool)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().extension().is_some_and(|x| x == "ndjson"))
+        .collect();
+    assert!(left.is_empty(), "spool emptied");
+}
