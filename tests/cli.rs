@@ -151,6 +151,8 @@ fn content_hash_skips_unchanged_source_and_runs_changed_source() {
     assert_eq!(code, 0);
     assert_eq!(status(&changed), "completed", "{changed}");
     assert_ne!(changed["processing_key"], first["processing_key"]);
+    // DELETE 1 + INSERT 1: records processed are the last statement's rows.
+    assert_eq!(changed["records_processed"], 1, "{changed}");
 }
 
 #[test]

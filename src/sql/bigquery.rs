@@ -167,7 +167,7 @@ impl Warehouse for BigQueryWarehouse {
                 .query("warehouse.execute", &statement.sql, values)
                 .await
                 .map_err(|e| format!("statement {} of {}: {e}", n + 1, statements.len()))?;
-            affected += out.affected.unwrap_or(0);
+            affected = out.affected.unwrap_or(0);
         }
         Ok(affected)
     }

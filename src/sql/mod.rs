@@ -43,7 +43,9 @@ pub trait Warehouse: Send + Sync + Debug {
     fn describe(&self) -> String;
 
     /// Runs the statements in order, in one transaction where the warehouse has them;
-    /// returns the total rows affected.
+    /// returns the rows affected by the last statement (the one that usually writes the
+    /// result: in `DELETE …; INSERT …` the INSERT), which the SQL processor reports as
+    /// records processed.
     async fn execute(&self, statements: &[Statement], params: &Params) -> Result<u64, String>;
 
     /// Runs one query and returns its rows as JSON objects (column name → value).

@@ -102,7 +102,7 @@ impl Warehouse for SqliteWarehouse {
                 .execute(&mut *tx)
                 .await
                 .map_err(|e| format!("statement {} of {}: {e}", n + 1, statements.len()))?;
-            affected += done.rows_affected();
+            affected = done.rows_affected();
         }
         tx.commit().await.map_err(|e| e.to_string())?;
         Ok(affected)

@@ -1051,7 +1051,7 @@ impl Warehouse for PostgresWarehouse {
                 .execute(&mut *tx)
                 .await
                 .map_err(|e| at(e.to_string()))?;
-            affected += done.rows_affected();
+            affected = done.rows_affected();
         }
         tx.commit().await.map_err(|e| e.to_string())?;
         Ok(affected)
