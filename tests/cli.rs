@@ -275,24 +275,27 @@ fn concurrent_processes_one_completes_the_others_are_in_progress() {
     }
 }
 
-#[test]
-fn a_killed_run_blocks_with_in_progress_until_its_lease_expires() {
-    let s = Sandbox::new("idem-cli");
-    let slow = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 50000000) SELECT count(*) FROM c";
-    s.write_job("slow", &sales_job("slow", "lease = \"3s\"", slow));
+/// A process block that runs for many seconds (a recursive count).
+const VERY_SLOW: &str = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 50000000) SELECT count(*) FROM c";
+
+/// Starts `idem run slow --date 2025-11-18 ARGS` (a job with `guards` and a very slow
+/// process) and returns once it holds the lease, as `explain` shows.
+fn start_slow_run(s: &Sandbox, guards: &str, args: &[&str]) -> std::process::Child {
+    s.write_job("slow", &sales_job("slow", guards, VERY_SLOW));
     s.json(&["migrate"]);
-    let mut child = s
-        .command(&["run", "slow", "--date", "2025-11-18"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
+    let mut all = vec!["run", "slow", "--date", "2025-11-18"];
+    all.extend(args);
+    let child = s
+        .command(&all)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // Wait until the lease is taken.
     let start = Instant::now();
     loop {
         let (_, e, _) = s.json(&["explain", "slow", "--date", "2025-11-18"]);
         if e["skip_reason"] == "in_progress" {
-            break;
+            return child;
         }
         assert!(
             start.elapsed() < Duration::from_secs(20),
@@ -300,6 +303,12 @@ fn a_killed_run_blocks_with_in_progress_until_its_lease_expires() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+#[test]
+fn a_killed_run_blocks_with_in_progress_until_its_lease_expires() {
+    let s = Sandbox::new("idem-cli");
+    let mut child = start_slow_run(&s, "lease = \"3s\"", &[]);
     // SIGKILL: no chance to release the lease or record anything.
     child.kill().unwrap();
     child.wait().unwrap();
@@ -333,27 +342,7 @@ fn a_killed_run_blocks_with_in_progress_until_its_lease_expires() {
 #[test]
 fn sigterm_releases_the_lease_and_records_an_interrupted_run() {
     let s = Sandbox::new("idem-cli");
-    let slow = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 50000000) SELECT count(*) FROM c";
-    s.write_job("slow", &sales_job("slow", "lease = \"1h\"", slow));
-    s.json(&["migrate"]);
-    let child = s
-        .command(&["run", "slow", "--date", "2025-11-18", "--format", "json"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    loop {
-        let (_, e, _) = s.json(&["explain", "slow", "--date", "2025-11-18"]);
-        if e["skip_reason"] == "in_progress" {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "the run never claimed"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let child = start_slow_run(&s, "lease = \"1h\"", &["--format", "json"]);
     let pid = child.id().to_string();
     assert!(Command::new("kill")
         .args(["-TERM", &pid])

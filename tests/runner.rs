@@ -52,6 +52,25 @@ fn request(scope: &str) -> RunRequest {
     RunRequest::new("summary", parse_date(scope).unwrap())
 }
 
+/// Runs `processor` for `day` in a task, behind a lease of `ttl` (heartbeat on).
+fn spawn_leased_run(
+    store: &Arc<DynStore>,
+    processor: &Arc<Scripted>,
+    ttl: Duration,
+    day: &'static str,
+) -> tokio::task::JoinHandle<idem::RunReport> {
+    let (store, processor) = (store.clone(), processor.clone());
+    tokio::spawn(async move {
+        Runner::new(
+            store,
+            GuardStack::builder().guard(LeaseGuard::new(ttl)).build(),
+        )
+        .run(&*processor, request(day))
+        .await
+        .unwrap()
+    })
+}
+
 fn full_stack() -> GuardStack {
     GuardStack::builder()
         .guard(TimeWindowGuard::new(Duration::from_secs(3600)))
@@ -425,20 +444,7 @@ async fn heartbeat_keeps_a_slow_run_s_lease() {
         delay: Duration::from_millis(900),
         ..Default::default()
     });
-    let task = {
-        let (slow, store) = (slow.clone(), store.clone());
-        tokio::spawn(async move {
-            Runner::new(
-                store,
-                GuardStack::builder()
-                    .guard(LeaseGuard::new(Duration::from_millis(300)))
-                    .build(),
-            )
-            .run(&*slow, request("2025-11-18"))
-            .await
-            .unwrap()
-        })
-    };
+    let task = spawn_leased_run(&store, &slow, Duration::from_millis(300), "2025-11-18");
     tokio::time::sleep(Duration::from_millis(600)).await;
     let during = runner
         .run(&Scripted::default(), request("2025-11-18"))
@@ -489,20 +495,7 @@ async fn on_in_progress_wait_runs_after_the_holder_finishes() {
         delay: Duration::from_millis(400),
         ..Default::default()
     });
-    let first = {
-        let (store, holder) = (store.clone(), holder.clone());
-        tokio::spawn(async move {
-            Runner::new(
-                store,
-                GuardStack::builder()
-                    .guard(LeaseGuard::new(Duration::from_secs(60)))
-                    .build(),
-            )
-            .run(&*holder, request("2025-11-18"))
-            .await
-            .unwrap()
-        })
-    };
+    let first = spawn_leased_run(&store, &holder, Duration::from_secs(60), "2025-11-18");
     tokio::time::sleep(Duration::from_millis(100)).await;
     let waiting = Runner::new(
         store.clone(),
@@ -529,20 +522,7 @@ async fn on_in_progress_wait_runs_after_the_holder_finishes() {
         delay: Duration::from_millis(1500),
         ..Default::default()
     });
-    let holder_task = {
-        let (store, slow) = (store.clone(), slow.clone());
-        tokio::spawn(async move {
-            Runner::new(
-                store,
-                GuardStack::builder()
-                    .guard(LeaseGuard::new(Duration::from_secs(60)))
-                    .build(),
-            )
-            .run(&*slow, request("2025-11-19"))
-            .await
-            .unwrap()
-        })
-    };
+    let holder_task = spawn_leased_run(&store, &slow, Duration::from_secs(60), "2025-11-19");
     tokio::time::sleep(Duration::from_millis(100)).await;
     let impatient = Runner::new(
         store,
@@ -569,20 +549,7 @@ async fn a_lease_lost_while_processing_stops_the_processor() {
         delay: Duration::from_secs(5),
         ..Default::default()
     });
-    let task = {
-        let (store, slow) = (store.clone(), slow.clone());
-        tokio::spawn(async move {
-            Runner::new(
-                store,
-                GuardStack::builder()
-                    .guard(LeaseGuard::new(Duration::from_millis(300)))
-                    .build(),
-            )
-            .run(&*slow, request("2025-11-18"))
-            .await
-            .unwrap()
-        })
-    };
+    let task = spawn_leased_run(&store, &slow, Duration::from_millis(300), "2025-11-18");
     tokio::time::sleep(Duration::from_millis(50)).await;
     // Another run, whose clock says the lease expired, takes it over.
     let takeover = store
