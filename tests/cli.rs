@@ -285,7 +285,7 @@ fn start_slow_run(s: &Sandbox, guards: &str, args: &[&str]) -> std::process::Chi
     s.json(&["migrate"]);
     let mut all = vec!["run", "slow", "--date", "2025-11-18"];
     all.extend(args);
-    let child = s
+    let mut child = s
         .command(&all)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -297,10 +297,11 @@ fn start_slow_run(s: &Sandbox, guards: &str, args: &[&str]) -> std::process::Chi
         if e["skip_reason"] == "in_progress" {
             return child;
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "the run never claimed: {e}"
-        );
+        if start.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the run never claimed: {e}");
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
 }
