@@ -279,7 +279,9 @@ fn concurrent_processes_one_completes_the_others_are_in_progress() {
 const VERY_SLOW: &str = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 50000000) SELECT count(*) FROM c";
 
 /// Starts `idem run slow --date 2025-11-18 ARGS` (a job with `guards` and a very slow
-/// process) and returns once it holds the lease, as `explain` shows.
+/// process) and returns once it holds the lease, as `explain` shows. The caller waits for
+/// (or kills) the returned child.
+#[allow(clippy::zombie_processes)]
 fn start_slow_run(s: &Sandbox, guards: &str, args: &[&str]) -> std::process::Child {
     s.write_job("slow", &sales_job("slow", guards, VERY_SLOW));
     s.json(&["migrate"]);
