@@ -367,6 +367,14 @@ impl Runner {
     pub async fn run(&self, processor: &dyn Processor, request: RunRequest) -> Result<RunReport> {
         let started_at = now();
         let mut report = RunReport::new(&request, self.mode, started_at);
+        tracing::info!(
+            job = %request.processor,
+            scope = %request.scope,
+            run_id = %request.run_id,
+            trigger = %request.trigger,
+            mode = %self.mode,
+            "run requested"
+        );
 
         let mut entity_count = None;
         if self.mode != Mode::Off {
@@ -437,6 +445,14 @@ impl Runner {
             } = skip;
             report.previous_run = previous_run;
             report.detail = Some(detail);
+            tracing::info!(
+                job = %request.processor,
+                scope = %request.scope,
+                reason = %reason,
+                "{} {}",
+                if self.mode == Mode::Enforce { "skip:" } else { "would skip (shadow):" },
+                report.detail.as_deref().unwrap_or_default()
+            );
             if self.mode == Mode::Enforce {
                 report.status = RunStatus::Skipped;
                 report.skip_reason = Some(reason);
@@ -460,6 +476,17 @@ impl Runner {
             }
         }
         let processed_at = now();
+        match &report.error {
+            None => tracing::info!(
+                job = %request.processor,
+                scope = %request.scope,
+                records = report.records_processed.unwrap_or(0),
+                "processed"
+            ),
+            Some(e) => {
+                tracing::warn!(job = %request.processor, scope = %request.scope, "failed: {e}")
+            }
+        }
         let mut keys = Vec::new();
         if report.status == RunStatus::Completed {
             let metadata = serde_json::json!({

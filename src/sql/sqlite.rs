@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
 };
-use sqlx::{Column, Row, TypeInfo, ValueRef};
+use sqlx::{Column, ConnectOptions, Row, TypeInfo, ValueRef};
 
 use super::{bind_values, Dialect, Params, Statement, Warehouse};
 use crate::error::{Error, Result};
@@ -27,7 +27,9 @@ impl SqliteWarehouse {
             .map_err(|e| Error::config(format!("bad sqlite url {url:?}: {e}")))?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
-            .busy_timeout(Duration::from_secs(30));
+            .busy_timeout(Duration::from_secs(30))
+            // Batch statements are slow by nature: no "slow statement" warnings.
+            .disable_statement_logging();
         // Lazy: a run skipped by a guard never touches the warehouse; an unreachable
         // warehouse fails the run (recorded, exit 1) instead of the command.
         let pool = SqlitePoolOptions::new()
