@@ -566,6 +566,67 @@ fn store_lost_mid_run_records_nothing_half_way() {
         .unwrap();
 }
 
+/// A job whose store is unreachable from the start (a proxy that was killed), with an
+/// effects table in the real database that shows whether the work ran.
+struct DeadStore {
+    rt: tokio::runtime::Runtime,
+    pool: PgPool,
+    name: String,
+    effects: String,
+    port: u16,
+    dir: Sandbox,
+    job: PathBuf,
+}
+
+impl DeadStore {
+    fn new(url: &str, prefix: &str) -> Self {
+        let rt = runtime();
+        let pool = rt.block_on(db(url));
+        let sfx = suffix();
+        let (name, effects) = (format!("{prefix}_{sfx}"), format!("{prefix}_effects_{sfx}"));
+        effects_table(&rt, &pool, &effects);
+        let (target, via) = split_url(url);
+        let mut proxy = Proxy::start(target);
+        let store = via(proxy.port);
+        proxy.kill();
+        let dir = Sandbox::with_store("idem-pg", &store);
+        let job = effect_job(&dir, &name, url, &effects, 0.0);
+        DeadStore {
+            rt,
+            pool,
+            name,
+            effects,
+            port: proxy.port,
+            dir,
+            job,
+        }
+    }
+
+    /// `idem run JOB --date DATE --on-store-failure POLICY --format json`.
+    fn run(&self, date: &str, policy: &str) -> (i32, Value, String) {
+        self.dir.json(&[
+            "run",
+            self.job.to_str().unwrap(),
+            "--date",
+            date,
+            "--on-store-failure",
+            policy,
+        ])
+    }
+
+    fn count(&self, sql: &str, bind: &str) -> i64 {
+        count(&self.rt, &self.pool, sql, bind)
+    }
+}
+
+impl Drop for DeadStore {
+    fn drop(&mut self) {
+        let _ = self.rt.block_on(
+            sqlx::query(&format!("DROP TABLE IF EXISTS {}", self.effects)).execute(&self.pool),
+        );
+    }
+}
+
 /// Strict policy, store unreachable before the run: exit 3, a clear `error: store …
 /// unavailable`, and nothing ran.
 #[test]
@@ -573,25 +634,8 @@ fn store_down_before_the_run_strict_runs_nothing() {
     let Some(url) = pg_url("store_down_before_the_run_strict_runs_nothing") else {
         return;
     };
-    let rt = runtime();
-    let pool = rt.block_on(db(&url));
-    let sfx = suffix();
-    let (name, effects) = (format!("pg_down_{sfx}"), format!("pg_down_effects_{sfx}"));
-    effects_table(&rt, &pool, &effects);
-    let (target, via) = split_url(&url);
-    let mut proxy = Proxy::start(target);
-    let store = via(proxy.port);
-    proxy.kill();
-    let dir = Sandbox::with_store("idem-pg", &store);
-    let job = effect_job(&dir, &name, &url, &effects, 0.0);
-    let (code, doc, stderr) = dir.json(&[
-        "run",
-        job.to_str().unwrap(),
-        "--date",
-        "2025-05-02",
-        "--on-store-failure",
-        "strict",
-    ]);
+    let t = DeadStore::new(&url, "pg_down");
+    let (code, doc, stderr) = t.run("2025-05-02", "strict");
     assert_eq!(code, 3, "{doc}\n{stderr}");
     assert_eq!(doc["exit_code"], 3);
     assert!(
@@ -599,7 +643,7 @@ fn store_down_before_the_run_strict_runs_nothing() {
         "{stderr}"
     );
     assert!(
-        stderr.contains(&format!("127.0.0.1:{}", proxy.port)),
+        stderr.contains(&format!("127.0.0.1:{}", t.port)),
         "names the store: {stderr}"
     );
     assert!(
@@ -607,26 +651,20 @@ fn store_down_before_the_run_strict_runs_nothing() {
         "says it gave up connecting (bounded by the 5 s acquire timeout): {stderr}"
     );
     assert_eq!(
-        count(
-            &rt,
-            &pool,
-            &format!("SELECT count(*) FROM {effects} WHERE run_id <> $1"),
+        t.count(
+            &format!("SELECT count(*) FROM {} WHERE run_id <> $1", t.effects),
             ""
         ),
         0,
         "nothing ran"
     );
     assert_eq!(
-        count(
-            &rt,
-            &pool,
+        t.count(
             "SELECT count(*) FROM processing_runs WHERE processor_name = $1",
-            &name
+            &t.name
         ),
         0
     );
-    rt.block_on(sqlx::query(&format!("DROP TABLE {effects}")).execute(&pool))
-        .unwrap();
 }
 
 /// Best-effort policy, store unreachable from the start: the run proceeds unguarded,
@@ -636,25 +674,8 @@ fn store_down_best_effort_runs_and_reports_store_errors() {
     let Some(url) = pg_url("store_down_best_effort_runs_and_reports_store_errors") else {
         return;
     };
-    let rt = runtime();
-    let pool = rt.block_on(db(&url));
-    let sfx = suffix();
-    let (name, effects) = (format!("pg_best_{sfx}"), format!("pg_best_effects_{sfx}"));
-    effects_table(&rt, &pool, &effects);
-    let (target, via) = split_url(&url);
-    let mut proxy = Proxy::start(target);
-    let store = via(proxy.port);
-    proxy.kill();
-    let dir = Sandbox::with_store("idem-pg", &store);
-    let job = effect_job(&dir, &name, &url, &effects, 0.0);
-    let (code, report, stderr) = dir.json(&[
-        "run",
-        job.to_str().unwrap(),
-        "--date",
-        "2025-05-03",
-        "--on-store-failure",
-        "best_effort",
-    ]);
+    let t = DeadStore::new(&url, "pg_best");
+    let (code, report, stderr) = t.run("2025-05-03", "best_effort");
     assert_eq!(code, 0, "{report}\n{stderr}");
     assert_eq!(report["status"], "completed", "{report}");
     assert_eq!(report["recorded"], false, "{report}");
@@ -663,17 +684,13 @@ fn store_down_best_effort_runs_and_reports_store_errors() {
     assert!(stderr.contains("best_effort"), "a warning: {stderr}");
     let run_id = report["run_id"].as_str().unwrap();
     assert_eq!(
-        count(
-            &rt,
-            &pool,
-            &format!("SELECT count(*) FROM {effects} WHERE run_id = $1"),
+        t.count(
+            &format!("SELECT count(*) FROM {} WHERE run_id = $1", t.effects),
             run_id
         ),
         1,
         "the work ran"
     );
-    rt.block_on(sqlx::query(&format!("DROP TABLE {effects}")).execute(&pool))
-        .unwrap();
 }
 
 /// A job name and a scope full of quotes, semicolons, comment markers and unicode
