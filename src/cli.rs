@@ -30,6 +30,24 @@ use crate::store::{
     self, BreakerConfig, CircuitBreakerStore, DynStore, RunFilter, UnavailableStore,
 };
 
+/// `println!` that ignores a closed stdout (`idem runs | head -1`): a reader that went
+/// away is not a crash, and the command's exit code stays its own.
+macro_rules! outln {
+    () => {{
+        let _ = writeln!(std::io::stdout().lock());
+    }};
+    ($($arg:tt)*) => {{
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
+/// `eprintln!` that ignores a closed stderr.
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
 /// Exit code: completed or skipped.
 pub const EXIT_OK: u8 = 0;
 /// Exit code: the run failed.
@@ -79,7 +97,7 @@ enum Command {
     /// Run a job for a scope behind its guards, and record the outcome.
     Run(RunArgs),
     /// Show what a run would decide now and why, without running or claiming anything.
-    Explain(RunArgs),
+    Explain(ExplainArgs),
     /// Create or upgrade the store's tables.
     Migrate,
     /// List the jobs in the jobs folder.
@@ -111,9 +129,21 @@ struct RunArgs {
     /// Override the job's store failure policy.
     #[arg(long, value_enum)]
     on_store_failure: Option<PolicyArg>,
-    /// Run id to record (default: a new UUID).
+    /// Run id to record (default: a new UUID), e.g. the orchestrator's. A run id names
+    /// one invocation in the ledger; when this one is taken already (orchestrators reuse
+    /// theirs across retries and tasks), the run is recorded as ID.<8 hex digits>.
     #[arg(long)]
     run_id: Option<String>,
+}
+
+#[derive(Debug, Args)]
+struct ExplainArgs {
+    #[command(flatten)]
+    run: RunArgs,
+    /// Run the job's setup first (for SQL jobs whose content query needs the tables their
+    /// setup creates); without it, explain changes nothing anywhere.
+    #[arg(long)]
+    with_setup: bool,
 }
 
 #[derive(Debug, Args)]
@@ -127,9 +157,9 @@ struct RunsArgs {
     /// Only this status.
     #[arg(long, value_enum)]
     status: Option<StatusArg>,
-    /// At most this many rows.
-    #[arg(long, default_value_t = 20)]
-    limit: usize,
+    /// At most this many rows (0 = all).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
+    limit: u32,
 }
 
 #[derive(Debug, Args)]
@@ -233,7 +263,7 @@ pub fn main_with(registry: Registry) -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            errln!("error: cannot start the async runtime: {e}");
             return ExitCode::from(EXIT_RUN_FAILED);
         }
     };
@@ -269,9 +299,9 @@ pub async fn execute(cli: Cli, registry: &Registry) -> u8 {
             let code = exit_code_for(&e);
             if format == Format::Json {
                 let doc = serde_json::json!({"error": e.to_string(), "exit_code": code});
-                println!("{doc}");
+                outln!("{doc}");
             }
-            eprintln!("error: {e}");
+            errln!("error: {e}");
             code
         }
     }
@@ -349,7 +379,10 @@ async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
             print_report(&report, g.format);
             Ok(report.exit_code())
         }
-        Command::Explain(args) => {
+        Command::Explain(ExplainArgs {
+            run: args,
+            with_setup,
+        }) => {
             let (job, request) = prepare(&args, &g)?;
             let store = open_store(&g.store, StoreFailurePolicy::Strict).await?;
             let processor = job.processor(registry, &g.store).await?;
@@ -357,7 +390,9 @@ async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
             if let Some(mode) = args.mode {
                 runner = runner.mode(mode.into());
             }
-            let explanation = runner.explain(&*processor, &request).await?;
+            let explanation = runner
+                .explain_with(&*processor, &request, with_setup)
+                .await?;
             print_explanation(&explanation, g.format);
             Ok(EXIT_OK)
         }
@@ -368,7 +403,7 @@ async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
                 Format::Json => {
                     print_json(&serde_json::json!({"store": store.describe(), "migrated": true}))
                 }
-                Format::Human => println!("migrated {}", store.describe()),
+                Format::Human => outln!("migrated {}", store.describe()),
             }
             Ok(EXIT_OK)
         }
@@ -386,14 +421,14 @@ async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
                     scope: args.scope,
                     status: args.status.map(Into::into),
                     since: None,
-                    limit: args.limit,
+                    limit: args.limit as usize,
                 })
                 .await?;
             match g.format {
                 Format::Json => print_json(&runs),
                 Format::Human => {
                     if runs.is_empty() {
-                        println!("no runs recorded in {}", store.describe());
+                        outln!("no runs recorded in {}", store.describe());
                     }
                     for r in &runs {
                         let why = r
@@ -407,7 +442,7 @@ async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
                             })
                             .or_else(|| r.error.clone())
                             .unwrap_or_default();
-                        println!(
+                        outln!(
                             "{}  {:<9} {} {}  run {}  {} ms  {}",
                             r.started_at.format("%Y-%m-%d %H:%M:%S"),
                             r.status.as_str(),
@@ -437,7 +472,7 @@ async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
                 Format::Json => print_json(
                     &serde_json::json!({"job": args.job, "scope": scope, "keys_deleted": deleted}),
                 ),
-                Format::Human => println!(
+                Format::Human => outln!(
                     "purged {deleted} processing key(s) of {} ({})",
                     args.job,
                     scope.as_deref().unwrap_or("all scopes")
@@ -454,7 +489,7 @@ async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
             let report = store.cleanup(before).await?;
             match g.format {
                 Format::Json => print_json(&report),
-                Format::Human => println!(
+                Format::Human => outln!(
                     "deleted {} key(s), {} run(s), {} lease(s), {} event key(s) older than {}",
                     report.keys_deleted,
                     report.runs_deleted,
@@ -475,14 +510,12 @@ fn prepare(args: &RunArgs, g: &GlobalOptions) -> Result<(Job, RunRequest)> {
         .with_trigger(args.trigger.into())
         .with_params(job.params_json());
     if let Some(scope) = &args.scope {
-        if scope.trim().is_empty() {
-            return Err(Error::config("--scope is empty"));
-        }
         request = request.with_scope(scope.clone());
     }
     if let Some(id) = &args.run_id {
         request.run_id = id.clone();
     }
+    request.validate()?;
     Ok((job, request))
 }
 
@@ -507,8 +540,8 @@ fn print_report(report: &RunReport, format: Format) {
         }
         RunStatus::Failed => {}
     }
-    println!("{line}");
-    println!("  run id: {}", report.run_id);
+    outln!("{line}");
+    outln!("  run id: {}", report.run_id);
     if let Some(detail) = &report.detail {
         let label = if report.status == RunStatus::Skipped {
             "why"
@@ -520,28 +553,28 @@ fn print_report(report: &RunReport, format: Format) {
             .as_ref()
             .map(|r| format!("{r}: "))
             .unwrap_or_default();
-        println!("  {label}: {reason}{detail}");
+        outln!("  {label}: {reason}{detail}");
     }
     if let Some(prev) = &report.previous_run {
-        println!(
+        outln!(
             "  previous run: {} at {}",
             prev.run_id,
             prev.at.format("%Y-%m-%d %H:%M:%S UTC")
         );
     }
     if let Some(key) = &report.processing_key {
-        println!("  processing key: {key}");
+        outln!("  processing key: {key}");
     }
     if let Some(error) = &report.error {
-        println!("  error: {error}");
+        outln!("  error: {error}");
     }
     for e in &report.store_errors {
-        println!("  store error (tolerated): {e}");
+        outln!("  store error (tolerated): {e}");
     }
     if report.spooled {
-        println!("  warning: the store is unreachable; this run is spooled locally and recorded when it is back");
+        outln!("  warning: the store is unreachable; this run is spooled locally and recorded when it is back");
     } else if !report.recorded {
-        println!("  warning: this run is not recorded in the ledger");
+        outln!("  warning: this run is not recorded in the ledger");
     }
 }
 
@@ -551,31 +584,36 @@ fn print_explanation(e: &Explanation, format: Format) {
         return;
     }
     match (&e.skip_reason, e.decision) {
-        (Some(reason), "skip") => println!("{} for {} would be skipped ({reason})", e.job, e.scope),
-        (Some(reason), _) => println!(
+        (Some(reason), "skip") => outln!("{} for {} would be skipped ({reason})", e.job, e.scope),
+        (Some(reason), _) => outln!(
             "{} for {} would run ({} mode; would skip: {reason})",
-            e.job, e.scope, e.mode
+            e.job,
+            e.scope,
+            e.mode
         ),
-        (None, _) => println!("{} for {} would run", e.job, e.scope),
+        (None, _) => outln!("{} for {} would run", e.job, e.scope),
     }
     if let Some(detail) = &e.detail {
-        println!("  why: {detail}");
+        outln!("  why: {detail}");
     }
     if e.mode == Mode::Off {
-        println!("  mode off: no guard is evaluated");
+        outln!("  mode off: no guard is evaluated");
     }
     for v in &e.guards {
         match &v.verdict {
             crate::guard::Verdict::Proceed { detail } => {
-                println!("  {:<13} proceed  {detail}", v.guard)
+                outln!("  {:<13} proceed  {detail}", v.guard)
             }
             crate::guard::Verdict::Skip(s) => {
-                println!("  {:<13} skip     {}: {}", v.guard, s.reason, s.detail)
+                outln!("  {:<13} skip     {}: {}", v.guard, s.reason, s.detail)
+            }
+            crate::guard::Verdict::Unknown { detail } => {
+                outln!("  {:<13} unknown  {detail}", v.guard)
             }
         }
     }
     if let Some(key) = &e.processing_key {
-        println!("  processing key: {key}");
+        outln!("  processing key: {key}");
     }
 }
 
@@ -599,10 +637,10 @@ fn print_jobs(jobs: &[Job], format: Format) -> Result<()> {
         return Ok(());
     }
     if jobs.is_empty() {
-        println!("no jobs found");
+        outln!("no jobs found");
     }
     for j in jobs {
-        println!(
+        outln!(
             "{:<24} processor={:<10} mode={:<8} schedule={:<14} guards=[{}]  {}",
             j.name,
             j.processor,

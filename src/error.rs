@@ -29,6 +29,29 @@ pub enum Error {
         message: String,
     },
 
+    /// The store answered, but refused an operation (a statement error, a value it
+    /// cannot hold, a schema it does not have). Not an outage: retrying the same thing
+    /// fails the same way.
+    #[error("store {store} rejected {operation}: {message}")]
+    StoreRejected {
+        /// The store, as a URL with any password removed.
+        store: String,
+        /// What idem asked of it.
+        operation: String,
+        /// The store's message.
+        message: String,
+    },
+
+    /// A ledger row with this run id exists already. A run id names one invocation; the
+    /// runner records a run whose id is taken under a derived one instead.
+    #[error("run id {run_id:?} is already recorded in {store}")]
+    DuplicateRunId {
+        /// The store.
+        store: String,
+        /// The run id.
+        run_id: String,
+    },
+
     /// The store's circuit breaker is open after repeated failures; the store is not
     /// contacted until the breaker half-opens.
     #[error("store {store} unavailable: circuit breaker open after {failures} consecutive failures (retry after {retry_in_ms} ms)")]
@@ -107,12 +130,60 @@ impl Error {
         }
     }
 
-    /// True when the error means the store could not be used (unreachable, erroring or
-    /// behind an open breaker): the store failure policy applies to these.
+    /// True when the error means the store could not be used (unreachable, refusing the
+    /// operation, or behind an open breaker): the store failure policy applies to these.
     pub fn is_store_failure(&self) -> bool {
+        matches!(
+            self,
+            Error::StoreUnavailable { .. }
+                | Error::StoreRejected { .. }
+                | Error::CircuitOpen { .. }
+        )
+    }
+
+    /// True when the store could not be reached at all (the circuit breaker counts these;
+    /// a refused statement is the store working).
+    pub fn is_outage(&self) -> bool {
         matches!(
             self,
             Error::StoreUnavailable { .. } | Error::CircuitOpen { .. }
         )
+    }
+
+    /// Classifies a sqlx error of `store` during `operation`: connection problems are
+    /// [`Error::StoreUnavailable`], anything the server answered is
+    /// [`Error::StoreRejected`].
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    pub(crate) fn from_sqlx(
+        store: &str,
+        operation: &str,
+        e: &sqlx::Error,
+        message: String,
+    ) -> Self {
+        let outage = match e {
+            sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed
+            | sqlx::Error::Protocol(_) => true,
+            sqlx::Error::Database(db) => db.code().is_some_and(|code| match code.parse::<i64>() {
+                // SQLite result codes (primary code in the low byte): BUSY, LOCKED, IOERR,
+                // FULL, CANTOPEN.
+                Ok(n) => matches!(n & 0xff, 5 | 6 | 10 | 13 | 14),
+                // Postgres SQLSTATE: connection exceptions, shutdown, too many connections.
+                Err(_) => code.starts_with("08") || code.starts_with("57P") || code == "53300",
+            }),
+            _ => false,
+        };
+        if outage {
+            Error::store(store, message)
+        } else {
+            Error::StoreRejected {
+                store: store.to_string(),
+                operation: operation.to_string(),
+                message,
+            }
+        }
     }
 }

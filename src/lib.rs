@@ -67,8 +67,8 @@ pub use async_trait::async_trait;
 pub use error::{BoxError, Error, Result};
 pub use key::{canonical_json, digest_value, scope_key, Content, HashAlgorithm};
 pub use model::{
-    new_run_id, parse_date, KeyKind, KeyRecord, Mode, Outcome, PreviousRun, RunRecord, RunRequest,
-    RunStatus, Skip, SkipReason, Trigger,
+    new_run_id, parse_date, validate_name, KeyKind, KeyRecord, Mode, Outcome, PreviousRun,
+    RunRecord, RunRequest, RunStatus, Skip, SkipReason, Trigger,
 };
 pub use processor::{Processor, Registry};
 pub use runner::{Explanation, RunReport, Runner, StoreFailurePolicy};

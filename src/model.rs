@@ -161,15 +161,79 @@ impl RunRequest {
     }
 }
 
+/// The longest name, scope or run id idem accepts, in bytes.
+pub const MAX_NAME_BYTES: usize = 1024;
+
+/// Checks a name, scope or run id that will be stored: not empty, at most
+/// [`MAX_NAME_BYTES`], and no control characters (a NUL cannot be stored in Postgres
+/// text, and none of them belongs in an identifier). `what` names it in the error.
+pub fn validate_name(what: &str, value: &str) -> Result<()> {
+    if value.trim().is_empty() {
+        return Err(Error::config(format!("{what} is empty")));
+    }
+    if value.len() > MAX_NAME_BYTES {
+        return Err(Error::config(format!(
+            "{what} is {} bytes long; at most {MAX_NAME_BYTES} are allowed",
+            value.len()
+        )));
+    }
+    if let Some(c) = value.chars().find(|c| c.is_control()) {
+        return Err(Error::config(format!(
+            "{what} {value:?} contains the control character {:?}; names, scopes and run ids cannot",
+            c
+        )));
+    }
+    Ok(())
+}
+
+impl RunRequest {
+    /// Checks every value a store must accept, so bad input is refused before anything
+    /// runs (rather than after the work, when the result cannot be recorded).
+    pub fn validate(&self) -> Result<()> {
+        validate_name("processor name", &self.processor)?;
+        validate_name("scope", &self.scope)?;
+        validate_name("run id", &self.run_id)?;
+        check_date_range(self.scope_date)
+    }
+}
+
+/// The dates every store can hold (BigQuery's DATE and ISO 8601's four-digit years).
+pub const MIN_DATE: NaiveDate = match NaiveDate::from_ymd_opt(1, 1, 1) {
+    Some(d) => d,
+    None => panic!("0001-01-01 is a date"),
+};
+
+/// The last date every store can hold.
+pub const MAX_DATE: NaiveDate = match NaiveDate::from_ymd_opt(9999, 12, 31) {
+    Some(d) => d,
+    None => panic!("9999-12-31 is a date"),
+};
+
+fn check_date_range(date: NaiveDate) -> Result<()> {
+    if date < MIN_DATE || date > MAX_DATE {
+        return Err(Error::config(format!(
+            "date {date} is out of range: dates go from 0001-01-01 to 9999-12-31"
+        )));
+    }
+    Ok(())
+}
+
 /// A fresh run id (UUID v4).
 pub fn new_run_id() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 
-/// Parses `YYYY-MM-DD`, with an error that names the bad value.
+/// Parses `YYYY-MM-DD` (years 0001 to 9999), with an error that names the bad value.
 pub fn parse_date(s: &str) -> Result<NaiveDate> {
-    NaiveDate::parse_from_str(s, "%Y-%m-%d")
-        .map_err(|e| Error::config(format!("bad date {s:?}: {e} (expected YYYY-MM-DD)")))
+    let bad = |why: String| Error::config(format!("bad date {s:?}: {why} (expected YYYY-MM-DD)"));
+    // Exactly four year digits: chrono alone also takes `-5000-01-01` and `12345-01-01`.
+    let b = s.as_bytes();
+    if b.len() != 10 || b[4] != b'-' || b[7] != b'-' || !b[..4].iter().all(u8::is_ascii_digit) {
+        return Err(bad("not a date".into()));
+    }
+    let date = NaiveDate::parse_from_str(s, "%Y-%m-%d").map_err(|e| bad(e.to_string()))?;
+    check_date_range(date).map_err(|e| bad(e.to_string()))?;
+    Ok(date)
 }
 
 /// What a successful `process` returns.

@@ -35,8 +35,18 @@ pub trait Processor: Send + Sync {
     /// A stable name: jobs refer to it, and it must not change between releases.
     fn name(&self) -> &str;
 
+    /// Idempotent preparation that [`describe`](Processor::describe) and
+    /// [`process`](Processor::process) rely on (the SQL processor's `setup`: creating
+    /// tables, say). The runner calls it only once a run needs the processor: before the
+    /// content is described or the work done, never for a run a cheaper guard skips, and
+    /// `explain` calls it only when asked (`--with-setup`). Default: nothing.
+    async fn prepare(&self, _request: &RunRequest) -> Result<(), BoxError> {
+        Ok(())
+    }
+
     /// What the run would consume (entity ids, counts, a source checksum), used by the
-    /// content hash guard. `None` when the processor cannot tell.
+    /// content hash guard. `None` when the processor cannot tell. Should not change
+    /// anything: `explain` calls it.
     async fn describe(&self, _request: &RunRequest) -> Result<Option<Content>, BoxError> {
         Ok(None)
     }

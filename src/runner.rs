@@ -15,8 +15,11 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use crate::error::{BoxError, Error, Result};
-use crate::guard::{DecideOptions, Decision, GuardStack, GuardVerdict};
+use crate::guard::{
+    ContentError, ContentKey, ContentSource, DecideOptions, Decision, GuardStack, GuardVerdict,
+};
 use crate::key::scope_key;
+use crate::key::HashAlgorithm;
 use crate::model::{
     micros, KeyKind, KeyRecord, Mode, Outcome, PreviousRun, RunRecord, RunRequest, RunStatus, Skip,
     SkipReason, Trigger,
@@ -187,6 +190,59 @@ pub struct Explanation {
     pub guards: Vec<GuardVerdict>,
 }
 
+/// The runner's [`ContentSource`]: prepares the processor (once) and describes the
+/// content when the first guard that needs a content key asks.
+struct Describe<'a> {
+    processor: &'a dyn Processor,
+    request: &'a RunRequest,
+    with_prepare: bool,
+    prepared: tokio::sync::OnceCell<()>,
+}
+
+impl<'a> Describe<'a> {
+    fn new(processor: &'a dyn Processor, request: &'a RunRequest, with_prepare: bool) -> Self {
+        Describe {
+            processor,
+            request,
+            with_prepare,
+            prepared: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    async fn prepare(&self) -> std::result::Result<(), BoxError> {
+        if !self.with_prepare {
+            return Ok(());
+        }
+        self.prepared
+            .get_or_try_init(|| self.processor.prepare(self.request))
+            .await
+            .map(|_| ())
+    }
+}
+
+#[async_trait::async_trait]
+impl ContentSource for Describe<'_> {
+    async fn content_key(
+        &self,
+        algorithm: HashAlgorithm,
+    ) -> std::result::Result<Option<ContentKey>, ContentError> {
+        let described = async {
+            self.prepare().await?;
+            self.processor.describe(self.request).await
+        };
+        match described.await {
+            Ok(content) => Ok(content.map(|content| ContentKey {
+                key: content.key(&self.request.processor, &self.request.scope, algorithm),
+                entity_count: content.entity_count(),
+            })),
+            Err(e) if self.with_prepare => Err(ContentError::Unavailable(e.to_string())),
+            Err(e) => Err(ContentError::Unavailable(format!(
+                "the content could not be described: {e} (explain does not run the job's setup; add --with-setup to run it first)"
+            ))),
+        }
+    }
+}
+
 /// Runs processors behind guards.
 #[derive(Debug, Clone)]
 pub struct Runner {
@@ -225,6 +281,15 @@ async fn shutdown_signal() -> &'static str {
 
 fn now() -> DateTime<Utc> {
     micros(Utc::now())
+}
+
+/// A run id of its own for a run whose requested id is taken: `ID.` and 8 random hex
+/// digits, so the caller's id stays recognisable in the ledger.
+pub fn derive_run_id(taken: &str) -> String {
+    format!(
+        "{taken}.{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    )
 }
 
 impl Runner {
@@ -289,49 +354,36 @@ impl Runner {
         &self.store
     }
 
-    async fn content_key(
-        &self,
-        processor: &dyn Processor,
-        request: &RunRequest,
-    ) -> std::result::Result<Option<(String, Option<i64>)>, BoxError> {
-        let Some(algorithm) = self.guards.content_hash() else {
-            return Ok(None);
-        };
-        Ok(processor.describe(request).await?.map(|content| {
-            (
-                content.key(&request.processor, &request.scope, algorithm),
-                content.entity_count(),
-            )
-        }))
-    }
-
-    /// Explains what a run would do now, without running the processor or claiming the
-    /// lease.
+    /// Explains what a run would do now, without running the processor, preparing it (a
+    /// SQL job's `setup`) or claiming the lease: nothing changes anywhere. A content query
+    /// that needs the setup's tables shows the content guard as unknown instead of
+    /// failing.
     pub async fn explain(
         &self,
         processor: &dyn Processor,
         request: &RunRequest,
     ) -> Result<Explanation> {
-        let content = if self.mode == Mode::Off {
-            None
-        } else {
-            self.content_key(processor, request)
-                .await
-                .map_err(|source| Error::Processor {
-                    processor: request.processor.clone(),
-                    source,
-                })?
-        };
-        let key = content.as_ref().map(|(k, _)| k.clone());
+        self.explain_with(processor, request, false).await
+    }
+
+    /// [`Runner::explain`], running the processor's [`prepare`](Processor::prepare) first
+    /// when `with_setup` is true.
+    pub async fn explain_with(
+        &self,
+        processor: &dyn Processor,
+        request: &RunRequest,
+        with_setup: bool,
+    ) -> Result<Explanation> {
         let decision = if self.mode == Mode::Off {
             Decision::default()
         } else {
+            let content = Describe::new(processor, request, with_setup);
             self.guards
                 .decide(
                     request,
                     &*self.store,
                     now(),
-                    key.as_deref(),
+                    &content,
                     DecideOptions {
                         stop_at_first_skip: false,
                         dry_run: true,
@@ -354,7 +406,7 @@ impl Runner {
             skip_reason: skip.as_ref().map(|s| s.reason.clone()),
             detail: skip.as_ref().map(|s| s.detail.clone()),
             previous_run: skip.and_then(|s| s.previous_run),
-            processing_key: key,
+            processing_key: decision.content.map(|c| c.key),
             guards: decision.verdicts,
         })
     }
@@ -365,6 +417,7 @@ impl Runner {
     /// `strict` ([`Error::is_store_failure`]) or bad configuration. A failing processor
     /// gives `Ok` with status `failed`.
     pub async fn run(&self, processor: &dyn Processor, request: RunRequest) -> Result<RunReport> {
+        request.validate()?;
         let started_at = now();
         let mut report = RunReport::new(&request, self.mode, started_at);
         tracing::info!(
@@ -376,23 +429,8 @@ impl Runner {
             "run requested"
         );
 
-        let mut entity_count = None;
-        if self.mode != Mode::Off {
-            match self.content_key(processor, &request).await {
-                Ok(Some((key, count))) => {
-                    report.processing_key = Some(key);
-                    entity_count = count;
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    report.status = RunStatus::Failed;
-                    report.error = Some(format!("describing the content failed: {e}"));
-                    return Ok(self.record(report, &request, None, Vec::new()).await);
-                }
-            }
-        }
-
         let mut lease_out = None;
+        let content = Describe::new(processor, &request, true);
         let decision = if self.mode == Mode::Off || self.guards.is_empty() {
             Decision::default()
         } else {
@@ -402,7 +440,7 @@ impl Runner {
                     &request,
                     &*self.store,
                     started_at,
-                    report.processing_key.as_deref(),
+                    &content,
                     DecideOptions {
                         stop_at_first_skip: self.mode == Mode::Enforce,
                         dry_run: false,
@@ -413,6 +451,13 @@ impl Runner {
                 .await;
             match decided {
                 Ok(d) => d,
+                Err(Error::Processor { source, .. }) => {
+                    // Preparing or describing the content failed: a failed run, recorded
+                    // (the lease, if one was taken, is released by the recording).
+                    report.status = RunStatus::Failed;
+                    report.error = Some(format!("describing the content failed: {source}"));
+                    return Ok(self.record(report, &request, lease_out, Vec::new()).await);
+                }
                 Err(e) => {
                     if let Some(lease) = lease_out {
                         if let Err(release) = self.store.release(&lease, now()).await {
@@ -436,6 +481,8 @@ impl Runner {
         };
         report.guards = decision.verdicts;
         let lease = decision.lease;
+        let entity_count = decision.content.as_ref().and_then(|c| c.entity_count);
+        report.processing_key = decision.content.map(|c| c.key);
 
         if let Some(skip) = decision.skip {
             let Skip {
@@ -461,7 +508,10 @@ impl Runner {
             report.would_skip_reason = Some(reason);
         }
 
-        match self.process(processor, &request, lease.clone()).await {
+        match self
+            .process(processor, &request, &content, lease.clone())
+            .await
+        {
             Ok(Outcome {
                 records_processed,
                 output,
@@ -526,9 +576,13 @@ impl Runner {
         &self,
         processor: &dyn Processor,
         request: &RunRequest,
+        content: &Describe<'_>,
         lease: Option<Lease>,
     ) -> std::result::Result<Outcome, BoxError> {
-        let work = processor.process(request);
+        let work = async {
+            content.prepare().await?;
+            processor.process(request).await
+        };
         let work = async {
             if !self.interruptible {
                 return work.await;
@@ -592,12 +646,28 @@ impl Runner {
     ) -> RunReport {
         report.finished_at = now();
         report.duration_ms = (report.finished_at - report.started_at).num_milliseconds();
-        let finish = Finish {
+        let mut finish = Finish {
             run: report.ledger_row(request),
             keys,
             lease: lease.clone(),
         };
-        match self.store.finish(&finish).await {
+        let mut result = self.store.finish(&finish).await;
+        if let Err(Error::DuplicateRunId { run_id, .. }) = &result {
+            // A run id names one invocation, but callers may reuse theirs (an
+            // orchestrator's id across retries and jobs): record this run under a derived,
+            // unique id rather than lose it.
+            let derived = derive_run_id(run_id);
+            tracing::warn!(
+                "run id {run_id:?} is already recorded; this run is recorded as {derived:?}"
+            );
+            report.run_id = derived.clone();
+            finish.run.run_id = derived.clone();
+            for k in &mut finish.keys {
+                k.run_id = derived.clone();
+            }
+            result = self.store.finish(&finish).await;
+        }
+        match result {
             Ok(()) => report.recorded = true,
             Err(e @ Error::LeaseLost { .. }) => {
                 tracing::error!("{e}: this run's result is not recorded over the newer run");

@@ -40,6 +40,9 @@ pub struct ReplayReport {
     pub already_recorded: usize,
     /// Runs still waiting (the store failed during the replay).
     pub remaining: usize,
+    /// Runs the store refused (not an outage): moved to the rejected file beside the
+    /// spool so they do not block the others.
+    pub rejected: usize,
 }
 
 /// The spool of one store.
@@ -104,6 +107,21 @@ impl Spool {
         file.sync_data()
     }
 
+    /// Where entries the store refused are kept, for a person to look at.
+    pub fn rejected_path(&self) -> PathBuf {
+        self.path.with_extension("rejected.ndjson")
+    }
+
+    fn reject(&self, line: &str) -> io::Result<()> {
+        let mut file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.rejected_path())?;
+        file.write_all(line.as_bytes())?;
+        file.write_all(b"\n")?;
+        file.sync_data()
+    }
+
     /// Runs waiting in the spool (0 when there is no spool file).
     pub fn len(&self) -> usize {
         File::open(&self.path)
@@ -135,12 +153,20 @@ impl Spool {
         let mut failure = None;
         let mut done = 0;
         for line in &lines {
-            let entry: Entry = serde_json::from_str(line).map_err(|e| {
-                Error::config(format!(
-                    "spool {} has a malformed line ({e}); move it aside to go on",
-                    self.path.display()
-                ))
-            })?;
+            let entry: Entry = match serde_json::from_str(line) {
+                Ok(entry) => entry,
+                Err(e) => {
+                    tracing::error!(
+                        "spool {} has a malformed line ({e}); moved to {}",
+                        self.path.display(),
+                        self.rejected_path().display()
+                    );
+                    self.reject(line).map_err(spool_error)?;
+                    report.rejected += 1;
+                    done += 1;
+                    continue;
+                }
+            };
             let result = async {
                 let known = store
                     .runs(&RunFilter {
@@ -153,22 +179,44 @@ impl Spool {
                 if known.iter().any(|r| r.run_id == entry.run.run_id) {
                     return Ok(false);
                 }
-                store
-                    .finish(&Finish {
-                        run: entry.run.clone(),
-                        keys: entry.keys.clone(),
-                        lease: None,
-                    })
-                    .await
-                    .map(|()| true)
+                let mut finish = Finish {
+                    run: entry.run.clone(),
+                    keys: entry.keys.clone(),
+                    lease: None,
+                };
+                match store.finish(&finish).await {
+                    Err(Error::DuplicateRunId { run_id, .. }) => {
+                        // The id is taken by another run (ids may be reused): record
+                        // this one under a derived id, as the runner does.
+                        let derived = crate::runner::derive_run_id(&run_id);
+                        finish.run.run_id = derived.clone();
+                        for k in &mut finish.keys {
+                            k.run_id = derived.clone();
+                        }
+                        store.finish(&finish).await
+                    }
+                    other => other,
+                }
+                .map(|()| true)
             }
             .await;
             match result {
                 Ok(true) => report.recorded += 1,
                 Ok(false) => report.already_recorded += 1,
-                Err(e) => {
+                Err(e) if e.is_outage() => {
                     failure = Some(e);
                     break;
+                }
+                Err(e) => {
+                    // The store answered but will never take this entry as it is: set it
+                    // aside so it does not block the entries after it.
+                    tracing::error!(
+                        "spooled run {} cannot be recorded ({e}); moved to {}",
+                        entry.run.run_id,
+                        self.rejected_path().display()
+                    );
+                    self.reject(line).map_err(spool_error)?;
+                    report.rejected += 1;
                 }
             }
             done += 1;
@@ -192,7 +240,11 @@ impl Spool {
             );
         }
         match failure {
-            Some(e) if report.recorded == 0 && report.already_recorded == 0 => Err(e),
+            Some(e)
+                if report.recorded == 0 && report.already_recorded == 0 && report.rejected == 0 =>
+            {
+                Err(e)
+            }
             Some(e) => {
                 tracing::warn!("spool replay stopped: {e}");
                 Ok(report)
@@ -239,7 +291,8 @@ mod tests {
             ReplayReport {
                 recorded: 1,
                 already_recorded: 1,
-                remaining: 0
+                remaining: 0,
+                rejected: 0,
             }
         );
         assert!(spool.is_empty());

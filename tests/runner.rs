@@ -490,6 +490,7 @@ async fn explain_claims_nothing_and_shows_every_guard() {
         .map(|g| match g.verdict {
             Verdict::Proceed { .. } => "proceed",
             Verdict::Skip(_) => "skip",
+            Verdict::Unknown { .. } => "unknown",
         })
         .collect();
     assert_eq!(verdicts, vec!["skip", "skip", "proceed"]);

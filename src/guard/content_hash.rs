@@ -43,6 +43,7 @@ impl Guard for ContentHashGuard {
 
     fn lookups(&self, ctx: &GuardContext<'_>) -> Vec<KeyLookup> {
         ctx.content_key
+            .as_ref()
             .map(|key| KeyLookup {
                 key: key.to_string(),
                 kind: KeyKind::Content,
@@ -55,7 +56,7 @@ impl Guard for ContentHashGuard {
     }
 
     async fn check(&self, ctx: &mut GuardContext<'_>) -> Result<Verdict> {
-        let key = ctx.content_key.ok_or_else(|| {
+        let key = ctx.content_key.as_deref().ok_or_else(|| {
             Error::config(format!(
                 "content_hash guard on {}: the processor describes no content (implement Processor::describe or set [sql].content)",
                 ctx.request.processor

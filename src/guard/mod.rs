@@ -4,15 +4,17 @@
 //! typed reason. A [`GuardStack`] runs them in the configured order; in `enforce` mode the
 //! first skip wins. Users write their own guards by implementing [`Guard`].
 //!
-//! Lookups are batched: before any guard decides, the stack asks every guard which keys it
-//! needs ([`Guard::lookups`]) and fetches them all in one store round trip, so a run costs
-//! one read however many guards it has (this matters on BigQuery, where each query bills
-//! at least 10 MB).
+//! A run decides in phases, so a skip is cheap: guards are asked in order, the keys the
+//! guards of a phase need ([`Guard::lookups`]) are fetched in one store round trip (this
+//! matters on BigQuery, where each query bills at least 10 MB), and the content key —
+//! which may mean a warehouse query — is computed only when a guard that needs it is
+//! reached, so a run the time window skips never describes its content.
 //!
-//! The lease is a guard too. When a lease guard acquires its lease *after* other guards
-//! have already said proceed, the stack looks up their keys again and asks them once more:
-//! a run that completed between the first check and the claim is then seen, so a scope
-//! never runs twice because two runs checked before either claimed.
+//! The lease is a guard too. Once a lease guard acquires the lease, every key-based guard
+//! decides on keys read after the claim, whatever the order: the guards before the lease
+//! are asked again and the guards after it read fresh keys. A run that completed between
+//! another run's check and its claim (or while it waited for the lease) is then seen, so
+//! a scope never runs twice.
 
 use std::collections::HashMap;
 use std::fmt::Debug;
@@ -46,6 +48,12 @@ pub enum Verdict {
     },
     /// The run should be skipped.
     Skip(Skip),
+    /// The guard could not decide (only from `explain`, for example when the content
+    /// query needs the job's setup, which `explain` does not run unless asked).
+    Unknown {
+        /// Why.
+        detail: String,
+    },
 }
 
 impl Verdict {
@@ -65,8 +73,8 @@ pub struct GuardContext<'a> {
     pub store: &'a DynStore,
     /// Decision time.
     pub now: DateTime<Utc>,
-    /// The content key, when a guard asked for content ([`Guard::content_hash`]).
-    pub content_key: Option<&'a str>,
+    /// The content key, once a guard that needs one was reached ([`Guard::content_hash`]).
+    pub content_key: Option<String>,
     /// True for `explain`: decide without side effects (no lease is claimed).
     pub dry_run: bool,
     /// True in shadow mode: a lease guard that finds the scope held proceeds anyway.
@@ -138,6 +146,8 @@ pub struct Decision {
     pub skip: Option<Skip>,
     /// The lease this run holds, if a lease guard acquired it.
     pub lease: Option<Lease>,
+    /// The content key, when a guard needed one and it was computed.
+    pub content: Option<ContentKey>,
 }
 
 /// Guards in order. Build with [`GuardStack::builder`].
@@ -214,8 +224,14 @@ impl GuardStack {
         self.guards.iter().find_map(|g| g.content_hash())
     }
 
-    async fn prefetch(&self, ctx: &mut GuardContext<'_>, guards: &[Arc<dyn Guard>]) -> Result<()> {
-        let lookups: Vec<KeyLookup> = guards.iter().flat_map(|g| g.lookups(ctx)).collect();
+    /// Fetches, in one store round trip, the keys `guards` need; guards whose lookups
+    /// were already fetched in this epoch are not asked again.
+    async fn prefetch(&self, ctx: &mut GuardContext<'_>, guards: &[&Arc<dyn Guard>]) -> Result<()> {
+        let lookups: Vec<KeyLookup> = guards
+            .iter()
+            .filter(|g| !g.takes_lease())
+            .flat_map(|g| g.lookups(ctx))
+            .collect();
         if lookups.is_empty() {
             return Ok(());
         }
@@ -226,16 +242,44 @@ impl GuardStack {
         Ok(())
     }
 
-    /// Runs the guards. With `stop_at_first_skip` (enforce mode) evaluation stops at the
-    /// first skip; otherwise (shadow, explain) every guard is evaluated and the first skip
-    /// is reported. On error, a lease acquired so far is in the error path's hands: it is
-    /// returned to the caller through `lease_out` so it can be released.
+    /// The index just past the phase that starts at `from`: a phase ends before a lease
+    /// guard and before a guard that needs a content key not computed yet, because the
+    /// reads after those must wait for them.
+    fn phase_end(&self, from: usize, content_known: bool) -> usize {
+        let mut end = from;
+        while let Some(g) = self.guards.get(end) {
+            if g.takes_lease() || (g.content_hash().is_some() && !content_known) {
+                break;
+            }
+            end += 1;
+        }
+        end
+    }
+
+    /// Runs the guards in order and decides.
+    ///
+    /// Phases keep a skip cheap: guards are asked in order, and the store reads of each
+    /// phase (the guards up to the next lease or content guard) are fetched in one round
+    /// trip; the content key is computed (`content`, which may query a warehouse) only
+    /// when a guard that needs it is reached, so in enforce mode a run skipped by an
+    /// earlier guard never describes its content.
+    ///
+    /// Once a lease guard acquires the lease, every key-based guard, before it or after
+    /// it, decides on keys read *after* the claim: the earlier ones are asked again, the
+    /// later ones read for the first time. So whatever the order, a run that completed
+    /// while this one was checking or waiting for the lease is seen and the scope is not
+    /// processed twice.
+    ///
+    /// With `stop_at_first_skip` (enforce mode) evaluation stops at the first skip;
+    /// otherwise (shadow, explain) every guard is evaluated and the first skip is
+    /// reported. On error, a lease acquired so far is returned through `lease_out` so the
+    /// caller can release it.
     pub async fn decide(
         &self,
         request: &RunRequest,
         store: &DynStore,
         now: DateTime<Utc>,
-        content_key: Option<&str>,
+        content: &dyn ContentSource,
         options: DecideOptions,
         lease_out: &mut Option<Lease>,
     ) -> Result<Decision> {
@@ -243,66 +287,159 @@ impl GuardStack {
             request,
             store,
             now,
-            content_key,
+            content_key: None,
             dry_run: options.dry_run,
             shadow: options.shadow,
             found: HashMap::new(),
             lease: None,
         };
-        self.prefetch(&mut ctx, &self.guards).await?;
         let mut decision = Decision::default();
-        for (i, guard) in self.guards.iter().enumerate() {
+        let mut content_known = false;
+        // Guards before this index have their lookups fetched in the current epoch.
+        let mut fetched = 0;
+        let mut i = 0;
+        while i < self.guards.len() {
+            let guard = &self.guards[i];
+            if let Some(algorithm) = guard.content_hash() {
+                if !content_known {
+                    content_known = true;
+                    match content.content_key(algorithm).await {
+                        Ok(key) => {
+                            ctx.content_key = key.as_ref().map(|k| k.key.clone());
+                            decision.content = key;
+                        }
+                        Err(ContentError::Unavailable(detail)) if options.dry_run => {
+                            decision.verdicts.push(GuardVerdict {
+                                guard: guard.name().to_string(),
+                                verdict: Verdict::Unknown { detail },
+                            });
+                            i += 1;
+                            continue;
+                        }
+                        Err(ContentError::Unavailable(detail)) => {
+                            return Err(crate::error::Error::Processor {
+                                processor: request.processor.clone(),
+                                source: detail.into(),
+                            })
+                        }
+                        Err(ContentError::Failed(e)) => return Err(e),
+                    }
+                }
+            }
+            if i >= fetched && !guard.takes_lease() {
+                let end = self.phase_end(i, content_known);
+                let phase: Vec<&Arc<dyn Guard>> = self.guards[i..end].iter().collect();
+                self.prefetch(&mut ctx, &phase).await?;
+                fetched = end;
+            }
             let had_lease = ctx.lease.is_some();
             let verdict = guard.check(&mut ctx).await;
             if ctx.lease.is_some() {
                 *lease_out = ctx.lease.clone();
             }
-            let mut verdict = verdict?;
-            // A lease taken after other guards said proceed: ask those again.
-            if !had_lease && ctx.lease.is_some() && matches!(verdict, Verdict::Proceed { .. }) {
-                let earlier: Vec<Arc<dyn Guard>> = self.guards[..i]
-                    .iter()
-                    .filter(|g| !g.takes_lease())
-                    .cloned()
-                    .collect();
-                if !earlier.is_empty() {
-                    self.prefetch(&mut ctx, &earlier).await?;
-                    for g in &earlier {
-                        if let Verdict::Skip(skip) = g.check(&mut ctx).await? {
-                            tracing::debug!(
-                                guard = g.name(),
-                                "re-check after claiming the lease skips"
-                            );
-                            if let Some(v) =
-                                decision.verdicts.iter_mut().find(|v| v.guard == g.name())
-                            {
-                                v.verdict = Verdict::Skip(skip.clone());
-                            }
-                            verdict =
-                                Verdict::proceed("lease acquired, but an earlier guard now skips");
-                            if decision.skip.is_none() {
-                                decision.skip = Some(skip);
-                            }
-                            break;
-                        }
-                    }
-                }
-            }
+            let verdict = verdict?;
+            let claimed_now = !had_lease && ctx.lease.is_some();
+            let skipped = matches!(verdict, Verdict::Skip(_));
             if let Verdict::Skip(skip) = &verdict {
-                if decision.skip.is_none() {
-                    decision.skip = Some(skip.clone());
-                }
+                decision.skip.get_or_insert_with(|| skip.clone());
             }
             decision.verdicts.push(GuardVerdict {
                 guard: guard.name().to_string(),
                 verdict,
             });
-            if options.stop_at_first_skip && decision.skip.is_some() {
+            if options.stop_at_first_skip && skipped {
                 break;
             }
+            if claimed_now {
+                // Everything read before the claim is stale now: read again, in one round
+                // trip, the keys of the earlier guards and of the next phase.
+                ctx.found.clear();
+                let end = self.phase_end(i + 1, content_known);
+                let recheck: Vec<&Arc<dyn Guard>> = self.guards[..i]
+                    .iter()
+                    .filter(|g| !g.takes_lease())
+                    .filter(|g| {
+                        decision
+                            .verdicts
+                            .iter()
+                            .any(|v| v.guard == g.name() && !matches!(v.verdict, Verdict::Skip(_)))
+                    })
+                    .collect();
+                let mut batch = recheck.clone();
+                batch.extend(self.guards[i + 1..end].iter());
+                self.prefetch(&mut ctx, &batch).await?;
+                fetched = end;
+                for g in recheck {
+                    if let Verdict::Skip(skip) = g.check(&mut ctx).await? {
+                        tracing::debug!(
+                            guard = g.name(),
+                            "re-check after claiming the lease skips"
+                        );
+                        if let Some(v) = decision.verdicts.iter_mut().find(|v| v.guard == g.name())
+                        {
+                            v.verdict = Verdict::Skip(skip.clone());
+                        }
+                        if let Some(v) = decision.verdicts.last_mut() {
+                            v.verdict =
+                                Verdict::proceed("lease acquired, but an earlier guard now skips");
+                        }
+                        decision.skip.get_or_insert(skip);
+                        break;
+                    }
+                }
+                if options.stop_at_first_skip && decision.skip.is_some() {
+                    break;
+                }
+            }
+            i += 1;
         }
         decision.lease = ctx.lease;
         Ok(decision)
+    }
+}
+
+/// A content key computed for a run: the digest, and the number of entities or rows the
+/// description listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContentKey {
+    /// The key (hex digest).
+    pub key: String,
+    /// Entities (or rows) in the description, when it lists them.
+    pub entity_count: Option<i64>,
+}
+
+/// Why a content key could not be computed.
+#[derive(Debug)]
+pub enum ContentError {
+    /// Describing the content failed (the processor's own error, as text); `explain`
+    /// shows it as the content guard's verdict instead of failing.
+    Unavailable(String),
+    /// Anything else.
+    Failed(crate::error::Error),
+}
+
+/// Computes the run's content key when the first guard that needs one is reached.
+#[async_trait]
+pub trait ContentSource: Send + Sync {
+    /// The content key with `algorithm`, or `None` when the processor describes no
+    /// content.
+    async fn content_key(
+        &self,
+        algorithm: HashAlgorithm,
+    ) -> std::result::Result<Option<ContentKey>, ContentError>;
+}
+
+/// A [`ContentSource`] for stacks without a content guard, or for a key known up front.
+#[derive(Debug, Clone, Default)]
+pub struct KnownContent(pub Option<ContentKey>);
+
+#[async_trait]
+impl ContentSource for KnownContent {
+    async fn content_key(
+        &self,
+        _: HashAlgorithm,
+    ) -> std::result::Result<Option<ContentKey>, ContentError> {
+        Ok(self.0.clone())
     }
 }
 

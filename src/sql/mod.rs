@@ -189,12 +189,15 @@ impl Processor for SqlProcessor {
         &self.name
     }
 
+    async fn prepare(&self, request: &RunRequest) -> Result<(), BoxError> {
+        self.setup(&self.params_for(request)).await
+    }
+
     async fn describe(&self, request: &RunRequest) -> Result<Option<Content>, BoxError> {
         let Some(content) = &self.content else {
             return Ok(None);
         };
         let params = self.params_for(request);
-        self.setup(&params).await?;
         let rows = self
             .warehouse
             .query(content, &params)

@@ -807,10 +807,10 @@ impl Store for BigQueryStore {
             .affected("finish.run")
             .map_err(|e| self.err(e))?;
         if inserted == 0 {
-            return Err(self.err(format!(
-                "run {} is already recorded in processing_runs; a run id is recorded once",
-                run.run_id
-            )));
+            return Err(Error::DuplicateRunId {
+                store: self.url.clone(),
+                run_id: run.run_id.clone(),
+            });
         }
         // 3. The keys, only for a completed run.
         if writes_keys {

@@ -3,7 +3,13 @@
 //! After `failure_threshold` consecutive store failures the breaker *opens*: calls fail at
 //! once with [`Error::CircuitOpen`] without touching the store. After `reset_timeout` it is
 //! *half-open*: one call goes through; success closes the breaker, failure opens it again.
-//! Only store failures count: a lost lease or a duplicate key is the store working.
+//! Only outages count ([`Error::is_outage`]): a lost lease, a duplicate run id or a
+//! refused statement is the store working.
+//!
+//! The breaker never stands between a run and the recording of its result: `finish`,
+//! `renew` and `release` always try the store, even while the breaker is open, and a
+//! success closes it. Failing them fast would let a finished run's lease expire while
+//! the store is healthy again, and the next run would redo the work.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -123,7 +129,7 @@ impl<S: Store + ?Sized> CircuitBreakerStore<S> {
         let mut s = self.lock();
         s.probing = false;
         match &result {
-            Err(e) if e.is_store_failure() => {
+            Err(e) if e.is_outage() => {
                 s.consecutive_failures += 1;
                 s.total_failures += 1;
                 if s.consecutive_failures >= self.config.failure_threshold {
@@ -171,12 +177,12 @@ impl<S: Store + ?Sized> Store for CircuitBreakerStore<S> {
         self.after(r)
     }
     async fn renew(&self, lease: &Lease, ttl: Duration, now: DateTime<Utc>) -> Result<Lease> {
-        self.before()?;
+        // Always tried: see the module docs.
         let r = self.inner.renew(lease, ttl, now).await;
         self.after(r)
     }
     async fn release(&self, lease: &Lease, now: DateTime<Utc>) -> Result<bool> {
-        self.before()?;
+        // Always tried: see the module docs.
         let r = self.inner.release(lease, now).await;
         self.after(r)
     }
@@ -186,7 +192,7 @@ impl<S: Store + ?Sized> Store for CircuitBreakerStore<S> {
         self.after(r)
     }
     async fn finish(&self, finish: &Finish) -> Result<()> {
-        self.before()?;
+        // Always tried: see the module docs.
         let r = self.inner.finish(finish).await;
         self.after(r)
     }

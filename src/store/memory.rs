@@ -180,21 +180,26 @@ impl Store for MemoryStore {
 
     async fn finish(&self, finish: &Finish) -> Result<()> {
         let mut state = self.lock();
+        // Every check before any change: the finish is all or nothing.
         if let Some(lease) = &finish.lease {
-            let id = (lease.processor.clone(), lease.scope.clone());
-            let row = state.leases.get(&id);
+            let row = state
+                .leases
+                .get(&(lease.processor.clone(), lease.scope.clone()));
             if !holds(row, lease) {
                 return Err(lease_lost(lease, row));
             }
+        }
+        if state.runs.iter().any(|r| r.run_id == finish.run.run_id) {
+            return Err(Error::DuplicateRunId {
+                store: "memory://".into(),
+                run_id: finish.run.run_id.clone(),
+            });
+        }
+        if let Some(lease) = &finish.lease {
+            let id = (lease.processor.clone(), lease.scope.clone());
             let r = state.leases.get_mut(&id).expect("checked above");
             r.holder = None;
             r.expires_at = micros(finish.run.finished_at);
-        }
-        if state.runs.iter().any(|r| r.run_id == finish.run.run_id) {
-            return Err(Error::store(
-                "memory://",
-                format!("run {} is already recorded", finish.run.run_id),
-            ));
         }
         if finish.run.status == RunStatus::Completed {
             for k in &finish.keys {

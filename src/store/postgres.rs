@@ -161,7 +161,19 @@ impl PostgresStore {
     }
 
     fn err(&self, e: sqlx::Error) -> Error {
-        Error::store(&self.url, sqlx_message(&e))
+        let message = sqlx_message(&e);
+        Error::from_sqlx(&self.url, "a statement", &e, message)
+    }
+
+    /// The error of the ledger insert: a taken run id is [`Error::DuplicateRunId`].
+    fn run_insert_err(&self, e: sqlx::Error, run_id: &str) -> Error {
+        match &e {
+            sqlx::Error::Database(db) if db.is_unique_violation() => Error::DuplicateRunId {
+                store: self.url.clone(),
+                run_id: run_id.to_string(),
+            },
+            _ => self.err(e),
+        }
     }
 
     /// After a pool timeout, one direct connection attempt says why (refused, unknown
@@ -528,7 +540,7 @@ impl Store for PostgresStore {
         .bind(&run.output)
         .execute(&mut *tx)
         .await
-        .map_err(|e| self.err(e))?;
+        .map_err(|e| self.run_insert_err(e, &run.run_id))?;
         if run.status == RunStatus::Completed && !finish.keys.is_empty() {
             let k = &finish.keys;
             sqlx::query(&format!(

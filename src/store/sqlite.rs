@@ -75,7 +75,19 @@ impl SqliteStore {
     }
 
     fn err(&self, e: sqlx::Error) -> Error {
-        Error::store(&self.url, e)
+        let message = e.to_string();
+        Error::from_sqlx(&self.url, "a statement", &e, message)
+    }
+
+    /// The error of the ledger insert: a taken run id is [`Error::DuplicateRunId`].
+    fn run_insert_err(&self, e: sqlx::Error, run_id: &str) -> Error {
+        match &e {
+            sqlx::Error::Database(db) if db.is_unique_violation() => Error::DuplicateRunId {
+                store: self.url.clone(),
+                run_id: run_id.to_string(),
+            },
+            _ => self.err(e),
+        }
     }
 
     async fn current_holder(&self, processor: &str, scope: &str) -> Result<Option<LeaseHolder>> {
@@ -381,7 +393,7 @@ impl Store for SqliteStore {
         .bind(run.output.as_ref().map(|v| v.to_string()))
         .execute(&mut *tx)
         .await
-        .map_err(|e| self.err(e))?;
+        .map_err(|e| self.run_insert_err(e, &run.run_id))?;
         if run.status == RunStatus::Completed {
             for k in &finish.keys {
                 sqlx::query(
