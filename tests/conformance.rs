@@ -66,6 +66,10 @@ macro_rules! conformance_tests {
             async fn renew_extends_lease() {
                 run("renew_extends_lease").await
             }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn taken_run_id_is_refused_and_changes_nothing() {
+                run("taken_run_id_is_refused_and_changes_nothing").await
+            }
 
             #[test]
             fn every_check_has_a_test() {

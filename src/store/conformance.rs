@@ -29,6 +29,7 @@ pub const CHECKS: &[&str] = &[
     "purge_and_cleanup",
     "event_keys_batch",
     "renew_extends_lease",
+    "taken_run_id_is_refused_and_changes_nothing",
 ];
 
 fn unique(prefix: &str) -> String {
@@ -736,6 +737,93 @@ pub async fn renew_extends_lease(store: Arc<DynStore>) {
     }
 }
 
+/// A finish whose run id is already in the ledger is refused with
+/// [`Error::DuplicateRunId`] (not a store failure), writes no key and keeps the lease; the
+/// same finish under another run id then succeeds with the same lease.
+pub async fn taken_run_id_is_refused_and_changes_nothing(store: Arc<DynStore>) {
+    let (first, second) = (unique("first"), unique("second"));
+    let run_id = unique("orchestrator-run");
+    let at = now();
+    store
+        .finish(&Finish {
+            run: run_record(&first, "s", &run_id, RunStatus::Completed, at),
+            keys: vec![key_record(
+                &unique("k"),
+                KeyKind::Scope,
+                &first,
+                "s",
+                &run_id,
+                at,
+            )],
+            lease: None,
+        })
+        .await
+        .expect("first run recorded");
+    let lease = acquired(
+        store
+            .claim(&request(&second, "s", &run_id, 600, at))
+            .await
+            .unwrap(),
+    );
+    let key = unique("second-key");
+    let mut finish = Finish {
+        run: run_record(&second, "s", &run_id, RunStatus::Completed, at),
+        keys: vec![key_record(&key, KeyKind::Scope, &second, "s", &run_id, at)],
+        lease: Some(lease.clone()),
+    };
+    match store.finish(&finish).await {
+        Err(e @ Error::DuplicateRunId { .. }) => assert!(!e.is_store_failure(), "{e}"),
+        other => panic!("a taken run id must be refused with DuplicateRunId, got {other:?}"),
+    }
+    let lookup = KeyLookup {
+        key: key.clone(),
+        kind: KeyKind::Scope,
+        since: at - chrono::Duration::hours(1),
+    };
+    assert_eq!(
+        store
+            .find_keys(std::slice::from_ref(&lookup))
+            .await
+            .unwrap(),
+        vec![None],
+        "no key of the refused finish"
+    );
+    let holder = store.lease_holder(&second, "s", now()).await.unwrap();
+    assert_eq!(
+        holder.map(|h| (h.run_id, h.token)),
+        Some((run_id.clone(), lease.token)),
+        "the lease is still held"
+    );
+    let derived = format!("{run_id}.1");
+    finish.run.run_id = derived.clone();
+    for k in &mut finish.keys {
+        k.run_id = derived.clone();
+    }
+    store
+        .finish(&finish)
+        .await
+        .expect("recorded under another id");
+    let found = store.find_keys(&[lookup]).await.unwrap();
+    assert_eq!(
+        found[0].as_ref().map(|k| k.run_id.as_str()),
+        Some(derived.as_str())
+    );
+    assert!(store
+        .lease_holder(&second, "s", now())
+        .await
+        .unwrap()
+        .is_none());
+    let runs = store
+        .runs(&RunFilter {
+            processor: Some(second.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].run_id, derived);
+}
+
 /// Runs the check named `name` (one of [`CHECKS`]).
 pub async fn run_check(name: &str, store: Arc<DynStore>) {
     match name {
@@ -751,6 +839,9 @@ pub async fn run_check(name: &str, store: Arc<DynStore>) {
         "purge_and_cleanup" => purge_and_cleanup(store).await,
         "event_keys_batch" => event_keys_batch(store).await,
         "renew_extends_lease" => renew_extends_lease(store).await,
+        "taken_run_id_is_refused_and_changes_nothing" => {
+            taken_run_id_is_refused_and_changes_nothing(store).await
+        }
         other => panic!("unknown conformance check {other:?}"),
     }
 }
