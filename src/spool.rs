@@ -303,4 +303,55 @@ mod tests {
         assert_eq!(spool.replay(&store).await.unwrap(), ReplayReport::default());
         let _ = fs::remove_dir_all(&dir);
     }
+
+    #[tokio::test]
+    async fn an_unrecordable_entry_is_set_aside_and_the_rest_are_recorded() {
+        let dir = std::env::temp_dir().join(format!("idem-spool-{}", crate::new_run_id()));
+        let spool = Spool::new(&dir, "sqlite://y.db");
+        let at = micros(chrono::Utc::now());
+        let store = MemoryStore::new();
+        // r1 is taken by another run already: recorded under a derived id, not lost.
+        store
+            .finish(&Finish {
+                run: run_record("other", "s", "r1", RunStatus::Completed, at),
+                keys: vec![],
+                lease: None,
+            })
+            .await
+            .unwrap();
+        let key = key_record("k1", KeyKind::Scope, "p", "s", "r1", at);
+        spool
+            .push(
+                &run_record("p", "s", "r1", RunStatus::Completed, at),
+                std::slice::from_ref(&key),
+            )
+            .unwrap();
+        // A line no replay can read.
+        {
+            let mut f = OpenOptions::new().append(true).open(spool.path()).unwrap();
+            f.write_all(b"{not json\n").unwrap();
+        }
+        spool
+            .push(&run_record("p", "t", "r2", RunStatus::Completed, at), &[])
+            .unwrap();
+        let report = spool.replay(&store).await.unwrap();
+        assert_eq!(
+            report,
+            ReplayReport {
+                recorded: 2,
+                already_recorded: 0,
+                remaining: 0,
+                rejected: 1,
+            }
+        );
+        assert!(!spool.path().exists());
+        let rejected = fs::read_to_string(spool.rejected_path()).unwrap();
+        assert_eq!(rejected, "{not json\n");
+        let runs = store.runs(&RunFilter::default()).await.unwrap();
+        assert_eq!(runs.len(), 3);
+        assert!(runs
+            .iter()
+            .any(|r| r.run_id.starts_with("r1.") && r.processor == "p"));
+        let _ = fs::remove_dir_all(&dir);
+    }
 }
