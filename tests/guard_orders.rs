@@ -16,11 +16,11 @@ const GUARDS: [&str; 3] = ["time_window", "content_hash", "lease"];
 
 fn permutations() -> Vec<[&'static str; 3]> {
     let mut out = Vec::new();
-    for a in 0..3 {
-        for b in 0..3 {
-            for c in 0..3 {
+    for a in GUARDS {
+        for b in GUARDS {
+            for c in GUARDS {
                 if a != b && b != c && a != c {
-                    out.push([GUARDS[a], GUARDS[b], GUARDS[c]]);
+                    out.push([a, b, c]);
                 }
             }
         }
