@@ -641,3 +641,58 @@ fn best_effort_spools_a_result_the_store_missed_and_the_ledger_catches_up() {
         .collect();
     assert!(left.is_empty(), "spool emptied");
 }
+
+/// Issue 7, item 4: a backfill of the README demo job started as 19 separate `idem run`
+/// processes at once (one per date, all on the same SQLite warehouse): every run
+/// completes, each date once, and the demo's setup fills the source table once.
+#[test]
+fn a_concurrent_backfill_of_the_demo_job_completes_every_date_once() {
+    let s = Sandbox::new("idem-cli");
+    let demo = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/jobs/daily_sales.toml"
+    ))
+    .expect("read the demo job");
+    s.write_job("daily_sales", &demo);
+    s.json(&["migrate"]);
+    let dates: Vec<String> = (1..=19).map(|d| format!("2025-11-{d:02}")).collect();
+    let children: Vec<_> = dates
+        .iter()
+        .map(|date| {
+            s.json_command(&["run", "daily_sales", "--date", date])
+                .spawn()
+                .expect("spawn idem run")
+        })
+        .collect();
+    for (date, child) in dates.iter().zip(children) {
+        let (code, doc, stderr) = common::wait(child);
+        assert_eq!(code, 0, "{date}: {doc}\n{stderr}");
+        assert_eq!(status(&doc), "completed", "{date}: {doc}\n{stderr}");
+        assert_eq!(doc["scope"], date.as_str());
+    }
+    let (_, runs, _) = s.json(&["runs", "--job", "daily_sales", "--limit", "100"]);
+    let mut scopes: Vec<&str> = runs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            assert_eq!(r["status"], "completed", "{r}");
+            r["scope"].as_str().unwrap()
+        })
+        .collect();
+    scopes.sort_unstable();
+    assert_eq!(scopes, dates, "one completed run per date: {runs}");
+    let out = Command::new("sqlite3")
+        .arg(s.dir.join("jobs").join("demo.db"))
+        .arg(
+            "SELECT (SELECT count(*) FROM raw_sales), \
+             (SELECT count(DISTINCT sale_date) FROM daily_sales), (SELECT count(*) FROM daily_sales)",
+        )
+        .output()
+        .expect("sqlite3");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "360|19|57",
+        "the source filled once (30 days x 3 stores x 4 sales), 19 days x 3 stores of totals"
+    );
+}

@@ -96,7 +96,15 @@ impl Warehouse for SqliteWarehouse {
     }
 
     async fn execute(&self, statements: &[Statement], params: &Params) -> Result<u64, String> {
-        let mut tx = self.pool.begin().await.map_err(|e| e.to_string())?;
+        // IMMEDIATE: take the write lock up front. A deferred transaction that reads and
+        // then writes (`INSERT … WHERE NOT EXISTS …`) cannot upgrade its lock while another
+        // connection writes, and SQLite then fails at once with "database is locked"
+        // instead of waiting out the busy timeout.
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(|e| e.to_string())?;
         let mut affected = 0;
         for (n, statement) in statements.iter().enumerate() {
             let values = bind_values(statement, params)?;
