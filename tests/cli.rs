@@ -696,3 +696,68 @@ fn a_concurrent_backfill_of_the_demo_job_completes_every_date_once() {
         "the source filled once (30 days x 3 stores x 4 sales), 19 days x 3 stores of totals"
     );
 }
+
+/// A job whose content query is `content` over a table `v (day, a, b)` in the warehouse,
+/// with a content hash and no time window.
+fn content_job(content: &str) -> String {
+    format!(
+        r#"
+name = "typed"
+processor = "sql"
+[guards]
+time_window = "0s"
+content_hash = "24h"
+[sql]
+warehouse = "sqlite://warehouse.db"
+content = {content}
+process = "SELECT 1"
+"#,
+        content = common::toml_str(content)
+    )
+}
+
+/// Issue 7, item 5: every value the content query returns is hashed, with its type. Each
+/// change below used to be skipped as `duplicate_content_hash`: a changed column hidden
+/// by a later column of the same name, and values of different types that encoded alike
+/// (NULL, ±infinity and text that is not UTF-8 were all `null`; a BLOB was the text of its
+/// hex digits).
+#[test]
+fn every_column_and_every_type_change_reaches_the_content_key() {
+    let s = Sandbox::new("idem-cli");
+    s.sql(
+        "warehouse.db",
+        "CREATE TABLE v (day TEXT, a, b); INSERT INTO v VALUES ('2025-11-18', 1, 'x')",
+    );
+    s.write_job(
+        "typed",
+        &content_job("SELECT a AS v, b AS v FROM v WHERE day = @scope"),
+    );
+    let (_, first, _) = s.json(&["run", "typed", "--date", "2025-11-18"]);
+    assert_eq!(status(&first), "completed", "{first}");
+    let (_, same, _) = s.json(&["run", "typed", "--date", "2025-11-18"]);
+    assert_eq!(same["skip_reason"], "duplicate_content_hash", "{same}");
+    let mut keys = vec![first["processing_key"].clone()];
+    let mut changed = |label: &str, update: &str| {
+        s.sql("warehouse.db", update);
+        let (code, run, stderr) = s.json(&["run", "typed", "--date", "2025-11-18"]);
+        assert_eq!(code, 0, "{label}: {run}\n{stderr}");
+        assert_eq!(status(&run), "completed", "{label}: {run}");
+        assert!(
+            !keys.contains(&run["processing_key"]),
+            "{label}: a key seen before {run}"
+        );
+        keys.push(run["processing_key"].clone());
+    };
+    // The first of two columns named `v` changes.
+    changed("duplicate column name", "UPDATE v SET a = 2");
+    // Values of different types, one after another in the same column.
+    changed("NULL", "UPDATE v SET a = NULL");
+    changed("+infinity", "UPDATE v SET a = 1e999");
+    changed("-infinity", "UPDATE v SET a = -1e999");
+    changed("text not UTF-8", "UPDATE v SET a = CAST(x'ff' AS TEXT)");
+    changed("text", "UPDATE v SET a = 'ab'");
+    changed("blob of the text's hex digits", "UPDATE v SET a = x'ab'");
+    changed("integer", "UPDATE v SET a = 3");
+    changed("real", "UPDATE v SET a = 3.0");
+    changed("text of the integer", "UPDATE v SET a = '3'");
+}

@@ -20,12 +20,14 @@ use crate::processor::Processor;
 
 #[cfg(feature = "bigquery")]
 mod bigquery;
+mod cell;
 mod params;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
 #[cfg(feature = "bigquery")]
 pub use bigquery::BigQueryWarehouse;
+pub use cell::{canonical_row, Cell, Rows};
 pub use params::{prepare, Dialect, Statement};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteWarehouse;
@@ -48,8 +50,15 @@ pub trait Warehouse: Send + Sync + Debug {
     /// records processed.
     async fn execute(&self, statements: &[Statement], params: &Params) -> Result<u64, String>;
 
-    /// Runs one query and returns its rows as JSON objects (column name → value).
-    async fn query(&self, statement: &Statement, params: &Params) -> Result<Vec<Value>, String>;
+    /// Runs one query and returns its rows typed, every column in order (the content
+    /// query's rows are hashed from these, see [`Cell::canonical`]).
+    async fn query_rows(&self, statement: &Statement, params: &Params) -> Result<Rows, String>;
+
+    /// Runs one query and returns its rows as JSON objects (column name → plain value),
+    /// for display; see [`Rows::to_objects`] for what that loses.
+    async fn query(&self, statement: &Statement, params: &Params) -> Result<Vec<Value>, String> {
+        Ok(self.query_rows(statement, params).await?.to_objects())
+    }
 }
 
 /// Looks up a statement's parameters, with an error naming a missing one.
@@ -197,14 +206,14 @@ impl Processor for SqlProcessor {
         self.setup(&params).await?;
         let rows = self
             .warehouse
-            .query(content, &params)
+            .query_rows(content, &params)
             .await
             .map_err(|message| Error::Sql {
                 phase: "content",
                 warehouse: self.warehouse.describe(),
                 message,
             })?;
-        Ok(Some(Content::new().rows(rows)))
+        Ok(Some(Content::new().rows(rows.canonical())))
     }
 
     async fn process(&self, request: &RunRequest) -> Result<Outcome, BoxError> {
