@@ -265,6 +265,66 @@ mod tests {
     }
 
     #[test]
+    fn content_rows_keep_every_column_and_type() {
+        let field = |name: &str, ty: FieldType| TableFieldSchema::new(name, ty);
+        let out = QueryOutput {
+            fields: vec![
+                field("v", FieldType::Numeric),
+                field("v", FieldType::String),
+                field("f", FieldType::Float),
+                field("by", FieldType::Bytes),
+                field("g", FieldType::Geography),
+            ],
+            rows: vec![
+                vec![
+                    json!("1.5"),
+                    json!("1.5"),
+                    json!("NaN"),
+                    json!("YWI="),
+                    json!("POINT(1 2)"),
+                ],
+                vec![
+                    json!("NaN"),
+                    json!("NaN"),
+                    json!("-Infinity"),
+                    Value::Null,
+                    Value::Null,
+                ],
+                vec![json!("1"), json!("ab"), json!("inf"), json!(""), json!("x")],
+            ],
+            affected: None,
+        };
+        let got = rows(&out);
+        assert_eq!(got.columns, vec!["v", "v", "f", "by", "g"]);
+        assert_eq!(
+            got.canonical(),
+            vec![
+                json!([
+                    ["numeric", "1.5"],
+                    ["text", "1.5"],
+                    ["real", "NaN"],
+                    ["blob", "6162"],
+                    ["other", "geography", "504f494e542831203229"]
+                ]),
+                json!([
+                    ["numeric", "NaN"],
+                    ["text", "NaN"],
+                    ["real", "-Infinity"],
+                    null,
+                    null
+                ]),
+                json!([
+                    ["numeric", "1"],
+                    ["text", "ab"],
+                    ["real", "Infinity"],
+                    ["blob", ""],
+                    ["other", "geography", "78"]
+                ]),
+            ]
+        );
+    }
+
+    #[test]
     fn scope_date_is_a_date_parameter() {
         let s = &crate::sql::prepare("SELECT @scope, @scope_date", Dialect::BigQuery).unwrap()[0];
         let mut params = Params::new();
