@@ -299,7 +299,12 @@ impl Runner {
         };
         Ok(processor.describe(request).await?.map(|content| {
             (
-                content.key(&request.processor, &request.scope, algorithm),
+                content.key_with_version(
+                    &request.processor,
+                    &request.scope,
+                    &processor.version(),
+                    algorithm,
+                ),
                 content.entity_count(),
             )
         }))

@@ -761,3 +761,68 @@ fn every_column_and_every_type_change_reaches_the_content_key() {
     changed("real", "UPDATE v SET a = 3.0");
     changed("text of the integer", "UPDATE v SET a = '3'");
 }
+
+/// Issue 7, item 6: the job's SQL is part of the content key. A bug fixed in `process`
+/// runs again on the same date within the content window (it used to be skipped as
+/// `duplicate_content_hash`, so the fixed SQL never ran); so does a changed
+/// `[sql.params]`; the unchanged job is still skipped.
+#[test]
+fn editing_the_job_sql_or_params_reruns_unchanged_content() {
+    let s = Sandbox::new("idem-cli");
+    let guards = "time_window = \"0s\"\ncontent_hash = \"24h\"";
+    let buggy = "DELETE FROM out WHERE day = @scope; INSERT INTO out SELECT day, COUNT(*) FROM src WHERE day = @scope GROUP BY day";
+    let job = s.write_job("sales", &sales_job("sales", guards, buggy));
+    s.sql("warehouse.db", "CREATE TABLE IF NOT EXISTS src (day TEXT, item TEXT, qty INTEGER); INSERT INTO src VALUES ('2025-11-18','a',2),('2025-11-18','b',3)");
+    let total = || {
+        let out = Command::new("sqlite3")
+            .arg(s.dir.join("jobs").join("warehouse.db"))
+            .arg("SELECT qty FROM out WHERE day = '2025-11-18'")
+            .output()
+            .expect("sqlite3");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let (_, first, _) = s.run(&job, "2025-11-18");
+    assert_eq!(status(&first), "completed", "{first}");
+    assert_eq!(total(), "2", "the bug: a count, not a sum");
+    let (_, same, _) = s.json(&["run", "sales", "--date", "2025-11-18"]);
+    assert_eq!(same["skip_reason"], "duplicate_content_hash", "{same}");
+
+    // The fix: same source rows, the fixed SQL runs.
+    std::fs::write(&job, sales_job("sales", guards, GOOD_PROCESS)).unwrap();
+    let (code, fixed, stderr) = s.run(&job, "2025-11-18");
+    assert_eq!(code, 0, "{fixed}\n{stderr}");
+    assert_eq!(status(&fixed), "completed", "{fixed}");
+    assert_ne!(fixed["processing_key"], first["processing_key"]);
+    assert_eq!(total(), "5", "the fixed SQL ran");
+    let (_, again, _) = s.run(&job, "2025-11-18");
+    assert_eq!(again["skip_reason"], "duplicate_content_hash", "{again}");
+    assert_eq!(again["processing_key"], fixed["processing_key"]);
+
+    // Whitespace around statements is not an edit.
+    std::fs::write(
+        &job,
+        sales_job("sales", guards, &format!("\n  {GOOD_PROCESS} ;\n\n")),
+    )
+    .unwrap();
+    let (_, spaced, _) = s.run(&job, "2025-11-18");
+    assert_eq!(spaced["skip_reason"], "duplicate_content_hash", "{spaced}");
+
+    // A changed [sql.params] value is.
+    let with_param = |v: &str| {
+        format!(
+            "{}\n[sql.params]\nlabel = \"{v}\"\n",
+            sales_job("sales", guards, GOOD_PROCESS)
+        )
+    };
+    std::fs::write(&job, with_param("one")).unwrap();
+    let (_, one, _) = s.run(&job, "2025-11-18");
+    assert_eq!(status(&one), "completed", "{one}");
+    std::fs::write(&job, with_param("two")).unwrap();
+    let (_, two, _) = s.run(&job, "2025-11-18");
+    assert_eq!(status(&two), "completed", "{two}");
+    let (_, two_again, _) = s.run(&job, "2025-11-18");
+    assert_eq!(
+        two_again["skip_reason"], "duplicate_content_hash",
+        "{two_again}"
+    );
+}

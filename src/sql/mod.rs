@@ -114,6 +114,7 @@ pub struct SqlProcessor {
     content: Option<Statement>,
     process: Vec<Statement>,
     params: Params,
+    version: String,
     setup_done: OnceCell<()>,
 }
 
@@ -148,6 +149,7 @@ impl SqlProcessor {
         if process.is_empty() {
             return Err(Error::config("[sql].process has no statement"));
         }
+        let version = code_version(&setup, content.as_ref(), &process, &params);
         Ok(SqlProcessor {
             name: name.into(),
             warehouse,
@@ -155,6 +157,7 @@ impl SqlProcessor {
             content,
             process,
             params,
+            version,
             setup_done: OnceCell::new(),
         })
     }
@@ -192,10 +195,35 @@ impl SqlProcessor {
     }
 }
 
+/// A SQL job's code version: SHA-256 of the canonical JSON of its prepared statements
+/// (text with the dialect's placeholders, and the parameter names they bind) and its
+/// `[sql.params]`: `{"content": S|null, "params": {…}, "process": [S…], "setup": [S…]}`
+/// with `S = {"params": […], "sql": "…"}`. Whitespace around statements and empty
+/// statements do not count; any other edit does.
+fn code_version(
+    setup: &[Statement],
+    content: Option<&Statement>,
+    process: &[Statement],
+    params: &Params,
+) -> String {
+    let statement = |s: &Statement| serde_json::json!({"params": s.params, "sql": s.sql});
+    let value = serde_json::json!({
+        "content": content.map(statement),
+        "params": params,
+        "process": process.iter().map(statement).collect::<Vec<_>>(),
+        "setup": setup.iter().map(statement).collect::<Vec<_>>(),
+    });
+    crate::key::digest_value(&value, crate::key::HashAlgorithm::Sha256)
+}
+
 #[async_trait]
 impl Processor for SqlProcessor {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn version(&self) -> String {
+        self.version.clone()
     }
 
     async fn describe(&self, request: &RunRequest) -> Result<Option<Content>, BoxError> {
