@@ -642,6 +642,32 @@ fn best_effort_spools_a_result_the_store_missed_and_the_ledger_catches_up() {
     assert!(left.is_empty(), "spool emptied");
 }
 
+/// The rows of a query on a SQLite file, read with idem's own SQLite warehouse: each row's
+/// values as plain JSON in the order of their column names, joined by `|`; rows joined by
+/// newlines.
+fn sqlite_values(path: &std::path::Path, sql: &str) -> String {
+    let url = format!("sqlite://{}", path.display());
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let w = idem::sql::open_warehouse(&url).await.unwrap();
+        let statement = &idem::sql::prepare(sql, idem::sql::Dialect::Sqlite).unwrap()[0];
+        let rows = w.query(statement, &Default::default()).await.unwrap();
+        rows.iter()
+            .map(|r| {
+                let mut cells: Vec<(&String, String)> = r
+                    .as_object()
+                    .unwrap()
+                    .iter()
+                    .map(|(k, v)| (k, v.to_string()))
+                    .collect();
+                cells.sort();
+                let cells: Vec<String> = cells.into_iter().map(|(_, v)| v).collect();
+                cells.join("|")
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    })
+}
+
 /// Issue 7, item 4: a backfill of the README demo job started as 19 separate `idem run`
 /// processes at once (one per date, all on the same SQLite warehouse): every run
 /// completes, each date once, and the demo's setup fills the source table once.
@@ -682,16 +708,13 @@ fn a_concurrent_backfill_of_the_demo_job_completes_every_date_once() {
         .collect();
     scopes.sort_unstable();
     assert_eq!(scopes, dates, "one completed run per date: {runs}");
-    let out = Command::new("sqlite3")
-        .arg(s.dir.join("jobs").join("demo.db"))
-        .arg(
-            "SELECT (SELECT count(*) FROM raw_sales), \
-             (SELECT count(DISTINCT sale_date) FROM daily_sales), (SELECT count(*) FROM daily_sales)",
-        )
-        .output()
-        .expect("sqlite3");
     assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
+        sqlite_values(
+            &s.dir.join("jobs").join("demo.db"),
+            "SELECT (SELECT count(*) FROM raw_sales) AS a, \
+             (SELECT count(DISTINCT sale_date) FROM daily_sales) AS b, \
+             (SELECT count(*) FROM daily_sales) AS c",
+        ),
         "360|19|57",
         "the source filled once (30 days x 3 stores x 4 sales), 19 days x 3 stores of totals"
     );
@@ -774,12 +797,10 @@ fn editing_the_job_sql_or_params_reruns_unchanged_content() {
     let job = s.write_job("sales", &sales_job("sales", guards, buggy));
     s.sql("warehouse.db", "CREATE TABLE IF NOT EXISTS src (day TEXT, item TEXT, qty INTEGER); INSERT INTO src VALUES ('2025-11-18','a',2),('2025-11-18','b',3)");
     let total = || {
-        let out = Command::new("sqlite3")
-            .arg(s.dir.join("jobs").join("warehouse.db"))
-            .arg("SELECT qty FROM out WHERE day = '2025-11-18'")
-            .output()
-            .expect("sqlite3");
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
+        sqlite_values(
+            &s.dir.join("jobs").join("warehouse.db"),
+            "SELECT qty FROM out WHERE day = '2025-11-18'",
+        )
     };
     let (_, first, _) = s.run(&job, "2025-11-18");
     assert_eq!(status(&first), "completed", "{first}");
