@@ -1069,6 +1069,9 @@ fn every_column_and_every_type_change_reaches_the_content_key() {
         (&last, "true"),
         (&last, "'true'::json"),
         (&last, "'infinity'::date"),
+        (&last, "'infinity'::timestamptz"),
+        (&last, "'-infinity'::timestamp"),
+        (&last, "ARRAY[[1, 2], [3, 4]]"),
         (&last, "'\\x7fffffff'::text"),
         (&last, "NULL::int"),
         // The first of the two columns named `v`.
