@@ -165,6 +165,28 @@ impl Content {
     /// The content key: digest of the canonical JSON of
     /// `{"content": …, "processor": …, "scope": …}`.
     pub fn key(&self, processor: &str, scope: &str, algorithm: HashAlgorithm) -> String {
+        self.key_with_version(processor, scope, "", algorithm)
+    }
+
+    /// The content key of a given code version ([`Processor::version`]): digest of the
+    /// canonical JSON of `{"content": …, "processor": …, "scope": …, "version": …}`, or
+    /// exactly [`Content::key`] when the version is empty.
+    ///
+    /// ```
+    /// use idem::{Content, HashAlgorithm::Sha256};
+    /// let c = Content::new().entities(["p1"]);
+    /// assert_eq!(c.key_with_version("p", "2025-11-18", "", Sha256), c.key("p", "2025-11-18", Sha256));
+    /// assert_ne!(c.key_with_version("p", "2025-11-18", "v2", Sha256), c.key("p", "2025-11-18", Sha256));
+    /// ```
+    ///
+    /// [`Processor::version`]: crate::Processor::version
+    pub fn key_with_version(
+        &self,
+        processor: &str,
+        scope: &str,
+        version: &str,
+        algorithm: HashAlgorithm,
+    ) -> String {
         let mut w = DigestWriter::new(algorithm);
         // Keys in sorted order: content, processor, scope.
         w.put(b"{\"content\":{");
@@ -180,6 +202,10 @@ impl Content {
         write_string(&mut w, processor).expect("digest writes cannot fail");
         w.put(b",\"scope\":");
         write_string(&mut w, scope).expect("digest writes cannot fail");
+        if !version.is_empty() {
+            w.put(b",\"version\":");
+            write_string(&mut w, version).expect("digest writes cannot fail");
+        }
         w.put(b"}");
         w.finish_hex()
     }
@@ -341,6 +367,31 @@ mod tests {
         assert_eq!(c.key("p", "2025-11-18", HashAlgorithm::Md5), expected_md5);
         assert_eq!(expected_md5.len(), 32);
         assert_eq!(expected.len(), 64);
+    }
+
+    #[test]
+    fn a_version_is_part_of_the_key_and_an_empty_one_changes_nothing() {
+        let c = Content::new().entities(["b", "a"]).field("n", 2);
+        let base = r#"{"content":{"entities":["a","b"],"n":2},"processor":"p","scope":"s""#;
+        assert_eq!(
+            c.key_with_version("p", "s", "", HashAlgorithm::Sha256),
+            hex(&Sha256::digest(format!("{base}}}").as_bytes())),
+            "no version: the key of before versions"
+        );
+        assert_eq!(
+            c.key_with_version("p", "s", "", HashAlgorithm::Sha256),
+            c.key("p", "s", HashAlgorithm::Sha256)
+        );
+        assert_eq!(
+            c.key_with_version("p", "s", "v2", HashAlgorithm::Md5),
+            hex(&Md5::digest(
+                format!(r#"{base},"version":"v2"}}"#).as_bytes()
+            ))
+        );
+        assert_ne!(
+            c.key_with_version("p", "s", "v2", HashAlgorithm::Sha256),
+            c.key_with_version("p", "s", "v3", HashAlgorithm::Sha256)
+        );
     }
 
     #[test]

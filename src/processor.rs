@@ -51,6 +51,15 @@ pub trait Processor: Send + Sync {
         Ok(None)
     }
 
+    /// The version of the processor's code, part of the content key: change it when
+    /// the same content must be processed again because the code changed (a fixed bug).
+    /// Empty by default, and an empty version leaves the content key what it was before
+    /// versions existed. The built-in SQL processor returns a digest of the job's
+    /// prepared SQL and `[sql.params]`.
+    fn version(&self) -> String {
+        String::new()
+    }
+
     /// Does the work.
     async fn process(&self, request: &RunRequest) -> Result<Outcome, BoxError>;
 }

@@ -232,7 +232,12 @@ impl ContentSource for Describe<'_> {
         };
         match described.await {
             Ok(content) => Ok(content.map(|content| ContentKey {
-                key: content.key(&self.request.processor, &self.request.scope, algorithm),
+                key: content.key_with_version(
+                    &self.request.processor,
+                    &self.request.scope,
+                    &self.processor.version(),
+                    algorithm,
+                ),
                 entity_count: content.entity_count(),
             })),
             Err(e) if self.with_prepare => Err(ContentError::Unavailable(e.to_string())),

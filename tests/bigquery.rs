@@ -1062,3 +1062,84 @@ process = """{process}"""
         assert_eq!(store.api_calls() - before, 3);
     }
 }
+
+/// Issue 7, item 5, on BigQuery: every column and every value's type reach the content key.
+#[cfg(feature = "bigquery")]
+mod bigquery_content {
+    use idem::sql::{prepare, BigQueryWarehouse, Dialect, Warehouse};
+    use idem::store::bigquery::{BigQueryStore, BigQueryUrl};
+    use serde_json::Value;
+
+    use super::common::{toml_str, Sandbox};
+
+    /// The content query reads a one-row table the test recreates with another column
+    /// type; each definition used to encode like the one before it
+    /// (`duplicate_content_hash`): NUMERIC `1.5` and the STRING of its text, FLOAT64 NaN and
+    /// STRING `'NaN'`, BYTES and the STRING of their base64, DATE and the STRING of it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_type_change_reaches_the_content_key() {
+        let Some(url) = super::common::service_url(
+            "IDEM_TEST_BIGQUERY_URL",
+            "bigquery::every_type_change_reaches_the_content_key",
+            super::common::BIGQUERY_HOW,
+        ) else {
+            return;
+        };
+        BigQueryStore::connect(&url).await.expect("open the store");
+        let table = BigQueryUrl::parse(&url)
+            .unwrap()
+            .table(&format!("typed_{}", &idem::new_run_id()[..8]));
+        let warehouse = BigQueryWarehouse::connect(&url).await.unwrap();
+        let sandbox = Sandbox::new("idem-bq");
+        let job = sandbox.write_job(
+            "typed",
+            &format!(
+                "name = \"typed\"\nprocessor = \"sql\"\n[guards]\ntime_window = \"0s\"\n\
+                 content_hash = \"24h\"\n[sql]\nwarehouse = {}\ncontent = {}\nprocess = \"SELECT 1\"\n",
+                toml_str(&url),
+                toml_str(&format!("SELECT * FROM {table}")),
+            ),
+        );
+        let mut keys: Vec<Value> = Vec::new();
+        for (ty, value) in [
+            // The text of each value as BigQuery sends it, and as the emulator does.
+            ("NUMERIC", "NUMERIC '1.5'"),
+            ("STRING", "'1.500000000'"),
+            ("STRING", "'1.5'"),
+            ("FLOAT64", "CAST('NaN' AS FLOAT64)"),
+            ("STRING", "'nan'"),
+            ("STRING", "'NaN'"),
+            ("BYTES", "b'ab'"),
+            ("STRING", "'YWI='"),
+            ("DATE", "DATE '2025-11-18'"),
+            ("STRING", "'2025-11-18'"),
+            ("INT64", "NULL"),
+        ] {
+            let statements = prepare(
+                &format!(
+                    "DROP TABLE IF EXISTS {table}; CREATE TABLE {table} (v {ty}); \
+                     INSERT INTO {table} (v) VALUES ({value})"
+                ),
+                Dialect::BigQuery,
+            )
+            .unwrap();
+            warehouse
+                .execute(&statements, &Default::default())
+                .await
+                .unwrap();
+            let (code, run, stderr) = sandbox.run(&job, "2025-11-18");
+            assert_eq!(code, 0, "{ty} {value}: {run}\n{stderr}");
+            assert_eq!(run["status"], "completed", "{ty} {value}: {run}");
+            assert!(
+                !keys.contains(&run["processing_key"]),
+                "{ty} {value}: a key seen before {run}"
+            );
+            keys.push(run["processing_key"].clone());
+            let (_, again, _) = sandbox.run(&job, "2025-11-18");
+            assert_eq!(
+                again["skip_reason"], "duplicate_content_hash",
+                "{ty} {value}: {again}"
+            );
+        }
+    }
+}

@@ -641,3 +641,209 @@ fn best_effort_spools_a_result_the_store_missed_and_the_ledger_catches_up() {
         .collect();
     assert!(left.is_empty(), "spool emptied");
 }
+
+/// The rows of a query on a SQLite file, read with idem's own SQLite warehouse: each row's
+/// values as plain JSON in the order of their column names, joined by `|`; rows joined by
+/// newlines.
+fn sqlite_values(path: &std::path::Path, sql: &str) -> String {
+    let url = format!("sqlite://{}", path.display());
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let w = idem::sql::open_warehouse(&url).await.unwrap();
+        let statement = &idem::sql::prepare(sql, idem::sql::Dialect::Sqlite).unwrap()[0];
+        let rows = w.query(statement, &Default::default()).await.unwrap();
+        rows.iter()
+            .map(|r| {
+                let mut cells: Vec<(&String, String)> = r
+                    .as_object()
+                    .unwrap()
+                    .iter()
+                    .map(|(k, v)| (k, v.to_string()))
+                    .collect();
+                cells.sort();
+                let cells: Vec<String> = cells.into_iter().map(|(_, v)| v).collect();
+                cells.join("|")
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    })
+}
+
+/// Issue 7, item 4: a backfill of the README demo job started as 19 separate `idem run`
+/// processes at once (one per date, all on the same SQLite warehouse): every run
+/// completes, each date once, and the demo's setup fills the source table once.
+#[test]
+fn a_concurrent_backfill_of_the_demo_job_completes_every_date_once() {
+    let s = Sandbox::new("idem-cli");
+    let demo = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/jobs/daily_sales.toml"
+    ))
+    .expect("read the demo job");
+    s.write_job("daily_sales", &demo);
+    s.json(&["migrate"]);
+    let dates: Vec<String> = (1..=19).map(|d| format!("2025-11-{d:02}")).collect();
+    let children: Vec<_> = dates
+        .iter()
+        .map(|date| {
+            s.json_command(&["run", "daily_sales", "--date", date])
+                .spawn()
+                .expect("spawn idem run")
+        })
+        .collect();
+    for (date, child) in dates.iter().zip(children) {
+        let (code, doc, stderr) = common::wait(child);
+        assert_eq!(code, 0, "{date}: {doc}\n{stderr}");
+        assert_eq!(status(&doc), "completed", "{date}: {doc}\n{stderr}");
+        assert_eq!(doc["scope"], date.as_str());
+    }
+    let (_, runs, _) = s.json(&["runs", "--job", "daily_sales", "--limit", "100"]);
+    let mut scopes: Vec<&str> = runs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            assert_eq!(r["status"], "completed", "{r}");
+            r["scope"].as_str().unwrap()
+        })
+        .collect();
+    scopes.sort_unstable();
+    assert_eq!(scopes, dates, "one completed run per date: {runs}");
+    assert_eq!(
+        sqlite_values(
+            &s.dir.join("jobs").join("demo.db"),
+            "SELECT (SELECT count(*) FROM raw_sales) AS a, \
+             (SELECT count(DISTINCT sale_date) FROM daily_sales) AS b, \
+             (SELECT count(*) FROM daily_sales) AS c",
+        ),
+        "360|19|57",
+        "the source filled once (30 days x 3 stores x 4 sales), 19 days x 3 stores of totals"
+    );
+}
+
+/// A job whose content query is `content` over a table `v (day, a, b)` in the warehouse,
+/// with a content hash and no time window.
+fn content_job(content: &str) -> String {
+    format!(
+        r#"
+name = "typed"
+processor = "sql"
+[guards]
+time_window = "0s"
+content_hash = "24h"
+[sql]
+warehouse = "sqlite://warehouse.db"
+content = {content}
+process = "SELECT 1"
+"#,
+        content = common::toml_str(content)
+    )
+}
+
+/// Issue 7, item 5: every value the content query returns is hashed, with its type. Each
+/// change below used to be skipped as `duplicate_content_hash`: a changed column hidden
+/// by a later column of the same name, and values of different types that encoded alike
+/// (NULL, ±infinity and text that is not UTF-8 were all `null`; a BLOB was the text of its
+/// hex digits).
+#[test]
+fn every_column_and_every_type_change_reaches_the_content_key() {
+    let s = Sandbox::new("idem-cli");
+    s.sql(
+        "warehouse.db",
+        "CREATE TABLE v (day TEXT, a, b); INSERT INTO v VALUES ('2025-11-18', 1, 'x')",
+    );
+    s.write_job(
+        "typed",
+        &content_job("SELECT a AS v, b AS v FROM v WHERE day = @scope"),
+    );
+    let (_, first, _) = s.json(&["run", "typed", "--date", "2025-11-18"]);
+    assert_eq!(status(&first), "completed", "{first}");
+    let (_, same, _) = s.json(&["run", "typed", "--date", "2025-11-18"]);
+    assert_eq!(same["skip_reason"], "duplicate_content_hash", "{same}");
+    let mut keys = vec![first["processing_key"].clone()];
+    let mut changed = |label: &str, update: &str| {
+        s.sql("warehouse.db", update);
+        let (code, run, stderr) = s.json(&["run", "typed", "--date", "2025-11-18"]);
+        assert_eq!(code, 0, "{label}: {run}\n{stderr}");
+        assert_eq!(status(&run), "completed", "{label}: {run}");
+        assert!(
+            !keys.contains(&run["processing_key"]),
+            "{label}: a key seen before {run}"
+        );
+        keys.push(run["processing_key"].clone());
+    };
+    // The first of two columns named `v` changes.
+    changed("duplicate column name", "UPDATE v SET a = 2");
+    // Values of different types, one after another in the same column.
+    changed("NULL", "UPDATE v SET a = NULL");
+    changed("+infinity", "UPDATE v SET a = 1e999");
+    changed("-infinity", "UPDATE v SET a = -1e999");
+    changed("text not UTF-8", "UPDATE v SET a = CAST(x'ff' AS TEXT)");
+    changed("text", "UPDATE v SET a = 'ab'");
+    changed("blob of the text's hex digits", "UPDATE v SET a = x'ab'");
+    changed("integer", "UPDATE v SET a = 3");
+    changed("real", "UPDATE v SET a = 3.0");
+    changed("text of the integer", "UPDATE v SET a = '3'");
+}
+
+/// Issue 7, item 6: the job's SQL is part of the content key. A bug fixed in `process`
+/// runs again on the same date within the content window (it used to be skipped as
+/// `duplicate_content_hash`, so the fixed SQL never ran); so does a changed
+/// `[sql.params]`; the unchanged job is still skipped.
+#[test]
+fn editing_the_job_sql_or_params_reruns_unchanged_content() {
+    let s = Sandbox::new("idem-cli");
+    let guards = "time_window = \"0s\"\ncontent_hash = \"24h\"";
+    let buggy = "DELETE FROM out WHERE day = @scope; INSERT INTO out SELECT day, COUNT(*) FROM src WHERE day = @scope GROUP BY day";
+    let job = s.write_job("sales", &sales_job("sales", guards, buggy));
+    s.sql("warehouse.db", "CREATE TABLE IF NOT EXISTS src (day TEXT, item TEXT, qty INTEGER); INSERT INTO src VALUES ('2025-11-18','a',2),('2025-11-18','b',3)");
+    let total = || {
+        sqlite_values(
+            &s.dir.join("jobs").join("warehouse.db"),
+            "SELECT qty FROM out WHERE day = '2025-11-18'",
+        )
+    };
+    let (_, first, _) = s.run(&job, "2025-11-18");
+    assert_eq!(status(&first), "completed", "{first}");
+    assert_eq!(total(), "2", "the bug: a count, not a sum");
+    let (_, same, _) = s.json(&["run", "sales", "--date", "2025-11-18"]);
+    assert_eq!(same["skip_reason"], "duplicate_content_hash", "{same}");
+
+    // The fix: same source rows, the fixed SQL runs.
+    std::fs::write(&job, sales_job("sales", guards, GOOD_PROCESS)).unwrap();
+    let (code, fixed, stderr) = s.run(&job, "2025-11-18");
+    assert_eq!(code, 0, "{fixed}\n{stderr}");
+    assert_eq!(status(&fixed), "completed", "{fixed}");
+    assert_ne!(fixed["processing_key"], first["processing_key"]);
+    assert_eq!(total(), "5", "the fixed SQL ran");
+    let (_, again, _) = s.run(&job, "2025-11-18");
+    assert_eq!(again["skip_reason"], "duplicate_content_hash", "{again}");
+    assert_eq!(again["processing_key"], fixed["processing_key"]);
+
+    // Whitespace around statements is not an edit.
+    std::fs::write(
+        &job,
+        sales_job("sales", guards, &format!("\n  {GOOD_PROCESS} ;\n\n")),
+    )
+    .unwrap();
+    let (_, spaced, _) = s.run(&job, "2025-11-18");
+    assert_eq!(spaced["skip_reason"], "duplicate_content_hash", "{spaced}");
+
+    // A changed [sql.params] value is.
+    let with_param = |v: &str| {
+        format!(
+            "{}\n[sql.params]\nlabel = \"{v}\"\n",
+            sales_job("sales", guards, GOOD_PROCESS)
+        )
+    };
+    std::fs::write(&job, with_param("one")).unwrap();
+    let (_, one, _) = s.run(&job, "2025-11-18");
+    assert_eq!(status(&one), "completed", "{one}");
+    std::fs::write(&job, with_param("two")).unwrap();
+    let (_, two, _) = s.run(&job, "2025-11-18");
+    assert_eq!(status(&two), "completed", "{two}");
+    let (_, two_again, _) = s.run(&job, "2025-11-18");
+    assert_eq!(
+        two_again["skip_reason"], "duplicate_content_hash",
+        "{two_again}"
+    );
+}

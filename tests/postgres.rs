@@ -1014,3 +1014,91 @@ fn concurrent_first_use_migrates_once() {
     rt.block_on(sqlx::query(&format!("DROP SCHEMA {schema} CASCADE")).execute(&pool))
         .unwrap();
 }
+
+/// Issue 7, item 5, on Postgres: every column and every value's type reach the content
+/// key. The content query reads two one-column views the test redefines; each definition
+/// used to encode like the one before it (`duplicate_content_hash`): numeric `1.5` and
+/// text `'1.5'`, the NaNs of numeric, float8 and text, bytea and the text of its bytes, bool
+/// `true` and json `true`, and a change in the first of two columns with one name.
+#[test]
+fn every_column_and_every_type_change_reaches_the_content_key() {
+    let Some(url) = pg_url("every_column_and_every_type_change_reaches_the_content_key") else {
+        return;
+    };
+    let rt = runtime();
+    let pool = rt.block_on(db(&url));
+    let name = format!("pg_typed_{}", suffix());
+    let (first, last) = (format!("{name}_first"), format!("{name}_last"));
+    let dir = Sandbox::with_store("idem-pg", &url);
+    let job = dir.write_job(
+        "typed",
+        &sql_job(
+            &name,
+            "time_window = \"0s\"\ncontent_hash = \"24h\"",
+            &format!(
+                "warehouse = {}\ncontent = \"SELECT f.v, l.v FROM {first} f, {last} l WHERE @scope <> ''\"\n\
+                 process = \"SELECT 1\"",
+                toml_str(&url)
+            ),
+        ),
+    );
+    let define = |view: &str, value: &str| {
+        rt.block_on(async {
+            sqlx::query(&format!("DROP VIEW IF EXISTS {view}"))
+                .execute(&pool)
+                .await
+                .unwrap();
+            sqlx::query(&format!("CREATE VIEW {view} AS SELECT {value} AS v"))
+                .execute(&pool)
+                .await
+                .unwrap();
+        })
+    };
+    define(&first, "1");
+    let mut keys: Vec<Value> = Vec::new();
+    for (view, value) in [
+        (&last, "1.5::numeric"),
+        (&last, "'1.5'::text"),
+        (&last, "'NaN'::numeric"),
+        (&last, "'NaN'::float8"),
+        (&last, "'NaN'::text"),
+        (&last, "'Infinity'::float8"),
+        (&last, "'Infinity'::text"),
+        (&last, "'\\x6162'::bytea"),
+        (&last, "'ab'::text"),
+        (&last, "true"),
+        (&last, "'true'::json"),
+        (&last, "'infinity'::date"),
+        (&last, "'infinity'::timestamptz"),
+        (&last, "'-infinity'::timestamp"),
+        (&last, "ARRAY[[1, 2], [3, 4]]"),
+        (&last, "'\\x7fffffff'::text"),
+        (&last, "NULL::int"),
+        // The first of the two columns named `v`.
+        (&first, "2"),
+    ] {
+        define(view, value);
+        let (code, run, stderr) = dir.run(&job, "2025-11-18");
+        assert_eq!(code, 0, "{view} {value}: {run}\n{stderr}");
+        assert_eq!(run["status"], "completed", "{view} {value}: {run}");
+        assert!(
+            !keys.contains(&run["processing_key"]),
+            "{view} {value}: a key seen before {run}"
+        );
+        keys.push(run["processing_key"].clone());
+        // The same content again is still a duplicate.
+        let (_, again, _) = dir.run(&job, "2025-11-18");
+        assert_eq!(
+            again["skip_reason"], "duplicate_content_hash",
+            "{view} {value}: {again}"
+        );
+    }
+    rt.block_on(async {
+        for view in [&first, &last] {
+            sqlx::query(&format!("DROP VIEW IF EXISTS {view}"))
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+    });
+}

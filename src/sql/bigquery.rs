@@ -13,9 +13,10 @@
 //! the URL's dataset is not a default dataset for job SQL.
 
 use async_trait::async_trait;
-use serde_json::{Map, Value};
+use base64::Engine as _;
+use serde_json::Value;
 
-use super::{bind_values, Dialect, Params, Statement, Warehouse};
+use super::{bind_values, Cell, Dialect, Params, Rows, Statement, Warehouse};
 use crate::error::{Error, Result};
 use crate::store::bigquery::{
     date, field_kind, parse_timestamp_cell, string, timestamp_text, BigQueryUrl, Connection, Param,
@@ -71,81 +72,107 @@ fn parameters(statement: &Statement, params: &Params) -> std::result::Result<Vec
         .collect()
 }
 
-/// One cell as JSON, typed from its schema field.
-fn cell_to_json(
+/// One cell, typed from its schema field (the API sends every scalar as text).
+fn cell(
     field: &gcp_bigquery_client::model::table_field_schema::TableFieldSchema,
-    cell: &Value,
+    value: &Value,
     repeated_done: bool,
-) -> Value {
+) -> Cell {
     if !repeated_done && field.mode.as_deref() == Some("REPEATED") {
-        return match cell {
-            Value::Array(items) => Value::Array(
+        return match value {
+            Value::Array(items) => Cell::Array(
                 items
                     .iter()
-                    .map(|item| cell_to_json(field, item.get("v").unwrap_or(&Value::Null), true))
+                    .map(|item| cell(field, item.get("v").unwrap_or(&Value::Null), true))
                     .collect(),
             ),
-            Value::Null => Value::Array(Vec::new()),
-            other => other.clone(),
+            // BigQuery has no NULL array: it reads as empty.
+            Value::Null => Cell::Array(Vec::new()),
+            other => other_cell("ARRAY", other.to_string()),
         };
     }
-    let text = match cell {
-        Value::Null => return Value::Null,
-        Value::String(s) => s.as_str(),
+    let kind = field_kind(field);
+    let text = match value {
+        Value::Null => return Cell::Null,
+        Value::String(s) => s.clone(),
         Value::Object(record) => {
             // STRUCT: {"f": [{"v": …}, …]} in field order.
             let subfields = field.fields.as_deref().unwrap_or_default();
             let cells = record
                 .get("f")
                 .and_then(Value::as_array)
-                .cloned()
+                .map(Vec::as_slice)
                 .unwrap_or_default();
-            let mut map = Map::new();
-            for (sub, c) in subfields.iter().zip(cells) {
-                let v = c.get("v").cloned().unwrap_or(Value::Null);
-                map.insert(sub.name.clone(), cell_to_json(sub, &v, false));
-            }
-            return Value::Object(map);
+            return Cell::Struct(
+                subfields
+                    .iter()
+                    .zip(cells)
+                    .map(|(sub, c)| {
+                        (
+                            sub.name.clone(),
+                            cell(sub, c.get("v").unwrap_or(&Value::Null), false),
+                        )
+                    })
+                    .collect(),
+            );
         }
-        other => return other.clone(),
+        Value::Number(n) => n.to_string(),
+        Value::Bool(b) => b.to_string(),
+        Value::Array(_) => return other_cell(kind, value.to_string()),
     };
-    match field_kind(field) {
-        "INT64" => text
-            .parse::<i64>()
-            .map(Value::from)
-            .unwrap_or_else(|_| Value::from(text)),
-        "FLOAT64" => text
-            .parse::<f64>()
-            .ok()
-            .and_then(serde_json::Number::from_f64)
-            .map(Value::Number)
-            .unwrap_or_else(|| Value::from(text)),
-        "BOOL" => match text {
-            "true" => Value::Bool(true),
-            "false" => Value::Bool(false),
-            other => Value::from(other),
+    let typed = match kind {
+        "INT64" => text.parse::<i64>().ok().map(Cell::Integer),
+        "FLOAT64" => match text.as_str() {
+            "NaN" => Some(Cell::Real(f64::NAN)),
+            "Infinity" => Some(Cell::Real(f64::INFINITY)),
+            "-Infinity" => Some(Cell::Real(f64::NEG_INFINITY)),
+            t => t.parse::<f64>().ok().map(Cell::Real),
         },
-        "TIMESTAMP" => parse_timestamp_cell(text)
-            .map(|t| Value::from(timestamp_text(t)))
-            .unwrap_or_else(|| Value::from(text)),
-        "JSON" => serde_json::from_str(text).unwrap_or_else(|_| Value::from(text)),
-        // NUMERIC and BIGNUMERIC stay text so no digit is lost; DATE, TIME, DATETIME,
-        // BYTES (base64), GEOGRAPHY and INTERVAL are text in BigQuery's own format.
-        _ => Value::from(text),
+        // Exact decimals stay text so no digit is lost.
+        "NUMERIC" | "BIGNUMERIC" => Some(Cell::Numeric(text.clone())),
+        "BOOL" => match text.as_str() {
+            "true" => Some(Cell::Bool(true)),
+            "false" => Some(Cell::Bool(false)),
+            _ => None,
+        },
+        "STRING" => Some(Cell::Text(text.clone())),
+        "BYTES" => base64::engine::general_purpose::STANDARD
+            .decode(&text)
+            .ok()
+            .map(Cell::Blob),
+        "DATE" => Some(Cell::Date(text.clone())),
+        "TIME" => Some(Cell::Time(text.clone())),
+        "DATETIME" => Some(Cell::DateTime(text.clone())),
+        "TIMESTAMP" => parse_timestamp_cell(&text).map(|t| Cell::Timestamp(timestamp_text(t))),
+        "JSON" => Some(Cell::Json(text.clone())),
+        // GEOGRAPHY, INTERVAL, RANGE: BigQuery's own text under the type's name.
+        _ => None,
+    };
+    typed.unwrap_or_else(|| other_cell(kind, text))
+}
+
+fn other_cell(kind: &str, text: String) -> Cell {
+    Cell::Other {
+        type_name: kind.to_lowercase(),
+        bytes: text.into_bytes(),
     }
 }
 
-fn rows_to_json(out: &QueryOutput) -> Vec<Value> {
-    out.rows
-        .iter()
-        .map(|cells| {
-            let mut map = Map::new();
-            for (field, cell) in out.fields.iter().zip(cells) {
-                map.insert(field.name.clone(), cell_to_json(field, cell, false));
-            }
-            Value::Object(map)
-        })
-        .collect()
+fn rows(out: &QueryOutput) -> Rows {
+    Rows {
+        columns: out.fields.iter().map(|f| f.name.clone()).collect(),
+        rows: out
+            .rows
+            .iter()
+            .map(|cells| {
+                out.fields
+                    .iter()
+                    .zip(cells)
+                    .map(|(field, value)| cell(field, value, false))
+                    .collect()
+            })
+            .collect(),
+    }
 }
 
 #[async_trait]
@@ -172,14 +199,14 @@ impl Warehouse for BigQueryWarehouse {
         Ok(affected)
     }
 
-    async fn query(&self, statement: &Statement, params: &Params) -> Result<Vec<Value>, String> {
+    async fn query_rows(&self, statement: &Statement, params: &Params) -> Result<Rows, String> {
         let values = parameters(statement, params)?;
         let out = self
             .conn
             .query("warehouse.query", &statement.sql, values)
             .await
             .map_err(|e| e.to_string())?;
-        Ok(rows_to_json(&out))
+        Ok(rows(&out))
     }
 }
 
@@ -228,12 +255,72 @@ mod tests {
             affected: None,
         };
         assert_eq!(
-            rows_to_json(&out),
+            rows(&out).to_objects(),
             vec![json!({
                 "n": 42, "f": 2.5, "b": true, "ts": "2024-05-06T07:08:09.123456Z",
                 "j": {"q": [1, 2]}, "num": "1.500", "s": {"a": 1, "b": "x"},
                 "tags": ["x", "y"], "d": "2025-11-18", "nul": null
             })]
+        );
+    }
+
+    #[test]
+    fn content_rows_keep_every_column_and_type() {
+        let field = |name: &str, ty: FieldType| TableFieldSchema::new(name, ty);
+        let out = QueryOutput {
+            fields: vec![
+                field("v", FieldType::Numeric),
+                field("v", FieldType::String),
+                field("f", FieldType::Float),
+                field("by", FieldType::Bytes),
+                field("g", FieldType::Geography),
+            ],
+            rows: vec![
+                vec![
+                    json!("1.5"),
+                    json!("1.5"),
+                    json!("NaN"),
+                    json!("YWI="),
+                    json!("POINT(1 2)"),
+                ],
+                vec![
+                    json!("NaN"),
+                    json!("NaN"),
+                    json!("-Infinity"),
+                    Value::Null,
+                    Value::Null,
+                ],
+                vec![json!("1"), json!("ab"), json!("inf"), json!(""), json!("x")],
+            ],
+            affected: None,
+        };
+        let got = rows(&out);
+        assert_eq!(got.columns, vec!["v", "v", "f", "by", "g"]);
+        assert_eq!(
+            got.canonical(),
+            vec![
+                json!([
+                    ["numeric", "1.5"],
+                    ["text", "1.5"],
+                    ["real", "NaN"],
+                    ["blob", "6162"],
+                    ["other", "geography", "504f494e542831203229"]
+                ]),
+                json!([
+                    ["numeric", "NaN"],
+                    ["text", "NaN"],
+                    ["real", "-Infinity"],
+                    null,
+                    null
+                ]),
+                json!([
+                    ["numeric", "1"],
+                    ["text", "ab"],
+                    ["real", "Infinity"],
+                    ["blob", ""],
+                    ["other", "geography", "78"]
+                ]),
+            ]
         );
     }
 

@@ -20,12 +20,14 @@ use crate::processor::Processor;
 
 #[cfg(feature = "bigquery")]
 mod bigquery;
+mod cell;
 mod params;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
 #[cfg(feature = "bigquery")]
 pub use bigquery::BigQueryWarehouse;
+pub use cell::{canonical_row, Cell, Rows};
 pub use params::{prepare, Dialect, Statement};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteWarehouse;
@@ -48,8 +50,15 @@ pub trait Warehouse: Send + Sync + Debug {
     /// records processed.
     async fn execute(&self, statements: &[Statement], params: &Params) -> Result<u64, String>;
 
-    /// Runs one query and returns its rows as JSON objects (column name → value).
-    async fn query(&self, statement: &Statement, params: &Params) -> Result<Vec<Value>, String>;
+    /// Runs one query and returns its rows typed, every column in order (the content
+    /// query's rows are hashed from these, see [`Cell::canonical`]).
+    async fn query_rows(&self, statement: &Statement, params: &Params) -> Result<Rows, String>;
+
+    /// Runs one query and returns its rows as JSON objects (column name → plain value),
+    /// for display; see [`Rows::to_objects`] for what that loses.
+    async fn query(&self, statement: &Statement, params: &Params) -> Result<Vec<Value>, String> {
+        Ok(self.query_rows(statement, params).await?.to_objects())
+    }
 }
 
 /// Looks up a statement's parameters, with an error naming a missing one.
@@ -105,6 +114,7 @@ pub struct SqlProcessor {
     content: Option<Statement>,
     process: Vec<Statement>,
     params: Params,
+    version: String,
     setup_done: OnceCell<()>,
 }
 
@@ -139,6 +149,7 @@ impl SqlProcessor {
         if process.is_empty() {
             return Err(Error::config("[sql].process has no statement"));
         }
+        let version = code_version(&setup, content.as_ref(), &process, &params);
         Ok(SqlProcessor {
             name: name.into(),
             warehouse,
@@ -146,6 +157,7 @@ impl SqlProcessor {
             content,
             process,
             params,
+            version,
             setup_done: OnceCell::new(),
         })
     }
@@ -183,10 +195,35 @@ impl SqlProcessor {
     }
 }
 
+/// A SQL job's code version: SHA-256 of the canonical JSON of its prepared statements
+/// (text with the dialect's placeholders, and the parameter names they bind) and its
+/// `[sql.params]`: `{"content": S|null, "params": {…}, "process": [S…], "setup": [S…]}`
+/// with `S = {"params": […], "sql": "…"}`. Whitespace around statements and empty
+/// statements do not count; any other edit does.
+fn code_version(
+    setup: &[Statement],
+    content: Option<&Statement>,
+    process: &[Statement],
+    params: &Params,
+) -> String {
+    let statement = |s: &Statement| serde_json::json!({"params": s.params, "sql": s.sql});
+    let value = serde_json::json!({
+        "content": content.map(statement),
+        "params": params,
+        "process": process.iter().map(statement).collect::<Vec<_>>(),
+        "setup": setup.iter().map(statement).collect::<Vec<_>>(),
+    });
+    crate::key::digest_value(&value, crate::key::HashAlgorithm::Sha256)
+}
+
 #[async_trait]
 impl Processor for SqlProcessor {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn version(&self) -> String {
+        self.version.clone()
     }
 
     async fn prepare(&self, request: &RunRequest) -> Result<(), BoxError> {
@@ -200,14 +237,14 @@ impl Processor for SqlProcessor {
         let params = self.params_for(request);
         let rows = self
             .warehouse
-            .query(content, &params)
+            .query_rows(content, &params)
             .await
             .map_err(|message| Error::Sql {
                 phase: "content",
                 warehouse: self.warehouse.describe(),
                 message,
             })?;
-        Ok(Some(Content::new().rows(rows)))
+        Ok(Some(Content::new().rows(rows.canonical())))
     }
 
     async fn process(&self, request: &RunRequest) -> Result<Outcome, BoxError> {

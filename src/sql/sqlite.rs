@@ -4,13 +4,12 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde_json::{Map, Value};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
 };
 use sqlx::{Column, ConnectOptions, Row, TypeInfo, ValueRef};
 
-use super::{bind_values, Dialect, Params, Statement, Warehouse};
+use super::{bind_values, Cell, Dialect, Params, Rows, Statement, Warehouse};
 use crate::error::{Error, Result};
 
 /// A SQLite database the SQL processor runs on.
@@ -53,36 +52,41 @@ fn bind<'q>(
     q
 }
 
-fn row_to_json(row: &SqliteRow) -> Value {
-    let mut map = Map::new();
-    for (i, col) in row.columns().iter().enumerate() {
-        let raw = row.try_get_raw(i).ok();
-        let kind = raw
-            .as_ref()
-            .filter(|r| !r.is_null())
-            .map(|r| r.type_info().name().to_string());
-        let value = match kind.as_deref() {
-            None | Some("NULL") => Value::Null,
-            Some("INTEGER") => row
-                .try_get::<i64, _>(i)
-                .map(Value::from)
-                .unwrap_or(Value::Null),
-            Some("REAL") => row
-                .try_get::<f64, _>(i)
-                .map(Value::from)
-                .unwrap_or(Value::Null),
-            Some("BLOB") => row
-                .try_get::<Vec<u8>, _>(i)
-                .map(|b| Value::from(b.iter().map(|x| format!("{x:02x}")).collect::<String>()))
-                .unwrap_or(Value::Null),
-            _ => row
-                .try_get::<String, _>(i)
-                .map(Value::from)
-                .unwrap_or(Value::Null),
-        };
-        map.insert(col.name().to_string(), value);
+/// One cell, typed by the value's storage class (NULL, INTEGER, REAL, TEXT, BLOB).
+fn cell(row: &SqliteRow, i: usize) -> Cell {
+    let Ok(raw) = row.try_get_raw(i) else {
+        return Cell::Null;
+    };
+    if raw.is_null() {
+        return Cell::Null;
     }
-    Value::Object(map)
+    let kind = raw.type_info().name().to_string();
+    // Unchecked: the storage class, not the declared column type, decides the decoder.
+    let bytes = || row.try_get_unchecked::<Vec<u8>, _>(i);
+    let cell = match kind.as_str() {
+        "INTEGER" => row.try_get_unchecked::<i64, _>(i).map(Cell::Integer),
+        "REAL" => row.try_get_unchecked::<f64, _>(i).map(Cell::Real),
+        "BLOB" => bytes().map(Cell::Blob),
+        // TEXT: SQLite keeps whatever bytes it was given, UTF-8 or not.
+        _ => bytes().map(Cell::text_from_bytes),
+    };
+    cell.unwrap_or_else(|_| Cell::Other {
+        type_name: kind.to_lowercase(),
+        bytes: bytes().unwrap_or_default(),
+    })
+}
+
+fn rows(rows: &[SqliteRow]) -> Rows {
+    Rows {
+        columns: rows
+            .first()
+            .map(|r| r.columns().iter().map(|c| c.name().to_string()).collect())
+            .unwrap_or_default(),
+        rows: rows
+            .iter()
+            .map(|r| (0..r.columns().len()).map(|i| cell(r, i)).collect())
+            .collect(),
+    }
 }
 
 #[async_trait]
@@ -96,7 +100,15 @@ impl Warehouse for SqliteWarehouse {
     }
 
     async fn execute(&self, statements: &[Statement], params: &Params) -> Result<u64, String> {
-        let mut tx = self.pool.begin().await.map_err(|e| e.to_string())?;
+        // IMMEDIATE: take the write lock up front. A deferred transaction that reads and
+        // then writes (`INSERT … WHERE NOT EXISTS …`) cannot upgrade its lock while another
+        // connection writes, and SQLite then fails at once with "database is locked"
+        // instead of waiting out the busy timeout.
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(|e| e.to_string())?;
         let mut affected = 0;
         for (n, statement) in statements.iter().enumerate() {
             let values = bind_values(statement, params)?;
@@ -110,12 +122,12 @@ impl Warehouse for SqliteWarehouse {
         Ok(affected)
     }
 
-    async fn query(&self, statement: &Statement, params: &Params) -> Result<Vec<Value>, String> {
+    async fn query_rows(&self, statement: &Statement, params: &Params) -> Result<Rows, String> {
         let values = bind_values(statement, params)?;
-        let rows = bind(statement, &values)
+        let fetched = bind(statement, &values)
             .fetch_all(&self.pool)
             .await
             .map_err(|e| e.to_string())?;
-        Ok(rows.iter().map(row_to_json).collect())
+        Ok(rows(&fetched))
     }
 }

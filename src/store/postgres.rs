@@ -44,7 +44,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDate, NaiveDateTime, NaiveTime, SecondsFormat, Utc};
-use serde_json::{Map, Value};
+use serde_json::Value;
 use sqlx::encode::IsNull;
 use sqlx::error::BoxDynError;
 use sqlx::postgres::types::Oid;
@@ -693,6 +693,8 @@ impl Store for PostgresStore {
 // Warehouse
 // ---------------------------------------------------------------------------------------
 
+use crate::sql::{Cell, Rows};
+
 /// Type OIDs whose binary wire format is the UTF-8 text itself.
 const TEXT_LIKE: &[u32] = &[
     25,   // text
@@ -938,106 +940,160 @@ fn numeric_string(bytes: &[u8]) -> Option<String> {
     Some(s)
 }
 
-fn float_value(f: f64, shortest: String) -> Value {
-    if f.is_finite() {
-        shortest
-            .parse::<f64>()
-            .ok()
-            .and_then(serde_json::Number::from_f64)
-            .map(Value::Number)
-            .unwrap_or(Value::Null)
-    } else {
-        Value::String(shortest)
-    }
-}
-
-fn column_value(row: &PgRow, i: usize) -> Value {
+/// One cell, typed from its column's Postgres type. A value of a type not listed (or
+/// one the typed decoder refuses, such as `'infinity'::date`) is [`Cell::Other`] with
+/// its binary wire bytes: exact, never NULL.
+fn cell(row: &PgRow, i: usize) -> Cell {
     let Ok(raw) = row.try_get_raw(i) else {
-        return Value::Null;
+        return Cell::Null;
     };
     if raw.is_null() {
-        return Value::Null;
+        return Cell::Null;
     }
     let kind = raw.type_info().name().to_string();
-    let got = match kind.as_str() {
-        "INT2" => row.try_get::<i16, _>(i).map(Value::from),
-        "INT4" => row.try_get::<i32, _>(i).map(Value::from),
-        "INT8" => row.try_get::<i64, _>(i).map(Value::from),
-        "OID" => row.try_get::<Oid, _>(i).map(|o| Value::from(o.0)),
+    let bytes = raw.as_bytes().map(<[u8]>::to_vec).unwrap_or_default();
+    let other = |bytes: Vec<u8>| Cell::Other {
+        type_name: kind.to_lowercase(),
+        bytes,
+    };
+    fn array<T>(v: Vec<Option<T>>, f: impl Fn(T) -> Cell) -> Cell {
+        Cell::Array(
+            v.into_iter()
+                .map(|x| x.map(&f).unwrap_or(Cell::Null))
+                .collect(),
+        )
+    }
+    let got: std::result::Result<Cell, sqlx::Error> = match kind.as_str() {
+        "INT2" => row.try_get::<i16, _>(i).map(|n| Cell::Integer(n.into())),
+        "INT4" => row.try_get::<i32, _>(i).map(|n| Cell::Integer(n.into())),
+        "INT8" => row.try_get::<i64, _>(i).map(Cell::Integer),
+        "OID" => row.try_get::<Oid, _>(i).map(|o| Cell::Integer(o.0.into())),
+        // The shortest text of the f32, read as f64: 1.1::float4 is 1.1, not 1.100000023….
         "FLOAT4" => row
             .try_get::<f32, _>(i)
-            .map(|f| float_value(f as f64, f.to_string())),
-        "FLOAT8" => row
-            .try_get::<f64, _>(i)
-            .map(|f| float_value(f, f.to_string())),
-        "NUMERIC" => {
-            return raw
-                .as_bytes()
-                .ok()
-                .and_then(numeric_string)
-                .map(Value::String)
-                .unwrap_or(Value::Null)
+            .map(|f| Cell::Real(f.to_string().parse::<f64>().unwrap_or(f as f64))),
+        "FLOAT8" => row.try_get::<f64, _>(i).map(Cell::Real),
+        "NUMERIC" => Ok(numeric_string(&bytes)
+            .map(Cell::Numeric)
+            .unwrap_or_else(|| other(bytes.clone()))),
+        "BOOL" => row.try_get::<bool, _>(i).map(Cell::Bool),
+        // Text-like types: the binary format is the text itself.
+        "TEXT" | "VARCHAR" | "BPCHAR" | "NAME" | "UNKNOWN" => {
+            Ok(Cell::text_from_bytes(bytes.clone()))
         }
-        "BOOL" => row.try_get::<bool, _>(i).map(Value::from),
-        "DATE" => row
-            .try_get::<NaiveDate, _>(i)
-            .map(|d| Value::from(d.format("%Y-%m-%d").to_string())),
-        "TIMESTAMPTZ" => row
-            .try_get::<DateTime<Utc>, _>(i)
-            .map(|t| Value::from(t.to_rfc3339_opts(SecondsFormat::AutoSi, true))),
-        // No time zone: ISO 8601 without an offset (not pretending it is UTC).
-        "TIMESTAMP" => row
-            .try_get::<NaiveDateTime, _>(i)
-            .map(|t| Value::from(t.format("%Y-%m-%dT%H:%M:%S%.f").to_string())),
-        "TIME" => row
-            .try_get::<NaiveTime, _>(i)
-            .map(|t| Value::from(t.format("%H:%M:%S%.f").to_string())),
-        "JSON" | "JSONB" => row.try_get::<Value, _>(i),
-        "UUID" => {
-            return raw
-                .as_bytes()
-                .ok()
-                .and_then(|b| uuid::Uuid::from_slice(b).ok())
-                .map(|u| Value::from(u.to_string()))
-                .unwrap_or(Value::Null)
-        }
+        "BYTEA" => Ok(Cell::Blob(bytes.clone())),
+        // Dates and times from their wire format (sqlx's decoders panic on
+        // `'infinity'::date` and on dates beyond chrono's range).
+        "DATE" => Ok(date_cell(&bytes).unwrap_or_else(|| other(bytes.clone()))),
+        "TIMESTAMPTZ" => Ok(timestamp_cell(&bytes, true).unwrap_or_else(|| other(bytes.clone()))),
+        "TIMESTAMP" => Ok(timestamp_cell(&bytes, false).unwrap_or_else(|| other(bytes.clone()))),
+        "TIME" => Ok(bytes
+            .as_slice()
+            .try_into()
+            .ok()
+            .map(i64::from_be_bytes)
+            .and_then(|us| {
+                let secs = u32::try_from(us.div_euclid(1_000_000)).ok()?;
+                let nanos = (us.rem_euclid(1_000_000) * 1000) as u32;
+                NaiveTime::from_num_seconds_from_midnight_opt(secs, nanos)
+            })
+            .map(|t| Cell::Time(t.format("%H:%M:%S%.f").to_string()))
+            .unwrap_or_else(|| other(bytes.clone()))),
+        // The text Postgres sent (jsonb: after its one-byte format version).
+        "JSON" => Ok(String::from_utf8(bytes.clone())
+            .map(Cell::Json)
+            .unwrap_or_else(|e| other(e.into_bytes()))),
+        "JSONB" => Ok(match bytes.split_first() {
+            Some((1, text)) => std::str::from_utf8(text)
+                .map(|t| Cell::Json(t.to_string()))
+                .unwrap_or_else(|_| other(bytes.clone())),
+            _ => other(bytes.clone()),
+        }),
+        "UUID" => Ok(uuid::Uuid::from_slice(&bytes)
+            .map(|u| Cell::Uuid(u.to_string()))
+            .unwrap_or_else(|_| other(bytes.clone()))),
         "TEXT[]" | "VARCHAR[]" | "BPCHAR[]" | "NAME[]" => row
             .try_get::<Vec<Option<String>>, _>(i)
-            .map(|v| Value::from(v.into_iter().map(Value::from).collect::<Vec<_>>())),
+            .map(|v| array(v, Cell::Text)),
         "INT2[]" => row
             .try_get::<Vec<Option<i16>>, _>(i)
-            .map(|v| Value::from(v.into_iter().map(Value::from).collect::<Vec<_>>())),
+            .map(|v| array(v, |n| Cell::Integer(n.into()))),
         "INT4[]" => row
             .try_get::<Vec<Option<i32>>, _>(i)
-            .map(|v| Value::from(v.into_iter().map(Value::from).collect::<Vec<_>>())),
+            .map(|v| array(v, |n| Cell::Integer(n.into()))),
         "INT8[]" => row
             .try_get::<Vec<Option<i64>>, _>(i)
-            .map(|v| Value::from(v.into_iter().map(Value::from).collect::<Vec<_>>())),
-        _ => row.try_get::<String, _>(i).map(Value::from),
+            .map(|v| array(v, Cell::Integer)),
+        "FLOAT8[]" => row
+            .try_get::<Vec<Option<f64>>, _>(i)
+            .map(|v| array(v, Cell::Real)),
+        "BOOL[]" => row
+            .try_get::<Vec<Option<bool>>, _>(i)
+            .map(|v| array(v, Cell::Bool)),
+        _ => Ok(other(bytes.clone())),
     };
-    match got {
-        Ok(v) => v,
-        // Anything else: text when the wire bytes are readable text (enums, citext, …),
-        // else `\x` hex. Cast in SQL (`col::text`) for a readable value of other types.
-        Err(_) => match raw.as_bytes() {
-            Ok(b) => match std::str::from_utf8(b) {
-                Ok(s) if !s.chars().any(|c| c.is_control() && !c.is_whitespace()) => Value::from(s),
-                _ => Value::from(format!(
-                    "\\x{}",
-                    b.iter().map(|x| format!("{x:02x}")).collect::<String>()
-                )),
-            },
-            Err(_) => Value::Null,
-        },
-    }
+    // A decoder that refuses the value (multi-dimensional arrays, infinite dates, text
+    // that is not UTF-8 in an array): the exact wire bytes under the type's name.
+    got.unwrap_or_else(|_| other(bytes))
 }
 
-fn row_to_json(row: &PgRow) -> Value {
-    let mut map = Map::new();
-    for (i, col) in row.columns().iter().enumerate() {
-        map.insert(col.name().to_string(), column_value(row, i));
+/// Postgres's epoch for dates and timestamps on the wire.
+fn pg_epoch() -> NaiveDate {
+    NaiveDate::from_ymd_opt(2000, 1, 1).expect("a valid date")
+}
+
+/// A DATE from its wire format (days since 2000-01-01); `infinity` and `-infinity` as
+/// Postgres spells them. `None` beyond chrono's range.
+fn date_cell(bytes: &[u8]) -> Option<Cell> {
+    let days = i32::from_be_bytes(bytes.try_into().ok()?);
+    match days {
+        i32::MAX => return Some(Cell::Date("infinity".into())),
+        i32::MIN => return Some(Cell::Date("-infinity".into())),
+        _ => {}
     }
-    Value::Object(map)
+    let date = pg_epoch().checked_add_signed(chrono::TimeDelta::try_days(days.into())?)?;
+    Some(Cell::Date(date.format("%Y-%m-%d").to_string()))
+}
+
+/// A TIMESTAMP(TZ) from its wire format (microseconds since 2000-01-01 00:00, UTC for
+/// TIMESTAMPTZ); `infinity` and `-infinity` as Postgres spells them. `None` beyond
+/// chrono's range.
+fn timestamp_cell(bytes: &[u8], zoned: bool) -> Option<Cell> {
+    let us = i64::from_be_bytes(bytes.try_into().ok()?);
+    let wrap = |s: String| {
+        if zoned {
+            Cell::Timestamp(s)
+        } else {
+            Cell::DateTime(s)
+        }
+    };
+    match us {
+        i64::MAX => return Some(wrap("infinity".into())),
+        i64::MIN => return Some(wrap("-infinity".into())),
+        _ => {}
+    }
+    let at: NaiveDateTime = pg_epoch()
+        .and_hms_opt(0, 0, 0)?
+        .checked_add_signed(chrono::TimeDelta::microseconds(us))?;
+    Some(if zoned {
+        Cell::Timestamp(at.and_utc().to_rfc3339_opts(SecondsFormat::AutoSi, true))
+    } else {
+        // No time zone: ISO 8601 without an offset (not pretending it is UTC).
+        Cell::DateTime(at.format("%Y-%m-%dT%H:%M:%S%.f").to_string())
+    })
+}
+
+fn rows(fetched: &[PgRow]) -> Rows {
+    Rows {
+        columns: fetched
+            .first()
+            .map(|r| r.columns().iter().map(|c| c.name().to_string()).collect())
+            .unwrap_or_default(),
+        rows: fetched
+            .iter()
+            .map(|r| (0..r.columns().len()).map(|i| cell(r, i)).collect())
+            .collect(),
+    }
 }
 
 #[async_trait]
@@ -1069,13 +1125,13 @@ impl Warehouse for PostgresWarehouse {
         Ok(affected)
     }
 
-    async fn query(&self, statement: &Statement, params: &Params) -> Result<Vec<Value>, String> {
+    async fn query_rows(&self, statement: &Statement, params: &Params) -> Result<Rows, String> {
         let mut conn = self.pool.acquire().await.map_err(|e| sqlx_message(&e))?;
         let args = self.arguments(&mut conn, statement, params).await?;
-        let rows = sqlx::query_with(&statement.sql, args)
+        let fetched = sqlx::query_with(&statement.sql, args)
             .fetch_all(&mut *conn)
             .await
             .map_err(|e| e.to_string())?;
-        Ok(rows.iter().map(row_to_json).collect())
+        Ok(rows(&fetched))
     }
 }
