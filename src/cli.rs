@@ -25,6 +25,7 @@ use crate::job::{find_job, load_jobs, parse_duration, Job};
 use crate::model::{parse_date, Mode, RunRequest, RunStatus, Trigger};
 use crate::processor::Registry;
 use crate::runner::{Explanation, RunReport, StoreFailurePolicy};
+use crate::schedule::{self, export, JobPlan, ScheduledJob};
 use crate::spool::Spool;
 use crate::store::{
     self, BreakerConfig, CircuitBreakerStore, DynStore, RunFilter, UnavailableStore,
@@ -90,15 +91,77 @@ enum Command {
     Purge(PurgeArgs),
     /// Delete keys, ledger rows and expired leases older than the retention.
     Cleanup(CleanupArgs),
+    /// List the scheduled jobs and their next fire times; `schedule export` writes them
+    /// out for cron or Cloud Scheduler.
+    Schedule(ScheduleArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+struct ScheduleArgs {
+    /// Only this job (name in --jobs-dir or path to a .toml file).
+    job: Option<String>,
+    /// How many fire times to list per job.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    next: u16,
+    /// List the fire times after this instant (RFC 3339) instead of after now.
+    #[arg(long, value_name = "RFC3339")]
+    after: Option<String>,
+    #[command(subcommand)]
+    command: Option<ScheduleCommand>,
+}
+
+#[derive(Debug, Subcommand)]
+enum ScheduleCommand {
+    /// Print the scheduled jobs as crontab lines or as gcloud commands (text).
+    Export(ExportArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["crontab", "cloud_scheduler"])))]
+struct ExportArgs {
+    /// Only this job.
+    job: Option<String>,
+    /// Crontab lines: CRON_TZ, schedule, `idem run JOB --date EXPR --trigger scheduler`.
+    #[arg(long)]
+    crontab: bool,
+    /// `gcloud` commands: a Cloud Run job per idem job and the Cloud Scheduler job that
+    /// starts it.
+    #[arg(long, value_name = "PROJECT/REGION")]
+    cloud_scheduler: Option<String>,
+    /// Crontab: the idem binary the lines run (cron's PATH is short; give a full path).
+    #[arg(long, default_value = "idem")]
+    idem_bin: String,
+    /// Crontab: the folder each line runs in (default: the current folder).
+    #[arg(long)]
+    workdir: Option<PathBuf>,
+    /// Crontab: each job appends its output to LOG_DIR/JOB.log.
+    #[arg(long, default_value = "/var/log/idem")]
+    log_dir: String,
+    /// Cloud Scheduler: the container image (default REGION-docker.pkg.dev/PROJECT/idem/idem:latest).
+    #[arg(long)]
+    image: Option<String>,
+    /// Cloud Scheduler: the service account that starts and runs the jobs
+    /// (default idem@PROJECT.iam.gserviceaccount.com).
+    #[arg(long)]
+    service_account: Option<String>,
+    /// Cloud Scheduler: the jobs folder inside the image.
+    #[arg(long, default_value = "/app/jobs")]
+    image_jobs_dir: String,
 }
 
 #[derive(Debug, Args)]
 struct RunArgs {
     /// Job name (in --jobs-dir) or path to a job .toml file.
     job: String,
-    /// The partition date, YYYY-MM-DD.
-    #[arg(long)]
-    date: String,
+    /// The partition date: YYYY-MM-DD, today, yesterday or today-N (in the job's
+    /// timezone); default the job's `date`.
+    #[arg(long, allow_hyphen_values = true)]
+    date: Option<String>,
+    /// The instant the scheduler meant to fire (RFC 3339): relative dates are evaluated
+    /// there instead of at the clock, so a late retry still processes its slot's date.
+    #[arg(long, value_name = "RFC3339")]
+    scheduled_at: Option<String>,
     /// Scope, when it is not just the date (default: the date).
     #[arg(long)]
     scope: Option<String>,
@@ -445,6 +508,7 @@ async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
             }
             Ok(EXIT_OK)
         }
+        Command::Schedule(args) => schedule_command(args, &g),
         Command::Cleanup(args) => {
             let keep = parse_duration(&args.keep)?;
             let before = chrono::Utc::now()
@@ -469,8 +533,14 @@ async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
 }
 
 fn prepare(args: &RunArgs, g: &GlobalOptions) -> Result<(Job, RunRequest)> {
-    let date = parse_date(&args.date)?;
     let job = find_job(&args.job, &g.jobs_dir)?;
+    let date = schedule::run_date(
+        args.date.as_deref(),
+        job.date.as_deref(),
+        args.scheduled_at.as_deref(),
+        scheduled_job(&job)?.tz()?,
+        chrono::Utc::now(),
+    )?;
     let mut request = RunRequest::new(job.name.clone(), date)
         .with_trigger(args.trigger.into())
         .with_params(job.params_json());
@@ -484,6 +554,136 @@ fn prepare(args: &RunArgs, g: &GlobalOptions) -> Result<(Job, RunRequest)> {
         request.run_id = id.clone();
     }
     Ok((job, request))
+}
+
+/// What the schedule module needs of a job.
+fn scheduled_job(job: &Job) -> Result<ScheduledJob> {
+    Ok(ScheduledJob {
+        name: job.name.clone(),
+        schedule: job.schedule.clone().unwrap_or_default(),
+        timezone: job.timezone.clone(),
+        date: job.date.clone(),
+        lease: job.lease_ttl()?,
+        path: job.path.clone(),
+    })
+}
+
+/// The jobs `idem schedule` works on: `name` only (it must have a schedule), or every job
+/// with a schedule.
+fn scheduled_jobs(name: Option<&str>, g: &GlobalOptions) -> Result<Vec<ScheduledJob>> {
+    let jobs = match name {
+        Some(name) => {
+            let job = find_job(name, &g.jobs_dir)?;
+            if job.schedule.is_none() {
+                return Err(Error::config(format!(
+                    "job {} has no schedule (set schedule = \"...\" in {})",
+                    job.name,
+                    job.path.display()
+                )));
+            }
+            vec![job]
+        }
+        None => load_jobs(&g.jobs_dir)?,
+    };
+    jobs.iter()
+        .filter(|j| j.schedule.is_some())
+        .map(scheduled_job)
+        .collect()
+}
+
+fn schedule_command(args: ScheduleArgs, g: &GlobalOptions) -> Result<u8> {
+    if let Some(ScheduleCommand::Export(e)) = args.command {
+        let jobs = scheduled_jobs(e.job.as_deref(), g)?;
+        let text = match &e.cloud_scheduler {
+            Some(target) => {
+                let (project, region) = export::parse_project_region(target)?;
+                let store_kind = g.store.split(':').next().unwrap_or_default();
+                if matches!(store_kind, "sqlite" | "memory") {
+                    return Err(Error::config(format!(
+                        "--store {}: a Cloud Run job keeps no disk between executions; \
+                         export with a postgres:// or bigquery:// store",
+                        store_kind
+                    )));
+                }
+                export::cloud_scheduler(
+                    &jobs,
+                    &export::CloudSchedulerOptions {
+                        image: e.image.clone().unwrap_or_else(|| {
+                            format!("{region}-docker.pkg.dev/{project}/idem/idem:latest")
+                        }),
+                        service_account: e
+                            .service_account
+                            .clone()
+                            .unwrap_or_else(|| format!("idem@{project}.iam.gserviceaccount.com")),
+                        project,
+                        region,
+                        store: g.store.clone(),
+                        jobs_dir: e.image_jobs_dir.clone(),
+                    },
+                )?
+            }
+            None => {
+                let workdir = match e.workdir {
+                    Some(w) => w,
+                    None => std::env::current_dir()
+                        .map_err(|err| Error::config(format!("--workdir: {err}")))?,
+                };
+                export::crontab(
+                    &jobs,
+                    &export::CrontabOptions {
+                        bin: e.idem_bin.clone(),
+                        store: g.store.clone(),
+                        jobs_dir: g.jobs_dir.display().to_string(),
+                        workdir: workdir.display().to_string(),
+                        log_dir: e.log_dir.clone(),
+                    },
+                )?
+            }
+        };
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(text.as_bytes());
+        return Ok(EXIT_OK);
+    }
+    let after = match &args.after {
+        Some(a) => schedule::parse_instant("--after", a)?,
+        None => chrono::Utc::now(),
+    };
+    let jobs = scheduled_jobs(args.job.as_deref(), g)?;
+    let plans = schedule::plan(&jobs, after, args.next.into())?;
+    print_plans(&plans, g.format);
+    Ok(EXIT_OK)
+}
+
+fn print_plans(plans: &[JobPlan], format: Format) {
+    if format == Format::Json {
+        print_json(&plans);
+        return;
+    }
+    let mut out = std::io::stdout().lock();
+    if plans.is_empty() {
+        let _ = writeln!(out, "no job has a schedule");
+    }
+    for p in plans {
+        let _ = writeln!(
+            out,
+            "{}  schedule {:?}  timezone {}  date {}",
+            p.job, p.schedule, p.timezone, p.date
+        );
+        if p.next.is_empty() {
+            let _ = writeln!(out, "  never fires again");
+        }
+        for f in &p.next {
+            let _ = writeln!(
+                out,
+                "  {} {} {:<5} = {}  date {}",
+                f.local.format("%Y-%m-%d %H:%M:%S"),
+                f.local.format("%:z"),
+                f.zone_abbreviation,
+                f.utc.format("%Y-%m-%d %H:%M:%S UTC"),
+                f.date
+            );
+        }
+    }
 }
 
 fn print_report(report: &RunReport, format: Format) {

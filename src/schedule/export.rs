@@ -245,7 +245,7 @@ fn gcloud_list(items: &[&str]) -> String {
 }
 
 fn flag(name: &str, value: &str) -> Result<String> {
-    sh(&format!("--{name}={value}"))
+    Ok(format!("--{name}={}", sh(value)?))
 }
 
 /// The `gcloud` commands for `jobs` (those with a schedule).
