@@ -162,7 +162,7 @@ fn sunday_is_0_or_7_and_bad_schedule_or_timezone_fails_at_load_naming_the_field(
         (
             "baddate",
             "date = \"tomorrow\"",
-            "date: \"tomorrow\": expected YYYY-MM-DD",
+            "date: bad date \"tomorrow\": expected YYYY-MM-DD",
         ),
     ] {
         let bad = Sandbox::new("idem-sched-bad");
@@ -239,12 +239,15 @@ fn a_missing_or_bad_date_exits_2_naming_the_flag_and_runs_nothing() {
         (vec!["explain", job], "pass --date"),
         (
             vec!["run", job, "--date", "tomorrow"],
-            "--date \"tomorrow\"",
+            "--date: bad date \"tomorrow\"",
         ),
-        (vec!["run", job, "--date", "today-x"], "--date \"today-x\""),
+        (
+            vec!["run", job, "--date", "today-x"],
+            "--date: bad date \"today-x\"",
+        ),
         (
             vec!["run", job, "--date", "2026-02-30"],
-            "--date \"2026-02-30\"",
+            "--date: bad date \"2026-02-30\"",
         ),
         (
             vec!["run", job, "--date=-5000-01-01"],

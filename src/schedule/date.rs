@@ -29,7 +29,7 @@ pub enum DateExpr {
 const EXPECTED: &str = "expected YYYY-MM-DD, today, yesterday or today-N";
 
 fn out_of_range(s: &str) -> String {
-    format!("{s:?} is out of range: dates lie between {MIN_DATE} and {MAX_DATE}")
+    format!("bad date {s:?}: out of range: dates lie between {MIN_DATE} and {MAX_DATE}")
 }
 
 impl DateExpr {
@@ -44,7 +44,9 @@ impl DateExpr {
         }
         if let Some(n) = t.to_ascii_lowercase().strip_prefix("today-") {
             if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(format!("{s:?}: {EXPECTED} (N a whole number of days)"));
+                return Err(format!(
+                    "bad date {s:?}: {EXPECTED} (N a whole number of days)"
+                ));
             }
             return n
                 .parse::<u32>()
@@ -62,7 +64,7 @@ impl DateExpr {
             && parts[2].len() == 2
             && parts[0].len() >= 4;
         if !shaped {
-            return Err(format!("{s:?}: {EXPECTED}"));
+            return Err(format!("bad date {s:?}: {EXPECTED}"));
         }
         let long_or_signed = parts[0].len() > 4 || digits.len() != t.len();
         if long_or_signed || parts[0] == "0000" {
@@ -72,12 +74,12 @@ impl DateExpr {
             return Err(if valid_shape {
                 out_of_range(s)
             } else {
-                format!("{s:?}: not a calendar date ({EXPECTED})")
+                format!("bad date {s:?}: not a calendar date ({EXPECTED})")
             });
         }
         NaiveDate::parse_from_str(t, "%Y-%m-%d")
             .map(DateExpr::Fixed)
-            .map_err(|e| format!("{s:?}: {e} ({EXPECTED})"))
+            .map_err(|_| format!("bad date {s:?}: not a calendar date ({EXPECTED})"))
     }
 
     /// The date in zone `tz` at instant `at`.
@@ -136,9 +138,9 @@ pub fn run_date(
     };
     let field = |e: String| {
         if label == "date" {
-            Error::config(format!("job field date = {expr:?}: {e}"))
+            Error::config(format!("job field date: {e}"))
         } else {
-            Error::config(format!("{label} {e}"))
+            Error::config(format!("{label}: {e}"))
         }
     };
     let parsed = DateExpr::parse(expr).map_err(field)?;
@@ -251,9 +253,9 @@ mod tests {
         let e = d(None, None, None).unwrap_err().to_string();
         assert!(e.contains("--date"), "{e}");
         let e = d(Some("soon"), None, None).unwrap_err().to_string();
-        assert!(e.starts_with("--date \"soon\""), "{e}");
+        assert!(e.starts_with("--date: bad date \"soon\""), "{e}");
         let e = d(None, Some("soon"), None).unwrap_err().to_string();
-        assert!(e.starts_with("job field date = \"soon\""), "{e}");
+        assert!(e.starts_with("job field date: bad date \"soon\""), "{e}");
         let e = d(None, None, Some("yesterday")).unwrap_err().to_string();
         assert!(e.starts_with("--scheduled-at \"yesterday\""), "{e}");
     }
