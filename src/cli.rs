@@ -675,7 +675,7 @@ fn print_plans(plans: &[JobPlan], format: Format) {
         for f in &p.next {
             let _ = writeln!(
                 out,
-                "  {} {} {:<5} = {}  date {}",
+                "  {} {} {} = {}  date {}",
                 f.local.format("%Y-%m-%d %H:%M:%S"),
                 f.local.format("%:z"),
                 f.zone_abbreviation,

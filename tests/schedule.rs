@@ -108,7 +108,7 @@ fn schedule_lists_fire_times_in_the_jobs_zone_and_utc_across_both_dst_changes() 
     assert_eq!(
         stdout(&out),
         "cleanup  schedule \"0 2 * * 0\"  timezone America/Los_Angeles  date yesterday\n  \
-         2026-03-08 03:00:00 -07:00 PDT   = 2026-03-08 10:00:00 UTC  date 2026-03-07\n"
+         2026-03-08 03:00:00 -07:00 PDT = 2026-03-08 10:00:00 UTC  date 2026-03-07\n"
     );
 
     let out = s.idem(&["schedule", "manual"]);

@@ -151,7 +151,7 @@ pub fn parse_project_region(s: &str) -> Result<(String, String)> {
 ///
 /// A scheduler attempt that times out may still have started an execution, and its retry
 /// starts another one. Every execution that one slot can start must find the first one's
-/// lease held (so it skips as `lease_held`, or, once the first completed, as
+/// lease held (so it skips as `in_progress`, or, once the first completed, as
 /// `time_window`), even without a heartbeat. So all attempts of a slot must start within
 /// one lease of the first: the attempt deadline is a quarter of the lease, retries stop
 /// half a lease after the first attempt, and the last attempt's call ends by three quarters
