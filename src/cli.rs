@@ -162,12 +162,18 @@ struct RunArgs {
     /// there instead of at the clock, so a late retry still processes its slot's date.
     #[arg(long, value_name = "RFC3339")]
     scheduled_at: Option<String>,
+    /// Backfill: run every date from this one (YYYY-MM-DD, today, yesterday, today-N) ...
+    #[arg(long, requires = "to", allow_hyphen_values = true, conflicts_with_all = ["date", "scheduled_at", "scope", "run_id"])]
+    from: Option<String>,
+    /// ... to this one, inclusive, each through the guards (trigger backfill).
+    #[arg(long, requires = "from", allow_hyphen_values = true)]
+    to: Option<String>,
     /// Scope, when it is not just the date (default: the date).
     #[arg(long)]
     scope: Option<String>,
-    /// Why the run starts.
-    #[arg(long, value_enum, default_value_t = TriggerArg::Manual)]
-    trigger: TriggerArg,
+    /// Why the run starts [default: manual; backfill with --from/--to].
+    #[arg(long, value_enum)]
+    trigger: Option<TriggerArg>,
     /// Override the job's mode.
     #[arg(long, value_enum)]
     mode: Option<ModeArg>,
@@ -389,6 +395,7 @@ fn print_json<T: serde::Serialize>(value: &T) {
 async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
     let g = cli.global;
     match cli.command {
+        Command::Run(args) if args.from.is_some() => run_backfill(&args, &g, registry).await,
         Command::Run(args) => {
             let (job, request) = prepare(&args, &g)?;
             let policy = match args.on_store_failure {
@@ -533,6 +540,11 @@ async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
 }
 
 fn prepare(args: &RunArgs, g: &GlobalOptions) -> Result<(Job, RunRequest)> {
+    if args.from.is_some() {
+        return Err(Error::config(
+            "--from/--to backfill a range with `idem run`; explain takes one --date",
+        ));
+    }
     let job = find_job(&args.job, &g.jobs_dir)?;
     let date = schedule::run_date(
         args.date.as_deref(),
@@ -541,8 +553,19 @@ fn prepare(args: &RunArgs, g: &GlobalOptions) -> Result<(Job, RunRequest)> {
         scheduled_job(&job)?.tz()?,
         chrono::Utc::now(),
     )?;
+    let request = request_for(args, &job, date)?;
+    Ok((job, request))
+}
+
+/// The request `idem run` makes for one date.
+fn request_for(args: &RunArgs, job: &Job, date: chrono::NaiveDate) -> Result<RunRequest> {
+    let default_trigger = if args.from.is_some() {
+        Trigger::Backfill
+    } else {
+        Trigger::Manual
+    };
     let mut request = RunRequest::new(job.name.clone(), date)
-        .with_trigger(args.trigger.into())
+        .with_trigger(args.trigger.map_or(default_trigger, Into::into))
         .with_params(job.params_json());
     if let Some(scope) = &args.scope {
         if scope.trim().is_empty() {
@@ -553,7 +576,138 @@ fn prepare(args: &RunArgs, g: &GlobalOptions) -> Result<(Job, RunRequest)> {
     if let Some(id) = &args.run_id {
         request.run_id = id.clone();
     }
-    Ok((job, request))
+    Ok(request)
+}
+
+/// `idem run JOB --from D1 --to D2`: every date in turn through the runner, as `idem run`
+/// runs one; stops early on a signal or a store error; exit 1 if a date failed.
+async fn run_backfill(args: &RunArgs, g: &GlobalOptions, registry: &Registry) -> Result<u8> {
+    let job = find_job(&args.job, &g.jobs_dir)?;
+    let dates = schedule::backfill_dates(
+        args.from.as_deref().unwrap_or_default(),
+        args.to.as_deref().unwrap_or_default(),
+        scheduled_job(&job)?.tz()?,
+        chrono::Utc::now(),
+    )?;
+    let requests = dates
+        .iter()
+        .map(|d| request_for(args, &job, *d))
+        .collect::<Result<Vec<_>>>()?;
+    let policy = match args.on_store_failure {
+        Some(PolicyArg::Strict) => StoreFailurePolicy::Strict,
+        Some(PolicyArg::BestEffort) => StoreFailurePolicy::BestEffort,
+        None => job.store_failure()?,
+    };
+    let store = open_store(&g.store, policy).await?;
+    let spool = Spool::from_env(&g.store);
+    replay_spool(&spool, &*store).await;
+    let processor = job.processor(registry, &g.store).await?;
+    let mut runner = job
+        .runner(store)?
+        .store_failure_policy(policy)
+        .interruptible(true)
+        .spool(spool);
+    if let Some(mode) = args.mode {
+        runner = runner.mode(mode.into());
+    }
+    // The runner stops a run on SIGINT/SIGTERM; this flag stops the dates after it (a
+    // signal between two dates would otherwise be swallowed by the runner's handler).
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            shutdown_signal().await;
+            stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    let mut summary = schedule::BackfillSummary::default();
+    let mut reports = Vec::new();
+    let mut failure = None;
+    for (i, request) in requests.into_iter().enumerate() {
+        if stop.load(std::sync::atomic::Ordering::SeqCst) {
+            summary.not_run = dates.len() - i;
+            break;
+        }
+        let date = request.scope_date;
+        match runner.run(&*processor, request).await {
+            Ok(report) => {
+                summary.add(
+                    date,
+                    report.status,
+                    report.skip_reason.as_ref(),
+                    report.exit_code(),
+                );
+                if g.format == Format::Human {
+                    print_backfill_line(&report);
+                }
+                reports.push(report);
+            }
+            Err(e) => {
+                summary.not_run = dates.len() - i;
+                failure = Some(e);
+                break;
+            }
+        }
+    }
+    watcher.abort();
+    let (from, to) = (dates[0], dates[dates.len() - 1]);
+    match g.format {
+        Format::Json => print_json(&serde_json::json!({
+            "job": job.name,
+            "from": from,
+            "to": to,
+            "completed": summary.completed,
+            "skipped": summary.skipped,
+            "failed": summary.failed,
+            "failed_dates": summary.failed_dates,
+            "not_run": summary.not_run,
+            "error": failure.as_ref().map(|e| e.to_string()),
+            "runs": reports,
+        })),
+        Format::Human => println!("backfill {} {from}..{to}: {}", job.name, summary.line()),
+    }
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(summary.exit_code()),
+    }
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+fn print_backfill_line(report: &RunReport) {
+    let mut line = format!("{} {} for {}", report.status, report.job, report.scope);
+    match report.status {
+        RunStatus::Completed => line.push_str(&format!(
+            ": {} record(s) in {} ms",
+            report.records_processed.unwrap_or(0),
+            report.duration_ms
+        )),
+        RunStatus::Skipped => {
+            if let Some(reason) = &report.skip_reason {
+                line.push_str(&format!(" ({reason})"));
+            }
+        }
+        RunStatus::Failed => {
+            if let Some(error) = &report.error {
+                line.push_str(&format!(": {error}"));
+            }
+        }
+    }
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
 }
 
 /// What the schedule module needs of a job.

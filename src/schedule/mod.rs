@@ -26,6 +26,7 @@
 //! This module is a leaf: it knows nothing of the runner or the stores. The CLI hands it
 //! [`ScheduledJob`]s and prints what it returns.
 
+mod backfill;
 mod date;
 pub mod export;
 
@@ -41,6 +42,7 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 
+pub use backfill::{backfill_dates, BackfillSummary, MAX_BACKFILL_DAYS};
 pub use date::{run_date, DateExpr, MAX_DATE, MIN_DATE};
 
 /// A parsed cron expression.
