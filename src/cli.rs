@@ -749,33 +749,16 @@ fn schedule_command(args: ScheduleArgs, g: &GlobalOptions) -> Result<u8> {
     if let Some(ScheduleCommand::Export(e)) = args.command {
         let jobs = scheduled_jobs(e.job.as_deref(), g)?;
         let text = match &e.cloud_scheduler {
-            Some(target) => {
-                let (project, region) = export::parse_project_region(target)?;
-                let store_kind = g.store.split(':').next().unwrap_or_default();
-                if matches!(store_kind, "sqlite" | "memory") {
-                    return Err(Error::config(format!(
-                        "--store {}: a Cloud Run job keeps no disk between executions; \
-                         export with a postgres:// or bigquery:// store",
-                        store_kind
-                    )));
-                }
-                export::cloud_scheduler(
-                    &jobs,
-                    &export::CloudSchedulerOptions {
-                        image: e.image.clone().unwrap_or_else(|| {
-                            format!("{region}-docker.pkg.dev/{project}/idem/idem:latest")
-                        }),
-                        service_account: e
-                            .service_account
-                            .clone()
-                            .unwrap_or_else(|| format!("idem@{project}.iam.gserviceaccount.com")),
-                        project,
-                        region,
-                        store: g.store.clone(),
-                        jobs_dir: e.image_jobs_dir.clone(),
-                    },
-                )?
-            }
+            Some(target) => export::cloud_scheduler(
+                &jobs,
+                &export::CloudSchedulerOptions::new(
+                    target,
+                    &g.store,
+                    e.image.clone(),
+                    e.service_account.clone(),
+                    &e.image_jobs_dir,
+                )?,
+            )?,
             None => {
                 let workdir = match e.workdir {
                     Some(w) => w,

@@ -398,12 +398,12 @@ fn exports_refuse_what_their_target_cannot_do() {
         (
             vec!["secs", "--cloud-scheduler", "p/r"],
             "postgres://h/db",
-            "uses seconds or years",
+            "uses seconds, years or extensions",
         ),
         (
             vec!["secs", "--crontab"],
             "sqlite://idem.db",
-            "uses seconds or years",
+            "uses seconds, years or extensions",
         ),
         (
             vec!["nolease", "--cloud-scheduler", "p/r"],

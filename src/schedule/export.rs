@@ -49,8 +49,8 @@ fn sh(word: &str) -> Result<String> {
 fn crontab_fields(job: &ScheduledJob, target: &str) -> Result<String> {
     job.cron()?.crontab_fields().ok_or_else(|| {
         Error::config(format!(
-            "job {}: schedule {:?} uses seconds or years, which {target} cannot express; \
-             use a 5-field expression",
+            "job {}: schedule {:?} uses seconds, years or extensions (L, W, #, ?), which \
+             {target} cannot express; use a standard 5-field expression",
             job.name, job.schedule
         ))
     })
@@ -127,6 +127,39 @@ pub struct CloudSchedulerOptions {
     pub store: String,
     /// The jobs folder inside the image (set as `IDEM_JOBS_DIR`).
     pub jobs_dir: String,
+}
+
+impl CloudSchedulerOptions {
+    /// Options for `--cloud-scheduler PROJECT/REGION` with the store `store`; `image`
+    /// defaults to `REGION-docker.pkg.dev/PROJECT/idem/idem:latest` and `service_account`
+    /// to `idem@PROJECT.iam.gserviceaccount.com`. A SQLite or memory store is refused: a
+    /// Cloud Run job keeps no disk between executions.
+    pub fn new(
+        target: &str,
+        store: &str,
+        image: Option<String>,
+        service_account: Option<String>,
+        jobs_dir: &str,
+    ) -> Result<CloudSchedulerOptions> {
+        let (project, region) = parse_project_region(target)?;
+        let scheme = store.split(':').next().unwrap_or_default();
+        if matches!(scheme, "sqlite" | "memory") {
+            return Err(Error::config(format!(
+                "--store {scheme}: a Cloud Run job keeps no disk between executions; export \
+                 with a postgres:// or bigquery:// store"
+            )));
+        }
+        Ok(CloudSchedulerOptions {
+            image: image
+                .unwrap_or_else(|| format!("{region}-docker.pkg.dev/{project}/idem/idem:latest")),
+            service_account: service_account
+                .unwrap_or_else(|| format!("idem@{project}.iam.gserviceaccount.com")),
+            project,
+            region,
+            store: store.to_string(),
+            jobs_dir: jobs_dir.to_string(),
+        })
+    }
 }
 
 /// Parses `PROJECT/REGION`.
@@ -371,7 +404,9 @@ mod tests {
         };
         let e = crontab(&[j], &o).unwrap_err().to_string();
         assert!(
-            e.contains("uses seconds or years, which crontab cannot express"),
+            e.contains(
+                "uses seconds, years or extensions (L, W, #, ?), which crontab cannot express"
+            ),
             "{e}"
         );
     }

@@ -125,14 +125,26 @@ impl CronSchedule {
 
     /// The expression in classic 5-field crontab form (what cron and Cloud Scheduler
     /// accept): macros expanded; a seconds field of `0` and a years field of `*` dropped.
-    /// `None` when the expression needs seconds or years that crontab cannot say.
+    /// `None` when it needs seconds or years, or croner's extensions (`L`, `W`, `#`, `?`),
+    /// that crontab cannot say.
     pub fn crontab_fields(&self) -> Option<String> {
         let f = &self.fields;
-        match f.len() {
-            5 => Some(f.join(" ")),
-            6 | 7 if f[0] == "0" && f.get(6).is_none_or(|y| y == "*") => Some(f[1..6].join(" ")),
-            _ => None,
-        }
+        let five = match f.len() {
+            5 => &f[..],
+            6 | 7 if f[0] == "0" && f.get(6).is_none_or(|y| y == "*") => &f[1..6],
+            _ => return None,
+        };
+        // Day of month has no names, so any letter is an extension (L, W); day of week
+        // has names (SUN, WED, ...) but not `#`, `?` or a trailing `L` after a digit.
+        let dom_extension = five[2].chars().any(|c| c.is_ascii_alphabetic() || c == '?');
+        let dow = five[4].to_ascii_uppercase();
+        let dow_extension = dow.contains(['#', '?'])
+            || dow == "L"
+            || dow
+                .as_bytes()
+                .windows(2)
+                .any(|w| w[0].is_ascii_digit() && w[1] == b'L');
+        (!dom_extension && !dow_extension).then(|| five.join(" "))
     }
 
     /// The first fire time strictly after `after`, in `after`'s zone; `None` when the
@@ -433,6 +445,16 @@ mod tests {
         assert_eq!(f("0 0 2 * * SUN *").as_deref(), Some("0 2 * * SUN"));
         assert_eq!(f("*/10 * * * * *"), None);
         assert_eq!(f("0 0 2 * * SUN 2027"), None);
+        assert_eq!(f("0 6 * JUL WED,SAT").as_deref(), Some("0 6 * JUL WED,SAT"));
+        for extension in [
+            "0 6 L * *",
+            "0 6 15W * *",
+            "0 6 ? * MON",
+            "0 6 * * 5L",
+            "0 6 * * FRI#2",
+        ] {
+            assert_eq!(f(extension), None, "{extension}");
+        }
     }
 
     /// `0 2 * * 0` in Los Angeles across both 2026 clock changes (8 March: 02:00 does not
