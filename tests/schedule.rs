@@ -684,3 +684,43 @@ fn sigterm_stops_a_backfill_records_the_running_date_as_interrupted_and_runs_no_
     let (_, e, _) = s.json(&["explain", &job, "--date", "2025-11-18"]);
     assert_eq!(e["decision"], "run", "the lease is released: {e}");
 }
+
+#[test]
+fn a_daily_two_thirty_job_fires_exactly_once_on_each_2026_dst_day_in_los_angeles() {
+    let s = Sandbox::new("idem-sched-dst");
+    s.write_job(
+        "daily",
+        &recording_job(
+            "daily",
+            "schedule = \"30 2 * * *\"\ntimezone = \"America/Los_Angeles\"",
+        ),
+    );
+    let local_times = |after: &str| {
+        let (code, v, err) = s.json(&["schedule", "daily", "--after", after, "--next", "3"]);
+        assert_eq!(code, 0, "{err}");
+        v[0]["next"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["local"].as_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    // 8 March: 02:30 does not exist; it fires once, at 03:00 PDT, the first instant after.
+    assert_eq!(
+        local_times("2026-03-07T12:00:00Z"),
+        [
+            "2026-03-08T03:00:00-07:00",
+            "2026-03-09T02:30:00-07:00",
+            "2026-03-10T02:30:00-07:00"
+        ]
+    );
+    // 1 November: 02:30 comes once, after the repeated 01:00 hour.
+    assert_eq!(
+        local_times("2026-10-31T12:00:00Z"),
+        [
+            "2026-11-01T02:30:00-08:00",
+            "2026-11-02T02:30:00-08:00",
+            "2026-11-03T02:30:00-08:00"
+        ]
+    );
+}
