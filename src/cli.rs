@@ -25,6 +25,7 @@ use crate::job::{find_job, load_jobs, parse_duration, Job};
 use crate::model::{parse_date, Mode, RunRequest, RunStatus, Trigger};
 use crate::processor::Registry;
 use crate::runner::{Explanation, RunReport, StoreFailurePolicy};
+use crate::schedule::{self, export, JobPlan, ScheduledJob};
 use crate::spool::Spool;
 use crate::store::{
     self, BreakerConfig, CircuitBreakerStore, DynStore, RunFilter, UnavailableStore,
@@ -108,21 +109,89 @@ enum Command {
     Purge(PurgeArgs),
     /// Delete keys, ledger rows and expired leases older than the retention.
     Cleanup(CleanupArgs),
+    /// List the scheduled jobs and their next fire times; `schedule export` writes them
+    /// out for cron or Cloud Scheduler.
+    Schedule(ScheduleArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+struct ScheduleArgs {
+    /// Only this job (name in --jobs-dir or path to a .toml file).
+    job: Option<String>,
+    /// How many fire times to list per job.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    next: u16,
+    /// List the fire times after this instant (RFC 3339) instead of after now.
+    #[arg(long, value_name = "RFC3339")]
+    after: Option<String>,
+    #[command(subcommand)]
+    command: Option<ScheduleCommand>,
+}
+
+#[derive(Debug, Subcommand)]
+enum ScheduleCommand {
+    /// Print the scheduled jobs as crontab lines or as gcloud commands (text).
+    Export(ExportArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["crontab", "cloud_scheduler"])))]
+struct ExportArgs {
+    /// Only this job.
+    job: Option<String>,
+    /// Crontab lines: CRON_TZ, schedule, `idem run JOB --date EXPR --trigger scheduler`.
+    #[arg(long)]
+    crontab: bool,
+    /// `gcloud` commands: a Cloud Run job per idem job and the Cloud Scheduler job that
+    /// starts it.
+    #[arg(long, value_name = "PROJECT/REGION")]
+    cloud_scheduler: Option<String>,
+    /// Crontab: the idem binary the lines run (cron's PATH is short; give a full path).
+    #[arg(long, default_value = "idem")]
+    idem_bin: String,
+    /// Crontab: the folder each line runs in (default: the current folder).
+    #[arg(long)]
+    workdir: Option<PathBuf>,
+    /// Crontab: each job appends its output to LOG_DIR/JOB.log.
+    #[arg(long, default_value = "/var/log/idem")]
+    log_dir: String,
+    /// Cloud Scheduler: the container image (default REGION-docker.pkg.dev/PROJECT/idem/idem:latest).
+    #[arg(long)]
+    image: Option<String>,
+    /// Cloud Scheduler: the service account that starts and runs the jobs
+    /// (default idem@PROJECT.iam.gserviceaccount.com).
+    #[arg(long)]
+    service_account: Option<String>,
+    /// Cloud Scheduler: the jobs folder inside the image.
+    #[arg(long, default_value = "/app/jobs")]
+    image_jobs_dir: String,
 }
 
 #[derive(Debug, Args)]
 struct RunArgs {
     /// Job name (in --jobs-dir) or path to a job .toml file.
     job: String,
-    /// The partition date, YYYY-MM-DD.
-    #[arg(long)]
-    date: String,
+    /// The partition date: YYYY-MM-DD, today, yesterday or today-N (in the job's
+    /// timezone); default the job's `date`.
+    #[arg(long, allow_hyphen_values = true)]
+    date: Option<String>,
+    /// The instant the scheduler meant to fire (RFC 3339): relative dates are evaluated
+    /// there instead of at the clock, so a late retry still processes its slot's date.
+    #[arg(long, value_name = "RFC3339")]
+    scheduled_at: Option<String>,
+    /// Backfill: run every date from this one (YYYY-MM-DD, today, yesterday, today-N) ...
+    #[arg(long, requires = "to", allow_hyphen_values = true, conflicts_with_all = ["date", "scheduled_at", "scope", "run_id"])]
+    from: Option<String>,
+    /// ... to this one, inclusive, each through the guards (trigger backfill).
+    #[arg(long, requires = "from", allow_hyphen_values = true)]
+    to: Option<String>,
     /// Scope, when it is not just the date (default: the date).
     #[arg(long)]
     scope: Option<String>,
-    /// Why the run starts.
-    #[arg(long, value_enum, default_value_t = TriggerArg::Manual)]
-    trigger: TriggerArg,
+    /// Why the run starts [default: manual; backfill with --from/--to].
+    #[arg(long, value_enum)]
+    trigger: Option<TriggerArg>,
     /// Override the job's mode.
     #[arg(long, value_enum)]
     mode: Option<ModeArg>,
@@ -356,25 +425,10 @@ fn print_json<T: serde::Serialize>(value: &T) {
 async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
     let g = cli.global;
     match cli.command {
+        Command::Run(args) if args.from.is_some() => run_backfill(&args, &g, registry).await,
         Command::Run(args) => {
             let (job, request) = prepare(&args, &g)?;
-            let policy = match args.on_store_failure {
-                Some(PolicyArg::Strict) => StoreFailurePolicy::Strict,
-                Some(PolicyArg::BestEffort) => StoreFailurePolicy::BestEffort,
-                None => job.store_failure()?,
-            };
-            let store = open_store(&g.store, policy).await?;
-            let spool = Spool::from_env(&g.store);
-            replay_spool(&spool, &*store).await;
-            let processor = job.processor(registry, &g.store).await?;
-            let mut runner = job
-                .runner(store)?
-                .store_failure_policy(policy)
-                .interruptible(true)
-                .spool(spool);
-            if let Some(mode) = args.mode {
-                runner = runner.mode(mode.into());
-            }
+            let (runner, processor) = job_runner(&job, &args, &g, registry).await?;
             let report = runner.run(&*processor, request).await?;
             print_report(&report, g.format);
             Ok(report.exit_code())
@@ -480,6 +534,7 @@ async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
             }
             Ok(EXIT_OK)
         }
+        Command::Schedule(args) => schedule_command(args, &g),
         Command::Cleanup(args) => {
             let keep = parse_duration(&args.keep)?;
             let before = chrono::Utc::now()
@@ -504,10 +559,32 @@ async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
 }
 
 fn prepare(args: &RunArgs, g: &GlobalOptions) -> Result<(Job, RunRequest)> {
-    let date = parse_date(&args.date)?;
+    if args.from.is_some() {
+        return Err(Error::config(
+            "--from/--to backfill a range with `idem run`; explain takes one --date",
+        ));
+    }
     let job = find_job(&args.job, &g.jobs_dir)?;
+    let date = schedule::run_date(
+        args.date.as_deref(),
+        job.date.as_deref(),
+        args.scheduled_at.as_deref(),
+        scheduled_job(&job)?.tz()?,
+        chrono::Utc::now(),
+    )?;
+    let request = request_for(args, &job, date)?;
+    Ok((job, request))
+}
+
+/// The request `idem run` makes for one date.
+fn request_for(args: &RunArgs, job: &Job, date: chrono::NaiveDate) -> Result<RunRequest> {
+    let default_trigger = if args.from.is_some() {
+        Trigger::Backfill
+    } else {
+        Trigger::Manual
+    };
     let mut request = RunRequest::new(job.name.clone(), date)
-        .with_trigger(args.trigger.into())
+        .with_trigger(args.trigger.map_or(default_trigger, Into::into))
         .with_params(job.params_json());
     if let Some(scope) = &args.scope {
         request = request.with_scope(scope.clone());
@@ -516,7 +593,263 @@ fn prepare(args: &RunArgs, g: &GlobalOptions) -> Result<(Job, RunRequest)> {
         request.run_id = id.clone();
     }
     request.validate()?;
-    Ok((job, request))
+    Ok(request)
+}
+
+/// The runner and processor `idem run` uses for a job: the store (with the job's failure
+/// policy or `--on-store-failure`), the spool replayed, interruptible, `--mode` applied.
+async fn job_runner(
+    job: &Job,
+    args: &RunArgs,
+    g: &GlobalOptions,
+    registry: &Registry,
+) -> Result<(crate::runner::Runner, Arc<dyn crate::processor::Processor>)> {
+    let policy = match args.on_store_failure {
+        Some(PolicyArg::Strict) => StoreFailurePolicy::Strict,
+        Some(PolicyArg::BestEffort) => StoreFailurePolicy::BestEffort,
+        None => job.store_failure()?,
+    };
+    let store = open_store(&g.store, policy).await?;
+    let spool = Spool::from_env(&g.store);
+    replay_spool(&spool, &*store).await;
+    let processor = job.processor(registry, &g.store).await?;
+    let mut runner = job
+        .runner(store)?
+        .store_failure_policy(policy)
+        .interruptible(true)
+        .spool(spool);
+    if let Some(mode) = args.mode {
+        runner = runner.mode(mode.into());
+    }
+    Ok((runner, processor))
+}
+
+/// `idem run JOB --from D1 --to D2`: every date in turn through the runner, as `idem run`
+/// runs one; stops early on a signal or a store error; exit 1 if a date failed.
+async fn run_backfill(args: &RunArgs, g: &GlobalOptions, registry: &Registry) -> Result<u8> {
+    let job = find_job(&args.job, &g.jobs_dir)?;
+    let dates = schedule::backfill_dates(
+        args.from.as_deref().unwrap_or_default(),
+        args.to.as_deref().unwrap_or_default(),
+        scheduled_job(&job)?.tz()?,
+        chrono::Utc::now(),
+    )?;
+    let requests = dates
+        .iter()
+        .map(|d| request_for(args, &job, *d))
+        .collect::<Result<Vec<_>>>()?;
+    let (runner, processor) = job_runner(&job, args, g, registry).await?;
+    // The runner stops a run on SIGINT/SIGTERM; this flag stops the dates after it (a
+    // signal between two dates would otherwise be swallowed by the runner's handler).
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            shutdown_signal().await;
+            stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    let mut summary = schedule::BackfillSummary::default();
+    let mut reports = Vec::new();
+    let mut failure = None;
+    for (i, request) in requests.into_iter().enumerate() {
+        if stop.load(std::sync::atomic::Ordering::SeqCst) {
+            summary.not_run = dates.len() - i;
+            break;
+        }
+        let date = request.scope_date;
+        match runner.run(&*processor, request).await {
+            Ok(report) => {
+                summary.add(
+                    date,
+                    report.status,
+                    report.skip_reason.as_ref(),
+                    report.exit_code(),
+                );
+                if g.format == Format::Human {
+                    print_backfill_line(&report);
+                }
+                reports.push(report);
+            }
+            Err(e) => {
+                summary.not_run = dates.len() - i;
+                failure = Some(e);
+                break;
+            }
+        }
+    }
+    watcher.abort();
+    let (from, to) = (dates[0], dates[dates.len() - 1]);
+    match g.format {
+        Format::Json => print_json(&serde_json::json!({
+            "job": job.name,
+            "from": from,
+            "to": to,
+            "completed": summary.completed,
+            "skipped": summary.skipped,
+            "failed": summary.failed,
+            "failed_dates": summary.failed_dates,
+            "not_run": summary.not_run,
+            "error": failure.as_ref().map(|e| e.to_string()),
+            "runs": reports,
+        })),
+        Format::Human => println!("backfill {} {from}..{to}: {}", job.name, summary.line()),
+    }
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(summary.exit_code()),
+    }
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+fn print_backfill_line(report: &RunReport) {
+    let mut line = format!("{} {} for {}", report.status, report.job, report.scope);
+    match report.status {
+        RunStatus::Completed => line.push_str(&format!(
+            ": {} record(s) in {} ms",
+            report.records_processed.unwrap_or(0),
+            report.duration_ms
+        )),
+        RunStatus::Skipped => {
+            if let Some(reason) = &report.skip_reason {
+                line.push_str(&format!(" ({reason})"));
+            }
+        }
+        RunStatus::Failed => {
+            if let Some(error) = &report.error {
+                line.push_str(&format!(": {error}"));
+            }
+        }
+    }
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+}
+
+/// What the schedule module needs of a job.
+fn scheduled_job(job: &Job) -> Result<ScheduledJob> {
+    Ok(ScheduledJob {
+        name: job.name.clone(),
+        schedule: job.schedule.clone().unwrap_or_default(),
+        timezone: job.timezone.clone(),
+        date: job.date.clone(),
+        lease: job.lease_ttl()?,
+        path: job.path.clone(),
+    })
+}
+
+/// The jobs `idem schedule` works on: `name` only (it must have a schedule), or every job
+/// with a schedule.
+fn scheduled_jobs(name: Option<&str>, g: &GlobalOptions) -> Result<Vec<ScheduledJob>> {
+    let jobs = match name {
+        Some(name) => {
+            let job = find_job(name, &g.jobs_dir)?;
+            if job.schedule.is_none() {
+                return Err(Error::config(format!(
+                    "job {} has no schedule (set schedule = \"...\" in {})",
+                    job.name,
+                    job.path.display()
+                )));
+            }
+            vec![job]
+        }
+        None => load_jobs(&g.jobs_dir)?,
+    };
+    jobs.iter()
+        .filter(|j| j.schedule.is_some())
+        .map(scheduled_job)
+        .collect()
+}
+
+fn schedule_command(args: ScheduleArgs, g: &GlobalOptions) -> Result<u8> {
+    if let Some(ScheduleCommand::Export(e)) = args.command {
+        let jobs = scheduled_jobs(e.job.as_deref(), g)?;
+        let text = match &e.cloud_scheduler {
+            Some(target) => export::cloud_scheduler(
+                &jobs,
+                &export::CloudSchedulerOptions::new(
+                    target,
+                    &g.store,
+                    e.image.clone(),
+                    e.service_account.clone(),
+                    &e.image_jobs_dir,
+                )?,
+            )?,
+            None => {
+                let workdir = match e.workdir {
+                    Some(w) => w,
+                    None => std::env::current_dir()
+                        .map_err(|err| Error::config(format!("--workdir: {err}")))?,
+                };
+                export::crontab(
+                    &jobs,
+                    &export::CrontabOptions {
+                        bin: e.idem_bin.clone(),
+                        store: g.store.clone(),
+                        jobs_dir: g.jobs_dir.display().to_string(),
+                        workdir: workdir.display().to_string(),
+                        log_dir: e.log_dir.clone(),
+                    },
+                )?
+            }
+        };
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(text.as_bytes());
+        return Ok(EXIT_OK);
+    }
+    let after = match &args.after {
+        Some(a) => schedule::parse_instant("--after", a)?,
+        None => chrono::Utc::now(),
+    };
+    let jobs = scheduled_jobs(args.job.as_deref(), g)?;
+    let plans = schedule::plan(&jobs, after, args.next.into())?;
+    print_plans(&plans, g.format);
+    Ok(EXIT_OK)
+}
+
+fn print_plans(plans: &[JobPlan], format: Format) {
+    if format == Format::Json {
+        print_json(&plans);
+        return;
+    }
+    let mut out = std::io::stdout().lock();
+    if plans.is_empty() {
+        let _ = writeln!(out, "no job has a schedule");
+    }
+    for p in plans {
+        let _ = writeln!(
+            out,
+            "{}  schedule {:?}  timezone {}  date {}",
+            p.job, p.schedule, p.timezone, p.date
+        );
+        if p.next.is_empty() {
+            let _ = writeln!(out, "  never fires again");
+        }
+        for f in &p.next {
+            let _ = writeln!(
+                out,
+                "  {} {} {} = {}  date {}",
+                f.local.format("%Y-%m-%d %H:%M:%S"),
+                f.local.format("%:z"),
+                f.zone_abbreviation,
+                f.utc.format("%Y-%m-%d %H:%M:%S UTC"),
+                f.date
+            );
+        }
+    }
 }
 
 fn print_report(report: &RunReport, format: Format) {

@@ -3,7 +3,9 @@
 //! ```toml
 //! name = "daily_sales"           # unique
 //! processor = "sql"              # built-in SQL processor, or a registered Rust processor
-//! schedule = "0 9 * * *"         # optional cron (5 or 6 fields)
+//! schedule = "0 9 * * *"         # optional cron (5 fields, 6/7 with seconds/years, @daily)
+//! timezone = "Europe/Paris"      # IANA zone of the schedule and relative dates; default UTC
+//! date = "yesterday"             # default date of `idem run JOB`
 //! mode = "enforce"               # enforce | shadow | off
 //! store_failure = "strict"       # strict | best_effort
 //! [guards]
@@ -92,8 +94,12 @@ pub struct Job {
     pub processor: String,
     /// What the job does, for `idem jobs`.
     pub description: Option<String>,
-    /// Cron expression (5 fields, or 6 with seconds).
+    /// Cron expression (5 fields, or 6/7 with seconds and years, or an `@` macro).
     pub schedule: Option<String>,
+    /// IANA time zone the schedule and relative dates are read in; default UTC.
+    pub timezone: Option<String>,
+    /// Default date of a run without `--date`: `YYYY-MM-DD`, `today`, `yesterday`, `today-N`.
+    pub date: Option<String>,
     /// `enforce` (default), `shadow` or `off`.
     pub mode: Option<String>,
     /// `strict` (default) or `best_effort`.
@@ -165,16 +171,10 @@ fn optional_duration(field: &str, value: &Option<String>) -> Result<Option<Durat
     }
 }
 
-/// Parses a cron expression (5 fields as crontab, or 6/7 with seconds and years).
-pub fn parse_cron(expr: &str) -> Result<cron::Schedule> {
-    let fields = expr.split_whitespace().count();
-    let full = if fields == 5 {
-        format!("0 {expr}")
-    } else {
-        expr.to_string()
-    };
-    cron::Schedule::from_str(&full)
-        .map_err(|e| Error::config(format!("invalid cron expression {expr:?}: {e}")))
+/// Parses a cron expression (5 fields as crontab, 6/7 with seconds and years, or an `@`
+/// macro); see [`crate::schedule`].
+pub fn parse_cron(expr: &str) -> Result<crate::schedule::CronSchedule> {
+    crate::schedule::parse_cron(expr)
 }
 
 fn read_sql(
@@ -226,7 +226,14 @@ impl Job {
             return Err(Error::config("name is empty"));
         }
         if let Some(s) = &self.schedule {
-            parse_cron(s)?;
+            parse_cron(s).map_err(|e| Error::config(format!("schedule: {e}")))?;
+        }
+        if let Some(tz) = &self.timezone {
+            crate::schedule::parse_timezone(tz)
+                .map_err(|e| Error::config(format!("timezone: {e}")))?;
+        }
+        if let Some(d) = &self.date {
+            crate::schedule::DateExpr::parse(d).map_err(|e| Error::config(format!("date: {e}")))?;
         }
         self.mode()?;
         self.store_failure()?;

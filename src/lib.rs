@@ -59,6 +59,7 @@ mod key;
 mod model;
 mod processor;
 mod runner;
+pub mod schedule;
 pub mod spool;
 pub mod sql;
 pub mod store;

@@ -1,0 +1,413 @@
+//! `idem schedule export`: crontab lines and Cloud Scheduler commands for the scheduled jobs.
+//!
+//! Both are plain text, exact and deterministic (golden-tested), so a diff of the export
+//! shows what changes in production.
+//!
+//! * **crontab**: per job a `CRON_TZ=` line (the zone the next line's schedule is read in,
+//!   honoured by cronie and every cron derived from Vixie cron 4) and one line that runs
+//!   `idem run JOB --date EXPR --trigger scheduler` from the working folder, appending its
+//!   output to `LOG_DIR/JOB.log`. `%` is escaped as `\%` (cron turns a bare `%` into a
+//!   newline). The date expression is evaluated by idem in the job's zone, so the date is
+//!   right even on a cron that ignores `CRON_TZ` (only the firing hour would move).
+//! * **Cloud Scheduler**: per job a `gcloud run jobs deploy` of a Cloud Run job that runs
+//!   `idem run JOB --date EXPR --trigger scheduler`, and a `gcloud scheduler jobs create
+//!   http` that starts it through the Cloud Run Admin API (`…/jobs/NAME:run`) with an OAuth
+//!   token, in the job's zone, with an attempt deadline and retries bounded by the job's
+//!   lease (see [`CloudRetry`]).
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+use super::ScheduledJob;
+
+/// Where and how the crontab lines run idem.
+#[derive(Debug, Clone)]
+pub struct CrontabOptions {
+    /// The idem binary (cron's `PATH` is short: an absolute path is safest).
+    pub bin: String,
+    /// The store URL every line passes with `--store`.
+    pub store: String,
+    /// The jobs folder every line passes with `--jobs-dir`.
+    pub jobs_dir: String,
+    /// The folder each line `cd`s into first (relative paths in the store URL and jobs
+    /// folder resolve against it).
+    pub workdir: String,
+    /// Each job appends its output to `LOG_DIR/JOB.log`.
+    pub log_dir: String,
+}
+
+/// Quotes a word for `sh` (unchanged when it needs no quotes).
+fn sh(word: &str) -> Result<String> {
+    shlex::try_quote(word).map(|q| q.into_owned()).map_err(|_| {
+        Error::config(format!(
+            "{word:?} cannot be passed to sh (it has a NUL byte)"
+        ))
+    })
+}
+
+fn crontab_fields(job: &ScheduledJob, target: &str) -> Result<String> {
+    job.cron()?.crontab_fields().ok_or_else(|| {
+        Error::config(format!(
+            "job {}: schedule {:?} uses seconds, years or extensions (L, W, #, ?), which \
+             {target} cannot express; use a standard 5-field expression",
+            job.name, job.schedule
+        ))
+    })
+}
+
+/// The crontab text for `jobs` (those with a schedule).
+pub fn crontab(jobs: &[ScheduledJob], o: &CrontabOptions) -> Result<String> {
+    let mut out = String::from(
+        "# idem schedule export --crontab\n\
+         # CRON_TZ sets the time zone of the schedule on the line below it (cronie, Vixie cron 4).\n\
+         SHELL=/bin/sh\n",
+    );
+    for job in jobs {
+        let tz = job.tz()?;
+        let fields = crontab_fields(job, "crontab")?;
+        let date = job.date_expr()?;
+        let log = format!("{}/{}.log", o.log_dir.trim_end_matches('/'), job.name);
+        let words = [
+            o.bin.as_str(),
+            "--store",
+            &o.store,
+            "--jobs-dir",
+            &o.jobs_dir,
+            "run",
+            &job.name,
+            "--date",
+            &date.to_string(),
+            "--trigger",
+            "scheduler",
+        ];
+        let command = format!(
+            "cd {} && {} >> {} 2>&1",
+            sh(&o.workdir)?,
+            words
+                .iter()
+                .map(|w| sh(w))
+                .collect::<Result<Vec<_>>>()?
+                .join(" "),
+            sh(&log)?
+        );
+        if command.contains('\n') || command.contains('\r') {
+            return Err(Error::config(format!(
+                "job {}: a crontab line cannot hold a line break",
+                job.name
+            )));
+        }
+        out.push_str(&format!(
+            "\n# {}: {:?} in {}, date {}\nCRON_TZ={}\n{} {}\n",
+            job.name,
+            job.schedule,
+            tz.name(),
+            date,
+            tz.name(),
+            fields,
+            command.replace('%', "\\%")
+        ));
+    }
+    Ok(out)
+}
+
+/// Where the Cloud Run jobs and Cloud Scheduler jobs go.
+#[derive(Debug, Clone)]
+pub struct CloudSchedulerOptions {
+    /// Google Cloud project.
+    pub project: String,
+    /// Region of the Cloud Run job and of the Cloud Scheduler job.
+    pub region: String,
+    /// Container image with idem and the jobs folder.
+    pub image: String,
+    /// Service account the scheduler calls Cloud Run as (needs `run.jobs.run`), also the
+    /// identity the job runs as.
+    pub service_account: String,
+    /// The store URL (set as `IDEM_STORE` in the container).
+    pub store: String,
+    /// The jobs folder inside the image (set as `IDEM_JOBS_DIR`).
+    pub jobs_dir: String,
+}
+
+impl CloudSchedulerOptions {
+    /// Options for `--cloud-scheduler PROJECT/REGION` with the store `store`; `image`
+    /// defaults to `REGION-docker.pkg.dev/PROJECT/idem/idem:latest` and `service_account`
+    /// to `idem@PROJECT.iam.gserviceaccount.com`. A SQLite or memory store is refused: a
+    /// Cloud Run job keeps no disk between executions.
+    pub fn new(
+        target: &str,
+        store: &str,
+        image: Option<String>,
+        service_account: Option<String>,
+        jobs_dir: &str,
+    ) -> Result<CloudSchedulerOptions> {
+        let (project, region) = parse_project_region(target)?;
+        let scheme = store.split(':').next().unwrap_or_default();
+        if matches!(scheme, "sqlite" | "memory") {
+            return Err(Error::config(format!(
+                "--store {scheme}: a Cloud Run job keeps no disk between executions; export \
+                 with a postgres:// or bigquery:// store"
+            )));
+        }
+        Ok(CloudSchedulerOptions {
+            image: image
+                .unwrap_or_else(|| format!("{region}-docker.pkg.dev/{project}/idem/idem:latest")),
+            service_account: service_account
+                .unwrap_or_else(|| format!("idem@{project}.iam.gserviceaccount.com")),
+            project,
+            region,
+            store: store.to_string(),
+            jobs_dir: jobs_dir.to_string(),
+        })
+    }
+}
+
+/// Parses `PROJECT/REGION`.
+pub fn parse_project_region(s: &str) -> Result<(String, String)> {
+    let ok = |p: &str| {
+        !p.is_empty()
+            && p.bytes().all(|b| {
+                b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b':' || b == b'.'
+            })
+    };
+    match s.split_once('/') {
+        Some((project, region)) if ok(project) && ok(region) && !region.contains(':') => {
+            Ok((project.to_string(), region.to_string()))
+        }
+        _ => Err(Error::config(format!(
+            "--cloud-scheduler {s:?}: expected PROJECT/REGION, such as my-project/us-central1"
+        ))),
+    }
+}
+
+/// Cloud Scheduler's attempt deadline and retry policy for a job with a lease.
+///
+/// A scheduler attempt that times out may still have started an execution, and its retry
+/// starts another one. Every execution that one slot can start must find the first one's
+/// lease held (so it skips as `in_progress`, or, once the first completed, as
+/// `time_window`), even without a heartbeat. So all attempts of a slot must start within
+/// one lease of the first: the attempt deadline is a quarter of the lease, retries stop
+/// half a lease after the first attempt, and the last attempt's call ends by three quarters
+/// of the lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CloudRetry {
+    /// `--attempt-deadline`: lease / 4, at most 30 min (Cloud Scheduler's limit).
+    pub attempt_deadline: Duration,
+    /// `--max-retry-duration`: lease / 2.
+    pub max_retry_duration: Duration,
+    /// `--min-backoff`: the smaller of 30 s and the attempt deadline.
+    pub min_backoff: Duration,
+    /// `--max-backoff`: the attempt deadline.
+    pub max_backoff: Duration,
+    /// `--max-retry-attempts`.
+    pub max_retry_attempts: u32,
+}
+
+/// Cloud Scheduler's shortest attempt deadline.
+const MIN_ATTEMPT_DEADLINE: Duration = Duration::from_secs(15);
+/// Cloud Scheduler's longest attempt deadline for HTTP targets.
+const MAX_ATTEMPT_DEADLINE: Duration = Duration::from_secs(1800);
+
+impl CloudRetry {
+    /// The policy for `job`; an error when it has no lease or one too short.
+    pub fn for_job(job: &ScheduledJob) -> Result<CloudRetry> {
+        let lease = job.lease.ok_or_else(|| {
+            Error::config(format!(
+                "job {}: has no lease (guards.lease); a Cloud Scheduler retry could then run \
+                 the same date twice at once: set guards.lease to at least 1m",
+                job.name
+            ))
+        })?;
+        let secs = |d: Duration| Duration::from_secs(d.as_secs());
+        let attempt_deadline = secs(lease / 4).min(MAX_ATTEMPT_DEADLINE);
+        if attempt_deadline < MIN_ATTEMPT_DEADLINE {
+            return Err(Error::config(format!(
+                "job {}: guards.lease = {}s is too short for Cloud Scheduler: its attempt \
+                 deadline is at least 15s and must be at most a quarter of the lease; set \
+                 guards.lease to at least 1m",
+                job.name,
+                lease.as_secs()
+            )));
+        }
+        Ok(CloudRetry {
+            attempt_deadline,
+            max_retry_duration: secs(lease / 2),
+            min_backoff: attempt_deadline.min(Duration::from_secs(30)),
+            max_backoff: attempt_deadline,
+            max_retry_attempts: 3,
+        })
+    }
+}
+
+/// A Cloud Run job name: lower-case letters, digits and hyphens, starting with a letter,
+/// at most 63 characters.
+pub fn cloud_run_name(job: &str) -> Result<String> {
+    let mut name = String::from("idem-");
+    for c in job.chars() {
+        match c {
+            'a'..='z' | '0'..='9' => name.push(c),
+            'A'..='Z' => name.push(c.to_ascii_lowercase()),
+            '-' | '_' | '.' | ' ' => name.push('-'),
+            _ => {
+                return Err(Error::config(format!(
+                    "job {job}: its name has {c:?}, which a Cloud Run job name cannot hold"
+                )))
+            }
+        }
+    }
+    let name = name.trim_end_matches('-').to_string();
+    if name.len() > 63 {
+        return Err(Error::config(format!(
+            "job {job}: the Cloud Run job name {name} is longer than 63 characters"
+        )));
+    }
+    Ok(name)
+}
+
+/// A gcloud list flag value (`a,b,c`), switching to gcloud's `^DELIM^` form when an item
+/// has a comma.
+fn gcloud_list(items: &[&str]) -> String {
+    if !items.iter().any(|i| i.contains(',')) {
+        return items.join(",");
+    }
+    let delim = ['|', ';', '#', '~', '@']
+        .into_iter()
+        .find(|d| !items.iter().any(|i| i.contains(*d)))
+        .unwrap_or('\u{1}');
+    format!("^{delim}^{}", items.join(&delim.to_string()))
+}
+
+fn flag(name: &str, value: &str) -> Result<String> {
+    Ok(format!("--{name}={}", sh(value)?))
+}
+
+/// The `gcloud` commands for `jobs` (those with a schedule).
+pub fn cloud_scheduler(jobs: &[ScheduledJob], o: &CloudSchedulerOptions) -> Result<String> {
+    let mut out = String::from("#!/bin/sh\n# idem schedule export --cloud-scheduler\nset -e\n");
+    for job in jobs {
+        let tz = job.tz()?;
+        let fields = crontab_fields(job, "Cloud Scheduler")?;
+        let date = job.date_expr()?.to_string();
+        let retry = CloudRetry::for_job(job)?;
+        let run_name = cloud_run_name(&job.name)?;
+        let s = |d: Duration| format!("{}s", d.as_secs());
+        let deploy = [
+            format!("gcloud run jobs deploy {run_name}"),
+            flag("project", &o.project)?,
+            flag("region", &o.region)?,
+            flag("image", &o.image)?,
+            flag("service-account", &o.service_account)?,
+            flag("command", "idem")?,
+            flag(
+                "args",
+                &gcloud_list(&["run", &job.name, "--date", &date, "--trigger", "scheduler"]),
+            )?,
+            flag(
+                "set-env-vars",
+                &gcloud_list(&[
+                    &format!("IDEM_STORE={}", o.store),
+                    &format!("IDEM_JOBS_DIR={}", o.jobs_dir),
+                ]),
+            )?,
+            "--tasks=1".to_string(),
+            "--max-retries=0".to_string(),
+        ];
+        let uri = format!(
+            "https://{region}-run.googleapis.com/apis/run.googleapis.com/v1/namespaces/{project}/jobs/{run_name}:run",
+            region = o.region,
+            project = o.project
+        );
+        let create = [
+            format!("gcloud scheduler jobs create http {run_name}"),
+            flag("project", &o.project)?,
+            flag("location", &o.region)?,
+            flag("schedule", &fields)?,
+            flag("time-zone", tz.name())?,
+            flag("uri", &uri)?,
+            "--http-method=POST".to_string(),
+            flag("oauth-service-account-email", &o.service_account)?,
+            "--oauth-token-scope=https://www.googleapis.com/auth/cloud-platform".to_string(),
+            format!("--attempt-deadline={}", s(retry.attempt_deadline)),
+            format!("--max-retry-attempts={}", retry.max_retry_attempts),
+            format!("--max-retry-duration={}", s(retry.max_retry_duration)),
+            format!("--min-backoff={}", s(retry.min_backoff)),
+            format!("--max-backoff={}", s(retry.max_backoff)),
+            flag("description", &format!("idem job {}", job.name))?,
+        ];
+        out.push_str(&format!(
+            "\n# {}: {:?} in {}, date {}, lease {}\n{}\n{}\n",
+            job.name,
+            job.schedule,
+            tz.name(),
+            date,
+            s(job.lease.unwrap_or_default()),
+            deploy.join(" \\\n  "),
+            create.join(" \\\n  ")
+        ));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(lease: Option<u64>) -> ScheduledJob {
+        ScheduledJob {
+            name: "daily_sales".into(),
+            schedule: "0 6 * * *".into(),
+            lease: lease.map(Duration::from_secs),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn retries_fit_inside_the_lease() {
+        let r = CloudRetry::for_job(&job(Some(3600))).unwrap();
+        assert_eq!(r.attempt_deadline, Duration::from_secs(900));
+        assert_eq!(r.max_retry_duration, Duration::from_secs(1800));
+        assert!(r.max_retry_duration + r.attempt_deadline < Duration::from_secs(3600));
+        let long = CloudRetry::for_job(&job(Some(86_400))).unwrap();
+        assert_eq!(long.attempt_deadline, Duration::from_secs(1800));
+        assert!(CloudRetry::for_job(&job(Some(60))).is_ok());
+        let e = CloudRetry::for_job(&job(Some(59))).unwrap_err().to_string();
+        assert!(e.contains("guards.lease = 59s is too short"), "{e}");
+        let e = CloudRetry::for_job(&job(None)).unwrap_err().to_string();
+        assert!(e.contains("has no lease"), "{e}");
+    }
+
+    #[test]
+    fn names_and_lists() {
+        assert_eq!(cloud_run_name("Daily_Sales").unwrap(), "idem-daily-sales");
+        assert!(cloud_run_name("sales/eu").is_err());
+        assert_eq!(gcloud_list(&["a", "b"]), "a,b");
+        assert_eq!(gcloud_list(&["a,b", "c"]), "^|^a,b|c");
+        assert_eq!(
+            parse_project_region("my-proj/us-central1").unwrap(),
+            ("my-proj".to_string(), "us-central1".to_string())
+        );
+        for bad in ["my-proj", "/us", "p/", "p/r/x", "P q/r"] {
+            assert!(parse_project_region(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn seconds_cannot_be_exported() {
+        let mut j = job(Some(3600));
+        j.schedule = "*/10 * * * * *".into();
+        let o = CrontabOptions {
+            bin: "idem".into(),
+            store: "sqlite://idem.db".into(),
+            jobs_dir: "jobs".into(),
+            workdir: "/srv".into(),
+            log_dir: "/var/log/idem".into(),
+        };
+        let e = crontab(&[j], &o).unwrap_err().to_string();
+        assert!(
+            e.contains(
+                "uses seconds, years or extensions (L, W, #, ?), which crontab cannot express"
+            ),
+            "{e}"
+        );
+    }
+}
