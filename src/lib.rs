@@ -58,6 +58,7 @@ pub mod job;
 mod key;
 mod model;
 mod processor;
+pub mod report;
 mod runner;
 pub mod schedule;
 pub mod spool;

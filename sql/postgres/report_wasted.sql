@@ -1,0 +1,21 @@
+-- Q2: wasted scheduled runs. Completed runs started by the scheduler that processed zero
+-- records; the minutes wasted use each processor's average duration of its completed runs.
+-- $1 period start, $2 period end (timestamptz), $3 processor or NULL for all.
+SELECT
+    processor_name,
+    COUNT(*) AS completed_runs,
+    COUNT(*) FILTER (WHERE trigger_source = 'scheduler') AS scheduled_runs,
+    COUNT(*) FILTER (WHERE trigger_source = 'scheduler' AND records_processed = 0)
+        AS zero_change_runs,
+    ROUND(AVG(duration_ms) / 1000.0, 3)::float8 AS avg_duration_seconds,
+    ROUND(
+        COUNT(*) FILTER (WHERE trigger_source = 'scheduler' AND records_processed = 0)
+            * AVG(duration_ms) / 60000.0,
+        2
+    )::float8 AS minutes_wasted
+FROM processing_runs
+WHERE started_at >= $1 AND started_at < $2
+  AND status = 'completed'
+  AND ($3::text IS NULL OR processor_name = $3::text)
+GROUP BY processor_name
+ORDER BY minutes_wasted DESC, processor_name;

@@ -1,0 +1,904 @@
+//! `idem report`: is the content hash worth it, per processor, measured from the ledger.
+//!
+//! The queries are the "Is This Needed?" and "Monitoring" queries of the design seed, over
+//! `processing_runs` and `processing_keys`, kept per dialect as `.sql` files beside the
+//! migrations (`sql/<dialect>/report_*.sql`) with every value bound as a parameter:
+//!
+//! * `duplicates` (Q1): completed runs of a scope whose previous completed run finished
+//!   more than the time window earlier, and how many processed identical record counts;
+//! * `wasted` (Q2): completed scheduled runs that processed zero records, and the minutes
+//!   they took at the processor's average duration of completed runs;
+//! * `savings` (Q3): scopes completed more than once a day, and how many of those repeats
+//!   had (nearly) the same record counts;
+//! * `effectiveness`: invocations the content hash and the time window prevented, and the
+//!   seconds that saved;
+//! * `storage`: processing keys per processor, content keys written in the period;
+//! * `shadow`: runs in shadow mode by the guard that would have skipped them, with their
+//!   own durations.
+//!
+//! [`verdicts`](ProcessorReport::verdict) follow the seed's thresholds (per week, scaled
+//! to the period); measured shadow figures replace the Q2/Q3 estimates when a processor ran
+//! in shadow mode.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::store::redact_url;
+
+mod render;
+
+pub use render::{render, OutputFormat};
+
+/// The SQL dialects the report queries exist in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// SQLite (timestamps are INTEGER microseconds).
+    Sqlite,
+    /// Postgres.
+    Postgres,
+}
+
+impl Dialect {
+    /// The dialect's name (`sqlite`, `postgres`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dialect::Sqlite => "sqlite",
+            Dialect::Postgres => "postgres",
+        }
+    }
+
+    /// Parses a dialect name.
+    pub fn parse(s: &str) -> Result<Dialect> {
+        match s {
+            "sqlite" => Ok(Dialect::Sqlite),
+            "postgres" | "postgresql" => Ok(Dialect::Postgres),
+            "bigquery" => Err(Error::config(
+                "the report queries exist for sqlite and postgres; bigquery is not written yet",
+            )),
+            _ => Err(Error::config(format!(
+                "unknown dialect {s:?}: expected sqlite or postgres"
+            ))),
+        }
+    }
+
+    /// The dialect of a store URL.
+    pub fn of_url(url: &str) -> Result<Dialect> {
+        let scheme = url.split_once("://").map(|(s, _)| s).unwrap_or("");
+        match scheme {
+            "sqlite" => Ok(Dialect::Sqlite),
+            "postgres" | "postgresql" => Ok(Dialect::Postgres),
+            _ => Err(Error::config(format!(
+                "idem report reads the ledger with SQL: it needs a sqlite:// or postgres:// store, not {:?}",
+                redact_url(url)
+            ))),
+        }
+    }
+}
+
+/// The names of the report queries, in report order.
+pub const QUERY_NAMES: [&str; 6] = [
+    "duplicates",
+    "wasted",
+    "savings",
+    "effectiveness",
+    "storage",
+    "shadow",
+];
+
+/// The SQL text of report query `name` in `dialect`, with its parameters explained in the
+/// comment at its top.
+pub fn sql(name: &str, dialect: Dialect) -> Result<&'static str> {
+    let text = match (dialect, name) {
+        (Dialect::Sqlite, "duplicates") => include_str!("../../sql/sqlite/report_duplicates.sql"),
+        (Dialect::Sqlite, "wasted") => include_str!("../../sql/sqlite/report_wasted.sql"),
+        (Dialect::Sqlite, "savings") => include_str!("../../sql/sqlite/report_savings.sql"),
+        (Dialect::Sqlite, "effectiveness") => {
+            include_str!("../../sql/sqlite/report_effectiveness.sql")
+        }
+        (Dialect::Sqlite, "storage") => include_str!("../../sql/sqlite/report_storage.sql"),
+        (Dialect::Sqlite, "shadow") => include_str!("../../sql/sqlite/report_shadow.sql"),
+        (Dialect::Postgres, "duplicates") => {
+            include_str!("../../sql/postgres/report_duplicates.sql")
+        }
+        (Dialect::Postgres, "wasted") => include_str!("../../sql/postgres/report_wasted.sql"),
+        (Dialect::Postgres, "savings") => include_str!("../../sql/postgres/report_savings.sql"),
+        (Dialect::Postgres, "effectiveness") => {
+            include_str!("../../sql/postgres/report_effectiveness.sql")
+        }
+        (Dialect::Postgres, "storage") => include_str!("../../sql/postgres/report_storage.sql"),
+        (Dialect::Postgres, "shadow") => include_str!("../../sql/postgres/report_shadow.sql"),
+        _ => {
+            return Err(Error::config(format!(
+                "unknown report query {name:?}: expected one of {}",
+                QUERY_NAMES.join(", ")
+            )))
+        }
+    };
+    Ok(text)
+}
+
+/// The seed's decision thresholds, **per week** (the report scales them to its period),
+/// and the other knobs of the verdicts.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Thresholds {
+    /// Q1: more duplicate runs outside the window than this (per week) ...
+    pub duplicate_runs: f64,
+    /// ... with more identical-data runs than this (per week) is a moderate signal.
+    pub identical_data_runs: f64,
+    /// Q2 (or measured shadow time): more minutes wasted than this per week is strong.
+    pub minutes_wasted: f64,
+    /// Q3 (or measured shadow skips): more preventable runs than this per week is strong.
+    pub high_confidence_prevents: f64,
+    /// Fewer completed runs than this in the period: not enough data.
+    pub min_completed_runs: u64,
+    /// Q3: repeats whose records processed vary by less than this standard deviation
+    /// count as identical content.
+    pub max_stddev: f64,
+}
+
+impl Default for Thresholds {
+    fn default() -> Self {
+        Thresholds {
+            duplicate_runs: 50.0,
+            identical_data_runs: 10.0,
+            minutes_wasted: 30.0,
+            high_confidence_prevents: 20.0,
+            min_completed_runs: 5,
+            max_stddev: 1.0,
+        }
+    }
+}
+
+/// How long the content hash must have prevented nothing before the report says remove.
+pub const REMOVE_AFTER_DAYS: u32 = 28;
+
+/// What to report on.
+#[derive(Debug, Clone)]
+pub struct ReportOptions {
+    /// The period's length in days, ending at `until`.
+    pub days: u32,
+    /// The period's end (exclusive); usually now.
+    pub until: DateTime<Utc>,
+    /// Only this processor (job).
+    pub job: Option<String>,
+    /// The time window the guards use (Q1 counts duplicates outside it).
+    pub window: Duration,
+    /// Per-week thresholds.
+    pub thresholds: Thresholds,
+}
+
+impl ReportOptions {
+    /// The last `days` days up to now, every processor, a 1 h window, the seed's
+    /// thresholds.
+    pub fn last_days(days: u32) -> Self {
+        ReportOptions {
+            days,
+            until: Utc::now(),
+            job: None,
+            window: Duration::from_secs(3600),
+            thresholds: Thresholds::default(),
+        }
+    }
+
+    /// The period's start.
+    pub fn since(&self) -> DateTime<Utc> {
+        self.until - chrono::Duration::days(i64::from(self.days))
+    }
+}
+
+/// The period a report covers.
+#[derive(Debug, Clone, Serialize)]
+pub struct Period {
+    /// Start (inclusive).
+    pub since: DateTime<Utc>,
+    /// End (exclusive).
+    pub until: DateTime<Utc>,
+    /// Length in days.
+    pub days: u32,
+}
+
+/// Thresholds scaled from per week to the period.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScaledThresholds {
+    /// Q1 duplicate runs.
+    pub duplicate_runs: f64,
+    /// Q1 identical-data runs.
+    pub identical_data_runs: f64,
+    /// Q2 minutes wasted.
+    pub minutes_wasted: f64,
+    /// Q3 high-confidence prevents.
+    pub high_confidence_prevents: f64,
+    /// Completed runs needed for a verdict.
+    pub min_completed_runs: u64,
+    /// Q3 standard deviation bound.
+    pub max_stddev: f64,
+    /// The time window, in seconds.
+    pub window_seconds: f64,
+}
+
+/// A processor's verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Content hash off: all three signals: enable it.
+    Enable,
+    /// Content hash off: some signals: worth a look (or a shadow run).
+    Consider,
+    /// Content hash off: no signal: the time window is enough.
+    NotNeeded,
+    /// Content hash on and it prevents runs: keep it.
+    Keep,
+    /// Content hash on and it prevented nothing for four weeks: remove it.
+    Remove,
+    /// Too little history to tell.
+    NotEnoughData,
+}
+
+impl Verdict {
+    /// The name in JSON and text output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Enable => "enable",
+            Verdict::Consider => "consider",
+            Verdict::NotNeeded => "not_needed",
+            Verdict::Keep => "keep",
+            Verdict::Remove => "remove",
+            Verdict::NotEnoughData => "not_enough_data",
+        }
+    }
+}
+
+/// Where a verdict's figures come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// What guards did (skips) or would have done (shadow mode).
+    Measured,
+    /// Inferred from completed runs (Q1-Q3).
+    Estimated,
+}
+
+/// Run counts of a processor in the period.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Runs {
+    /// Every invocation.
+    pub total_invocations: i64,
+    /// Completed.
+    pub completed_runs: i64,
+    /// Failed.
+    pub failed_runs: i64,
+    /// Skipped by a guard.
+    pub skipped_runs: i64,
+    /// Run in shadow mode.
+    pub shadow_runs: i64,
+    /// Started by the scheduler and completed.
+    pub scheduled_runs: i64,
+    /// Average duration of completed runs, seconds (none without completed runs).
+    pub avg_completed_seconds: Option<f64>,
+}
+
+/// Q1.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Duplicates {
+    /// Completed runs whose scope's previous completed run finished more than the window
+    /// earlier.
+    pub duplicate_runs: i64,
+    /// Of those, the runs that processed as many records as the previous one.
+    pub identical_data_runs: i64,
+    /// Average hours since the previous run's end.
+    pub avg_hours_between_runs: Option<f64>,
+}
+
+/// Q2.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Wasted {
+    /// Completed scheduled runs that processed zero records.
+    pub zero_change_runs: i64,
+    /// Their share of completed scheduled runs, percent.
+    pub pct_wasted: f64,
+    /// Their minutes at the average completed duration.
+    pub minutes_wasted: f64,
+}
+
+/// Q3.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Savings {
+    /// (scope, day) pairs completed more than once.
+    pub dates_with_duplicates: i64,
+    /// Repeats a content hash could have prevented.
+    pub potential_prevented_runs: i64,
+    /// Repeats whose records processed barely varied.
+    pub high_confidence_prevents: i64,
+}
+
+/// What the guards prevented.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Effectiveness {
+    /// Skipped with `duplicate_content_hash`.
+    pub hash_prevented: i64,
+    /// Skipped with `time_window`.
+    pub window_prevented: i64,
+    /// `hash_prevented` / invocations, percent.
+    pub hash_prevention_pct: f64,
+    /// `window_prevented` / invocations, percent.
+    pub window_prevention_pct: f64,
+    /// `hash_prevented` x average completed duration.
+    pub hash_seconds_saved: f64,
+    /// `window_prevented` x average completed duration.
+    pub window_seconds_saved: f64,
+}
+
+/// Shadow-mode measurement: what each guard would have skipped.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Shadow {
+    /// Runs in shadow mode.
+    pub shadow_runs: i64,
+    /// Per would-skip reason: runs and their own processing seconds.
+    pub would_skip: BTreeMap<String, WouldSkip>,
+    /// Runs the content hash would have skipped.
+    pub content_hash_would_skip: i64,
+    /// Their processing time, minutes.
+    pub content_hash_minutes_saved: f64,
+}
+
+/// Runs one guard would have skipped in shadow mode.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct WouldSkip {
+    /// How many.
+    pub runs: i64,
+    /// Their own processing time, seconds.
+    pub seconds: f64,
+}
+
+/// `processing_keys` of a processor.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Storage {
+    /// Rows.
+    pub total_keys: i64,
+    /// Distinct keys.
+    pub unique_keys: i64,
+    /// Content-hash keys.
+    pub content_keys: i64,
+    /// Content-hash keys written in the period (the content hash is on).
+    pub content_keys_in_period: i64,
+    /// The oldest content key.
+    pub oldest_content_key: Option<DateTime<Utc>>,
+    /// The oldest key.
+    pub oldest_key: Option<DateTime<Utc>>,
+    /// The newest key.
+    pub newest_key: Option<DateTime<Utc>>,
+    /// Bytes the rows take (estimate).
+    pub estimated_bytes: i64,
+}
+
+/// One processor's figures and verdict.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProcessorReport {
+    /// Processor (job) name.
+    pub job: String,
+    /// The verdict.
+    pub verdict: Verdict,
+    /// `on` when content keys were written in the period.
+    pub content_hash: &'static str,
+    /// Whether the verdict rests on measured or estimated figures.
+    pub source: Source,
+    /// Sentences with the figures behind the verdict.
+    pub reasons: Vec<String>,
+    /// Run counts.
+    pub runs: Runs,
+    /// Q1.
+    pub duplicates: Duplicates,
+    /// Q2.
+    pub wasted: Wasted,
+    /// Q3.
+    pub savings: Savings,
+    /// Guard effectiveness.
+    pub effectiveness: Effectiveness,
+    /// Shadow measurement.
+    pub shadow: Shadow,
+    /// Keys.
+    pub storage: Storage,
+}
+
+/// Storage totals over every processor.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct StorageTotals {
+    /// Rows of `processing_keys`.
+    pub total_keys: i64,
+    /// Distinct keys.
+    pub unique_keys: i64,
+    /// Processors with keys.
+    pub processors: i64,
+    /// The oldest key.
+    pub oldest_key: Option<DateTime<Utc>>,
+    /// The newest key.
+    pub newest_key: Option<DateTime<Utc>>,
+    /// Bytes the rows take (estimate).
+    pub estimated_bytes: i64,
+    /// The same in MB.
+    pub estimated_mb: f64,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// The store, password removed.
+    pub store: String,
+    /// The period.
+    pub period: Period,
+    /// Thresholds scaled to the period.
+    pub thresholds: ScaledThresholds,
+    /// Per processor with runs in the period, by name.
+    pub processors: Vec<ProcessorReport>,
+    /// `processing_keys` totals.
+    pub storage: StorageTotals,
+}
+
+/// A cell of a query result.
+#[derive(Debug, Clone, PartialEq)]
+enum Cell {
+    Null,
+    Int(i64),
+    Float(f64),
+    Text(String),
+}
+
+type Row = BTreeMap<String, Cell>;
+
+fn int(row: &Row, name: &str) -> i64 {
+    match row.get(name) {
+        Some(Cell::Int(v)) => *v,
+        Some(Cell::Float(v)) => *v as i64,
+        _ => 0,
+    }
+}
+
+fn float(row: &Row, name: &str) -> Option<f64> {
+    match row.get(name) {
+        Some(Cell::Int(v)) => Some(*v as f64),
+        Some(Cell::Float(v)) => Some(*v),
+        _ => None,
+    }
+}
+
+fn text(row: &Row, name: &str) -> Option<String> {
+    match row.get(name) {
+        Some(Cell::Text(s)) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+fn time(row: &Row, name: &str) -> Option<DateTime<Utc>> {
+    match row.get(name) {
+        Some(Cell::Int(v)) => DateTime::from_timestamp_micros(*v),
+        _ => None,
+    }
+}
+
+fn cells<R>(row: &R) -> Row
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> f64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    use sqlx::Column;
+    let mut out = Row::new();
+    for (i, column) in row.columns().iter().enumerate() {
+        let cell = if let Ok(v) = row.try_get::<Option<i64>, _>(i) {
+            v.map_or(Cell::Null, Cell::Int)
+        } else if let Ok(v) = row.try_get::<Option<f64>, _>(i) {
+            v.map_or(Cell::Null, Cell::Float)
+        } else if let Ok(v) = row.try_get::<Option<String>, _>(i) {
+            v.map_or(Cell::Null, Cell::Text)
+        } else {
+            Cell::Null
+        };
+        out.insert(column.name().to_string(), cell);
+    }
+    out
+}
+
+/// The extra parameter (after start, end, processor) of a query, if any.
+fn extra(name: &str, options: &ReportOptions) -> Option<f64> {
+    match name {
+        "duplicates" => Some(options.window.as_secs_f64()),
+        "savings" => Some(options.thresholds.max_stddev),
+        _ => None,
+    }
+}
+
+enum Conn {
+    #[cfg(feature = "sqlite")]
+    Sqlite(sqlx::SqlitePool),
+    #[cfg(feature = "postgres")]
+    Postgres(sqlx::PgPool),
+}
+
+async fn connect(url: &str) -> Result<Conn> {
+    match Dialect::of_url(url)? {
+        #[cfg(feature = "sqlite")]
+        Dialect::Sqlite => {
+            // The store's own connect creates and migrates an empty ledger, so a report on a
+            // fresh store says "no runs" rather than "no such table".
+            let store = crate::store::sqlite::SqliteStore::connect(url).await?;
+            Ok(Conn::Sqlite(store.pool().clone()))
+        }
+        #[cfg(feature = "postgres")]
+        Dialect::Postgres => {
+            let store = crate::store::postgres::PostgresStore::connect(url).await?;
+            Ok(Conn::Postgres(store.pool().clone()))
+        }
+        #[allow(unreachable_patterns)]
+        other => Err(Error::config(format!(
+            "this build of idem has no {} support",
+            other.as_str()
+        ))),
+    }
+}
+
+async fn query(conn: &Conn, url: &str, name: &str, options: &ReportOptions) -> Result<Vec<Row>> {
+    let fail = |e: sqlx::Error| {
+        let message = e.to_string();
+        Error::from_sqlx(
+            &redact_url(url),
+            &format!("the report query {name}"),
+            &e,
+            message,
+        )
+    };
+    match conn {
+        #[cfg(feature = "sqlite")]
+        Conn::Sqlite(pool) => {
+            let mut q = sqlx::query(sql(name, Dialect::Sqlite)?)
+                .bind(options.since().timestamp_micros())
+                .bind(options.until.timestamp_micros())
+                .bind(options.job.clone());
+            match extra(name, options) {
+                // The SQLite window is in microseconds, like its timestamps.
+                Some(v) if name == "duplicates" => q = q.bind((v * 1e6) as i64),
+                Some(v) => q = q.bind(v),
+                None => {}
+            }
+            let rows = q.fetch_all(pool).await.map_err(fail)?;
+            Ok(rows.iter().map(cells).collect())
+        }
+        #[cfg(feature = "postgres")]
+        Conn::Postgres(pool) => {
+            let mut q = sqlx::query(sql(name, Dialect::Postgres)?)
+                .bind(options.since())
+                .bind(options.until)
+                .bind(options.job.clone());
+            if let Some(v) = extra(name, options) {
+                q = q.bind(v);
+            }
+            let rows = q.fetch_all(pool).await.map_err(fail)?;
+            Ok(rows.iter().map(cells).collect())
+        }
+    }
+}
+
+fn by_processor(rows: &[Row]) -> BTreeMap<String, &Row> {
+    rows.iter()
+        .filter_map(|r| text(r, "processor_name").map(|p| (p, r)))
+        .collect()
+}
+
+/// Runs every report query against the ledger at `url` and decides the verdicts.
+pub async fn run(url: &str, options: &ReportOptions) -> Result<Report> {
+    if options.days == 0 {
+        return Err(Error::config("--days must be at least 1"));
+    }
+    let conn = connect(url).await?;
+    let mut results = BTreeMap::new();
+    for name in QUERY_NAMES {
+        results.insert(name, query(&conn, url, name, options).await?);
+    }
+    Ok(assemble(redact_url(url), options, &results))
+}
+
+fn assemble(store: String, options: &ReportOptions, results: &BTreeMap<&str, Vec<Row>>) -> Report {
+    let effectiveness = by_processor(&results["effectiveness"]);
+    let duplicates = by_processor(&results["duplicates"]);
+    let wasted = by_processor(&results["wasted"]);
+    let savings = by_processor(&results["savings"]);
+    let storage = by_processor(&results["storage"]);
+    let scale = f64::from(options.days) / 7.0;
+    let t = &options.thresholds;
+    let thresholds = ScaledThresholds {
+        duplicate_runs: t.duplicate_runs * scale,
+        identical_data_runs: t.identical_data_runs * scale,
+        minutes_wasted: t.minutes_wasted * scale,
+        high_confidence_prevents: t.high_confidence_prevents * scale,
+        min_completed_runs: t.min_completed_runs,
+        max_stddev: t.max_stddev,
+        window_seconds: options.window.as_secs_f64(),
+    };
+    let mut shadow: BTreeMap<String, Shadow> = BTreeMap::new();
+    for row in &results["shadow"] {
+        let Some(job) = text(row, "processor_name") else {
+            continue;
+        };
+        let s = shadow.entry(job).or_default();
+        let runs = int(row, "runs");
+        let seconds = float(row, "duration_ms").unwrap_or(0.0) / 1000.0;
+        s.shadow_runs += runs;
+        if let Some(reason) = text(row, "would_skip_reason") {
+            if reason == "duplicate_content_hash" {
+                s.content_hash_would_skip += runs;
+                s.content_hash_minutes_saved += seconds / 60.0;
+            }
+            s.would_skip.insert(reason, WouldSkip { runs, seconds });
+        }
+    }
+
+    let mut processors = Vec::new();
+    for (job, e) in &effectiveness {
+        let empty = Row::new();
+        let d = duplicates.get(job).copied().unwrap_or(&empty);
+        let w = wasted.get(job).copied().unwrap_or(&empty);
+        let s = savings.get(job).copied().unwrap_or(&empty);
+        let k = storage.get(job).copied().unwrap_or(&empty);
+        let scheduled_runs = int(w, "scheduled_runs");
+        let zero_change_runs = int(w, "zero_change_runs");
+        let mut p = ProcessorReport {
+            job: job.clone(),
+            verdict: Verdict::NotEnoughData,
+            content_hash: if int(k, "content_keys_in_period") > 0 {
+                "on"
+            } else {
+                "off"
+            },
+            source: Source::Estimated,
+            reasons: Vec::new(),
+            runs: Runs {
+                total_invocations: int(e, "total_invocations"),
+                completed_runs: int(e, "completed_runs"),
+                failed_runs: int(e, "failed_runs"),
+                skipped_runs: int(e, "skipped_runs"),
+                shadow_runs: int(e, "shadow_runs"),
+                scheduled_runs,
+                avg_completed_seconds: float(e, "avg_completed_seconds"),
+            },
+            duplicates: Duplicates {
+                duplicate_runs: int(d, "duplicate_runs"),
+                identical_data_runs: int(d, "identical_data_runs"),
+                avg_hours_between_runs: float(d, "avg_hours_between_runs"),
+            },
+            wasted: Wasted {
+                zero_change_runs,
+                pct_wasted: if scheduled_runs > 0 {
+                    round1(100.0 * zero_change_runs as f64 / scheduled_runs as f64)
+                } else {
+                    0.0
+                },
+                minutes_wasted: float(w, "minutes_wasted").unwrap_or(0.0),
+            },
+            savings: Savings {
+                dates_with_duplicates: int(s, "dates_with_duplicates"),
+                potential_prevented_runs: int(s, "potential_prevented_runs"),
+                high_confidence_prevents: int(s, "high_confidence_prevents"),
+            },
+            effectiveness: Effectiveness {
+                hash_prevented: int(e, "hash_prevented"),
+                window_prevented: int(e, "window_prevented"),
+                hash_prevention_pct: float(e, "hash_prevention_pct").unwrap_or(0.0),
+                window_prevention_pct: float(e, "window_prevention_pct").unwrap_or(0.0),
+                hash_seconds_saved: float(e, "hash_seconds_saved").unwrap_or(0.0),
+                window_seconds_saved: float(e, "window_seconds_saved").unwrap_or(0.0),
+            },
+            shadow: shadow.remove(job).unwrap_or_default(),
+            storage: Storage {
+                total_keys: int(k, "total_keys"),
+                unique_keys: int(k, "unique_keys"),
+                content_keys: int(k, "content_keys"),
+                content_keys_in_period: int(k, "content_keys_in_period"),
+                oldest_content_key: time(k, "oldest_content_key_at"),
+                oldest_key: time(k, "oldest_key_at"),
+                newest_key: time(k, "newest_key_at"),
+                estimated_bytes: int(k, "estimated_bytes"),
+            },
+        };
+        p.shadow.content_hash_minutes_saved = round2(p.shadow.content_hash_minutes_saved);
+        decide(&mut p, options, &thresholds);
+        processors.push(p);
+    }
+
+    let mut totals = StorageTotals::default();
+    for row in storage.values() {
+        totals.total_keys += int(row, "total_keys");
+        // Keys include the processor name, so distinct keys never repeat across processors.
+        totals.unique_keys += int(row, "unique_keys");
+        totals.processors += 1;
+        totals.estimated_bytes += int(row, "estimated_bytes");
+        totals.oldest_key = min_opt(totals.oldest_key, time(row, "oldest_key_at"));
+        totals.newest_key = max_opt(totals.newest_key, time(row, "newest_key_at"));
+    }
+    totals.estimated_mb = round2(totals.estimated_bytes as f64 / (1024.0 * 1024.0));
+
+    Report {
+        store,
+        period: Period {
+            since: options.since(),
+            until: options.until,
+            days: options.days,
+        },
+        thresholds,
+        processors,
+        storage: totals,
+    }
+}
+
+fn min_opt(a: Option<DateTime<Utc>>, b: Option<DateTime<Utc>>) -> Option<DateTime<Utc>> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+fn max_opt(a: Option<DateTime<Utc>>, b: Option<DateTime<Utc>>) -> Option<DateTime<Utc>> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+fn round1(v: f64) -> f64 {
+    (v * 10.0).round() / 10.0
+}
+
+fn round2(v: f64) -> f64 {
+    (v * 100.0).round() / 100.0
+}
+
+/// A threshold for people: whole numbers without decimals.
+pub(crate) fn num(v: f64) -> String {
+    if (v - v.round()).abs() < 1e-9 {
+        format!("{}", v.round() as i64)
+    } else {
+        format!("{v:.1}")
+    }
+}
+
+fn signal(met: bool, strength: &str) -> String {
+    if met {
+        format!("{strength} signal")
+    } else {
+        "no signal".to_string()
+    }
+}
+
+fn decide(p: &mut ProcessorReport, options: &ReportOptions, t: &ScaledThresholds) {
+    let days = options.days;
+    let window = humantime_secs(t.window_seconds);
+    let shadow = p.shadow.shadow_runs > 0;
+
+    if p.content_hash == "on" && !shadow {
+        p.source = Source::Measured;
+        let e = &p.effectiveness;
+        if e.hash_prevented > 0 {
+            p.verdict = Verdict::Keep;
+            p.reasons.push(format!(
+                "the content hash prevented {} of {} invocations ({} %) in {days} days, saving {} s at the average completed duration",
+                e.hash_prevented, p.runs.total_invocations, num(e.hash_prevention_pct), num(e.hash_seconds_saved)
+            ));
+            return;
+        }
+        let since_four_weeks = options.until - chrono::Duration::days(i64::from(REMOVE_AFTER_DAYS));
+        let on_for_four_weeks = p
+            .storage
+            .oldest_content_key
+            .is_some_and(|t| t <= since_four_weeks);
+        if days >= REMOVE_AFTER_DAYS && on_for_four_weeks {
+            p.verdict = Verdict::Remove;
+            p.reasons.push(format!(
+                "the content hash prevented none of {} invocations in {days} days (0 %) while writing {} content keys: it costs a lookup per run and storage, and saves nothing",
+                p.runs.total_invocations, p.storage.content_keys_in_period
+            ));
+        } else {
+            p.verdict = Verdict::NotEnoughData;
+            p.reasons.push(format!(
+                "the content hash prevented none of {} invocations in {days} days; removing it needs {REMOVE_AFTER_DAYS} days of it on and preventing nothing (try --days {REMOVE_AFTER_DAYS})",
+                p.runs.total_invocations
+            ));
+        }
+        return;
+    }
+
+    if p.runs.completed_runs < t.min_completed_runs as i64 {
+        p.verdict = Verdict::NotEnoughData;
+        p.source = if shadow {
+            Source::Measured
+        } else {
+            Source::Estimated
+        };
+        p.reasons.push(format!(
+            "only {} completed run(s) in {days} days ({} of {} invocations failed); a verdict needs at least {}",
+            p.runs.completed_runs, p.runs.failed_runs, p.runs.total_invocations, t.min_completed_runs
+        ));
+        return;
+    }
+
+    let d = &p.duplicates;
+    let moderate = d.duplicate_runs as f64 > t.duplicate_runs
+        && d.identical_data_runs as f64 > t.identical_data_runs;
+    p.reasons.push(format!(
+        "{} duplicate run(s) outside the {window} window, {} with identical records (need > {} and > {} in {days} days): {}",
+        d.duplicate_runs,
+        d.identical_data_runs,
+        num(t.duplicate_runs),
+        num(t.identical_data_runs),
+        signal(moderate, "moderate")
+    ));
+
+    let (minutes, prevents) = if shadow {
+        p.source = Source::Measured;
+        let s = &p.shadow;
+        let minutes = s.content_hash_minutes_saved;
+        let prevents = s.content_hash_would_skip;
+        let strong_minutes = minutes > t.minutes_wasted;
+        p.reasons.push(format!(
+            "measured in shadow mode: the content hash would have skipped {prevents} of {} shadow run(s), saving {} minutes of their own processing time (need > {}): {}",
+            s.shadow_runs, num(minutes), num(t.minutes_wasted), signal(strong_minutes, "strong")
+        ));
+        let strong_prevents = prevents as f64 > t.high_confidence_prevents;
+        p.reasons.push(format!(
+            "measured in shadow mode: {prevents} run(s) the content hash would have prevented (need > {}): {}",
+            num(t.high_confidence_prevents),
+            signal(strong_prevents, "strong")
+        ));
+        (strong_minutes, strong_prevents)
+    } else {
+        let w = &p.wasted;
+        let strong_minutes = w.minutes_wasted > t.minutes_wasted;
+        if p.runs.scheduled_runs == 0 {
+            p.reasons.push(
+                "no completed scheduled runs: nothing wasted on the schedule (Q2 counts scheduler runs only): no signal"
+                    .to_string(),
+            );
+        } else {
+            p.reasons.push(format!(
+                "{} of {} scheduled run(s) processed zero records ({} %), {} minutes wasted at the average completed duration of {} s (need > {}): {}",
+                w.zero_change_runs,
+                p.runs.scheduled_runs,
+                num(w.pct_wasted),
+                num(w.minutes_wasted),
+                num(p.runs.avg_completed_seconds.unwrap_or(0.0)),
+                num(t.minutes_wasted),
+                signal(strong_minutes, "strong")
+            ));
+        }
+        let s = &p.savings;
+        let strong_prevents = s.high_confidence_prevents as f64 > t.high_confidence_prevents;
+        p.reasons.push(format!(
+            "{} run(s) repeated a scope on the same day, {} with records varying by less than {} (need > {}): {}",
+            s.potential_prevented_runs,
+            s.high_confidence_prevents,
+            num(t.max_stddev),
+            num(t.high_confidence_prevents),
+            signal(strong_prevents, "strong")
+        ));
+        (strong_minutes, strong_prevents)
+    };
+    p.verdict = match (moderate, minutes, prevents) {
+        (true, true, true) => Verdict::Enable,
+        (false, false, false) => Verdict::NotNeeded,
+        _ => Verdict::Consider,
+    };
+}
+
+fn humantime_secs(secs: f64) -> String {
+    let s = secs.round() as u64;
+    if s % 3600 == 0 {
+        format!("{}h", s / 3600)
+    } else if s % 60 == 0 {
+        format!("{}m", s / 60)
+    } else {
+        format!("{s}s")
+    }
+}

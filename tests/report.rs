@@ -1,0 +1,488 @@
+//! `idem report` over synthetic ledgers written through the public Store API: figures and
+//! verdicts on SQLite (always) and Postgres (`IDEM_TEST_POSTGRES_URL`), the edge cases
+//! (empty ledger, one run, only failures, no scheduler runs) and the command line.
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Duration, NaiveDate, TimeZone, Utc};
+use idem::report::{self, OutputFormat, ProcessorReport, Report, ReportOptions, Source, Verdict};
+use idem::store::conformance::{key_record, run_record};
+use idem::store::{DynStore, Finish};
+use idem::{KeyKind, KeyRecord, Mode, RunStatus, SkipReason, Trigger};
+
+mod common;
+
+/// The end of every synthetic period: midnight UTC, so day k of the history starts at
+/// `UNTIL - k days`.
+fn until() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 3, 1, 0, 0, 0).unwrap()
+}
+
+fn suffix() -> String {
+    idem::new_run_id().replace('-', "")[..8].to_string()
+}
+
+/// One ledger row to write.
+struct Run {
+    processor: String,
+    day: i64,
+    start: Duration,
+    seconds: f64,
+    trigger: Trigger,
+    mode: Mode,
+    status: RunStatus,
+    records: Option<i64>,
+    skip: Option<SkipReason>,
+    would_skip: Option<SkipReason>,
+    content_key: bool,
+}
+
+impl Run {
+    /// A completed scheduled run in enforce mode of `processor` for the scope of day `day`
+    /// (days before `until()`), starting `start` into that day.
+    fn new(processor: &str, day: i64, start: Duration, seconds: f64, records: i64) -> Run {
+        Run {
+            processor: processor.to_string(),
+            day,
+            start,
+            seconds,
+            trigger: Trigger::Scheduler,
+            mode: Mode::Enforce,
+            status: RunStatus::Completed,
+            records: Some(records),
+            skip: None,
+            would_skip: None,
+            content_key: false,
+        }
+    }
+}
+
+async fn write(store: &DynStore, run: Run) {
+    let day_start = until() - Duration::days(run.day);
+    let started = day_start + run.start;
+    let finished = started + Duration::milliseconds((run.seconds * 1000.0) as i64);
+    let scope_date: NaiveDate = day_start.date_naive();
+    let scope = scope_date.format("%Y-%m-%d").to_string();
+    let run_id = idem::new_run_id();
+    let mut record = run_record(&run.processor, &scope, &run_id, run.status, finished);
+    record.scope_date = scope_date;
+    record.trigger = run.trigger;
+    record.mode = run.mode;
+    record.started_at = started;
+    record.finished_at = finished;
+    record.duration_ms = (run.seconds * 1000.0) as i64;
+    record.records_processed = run.records;
+    record.skip_reason = run.skip;
+    record.would_skip_reason = run.would_skip;
+    let mut keys = Vec::new();
+    if run.status == RunStatus::Completed {
+        let mut scope_key = key_record(
+            &format!("scope-{}-{scope}-{run_id}", run.processor),
+            KeyKind::Scope,
+            &run.processor,
+            &scope,
+            &run_id,
+            finished,
+        );
+        scope_key.scope_date = scope_date;
+        keys.push(scope_key);
+        if run.content_key {
+            let mut content: KeyRecord = key_record(
+                &format!("content-{}-{run_id}", run.processor),
+                KeyKind::Content,
+                &run.processor,
+                &scope,
+                &run_id,
+                finished,
+            );
+            content.scope_date = scope_date;
+            keys.push(content);
+        }
+    }
+    store
+        .finish(&Finish {
+            run: record,
+            keys,
+            lease: None,
+        })
+        .await
+        .expect("record a synthetic run");
+}
+
+fn hours(h: f64) -> Duration {
+    Duration::milliseconds((h * 3_600_000.0) as i64)
+}
+
+/// The synthetic history; processor names end in `_{tag}` so several histories can share
+/// a database.
+async fn seed(store: &DynStore, tag: &str) {
+    // needs: twelve scheduled runs a day on the day's scope, two hours apart, each 90 s
+    // and processing nothing (the upstream table changes rarely).
+    for day in 1..=7 {
+        for i in 0..12 {
+            let run = Run::new(
+                &format!("needs_{tag}"),
+                day,
+                hours(1.0 + 2.0 * i as f64),
+                90.0,
+                0,
+            );
+            write(store, run).await;
+        }
+    }
+    // steady: one scheduled run a day, records change every day.
+    for day in 1..=7 {
+        let run = Run::new(
+            &format!("steady_{tag}"),
+            day,
+            hours(2.0),
+            120.0,
+            1000 + 10 * day,
+        );
+        write(store, run).await;
+    }
+    // borderline: one slow scheduled run a day, five of seven process nothing.
+    for day in 1..=7 {
+        let records = if day <= 5 { 0 } else { 40 };
+        let run = Run::new(
+            &format!("borderline_{tag}"),
+            day,
+            hours(3.0),
+            600.0,
+            records,
+        );
+        write(store, run).await;
+    }
+    // shadow: three runs a day in shadow mode; the content hash would have skipped the
+    // second and third; on day 1 a fourth run 25 minutes after the third would have been
+    // skipped by the time window.
+    for day in 1..=7 {
+        for (h, would) in [
+            (6.0, None),
+            (12.0, Some(SkipReason::DuplicateContentHash)),
+            (18.0, Some(SkipReason::DuplicateContentHash)),
+        ] {
+            let mut run = Run::new(&format!("shadow_{tag}"), day, hours(h), 300.0, 200);
+            run.mode = Mode::Shadow;
+            run.would_skip = would;
+            run.content_key = true;
+            write(store, run).await;
+        }
+    }
+    let mut late = Run::new(&format!("shadow_{tag}"), 1, hours(18.5), 300.0, 200);
+    late.mode = Mode::Shadow;
+    late.would_skip = Some(SkipReason::TimeWindow);
+    late.content_key = true;
+    write(store, late).await;
+    // hashed: content hash on for 30 days, one run a day with new content: it never
+    // prevents anything.
+    for day in 1..=30 {
+        let mut run = Run::new(&format!("hashed_{tag}"), day, hours(4.0), 45.0, 500 + day);
+        run.content_key = true;
+        write(store, run).await;
+    }
+    // kept: content hash on; a daily run, and a second invocation 12 h later that the
+    // content hash skips.
+    for day in 1..=7 {
+        let mut run = Run::new(&format!("kept_{tag}"), day, hours(5.0), 60.0, 300);
+        run.content_key = true;
+        write(store, run).await;
+        let mut skipped = Run::new(&format!("kept_{tag}"), day, hours(17.0), 0.02, 0);
+        skipped.status = RunStatus::Skipped;
+        skipped.records = None;
+        skipped.skip = Some(SkipReason::DuplicateContentHash);
+        write(store, skipped).await;
+    }
+}
+
+fn options(days: u32) -> ReportOptions {
+    ReportOptions {
+        until: until(),
+        ..ReportOptions::last_days(days)
+    }
+}
+
+fn find<'a>(report: &'a Report, job: &str) -> &'a ProcessorReport {
+    report
+        .processors
+        .iter()
+        .find(|p| p.job == job)
+        .unwrap_or_else(|| panic!("no processor {job} in the report: {report:#?}"))
+}
+
+fn close(actual: f64, expected: f64) {
+    assert!(
+        (actual - expected).abs() < 0.011,
+        "expected {expected}, got {actual}"
+    );
+}
+
+/// Figures and verdicts of the synthetic history, on any store.
+async fn check_history(url: &str, store: &DynStore) {
+    let tag = suffix();
+    seed(store, &tag).await;
+    let week = report::run(url, &options(7)).await.expect("report");
+    assert_eq!(week.period.days, 7);
+    assert_eq!(week.period.since, until() - Duration::days(7));
+
+    let needs = find(&week, &format!("needs_{tag}"));
+    assert_eq!(needs.runs.total_invocations, 84);
+    assert_eq!(needs.runs.completed_runs, 84);
+    assert_eq!(needs.duplicates.duplicate_runs, 77, "11 repeats a day");
+    assert_eq!(needs.duplicates.identical_data_runs, 77);
+    close(needs.duplicates.avg_hours_between_runs.unwrap(), 1.975);
+    assert_eq!(needs.runs.scheduled_runs, 84);
+    assert_eq!(needs.wasted.zero_change_runs, 84);
+    close(needs.wasted.minutes_wasted, 126.0);
+    close(needs.wasted.pct_wasted, 100.0);
+    assert_eq!(needs.savings.dates_with_duplicates, 7);
+    assert_eq!(needs.savings.potential_prevented_runs, 77);
+    assert_eq!(needs.savings.high_confidence_prevents, 77);
+    assert_eq!(needs.verdict, Verdict::Enable, "{:#?}", needs.reasons);
+    assert_eq!(needs.source, Source::Estimated);
+    assert_eq!(needs.content_hash, "off");
+    assert!(
+        needs
+            .reasons
+            .iter()
+            .any(|r| r.contains("126 minutes wasted")),
+        "{:#?}",
+        needs.reasons
+    );
+
+    let steady = find(&week, &format!("steady_{tag}"));
+    assert_eq!(steady.duplicates.duplicate_runs, 0);
+    assert_eq!(steady.wasted.zero_change_runs, 0);
+    close(steady.wasted.minutes_wasted, 0.0);
+    assert_eq!(steady.savings.potential_prevented_runs, 0);
+    close(steady.runs.avg_completed_seconds.unwrap(), 120.0);
+    assert_eq!(steady.verdict, Verdict::NotNeeded, "{:#?}", steady.reasons);
+
+    let border = find(&week, &format!("borderline_{tag}"));
+    assert_eq!(border.wasted.zero_change_runs, 5);
+    close(border.wasted.minutes_wasted, 50.0);
+    assert_eq!(border.duplicates.duplicate_runs, 0);
+    assert_eq!(border.verdict, Verdict::Consider, "{:#?}", border.reasons);
+
+    let shadow = find(&week, &format!("shadow_{tag}"));
+    assert_eq!(shadow.source, Source::Measured);
+    assert_eq!(shadow.shadow.shadow_runs, 22);
+    assert_eq!(shadow.shadow.content_hash_would_skip, 14);
+    close(shadow.shadow.content_hash_minutes_saved, 70.0);
+    let window = &shadow.shadow.would_skip["time_window"];
+    assert_eq!(window.runs, 1);
+    close(window.seconds, 300.0);
+    assert_eq!(shadow.shadow.would_skip["duplicate_content_hash"].runs, 14);
+    // The estimates alone would say not_needed (no zero-record runs, 15 repeats); the
+    // measured 70 minutes make it worth a look.
+    assert_eq!(shadow.duplicates.duplicate_runs, 14);
+    assert_eq!(shadow.savings.high_confidence_prevents, 15);
+    close(shadow.wasted.minutes_wasted, 0.0);
+    assert_eq!(shadow.verdict, Verdict::Consider, "{:#?}", shadow.reasons);
+    assert!(shadow
+        .reasons
+        .iter()
+        .any(|r| r.contains("measured in shadow mode")));
+
+    let kept = find(&week, &format!("kept_{tag}"));
+    assert_eq!(kept.content_hash, "on");
+    assert_eq!(kept.runs.total_invocations, 14);
+    assert_eq!(kept.effectiveness.hash_prevented, 7);
+    close(kept.effectiveness.hash_prevention_pct, 50.0);
+    close(kept.effectiveness.hash_seconds_saved, 420.0);
+    assert_eq!(kept.verdict, Verdict::Keep, "{:#?}", kept.reasons);
+
+    let hashed = find(&week, &format!("hashed_{tag}"));
+    assert_eq!(hashed.content_hash, "on");
+    assert_eq!(hashed.storage.content_keys_in_period, 7);
+    assert_eq!(hashed.storage.content_keys, 30);
+    assert_eq!(hashed.effectiveness.hash_prevented, 0);
+    assert_eq!(
+        hashed.verdict,
+        Verdict::NotEnoughData,
+        "one week cannot say remove"
+    );
+
+    let month = report::run(url, &options(28)).await.expect("report");
+    let hashed = find(&month, &format!("hashed_{tag}"));
+    assert_eq!(hashed.runs.total_invocations, 28);
+    assert_eq!(hashed.storage.content_keys_in_period, 28);
+    assert_eq!(hashed.verdict, Verdict::Remove, "{:#?}", hashed.reasons);
+    // Scaled thresholds: 4 weeks of the needs history is only 84 runs against 4x50.
+    close(month.thresholds.duplicate_runs, 200.0);
+    assert_eq!(
+        find(&month, &format!("needs_{tag}")).verdict,
+        Verdict::Consider
+    );
+
+    // --job narrows the report to one processor.
+    let one = report::run(
+        url,
+        &ReportOptions {
+            job: Some(format!("steady_{tag}")),
+            ..options(7)
+        },
+    )
+    .await
+    .expect("report");
+    assert_eq!(one.processors.len(), 1);
+    assert_eq!(one.processors[0].verdict, Verdict::NotNeeded);
+
+    // Every rendering carries the verdicts.
+    for format in [
+        OutputFormat::Human,
+        OutputFormat::Json,
+        OutputFormat::Markdown,
+    ] {
+        let text = report::render(&week, format);
+        assert!(text.contains(&format!("needs_{tag}")), "{text}");
+        assert!(text.contains("not_needed"), "{text}");
+    }
+}
+
+fn sqlite() -> (tempdir::Dir, String) {
+    let dir = tempdir::Dir::new();
+    let url = format!("sqlite://{}", dir.0.join("ledger.db").display());
+    (dir, url)
+}
+
+mod tempdir {
+    /// A temp folder removed on drop.
+    pub struct Dir(pub std::path::PathBuf);
+    impl Dir {
+        pub fn new() -> Self {
+            let dir = std::env::temp_dir().join(format!("idem-report-{}", idem::new_run_id()));
+            std::fs::create_dir_all(&dir).expect("temp dir");
+            Dir(dir)
+        }
+    }
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+async fn open(url: &str) -> Arc<DynStore> {
+    idem::store::open(url).await.expect("open the store")
+}
+
+#[tokio::test]
+async fn sqlite_history_figures_and_verdicts() {
+    let (_dir, url) = sqlite();
+    let store = open(&url).await;
+    check_history(&url, &*store).await;
+}
+
+#[tokio::test]
+async fn postgres_history_figures_and_verdicts() {
+    let Some(url) = common::service_url(
+        "IDEM_TEST_POSTGRES_URL",
+        "report::postgres_history_figures_and_verdicts",
+        common::POSTGRES_HOW,
+    ) else {
+        return;
+    };
+    let store = open(&url).await;
+    check_history(&url, &*store).await;
+}
+
+#[tokio::test]
+async fn empty_ledger_has_no_processors_and_renders() {
+    let (_dir, url) = sqlite();
+    let report = report::run(&url, &options(7)).await.expect("report");
+    assert!(report.processors.is_empty());
+    assert_eq!(report.storage.total_keys, 0);
+    assert_eq!(report.storage.oldest_key, None);
+    let human = report::render(&report, OutputFormat::Human);
+    assert!(human.contains("no runs recorded in the period"), "{human}");
+    let json: serde_json::Value =
+        serde_json::from_str(&report::render(&report, OutputFormat::Json)).unwrap();
+    assert_eq!(json["processors"], serde_json::json!([]));
+    assert_eq!(json["period"]["days"], 7);
+}
+
+#[tokio::test]
+async fn single_run_only_failures_and_no_scheduler_runs() {
+    let (_dir, url) = sqlite();
+    let store = open(&url).await;
+    write(&*store, Run::new("single", 1, hours(1.0), 30.0, 10)).await;
+    for day in 1..=3 {
+        let mut failed = Run::new("failing", day, hours(1.0), 12.0, 0);
+        failed.status = RunStatus::Failed;
+        failed.records = None;
+        write(&*store, failed).await;
+    }
+    for day in 1..=7 {
+        let mut manual = Run::new("manual", day, hours(9.0), 30.0, 0);
+        manual.trigger = Trigger::Manual;
+        write(&*store, manual).await;
+    }
+    let report = report::run(&url, &options(7)).await.expect("report");
+
+    let single = find(&report, "single");
+    assert_eq!(single.verdict, Verdict::NotEnoughData);
+    assert!(
+        single.reasons[0].contains("only 1 completed run"),
+        "{:?}",
+        single.reasons
+    );
+
+    let failing = find(&report, "failing");
+    assert_eq!(failing.verdict, Verdict::NotEnoughData);
+    assert_eq!(failing.runs.failed_runs, 3);
+    assert_eq!(failing.runs.completed_runs, 0);
+    assert_eq!(failing.runs.avg_completed_seconds, None);
+    close(failing.effectiveness.hash_prevention_pct, 0.0);
+    close(failing.wasted.minutes_wasted, 0.0);
+
+    let manual = find(&report, "manual");
+    assert_eq!(manual.runs.scheduled_runs, 0);
+    close(manual.wasted.minutes_wasted, 0.0);
+    close(manual.wasted.pct_wasted, 0.0);
+    assert!(
+        manual
+            .reasons
+            .iter()
+            .any(|r| r.contains("no completed scheduled runs")),
+        "{:?}",
+        manual.reasons
+    );
+    assert_eq!(manual.verdict, Verdict::NotNeeded);
+
+    // No NaN or infinity reaches the JSON (serde_json would write null for them).
+    let json = report::render(&report, OutputFormat::Json);
+    assert!(!json.contains("NaN") && !json.contains("inf"), "{json}");
+}
+
+#[test]
+fn every_query_exists_in_every_dialect_and_binds_its_values() {
+    for dialect in [report::Dialect::Sqlite, report::Dialect::Postgres] {
+        for name in report::QUERY_NAMES {
+            let sql = report::sql(name, dialect).unwrap();
+            assert!(sql.contains("processing_"), "{name}");
+            let marker = if dialect == report::Dialect::Sqlite {
+                "?3"
+            } else {
+                "$3"
+            };
+            assert!(sql.contains(marker), "{name} binds the processor");
+            if name == "duplicates" || name == "savings" {
+                let marker = if dialect == report::Dialect::Sqlite {
+                    "?4"
+                } else {
+                    "$4"
+                };
+                assert!(
+                    sql.contains(marker),
+                    "{name} binds the window or the deviation"
+                );
+            }
+        }
+    }
+    let err = report::sql("nope", report::Dialect::Sqlite).unwrap_err();
+    assert!(
+        err.to_string().contains("unknown report query \"nope\""),
+        "{err}"
+    );
+}
