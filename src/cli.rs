@@ -79,9 +79,21 @@ struct GlobalOptions {
     /// Folder with the job files (*.toml).
     #[arg(long, global = true, env = "IDEM_JOBS_DIR", default_value = "jobs")]
     jobs_dir: PathBuf,
-    /// Output format.
-    #[arg(long, global = true, value_enum, default_value_t = Format::Human)]
+    /// Output format (markdown and html: idem report only).
+    #[arg(long = "format", global = true, value_enum, default_value_t = FormatArg::Human)]
+    format_arg: FormatArg,
+    /// `--format` for the commands other than report (set by `execute`).
+    #[arg(skip = Format::Human)]
     format: Format,
+}
+
+/// The values of `--format`: every command takes human and json, `idem report` also
+/// markdown and html.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum FormatArg {
+    Human,
+    Json,
+    Markdown,
 }
 
 /// Output formats.
@@ -112,6 +124,10 @@ enum Command {
     /// List the scheduled jobs and their next fire times; `schedule export` writes them
     /// out for cron or Cloud Scheduler.
     Schedule(ScheduleArgs),
+    /// Is the content hash worth it? Per job, from the ledger: duplicate and wasted runs,
+    /// what the guards prevented (or would have, in shadow mode), and a verdict with its
+    /// reasons.
+    Report(ReportArgs),
 }
 
 #[derive(Debug, Args)]
@@ -360,7 +376,18 @@ fn exit_code_for(e: &Error) -> u8 {
 }
 
 /// Runs a parsed command; returns the exit code (errors are printed as `error: …`).
-pub async fn execute(cli: Cli, registry: &Registry) -> u8 {
+pub async fn execute(mut cli: Cli, registry: &Registry) -> u8 {
+    cli.global.format = match cli.global.format_arg {
+        FormatArg::Json => Format::Json,
+        _ => Format::Human,
+    };
+    if let (FormatArg::Markdown, false) = (
+        cli.global.format_arg,
+        matches!(cli.command, Command::Report(_)),
+    ) {
+        errln!("error: --format markdown is for idem report only");
+        return EXIT_USAGE;
+    }
     let format = cli.global.format;
     match dispatch(cli, registry).await {
         Ok(code) => code,
@@ -535,6 +562,7 @@ async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
             Ok(EXIT_OK)
         }
         Command::Schedule(args) => schedule_command(args, &g),
+        Command::Report(args) => report_command(args, &g).await,
         Command::Cleanup(args) => {
             let keep = parse_duration(&args.keep)?;
             let before = chrono::Utc::now()
@@ -984,4 +1012,118 @@ fn print_jobs(jobs: &[Job], format: Format) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[derive(Debug, Args)]
+struct ReportArgs {
+    /// Days of history to judge, ending now (thresholds are per week, scaled to this).
+    #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u32).range(1..=3660))]
+    days: u32,
+    /// Only this job (its processor name in the ledger).
+    #[arg(long)]
+    job: Option<String>,
+    /// Write the report to this file instead of standard output.
+    #[arg(long)]
+    output: Option<PathBuf>,
+    /// Print the SQL of one report query, ready to paste into a console, instead of
+    /// running the report: duplicates, wasted, savings, effectiveness, storage or shadow.
+    #[arg(long, value_name = "NAME")]
+    sql: Option<String>,
+    /// With --sql: the dialect, sqlite or postgres (default: the store's).
+    #[arg(long, requires = "sql")]
+    dialect: Option<String>,
+    /// The end of the period (RFC 3339) instead of now.
+    #[arg(long, value_name = "RFC3339")]
+    until: Option<String>,
+    /// The time window of the jobs: Q1 counts duplicates outside it.
+    #[arg(long, default_value = "1h")]
+    window: String,
+    /// Q1 threshold per week: more duplicate runs outside the window than this ...
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    duplicate_runs: Option<f64>,
+    /// ... with more identical-data runs than this is a moderate signal (per week).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    identical_runs: Option<f64>,
+    /// Q2 threshold per week: more minutes wasted than this is a strong signal.
+    #[arg(long, value_name = "MINUTES", allow_negative_numbers = true)]
+    minutes_wasted: Option<f64>,
+    /// Q3 threshold per week: more high-confidence preventable runs than this is strong.
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    preventable_runs: Option<f64>,
+    /// Fewer completed runs than this in the period: not_enough_data.
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    min_runs: Option<u64>,
+    /// Q3: repeats whose records processed vary by less than this standard deviation
+    /// count as identical content.
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    max_stddev: Option<f64>,
+}
+
+fn report_threshold(flag: &str, value: Option<f64>, default: f64) -> Result<f64> {
+    match value {
+        None => Ok(default),
+        Some(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        Some(v) => Err(Error::config(format!(
+            "bad --{flag} {v}: expected a number of 0 or more"
+        ))),
+    }
+}
+
+async fn report_command(args: ReportArgs, g: &GlobalOptions) -> Result<u8> {
+    use crate::report::{self, Dialect, OutputFormat, ReportOptions, Thresholds};
+    let mut options = ReportOptions::last_days(args.days);
+    if let Some(until) = &args.until {
+        options.until = schedule::parse_instant("--until", until)?;
+    }
+    options.job = args.job.clone();
+    options.window = parse_duration(&args.window)?;
+    let d = Thresholds::default();
+    options.thresholds = Thresholds {
+        duplicate_runs: report_threshold("duplicate-runs", args.duplicate_runs, d.duplicate_runs)?,
+        identical_data_runs: report_threshold(
+            "identical-runs",
+            args.identical_runs,
+            d.identical_data_runs,
+        )?,
+        minutes_wasted: report_threshold("minutes-wasted", args.minutes_wasted, d.minutes_wasted)?,
+        high_confidence_prevents: report_threshold(
+            "preventable-runs",
+            args.preventable_runs,
+            d.high_confidence_prevents,
+        )?,
+        min_completed_runs: args.min_runs.unwrap_or(d.min_completed_runs),
+        max_stddev: report_threshold("max-stddev", args.max_stddev, d.max_stddev)?,
+    };
+    let text = if let Some(name) = &args.sql {
+        let dialect = match &args.dialect {
+            Some(d) => Dialect::parse(d)?,
+            None => Dialect::of_url(&g.store).map_err(|e| {
+                Error::config(format!("{e}; name one with --dialect sqlite|postgres"))
+            })?,
+        };
+        report::sql_for_console(name, dialect, &options)?
+    } else {
+        let format = match g.format_arg {
+            FormatArg::Human => OutputFormat::Human,
+            FormatArg::Json => OutputFormat::Json,
+            FormatArg::Markdown => OutputFormat::Markdown,
+        };
+        let report = report::run(&g.store, &options).await?;
+        report::render(&report, format)
+    };
+    match &args.output {
+        Some(path) => {
+            std::fs::write(path, text).map_err(|e| {
+                Error::config(format!(
+                    "cannot write the report to {}: {e}",
+                    path.display()
+                ))
+            })?;
+            errln!("wrote {}", path.display());
+        }
+        None => {
+            let _ = std::io::stdout().lock().write_all(text.as_bytes());
+        }
+    }
+    Ok(EXIT_OK)
 }

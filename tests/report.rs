@@ -486,3 +486,111 @@ fn every_query_exists_in_every_dialect_and_binds_its_values() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn cli_report_json_markdown_output_file_and_sql() {
+    let sandbox = common::Sandbox::new("idem-report-cli");
+    let store = open(&sandbox.store).await;
+    seed(&*store, "cli").await;
+    let until = "2026-03-01T00:00:00Z";
+
+    let (code, doc, stderr) = sandbox.json(&["report", "--until", until]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(doc["period"]["days"], 7);
+    assert_eq!(doc["period"]["until"], "2026-03-01T00:00:00Z");
+    let jobs: Vec<&str> = doc["processors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["job"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        jobs,
+        [
+            "borderline_cli",
+            "hashed_cli",
+            "kept_cli",
+            "needs_cli",
+            "shadow_cli",
+            "steady_cli"
+        ]
+    );
+    let needs = &doc["processors"][3];
+    assert_eq!(needs["verdict"], "enable");
+    assert_eq!(needs["source"], "estimated");
+    assert_eq!(needs["duplicates"]["duplicate_runs"], 77);
+    assert_eq!(needs["wasted"]["minutes_wasted"], 126.0);
+    assert_eq!(needs["savings"]["high_confidence_prevents"], 77);
+    assert!(needs["reasons"].as_array().unwrap().len() >= 3);
+    assert_eq!(doc["processors"][4]["source"], "measured");
+    assert_eq!(doc["processors"][4]["content_hash"], "shadow");
+    assert_eq!(
+        doc["processors"][4]["shadow"]["content_hash_would_skip"],
+        14
+    );
+
+    // Thresholds from flags: with 200 minutes needed a week, needs loses its Q2 signal.
+    let (code, doc, _) = sandbox.json(&[
+        "report",
+        "--until",
+        until,
+        "--job",
+        "needs_cli",
+        "--minutes-wasted",
+        "200",
+    ]);
+    assert_eq!(code, 0);
+    assert_eq!(doc["processors"].as_array().unwrap().len(), 1);
+    assert_eq!(doc["processors"][0]["verdict"], "consider");
+
+    // Markdown into a file.
+    let file = sandbox.dir.join("report.md");
+    let out = sandbox.idem(&[
+        "report",
+        "--until",
+        until,
+        "--format",
+        "markdown",
+        "--output",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(out.stdout.is_empty());
+    let md = std::fs::read_to_string(&file).unwrap();
+    assert!(md.contains("| needs_cli | `enable` |"), "{md}");
+    assert!(md.contains("## hashed_cli: `not_enough_data`"), "{md}");
+
+    // The SQL, ready to paste, with this invocation's values as parameters.
+    let out = sandbox.idem(&[
+        "report", "--sql", "wasted", "--until", until, "--days", "28",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let sql = String::from_utf8(out.stdout).unwrap();
+    assert!(sql.contains(".parameter set ?1 1769904000000000"), "{sql}");
+    assert!(sql.contains(".parameter set ?3 NULL"), "{sql}");
+    assert!(sql.contains("trigger_source = 'scheduler'"), "{sql}");
+    let out = sandbox.idem(&["report", "--sql", "duplicates", "--dialect", "postgres"]);
+    let sql = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        sql.contains("PREPARE idem_report_duplicates (timestamptz, timestamptz, text, float8) AS"),
+        "{sql}"
+    );
+    assert!(sql.contains(", NULL, 3600.0);"), "{sql}");
+
+    // Bad input: exit 2 with a sentence naming it.
+    for (args, says) in [
+        (
+            vec!["report", "--sql", "nope"],
+            "unknown report query \"nope\"",
+        ),
+        (vec!["report", "--days", "0"], "--days"),
+        (vec!["report", "--minutes-wasted", "-3"], "--minutes-wasted"),
+        (vec!["report", "--until", "yesterday"], "--until"),
+        (vec!["runs", "--format", "markdown"], "for idem report only"),
+    ] {
+        let out = sandbox.idem(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+}

@@ -121,6 +121,69 @@ pub fn sql(name: &str, dialect: Dialect) -> Result<&'static str> {
     Ok(text)
 }
 
+/// Query `name` in `dialect` with this report's values bound, ready to paste into a
+/// console: for SQLite, `.parameter set` lines for the `sqlite3` shell before the query;
+/// for Postgres, `PREPARE` / `EXECUTE` / `DEALLOCATE` for `psql`. The values stay
+/// parameters either way.
+pub fn sql_for_console(name: &str, dialect: Dialect, options: &ReportOptions) -> Result<String> {
+    let text = sql(name, dialect)?.trim_end().trim_end_matches(';');
+    let mut out = format!(
+        "-- idem report --sql {name} --dialect {}: the {} days from {} to {}\n",
+        dialect.as_str(),
+        options.days,
+        options.since().to_rfc3339(),
+        options.until.to_rfc3339()
+    );
+    let extra = extra(name, options);
+    match dialect {
+        Dialect::Sqlite => {
+            let job = match &options.job {
+                // The shell evaluates the value as SQL: a quoted literal is text.
+                Some(j) => format!("\"'{}'\"", j.replace('\'', "''").replace('"', "\\\"")),
+                None => "NULL".to_string(),
+            };
+            out.push_str(".parameter init\n");
+            out.push_str(&format!(
+                ".parameter set ?1 {}\n",
+                options.since().timestamp_micros()
+            ));
+            out.push_str(&format!(
+                ".parameter set ?2 {}\n",
+                options.until.timestamp_micros()
+            ));
+            out.push_str(&format!(".parameter set ?3 {job}\n"));
+            match extra {
+                Some(v) if name == "duplicates" => {
+                    out.push_str(&format!(".parameter set ?4 {}\n", (v * 1e6) as i64))
+                }
+                Some(v) => out.push_str(&format!(".parameter set ?4 {v:?}\n")),
+                None => {}
+            }
+            out.push_str(text);
+            out.push_str(";\n");
+        }
+        Dialect::Postgres => {
+            let statement = format!("idem_report_{name}");
+            let job = match &options.job {
+                Some(j) => format!("'{}'", j.replace('\'', "''")),
+                None => "NULL".to_string(),
+            };
+            let (types, extra_value) = match extra {
+                Some(v) => ("timestamptz, timestamptz, text, float8", format!(", {v:?}")),
+                None => ("timestamptz, timestamptz, text", String::new()),
+            };
+            out.push_str(&format!("PREPARE {statement} ({types}) AS\n{text};\n"));
+            out.push_str(&format!(
+                "EXECUTE {statement} ('{}', '{}', {job}{extra_value});\n",
+                options.since().to_rfc3339(),
+                options.until.to_rfc3339()
+            ));
+            out.push_str(&format!("DEALLOCATE {statement};\n"));
+        }
+    }
+    Ok(out)
+}
+
 /// The seed's decision thresholds, **per week** (the report scales them to its period),
 /// and the other knobs of the verdicts.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -382,7 +445,8 @@ pub struct ProcessorReport {
     pub job: String,
     /// The verdict.
     pub verdict: Verdict,
-    /// `on` when content keys were written in the period.
+    /// `shadow` when the processor ran in shadow mode in the period, else `on` when
+    /// content keys were written in the period, else `off`.
     pub content_hash: &'static str,
     /// Whether the verdict rests on measured or estimated figures.
     pub source: Source,
@@ -649,7 +713,9 @@ fn assemble(store: String, options: &ReportOptions, results: &BTreeMap<&str, Vec
         let mut p = ProcessorReport {
             job: job.clone(),
             verdict: Verdict::NotEnoughData,
-            content_hash: if int(k, "content_keys_in_period") > 0 {
+            content_hash: if int(e, "shadow_runs") > 0 {
+                "shadow"
+            } else if int(k, "content_keys_in_period") > 0 {
                 "on"
             } else {
                 "off"
@@ -778,7 +844,7 @@ fn decide(p: &mut ProcessorReport, options: &ReportOptions, t: &ScaledThresholds
     let window = humantime_secs(t.window_seconds);
     let shadow = p.shadow.shadow_runs > 0;
 
-    if p.content_hash == "on" && !shadow {
+    if p.content_hash == "on" {
         p.source = Source::Measured;
         let e = &p.effectiveness;
         if e.hash_prevented > 0 {
@@ -894,9 +960,9 @@ fn decide(p: &mut ProcessorReport, options: &ReportOptions, t: &ScaledThresholds
 
 fn humantime_secs(secs: f64) -> String {
     let s = secs.round() as u64;
-    if s % 3600 == 0 {
+    if s.is_multiple_of(3600) {
         format!("{}h", s / 3600)
-    } else if s % 60 == 0 {
+    } else if s.is_multiple_of(60) {
         format!("{}m", s / 60)
     } else {
         format!("{s}s")

@@ -49,12 +49,23 @@ fn storage_line(report: &Report) -> String {
         _ => String::new(),
     };
     format!(
-        "{} key(s), {} distinct, {} processor(s){range}, about {} MB",
+        "{} key(s), {} distinct, {} processor(s){range}, about {}",
         s.total_keys,
         s.unique_keys,
         s.processors,
-        num(s.estimated_mb)
+        size(s.estimated_bytes)
     )
+}
+
+fn size(bytes: i64) -> String {
+    let b = bytes as f64;
+    if b >= 1024.0 * 1024.0 {
+        format!("{:.1} MB", b / (1024.0 * 1024.0))
+    } else if b >= 1024.0 {
+        format!("{:.1} KB", b / 1024.0)
+    } else {
+        format!("{bytes} bytes")
+    }
 }
 
 fn human(report: &Report) -> String {
