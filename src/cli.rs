@@ -94,6 +94,7 @@ enum FormatArg {
     Human,
     Json,
     Markdown,
+    Html,
 }
 
 /// Output formats.
@@ -381,11 +382,11 @@ pub async fn execute(mut cli: Cli, registry: &Registry) -> u8 {
         FormatArg::Json => Format::Json,
         _ => Format::Human,
     };
-    if let (FormatArg::Markdown, false) = (
+    if let (FormatArg::Markdown | FormatArg::Html, false) = (
         cli.global.format_arg,
         matches!(cli.command, Command::Report(_)),
     ) {
-        errln!("error: --format markdown is for idem report only");
+        errln!("error: --format markdown and --format html are for idem report only");
         return EXIT_USAGE;
     }
     let format = cli.global.format;
@@ -1107,6 +1108,7 @@ async fn report_command(args: ReportArgs, g: &GlobalOptions) -> Result<u8> {
             FormatArg::Human => OutputFormat::Human,
             FormatArg::Json => OutputFormat::Json,
             FormatArg::Markdown => OutputFormat::Markdown,
+            FormatArg::Html => OutputFormat::Html,
         };
         let report = report::run(&g.store, &options).await?;
         report::render(&report, format)

@@ -560,6 +560,41 @@ async fn cli_report_json_markdown_output_file_and_sql() {
     assert!(md.contains("| needs_cli | `enable` |"), "{md}");
     assert!(md.contains("## hashed_cli: `not_enough_data`"), "{md}");
 
+    // HTML: one self-contained page (nothing fetched), a table row and a chart per job.
+    let page = sandbox.dir.join("report.html");
+    let out = sandbox.idem(&[
+        "report",
+        "--until",
+        until,
+        "--format",
+        "html",
+        "--output",
+        page.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.starts_with("<!DOCTYPE html>"));
+    assert_eq!(html.matches("<svg").count(), 6, "one chart per job");
+    assert!(
+        html.contains("needs_cli</a></td><td><span class=\"badge\""),
+        "{html}"
+    );
+    assert!(
+        html.contains("2026-02-28: 12 completed"),
+        "a bar per day with its count"
+    );
+    assert!(html.contains("2026-02-28: 3 would have been skipped (shadow)"));
+    for fetch in ["<script", "<link", "src=", "url(", "@import"] {
+        assert!(!html.contains(fetch), "the page fetches nothing: {fetch}");
+    }
+    assert_eq!(
+        html.matches("http").count(),
+        html.matches("http://www.w3.org/2000/svg").count()
+    );
+    if let Ok(keep) = std::env::var("IDEM_REPORT_HTML_OUT") {
+        std::fs::copy(&page, keep).expect("copy the HTML report");
+    }
+
     // The SQL, ready to paste, with this invocation's values as parameters.
     let out = sandbox.idem(&[
         "report", "--sql", "wasted", "--until", until, "--days", "28",

@@ -80,13 +80,14 @@ impl Dialect {
 }
 
 /// The names of the report queries, in report order.
-pub const QUERY_NAMES: [&str; 6] = [
+pub const QUERY_NAMES: [&str; 7] = [
     "duplicates",
     "wasted",
     "savings",
     "effectiveness",
     "storage",
     "shadow",
+    "daily",
 ];
 
 /// The SQL text of report query `name` in `dialect`, with its parameters explained in the
@@ -101,6 +102,7 @@ pub fn sql(name: &str, dialect: Dialect) -> Result<&'static str> {
         }
         (Dialect::Sqlite, "storage") => include_str!("../../sql/sqlite/report_storage.sql"),
         (Dialect::Sqlite, "shadow") => include_str!("../../sql/sqlite/report_shadow.sql"),
+        (Dialect::Sqlite, "daily") => include_str!("../../sql/sqlite/report_daily.sql"),
         (Dialect::Postgres, "duplicates") => {
             include_str!("../../sql/postgres/report_duplicates.sql")
         }
@@ -111,6 +113,7 @@ pub fn sql(name: &str, dialect: Dialect) -> Result<&'static str> {
         }
         (Dialect::Postgres, "storage") => include_str!("../../sql/postgres/report_storage.sql"),
         (Dialect::Postgres, "shadow") => include_str!("../../sql/postgres/report_shadow.sql"),
+        (Dialect::Postgres, "daily") => include_str!("../../sql/postgres/report_daily.sql"),
         _ => {
             return Err(Error::config(format!(
                 "unknown report query {name:?}: expected one of {}",
@@ -466,6 +469,27 @@ pub struct ProcessorReport {
     pub shadow: Shadow,
     /// Keys.
     pub storage: Storage,
+    /// Runs per UTC day of the period (days without runs included, as zeros).
+    pub daily: Vec<Day>,
+}
+
+/// One UTC day of a processor's runs.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Day {
+    /// `YYYY-MM-DD`.
+    pub day: String,
+    /// Completed runs.
+    pub completed: i64,
+    /// Failed runs.
+    pub failed: i64,
+    /// Skipped runs.
+    pub skipped: i64,
+    /// Skipped by the content hash.
+    pub skipped_content_hash: i64,
+    /// Skipped by the time window.
+    pub skipped_time_window: i64,
+    /// Runs a guard would have skipped (shadow mode).
+    pub would_skip: i64,
 }
 
 /// Storage totals over every processor.
@@ -701,8 +725,48 @@ fn assemble(store: String, options: &ReportOptions, results: &BTreeMap<&str, Vec
         }
     }
 
+    let mut daily: BTreeMap<String, BTreeMap<String, Day>> = BTreeMap::new();
+    for row in &results["daily"] {
+        let (Some(job), Some(day)) = (text(row, "processor_name"), text(row, "day")) else {
+            continue;
+        };
+        let d = Day {
+            day: day.clone(),
+            completed: int(row, "completed"),
+            failed: int(row, "failed"),
+            skipped: int(row, "skipped"),
+            skipped_content_hash: int(row, "skipped_content_hash"),
+            skipped_time_window: int(row, "skipped_time_window"),
+            would_skip: int(row, "would_skip"),
+        };
+        daily.entry(job).or_default().insert(day, d);
+    }
+    let days: Vec<String> = {
+        let mut out = Vec::new();
+        let mut d = options.since().date_naive();
+        let last = (options.until - chrono::Duration::microseconds(1)).date_naive();
+        while d <= last {
+            out.push(d.format("%Y-%m-%d").to_string());
+            d = d.succ_opt().unwrap_or(last);
+            if out.len() > 4000 {
+                break;
+            }
+        }
+        out
+    };
+
     let mut processors = Vec::new();
     for (job, e) in &effectiveness {
+        let mut per_day = daily.remove(job).unwrap_or_default();
+        let series: Vec<Day> = days
+            .iter()
+            .map(|d| {
+                per_day.remove(d).unwrap_or_else(|| Day {
+                    day: d.clone(),
+                    ..Day::default()
+                })
+            })
+            .collect();
         let empty = Row::new();
         let d = duplicates.get(job).copied().unwrap_or(&empty);
         let w = wasted.get(job).copied().unwrap_or(&empty);
@@ -769,6 +833,7 @@ fn assemble(store: String, options: &ReportOptions, results: &BTreeMap<&str, Vec
                 newest_key: time(k, "newest_key_at"),
                 estimated_bytes: int(k, "estimated_bytes"),
             },
+            daily: series,
         };
         p.shadow.content_hash_minutes_saved = round2(p.shadow.content_hash_minutes_saved);
         decide(&mut p, options, &thresholds);

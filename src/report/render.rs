@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use super::{num, ProcessorReport, Report};
+use super::{num, Day, ProcessorReport, Report, Verdict};
 
 /// Output formats of `idem report`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -13,6 +13,9 @@ pub enum OutputFormat {
     Json,
     /// Markdown (a summary table, then the reasons per processor).
     Markdown,
+    /// One self-contained HTML page: a summary table and a daily chart per processor
+    /// (inline SVG, no network fetches).
+    Html,
 }
 
 /// The report as text in `format` (ends with a newline).
@@ -25,6 +28,7 @@ pub fn render(report: &Report, format: OutputFormat) -> String {
         }
         OutputFormat::Human => human(report),
         OutputFormat::Markdown => markdown(report),
+        OutputFormat::Html => html(report),
     }
 }
 
@@ -186,5 +190,212 @@ fn markdown(report: &Report) -> String {
     }
     let _ = writeln!(out);
     let _ = writeln!(out, "processing_keys: {}.", storage_line(report));
+    out
+}
+
+fn esc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn verdict_color(v: Verdict) -> &'static str {
+    match v {
+        Verdict::Enable => "#b45309",
+        Verdict::Consider => "#ca8a04",
+        Verdict::NotNeeded => "#15803d",
+        Verdict::Keep => "#1d4ed8",
+        Verdict::Remove => "#b91c1c",
+        Verdict::NotEnoughData => "#6b7280",
+    }
+}
+
+/// The series of a daily chart: (label, colour, value of a day). Stacked in this order.
+const SERIES: [(&str, &str, fn(&Day) -> i64); 5] = [
+    ("completed", "#16a34a", |d| d.completed),
+    ("failed", "#dc2626", |d| d.failed),
+    ("skipped: content hash", "#2563eb", |d| {
+        d.skipped_content_hash
+    }),
+    ("skipped: time window", "#7c3aed", |d| d.skipped_time_window),
+    ("skipped: other", "#9ca3af", |d| {
+        d.skipped - d.skipped_content_hash - d.skipped_time_window
+    }),
+];
+const WOULD_SKIP: &str = "#f97316";
+
+fn chart(p: &ProcessorReport) -> String {
+    let (w, h) = (760.0_f64, 220.0_f64);
+    let (left, right, top, bottom) = (40.0, 10.0, 10.0, 40.0);
+    let plot_w = w - left - right;
+    let plot_h = h - top - bottom;
+    let n = p.daily.len().max(1) as f64;
+    let max = p
+        .daily
+        .iter()
+        .map(|d| (d.completed + d.failed + d.skipped).max(d.would_skip))
+        .max()
+        .unwrap_or(0)
+        .max(1) as f64;
+    let slot = plot_w / n;
+    let bar = (slot * 0.7).max(1.0);
+    let y = |v: f64| top + plot_h - v / max * plot_h;
+    let mut svg = String::new();
+    let _ = write!(
+        svg,
+        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" role="img" aria-label="daily runs of {job}">"##,
+        job = esc(&p.job)
+    );
+    // Grid: 0, half and max.
+    for v in [0.0, (max / 2.0).round(), max] {
+        let yy = y(v);
+        let _ = write!(
+            svg,
+            r##"<line x1="{left}" y1="{yy:.1}" x2="{x2}" y2="{yy:.1}" stroke="#e5e7eb"/><text x="{tx}" y="{ty:.1}" font-size="10" text-anchor="end" fill="#6b7280">{v}</text>"##,
+            x2 = w - right,
+            tx = left - 4.0,
+            ty = yy + 3.0,
+        );
+    }
+    let label_every = ((n / 10.0).ceil() as usize).max(1);
+    for (i, d) in p.daily.iter().enumerate() {
+        let x = left + slot * i as f64 + (slot - bar) / 2.0;
+        let mut acc = 0.0;
+        for (label, color, value) in SERIES {
+            let v = value(d) as f64;
+            if v <= 0.0 {
+                continue;
+            }
+            let (y1, y0) = (y(acc + v), y(acc));
+            let _ = write!(
+                svg,
+                r##"<rect x="{x:.1}" y="{y1:.1}" width="{bar:.1}" height="{hh:.1}" fill="{color}"><title>{day}: {v} {label}</title></rect>"##,
+                hh = y0 - y1,
+                day = d.day,
+            );
+            acc += v;
+        }
+        if d.would_skip > 0 {
+            let cy = y(d.would_skip as f64);
+            let _ = write!(
+                svg,
+                r##"<line x1="{x:.1}" y1="{cy:.1}" x2="{x2:.1}" y2="{cy:.1}" stroke="{WOULD_SKIP}" stroke-width="3"><title>{day}: {v} would have been skipped (shadow)</title></line>"##,
+                x2 = x + bar,
+                day = d.day,
+                v = d.would_skip,
+            );
+        }
+        if i % label_every == 0 {
+            let _ = write!(
+                svg,
+                r##"<text x="{tx:.1}" y="{ty}" font-size="10" text-anchor="middle" fill="#374151">{label}</text>"##,
+                tx = x + bar / 2.0,
+                ty = h - bottom + 14.0,
+                label = d.day.get(5..).unwrap_or(&d.day),
+            );
+        }
+    }
+    // Legend.
+    let mut lx = left;
+    let ly = h - 12.0;
+    let legend: Vec<(&str, &str)> = SERIES
+        .iter()
+        .map(|(l, c, _)| (*l, *c))
+        .chain([("would skip (shadow)", WOULD_SKIP)])
+        .collect();
+    for (label, color) in legend {
+        let _ = write!(
+            svg,
+            r##"<rect x="{lx:.1}" y="{ry:.1}" width="10" height="10" fill="{color}"/><text x="{tx:.1}" y="{ly:.1}" font-size="10" fill="#374151">{label}</text>"##,
+            ry = ly - 9.0,
+            tx = lx + 14.0,
+        );
+        lx += 14.0 + 6.0 * label.len() as f64 + 10.0;
+    }
+    svg.push_str("</svg>");
+    svg
+}
+
+fn html(report: &Report) -> String {
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        r##"<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>idem report</title>
+<style>
+body {{ font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 24px; color: #111827; }}
+h1 {{ font-size: 22px; margin: 0 0 4px; }}
+h2 {{ font-size: 17px; margin: 28px 0 6px; }}
+.meta {{ color: #4b5563; font-size: 13px; }}
+table {{ border-collapse: collapse; font-size: 13px; margin-top: 12px; }}
+th, td {{ border-bottom: 1px solid #e5e7eb; padding: 5px 10px; text-align: left; }}
+td.n, th.n {{ text-align: right; font-variant-numeric: tabular-nums; }}
+.badge {{ color: #fff; border-radius: 4px; padding: 1px 7px; font-size: 12px; font-weight: 600; }}
+ul {{ font-size: 13px; margin: 6px 0; }}
+</style></head><body>
+<h1>idem report</h1>
+<div class="meta">{period} &middot; store {store}</div>
+"##,
+        period = esc(&period(report)),
+        store = esc(&report.store)
+    );
+    if report.processors.is_empty() {
+        out.push_str(
+            "<p>No runs recorded in the period: nothing to judge (not_enough_data).</p>\n",
+        );
+    } else {
+        out.push_str("<table><thead><tr><th>job</th><th>verdict</th><th>content hash</th><th>source</th><th class=\"n\">invocations</th><th class=\"n\">duplicate runs</th><th class=\"n\">minutes wasted</th><th class=\"n\">high-confidence prevents</th><th class=\"n\">hash prevented</th><th class=\"n\">would skip (shadow)</th></tr></thead><tbody>\n");
+        for p in &report.processors {
+            let would: i64 = p.shadow.would_skip.values().map(|w| w.runs).sum();
+            let _ = writeln!(
+                out,
+                "<tr><td><a href=\"#job-{id}\">{job}</a></td><td><span class=\"badge\" style=\"background:{color}\">{verdict}</span></td><td>{hash}</td><td>{source}</td><td class=\"n\">{inv}</td><td class=\"n\">{dup}</td><td class=\"n\">{min}</td><td class=\"n\">{hc}</td><td class=\"n\">{hp}</td><td class=\"n\">{would}</td></tr>",
+                id = esc(&p.job),
+                job = esc(&p.job),
+                color = verdict_color(p.verdict),
+                verdict = p.verdict.as_str(),
+                hash = p.content_hash,
+                source = source(p),
+                inv = p.runs.total_invocations,
+                dup = p.duplicates.duplicate_runs,
+                min = num(p.wasted.minutes_wasted),
+                hc = p.savings.high_confidence_prevents,
+                hp = p.effectiveness.hash_prevented,
+            );
+        }
+        out.push_str("</tbody></table>\n");
+        for p in &report.processors {
+            let _ = writeln!(
+                out,
+                "<h2 id=\"job-{id}\">{job} <span class=\"badge\" style=\"background:{color}\">{verdict}</span></h2>",
+                id = esc(&p.job),
+                job = esc(&p.job),
+                color = verdict_color(p.verdict),
+                verdict = p.verdict.as_str(),
+            );
+            out.push_str("<ul>");
+            for r in &p.reasons {
+                let _ = write!(out, "<li>{}</li>", esc(r));
+            }
+            out.push_str("</ul>\n");
+            out.push_str(&chart(p));
+            out.push('\n');
+        }
+    }
+    let _ = writeln!(
+        out,
+        "<p class=\"meta\">processing_keys: {}</p>\n</body></html>",
+        esc(&storage_line(report))
+    );
     out
 }
