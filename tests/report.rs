@@ -457,24 +457,25 @@ async fn single_run_only_failures_and_no_scheduler_runs() {
 
 #[test]
 fn every_query_exists_in_every_dialect_and_binds_its_values() {
-    for dialect in [report::Dialect::Sqlite, report::Dialect::Postgres] {
+    use report::Dialect::{Bigquery, Postgres, Sqlite};
+    for dialect in [Sqlite, Postgres, Bigquery] {
         for name in report::QUERY_NAMES {
             let sql = report::sql(name, dialect).unwrap();
             assert!(sql.contains("processing_"), "{name}");
-            let marker = if dialect == report::Dialect::Sqlite {
-                "?3"
+            let extra = if name == "savings" {
+                "@max_stddev"
             } else {
-                "$3"
+                "@window_seconds"
             };
-            assert!(sql.contains(marker), "{name} binds the processor");
+            let (job, extra) = match dialect {
+                Sqlite => ("?3", "?4"),
+                Postgres => ("$3", "$4"),
+                Bigquery => ("@job", extra),
+            };
+            assert!(sql.contains(job), "{name} binds the processor");
             if name == "duplicates" || name == "savings" {
-                let marker = if dialect == report::Dialect::Sqlite {
-                    "?4"
-                } else {
-                    "$4"
-                };
                 assert!(
-                    sql.contains(marker),
+                    sql.contains(extra),
                     "{name} binds the window or the deviation"
                 );
             }
@@ -611,6 +612,10 @@ async fn cli_report_json_markdown_output_file_and_sql() {
         "{sql}"
     );
     assert!(sql.contains(", NULL, 3600.0);"), "{sql}");
+    let out = sandbox.idem(&["report", "--sql", "savings", "--dialect", "bigquery"]);
+    let sql = String::from_utf8(out.stdout).unwrap();
+    assert!(sql.contains("@job = NULL, @max_stddev = 1.0"), "{sql}");
+    assert!(sql.contains("STDDEV_SAMP(records_processed)"), "{sql}");
 
     // Bad input: exit 2 with a sentence naming it.
     for (args, says) in [
@@ -628,4 +633,17 @@ async fn cli_report_json_markdown_output_file_and_sql() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(stderr.contains(says), "{args:?}: {stderr}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bigquery_history_figures_and_verdicts() {
+    let Some(url) = common::service_url(
+        "IDEM_TEST_BIGQUERY_URL",
+        "report::bigquery_history_figures_and_verdicts",
+        common::BIGQUERY_HOW,
+    ) else {
+        return;
+    };
+    let store = open(&url).await;
+    check_history(&url, &*store).await;
 }

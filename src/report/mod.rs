@@ -40,6 +40,9 @@ pub enum Dialect {
     Sqlite,
     /// Postgres.
     Postgres,
+    /// BigQuery (GoogleSQL, named parameters; `{project}` and `{dataset}` stand for the
+    /// store URL's validated ids).
+    Bigquery,
 }
 
 impl Dialect {
@@ -48,6 +51,7 @@ impl Dialect {
         match self {
             Dialect::Sqlite => "sqlite",
             Dialect::Postgres => "postgres",
+            Dialect::Bigquery => "bigquery",
         }
     }
 
@@ -56,11 +60,9 @@ impl Dialect {
         match s {
             "sqlite" => Ok(Dialect::Sqlite),
             "postgres" | "postgresql" => Ok(Dialect::Postgres),
-            "bigquery" => Err(Error::config(
-                "the report queries exist for sqlite and postgres; bigquery is not written yet",
-            )),
+            "bigquery" => Ok(Dialect::Bigquery),
             _ => Err(Error::config(format!(
-                "unknown dialect {s:?}: expected sqlite or postgres"
+                "unknown dialect {s:?}: expected sqlite, postgres or bigquery"
             ))),
         }
     }
@@ -71,8 +73,9 @@ impl Dialect {
         match scheme {
             "sqlite" => Ok(Dialect::Sqlite),
             "postgres" | "postgresql" => Ok(Dialect::Postgres),
+            "bigquery" => Ok(Dialect::Bigquery),
             _ => Err(Error::config(format!(
-                "idem report reads the ledger with SQL: it needs a sqlite:// or postgres:// store, not {:?}",
+                "idem report reads the ledger with SQL: it needs a sqlite://, postgres:// or bigquery:// store, not {:?}",
                 redact_url(url)
             ))),
         }
@@ -114,6 +117,17 @@ pub fn sql(name: &str, dialect: Dialect) -> Result<&'static str> {
         (Dialect::Postgres, "storage") => include_str!("../../sql/postgres/report_storage.sql"),
         (Dialect::Postgres, "shadow") => include_str!("../../sql/postgres/report_shadow.sql"),
         (Dialect::Postgres, "daily") => include_str!("../../sql/postgres/report_daily.sql"),
+        (Dialect::Bigquery, "duplicates") => {
+            include_str!("../../sql/bigquery/report_duplicates.sql")
+        }
+        (Dialect::Bigquery, "wasted") => include_str!("../../sql/bigquery/report_wasted.sql"),
+        (Dialect::Bigquery, "savings") => include_str!("../../sql/bigquery/report_savings.sql"),
+        (Dialect::Bigquery, "effectiveness") => {
+            include_str!("../../sql/bigquery/report_effectiveness.sql")
+        }
+        (Dialect::Bigquery, "storage") => include_str!("../../sql/bigquery/report_storage.sql"),
+        (Dialect::Bigquery, "shadow") => include_str!("../../sql/bigquery/report_shadow.sql"),
+        (Dialect::Bigquery, "daily") => include_str!("../../sql/bigquery/report_daily.sql"),
         _ => {
             return Err(Error::config(format!(
                 "unknown report query {name:?}: expected one of {}",
@@ -162,6 +176,27 @@ pub fn sql_for_console(name: &str, dialect: Dialect, options: &ReportOptions) ->
                 Some(v) => out.push_str(&format!(".parameter set ?4 {v:?}\n")),
                 None => {}
             }
+            out.push_str(text);
+            out.push_str(";\n");
+        }
+        Dialect::Bigquery => {
+            let job = match &options.job {
+                Some(j) => format!("'{}'", j.replace('\\', "\\\\").replace('\'', "\\'")),
+                None => "NULL".to_string(),
+            };
+            out.push_str(&format!(
+                "-- parameters: @since = TIMESTAMP '{}', @until = TIMESTAMP '{}', @job = {job}",
+                options.since().to_rfc3339(),
+                options.until.to_rfc3339()
+            ));
+            match extra {
+                Some(v) if name == "duplicates" => {
+                    out.push_str(&format!(", @window_seconds = {v:?}"))
+                }
+                Some(v) => out.push_str(&format!(", @max_stddev = {v:?}")),
+                None => {}
+            }
+            out.push_str("\n-- (bq query --nouse_legacy_sql --parameter=NAME:TYPE:VALUE ...; replace {project}.{dataset})\n");
             out.push_str(text);
             out.push_str(";\n");
         }
@@ -606,6 +641,11 @@ enum Conn {
     Sqlite(sqlx::SqlitePool),
     #[cfg(feature = "postgres")]
     Postgres(sqlx::PgPool),
+    #[cfg(feature = "bigquery")]
+    Bigquery(
+        Box<crate::store::bigquery::Connection>,
+        crate::store::bigquery::BigQueryUrl,
+    ),
 }
 
 async fn connect(url: &str) -> Result<Conn> {
@@ -621,6 +661,17 @@ async fn connect(url: &str) -> Result<Conn> {
         Dialect::Postgres => {
             let store = crate::store::postgres::PostgresStore::connect(url).await?;
             Ok(Conn::Postgres(store.pool().clone()))
+        }
+        #[cfg(feature = "bigquery")]
+        Dialect::Bigquery => {
+            use crate::store::bigquery::{BigQueryStore, BigQueryUrl, Connection};
+            // Connecting migrates, so a fresh dataset has the tables (and no runs).
+            BigQueryStore::connect(url).await?;
+            let config = BigQueryUrl::parse(url)?;
+            let conn = Connection::open(&config, Duration::from_secs(120))
+                .await
+                .map_err(|e| Error::store(redact_url(url), e))?;
+            Ok(Conn::Bigquery(Box::new(conn), config))
         }
         #[allow(unreachable_patterns)]
         other => Err(Error::config(format!(
@@ -668,7 +719,80 @@ async fn query(conn: &Conn, url: &str, name: &str, options: &ReportOptions) -> R
             let rows = q.fetch_all(pool).await.map_err(fail)?;
             Ok(rows.iter().map(cells).collect())
         }
+        #[cfg(feature = "bigquery")]
+        Conn::Bigquery(bq, config) => bigquery_query(bq, config, url, name, options).await,
     }
+}
+
+#[cfg(feature = "bigquery")]
+async fn bigquery_query(
+    bq: &crate::store::bigquery::Connection,
+    config: &crate::store::bigquery::BigQueryUrl,
+    url: &str,
+    name: &str,
+    options: &ReportOptions,
+) -> Result<Vec<Row>> {
+    use crate::store::bigquery::{field_kind, opt_string, timestamp, Param};
+    use gcp_bigquery_client::model::{
+        query_parameter_type::QueryParameterType, query_parameter_value::QueryParameterValue,
+    };
+    let float = |name: &str, v: f64| Param {
+        name: Some(name.to_string()),
+        parameter_type: Some(QueryParameterType {
+            array_type: None,
+            struct_types: None,
+            r#type: "FLOAT64".to_string(),
+        }),
+        parameter_value: Some(QueryParameterValue {
+            array_values: None,
+            struct_values: None,
+            value: Some(format!("{v:?}")),
+        }),
+    };
+    // Full-line comments are dropped: the emulator counts `@name` in comments as parameters.
+    let text_sql = sql(name, Dialect::Bigquery)?
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("--"))
+        .collect::<Vec<_>>()
+        .join("\n")
+        .replace("{project}", &config.project)
+        .replace("{dataset}", &config.dataset);
+    let mut params = vec![
+        timestamp("since", options.since()),
+        timestamp("until", options.until),
+        opt_string("job", options.job.as_deref()),
+    ];
+    match extra(name, options) {
+        Some(v) if name == "duplicates" => params.push(float("window_seconds", v)),
+        Some(v) => params.push(float("max_stddev", v)),
+        None => {}
+    }
+    let out = bq
+        .query(&format!("the report query {name}"), &text_sql, params)
+        .await
+        .map_err(|e| Error::store(redact_url(url), e))?;
+    let mut rows = Vec::new();
+    for cells in &out.rows {
+        let mut row = Row::new();
+        for (field, value) in out.fields.iter().zip(cells) {
+            let raw = match value {
+                serde_json::Value::Null => None,
+                serde_json::Value::String(s) => Some(s.clone()),
+                other => Some(other.to_string()),
+            };
+            let cell = match (raw, field_kind(field)) {
+                (None, _) => Cell::Null,
+                (Some(s), "INT64") => s.parse().map(Cell::Int).unwrap_or(Cell::Text(s)),
+                (Some(s), "FLOAT64" | "NUMERIC" | "BIGNUMERIC") => {
+                    s.parse().map(Cell::Float).unwrap_or(Cell::Text(s))
+                }
+                (Some(s), _) => Cell::Text(s),
+            };
+            row.insert(field.name.clone(), cell);
+        }
+        rows.push(row);
+    }
+    Ok(rows)
 }
 
 fn by_processor(rows: &[Row]) -> BTreeMap<String, &Row> {

@@ -219,8 +219,11 @@ fn verdict_color(v: Verdict) -> &'static str {
     }
 }
 
-/// The series of a daily chart: (label, colour, value of a day). Stacked in this order.
-const SERIES: [(&str, &str, fn(&Day) -> i64); 5] = [
+/// A series of a daily chart: label, colour, value of a day.
+type Series = (&'static str, &'static str, fn(&Day) -> i64);
+
+/// The series of a daily chart, stacked in this order.
+const SERIES: [Series; 5] = [
     ("completed", "#16a34a", |d| d.completed),
     ("failed", "#dc2626", |d| d.failed),
     ("skipped: content hash", "#2563eb", |d| {
