@@ -807,10 +807,26 @@ pub async fn run(url: &str, options: &ReportOptions) -> Result<Report> {
         return Err(Error::config("--days must be at least 1"));
     }
     let conn = connect(url).await?;
-    let mut results = BTreeMap::new();
-    for name in QUERY_NAMES {
-        results.insert(name, query(&conn, url, name, options).await?);
-    }
+    // The queries are independent: they run at once, on the pool's connections.
+    let q = |name| query(&conn, url, name, options);
+    let all = tokio::try_join!(
+        q(QUERY_NAMES[0]),
+        q(QUERY_NAMES[1]),
+        q(QUERY_NAMES[2]),
+        q(QUERY_NAMES[3]),
+        q(QUERY_NAMES[4]),
+        q(QUERY_NAMES[5]),
+        q(QUERY_NAMES[6]),
+    )?;
+    let results = BTreeMap::from([
+        (QUERY_NAMES[0], all.0),
+        (QUERY_NAMES[1], all.1),
+        (QUERY_NAMES[2], all.2),
+        (QUERY_NAMES[3], all.3),
+        (QUERY_NAMES[4], all.4),
+        (QUERY_NAMES[5], all.5),
+        (QUERY_NAMES[6], all.6),
+    ]);
     Ok(assemble(redact_url(url), options, &results))
 }
 
