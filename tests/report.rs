@@ -392,6 +392,10 @@ async fn empty_ledger_has_no_processors_and_renders() {
     let (_dir, url) = sqlite();
     let report = report::run(&url, &options(7)).await.expect("report");
     assert!(report.processors.is_empty());
+    assert_eq!(
+        report.storage.table_bytes, None,
+        "only BigQuery has a tables API"
+    );
     assert_eq!(report.storage.total_keys, 0);
     assert_eq!(report.storage.oldest_key, None);
     let human = report::render(&report, OutputFormat::Human);
@@ -646,4 +650,9 @@ async fn bigquery_history_figures_and_verdicts() {
     };
     let store = open(&url).await;
     check_history(&url, &*store).await;
+    // The tables API's size of processing_keys, next to the estimate.
+    let report = report::run(&url, &options(7)).await.expect("report");
+    // (The emulator answers numBytes 0; real BigQuery the table's size.)
+    assert!(report.storage.table_bytes.is_some(), "{:?}", report.storage);
+    assert!(report.storage.estimated_bytes > 0);
 }

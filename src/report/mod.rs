@@ -544,6 +544,9 @@ pub struct StorageTotals {
     pub estimated_bytes: i64,
     /// The same in MB.
     pub estimated_mb: f64,
+    /// BigQuery only: the size of `processing_keys` the tables API reports (`numBytes`);
+    /// null elsewhere or when the API does not say.
+    pub table_bytes: Option<i64>,
 }
 
 /// The whole report.
@@ -827,7 +830,23 @@ pub async fn run(url: &str, options: &ReportOptions) -> Result<Report> {
         (QUERY_NAMES[5], all.5),
         (QUERY_NAMES[6], all.6),
     ]);
-    Ok(assemble(redact_url(url), options, &results))
+    let mut report = assemble(redact_url(url), options, &results);
+    #[cfg(feature = "bigquery")]
+    if let Conn::Bigquery(bq, config) = &conn {
+        let table = bq
+            .rest(
+                "report.storage",
+                bq.client()
+                    .table()
+                    .get(&config.project, &config.dataset, "processing_keys", None),
+            )
+            .await;
+        match table {
+            Ok(t) => report.storage.table_bytes = t.num_bytes.and_then(|n| n.parse().ok()),
+            Err(e) => tracing::warn!("the size of processing_keys is unknown: {e}"),
+        }
+    }
+    Ok(report)
 }
 
 fn assemble(store: String, options: &ReportOptions, results: &BTreeMap<&str, Vec<Row>>) -> Report {

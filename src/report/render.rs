@@ -53,11 +53,14 @@ fn storage_line(report: &Report) -> String {
         _ => String::new(),
     };
     format!(
-        "{} key(s), {} distinct, {} processor(s){range}, about {}",
+        "{} key(s), {} distinct, {} processor(s){range}, about {}{}",
         s.total_keys,
         s.unique_keys,
         s.processors,
-        size(s.estimated_bytes)
+        size(s.estimated_bytes),
+        s.table_bytes
+            .map(|b| format!(" (table size {} per the tables API)", size(b)))
+            .unwrap_or_default()
     )
 }
 
