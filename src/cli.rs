@@ -21,7 +21,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::error::{Error, Result};
-use crate::job::{find_job, load_jobs, parse_duration, Job};
+use crate::job::{find_job, load_jobs, parse_duration_field, Job};
 use crate::model::{parse_date, Mode, RunRequest, RunStatus, Trigger};
 use crate::processor::Registry;
 use crate::runner::{Explanation, RunReport, StoreFailurePolicy};
@@ -149,7 +149,7 @@ struct PurgeArgs {
 
 #[derive(Debug, Args)]
 struct CleanupArgs {
-    /// Keep this much history (e.g. 30d).
+    /// Keep this much history (e.g. 30d; at most 36525d, 100 years).
     #[arg(long, default_value = "30d")]
     keep: String,
 }
@@ -446,10 +446,12 @@ async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
             Ok(EXIT_OK)
         }
         Command::Cleanup(args) => {
-            let keep = parse_duration(&args.keep)?;
-            let before = chrono::Utc::now()
-                - chrono::Duration::from_std(keep)
-                    .map_err(|e| Error::config(format!("--keep: {e}")))?;
+            // Bounded by MAX_DURATION, so the cutoff is always a valid time.
+            let keep = parse_duration_field("--keep", &args.keep)?;
+            let before = chrono::Duration::from_std(keep)
+                .ok()
+                .and_then(|keep| chrono::Utc::now().checked_sub_signed(keep))
+                .ok_or_else(|| Error::config(format!("--keep {:?} is too long", args.keep)))?;
             let store = store::open(&g.store).await?;
             let report = store.cleanup(before).await?;
             match g.format {

@@ -114,52 +114,54 @@ pub struct Job {
     pub path: PathBuf,
 }
 
-/// Parses `90s`, `15m`, `1h`, `1h30m`, `2d`, `500ms`; `0s` is zero.
+/// The longest duration idem accepts anywhere (a lease, a window, a wait, a retention):
+/// 100 years (36 525 days).
+///
+/// Every duration ends up in `now ± duration` (a lease's expiry, a window's start, the
+/// cleanup cutoff), and the result must be a time every store accepts: BigQuery's
+/// TIMESTAMP stops at 9999-12-31 and chrono at about ±262 000 years, so a bound keeps that
+/// arithmetic from panicking or wrapping, with room to spare for any real schedule.
+pub const MAX_DURATION: Duration = Duration::from_secs(36_525 * 86_400);
+
+/// The shortest lease a job may ask for: 1 s.
+///
+/// The heartbeat renews a lease every third of its duration (and never more often than
+/// every 100 ms), so each renewal must reach the store within two thirds of the lease.
+/// Below 1 s that leaves less than a few hundred milliseconds for a store round trip,
+/// which a busy SQLite file (writers wait their turn) or a remote Postgres easily takes,
+/// and a lease lost mid-run stops the work. 1 s is also the precision people think in for
+/// leases; use longer leases on BigQuery, where one DML statement takes about a second.
+pub const MIN_LEASE: Duration = Duration::from_secs(1);
+
+/// Parses a duration: `90s`, `15m`, `1h`, `1h30m`, `2d`, `500ms`, `0s` (zero), and the
+/// other spellings of [humantime](https://docs.rs/humantime) (`1h 30m`, `2 days`, `1w`).
+/// Longer than [`MAX_DURATION`] (or too large to represent) is an error.
 pub fn parse_duration(s: &str) -> Result<Duration> {
-    let bad = || {
-        Error::config(format!(
-            "bad duration {s:?}: expected a number with a unit, like 90s, 15m, 1h, 1h30m, 2d or 500ms"
-        ))
-    };
-    let t = s.trim();
-    if t.is_empty() {
-        return Err(bad());
+    let expected = "expected a number with a unit, like 90s, 15m, 1h, 1h30m, 2d or 500ms";
+    let d = humantime::parse_duration(s.trim()).map_err(|e| match e {
+        humantime::DurationError::NumberOverflow => Error::config(format!(
+            "duration {s:?} is too long: the maximum is 100 years (36525d)"
+        )),
+        e => Error::config(format!("bad duration {s:?}: {e}; {expected}")),
+    })?;
+    if d > MAX_DURATION {
+        return Err(Error::config(format!(
+            "duration {s:?} is too long: the maximum is 100 years (36525d)"
+        )));
     }
-    let mut total = Duration::ZERO;
-    let mut rest = t;
-    while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
-        if digits == 0 {
-            return Err(bad());
-        }
-        let n: u64 = rest[..digits].parse().map_err(|_| bad())?;
-        rest = &rest[digits..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let unit = &rest[..unit_len];
-        rest = &rest[unit_len..];
-        let secs = match unit {
-            "ms" => {
-                total += Duration::from_millis(n);
-                continue;
-            }
-            "s" => n,
-            "m" => n * 60,
-            "h" => n * 3600,
-            "d" => n * 86_400,
-            _ => return Err(bad()),
-        };
-        total += Duration::from_secs(secs);
-    }
-    Ok(total)
+    Ok(d)
+}
+
+/// [`parse_duration`] with errors naming `field` (`guards.lease`, `--keep`).
+pub fn parse_duration_field(field: &str, s: &str) -> Result<Duration> {
+    parse_duration(s).map_err(|e| Error::config(format!("{field}: {e}")))
 }
 
 fn optional_duration(field: &str, value: &Option<String>) -> Result<Option<Duration>> {
     match value.as_deref() {
         None | Some("off") => Ok(None),
         Some(s) => {
-            let d = parse_duration(s).map_err(|e| Error::config(format!("guards.{field}: {e}")))?;
+            let d = parse_duration_field(&format!("guards.{field}"), s)?;
             Ok((!d.is_zero()).then_some(d))
         }
     }
@@ -270,9 +272,16 @@ impl Job {
 
     /// The lease duration, if the lease is on (default 1 h).
     pub fn lease_ttl(&self) -> Result<Option<Duration>> {
-        match &self.guards.lease {
-            None => Ok(Some(Duration::from_secs(3600))),
-            some => optional_duration("lease", some),
+        let ttl = match &self.guards.lease {
+            None => return Ok(Some(Duration::from_secs(3600))),
+            some => optional_duration("lease", some)?,
+        };
+        match ttl {
+            Some(t) if t < MIN_LEASE => Err(Error::config(format!(
+                "guards.lease = {:?} is too short: the minimum is 1s (the heartbeat renews the lease every third of its duration); use \"0s\" or \"off\" for no lease",
+                self.guards.lease.as_deref().unwrap_or_default()
+            ))),
+            t => Ok(t),
         }
     }
 
@@ -287,15 +296,14 @@ impl Job {
         let time_window = optional_duration("time_window", &g.time_window)?;
         let content = optional_duration("content_hash", &g.content_hash)?;
         let lease = self.lease_ttl()?;
+        let wait = match &g.wait {
+            Some(w) => Some(parse_duration_field("guards.wait", w)?),
+            None => None,
+        };
         let on_held = match g.on_in_progress.as_deref() {
             None | Some("skip") => OnHeld::Skip,
             Some("wait") => OnHeld::Wait {
-                max: match &g.wait {
-                    Some(w) => {
-                        parse_duration(w).map_err(|e| Error::config(format!("guards.wait: {e}")))?
-                    }
-                    None => lease.unwrap_or(Duration::from_secs(3600)),
-                },
+                max: wait.unwrap_or(lease.unwrap_or(Duration::from_secs(3600))),
             },
             Some(other) => {
                 return Err(Error::config(format!(
@@ -484,14 +492,76 @@ mod tests {
 
     #[test]
     fn durations() {
+        assert_eq!(parse_duration("90s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("15m").unwrap(), Duration::from_secs(900));
         assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
         assert_eq!(parse_duration("1h30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_duration("2d").unwrap(), Duration::from_secs(172_800));
         assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
         assert_eq!(parse_duration("0s").unwrap(), Duration::ZERO);
-        for bad in ["", "h", "10", "1x", "-1h", "1.5h"] {
+        assert_eq!(parse_duration("36525d").unwrap(), MAX_DURATION);
+        for bad in ["", "h", "10", "1x", "-1h", "1 fortnight"] {
             let e = parse_duration(bad).unwrap_err().to_string();
             assert!(e.contains("bad duration"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn overflowing_durations_are_errors_not_panics() {
+        for huge in [
+            "99999999d",
+            "18446744073709551615s1s",
+            "5124095576030432h",
+            "36526d",
+            "18446744073709551615s",
+        ] {
+            let e = parse_duration(huge).unwrap_err().to_string();
+            assert!(
+                e.contains("is too long: the maximum is 100 years"),
+                "{huge}: {e}"
+            );
+        }
+        // Every field says which one it is, and `now ± MAX_DURATION` is a valid time.
+        for field in ["lease", "time_window", "content_hash", "wait"] {
+            let toml = format!(
+                "name = \"x\"\nprocessor = \"p\"\n[guards]\non_in_progress = \"wait\"\n{field} = \"99999999d\"\n"
+            );
+            let e = Job::parse(&toml, Path::new("jobs/x.toml"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("jobs/x.toml")
+                    && e.contains(&format!(
+                        "guards.{field}: duration \"99999999d\" is too long"
+                    )),
+                "{e}"
+            );
+        }
+        let max = chrono::Duration::from_std(MAX_DURATION).unwrap();
+        let now = chrono::Utc::now();
+        assert!((now + max).format("%Y").to_string() < "9999".to_string());
+        assert!(now.checked_sub_signed(max).is_some());
+    }
+
+    #[test]
+    fn a_lease_too_short_for_the_heartbeat_is_rejected_with_the_minimum() {
+        let job = |lease: &str| {
+            Job::parse(
+                &format!("name = \"x\"\nprocessor = \"p\"\n[guards]\nlease = \"{lease}\"\n"),
+                Path::new("x.toml"),
+            )
+        };
+        let e = job("999ms").unwrap_err().to_string();
+        assert!(
+            e.contains("guards.lease = \"999ms\" is too short: the minimum is 1s"),
+            "{e}"
+        );
+        assert_eq!(
+            job("1s").unwrap().lease_ttl().unwrap(),
+            Some(Duration::from_secs(1))
+        );
+        assert_eq!(job("0s").unwrap().lease_ttl().unwrap(), None);
+        assert_eq!(job("off").unwrap().lease_ttl().unwrap(), None);
     }
 
     #[test]
@@ -510,7 +580,7 @@ mod tests {
             .to_string();
         assert!(e.contains("needs a [sql] table"), "{e}");
         let e = Job::parse(
-            "name = \"x\"\nprocessor = \"p\"\n[guards]\ntime_window = \"1 hour\"\n",
+            "name = \"x\"\nprocessor = \"p\"\n[guards]\ntime_window = \"1 fortnight\"\n",
             p,
         )
         .unwrap_err()
