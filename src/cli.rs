@@ -21,7 +21,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::error::{Error, Result};
-use crate::job::{find_job, load_jobs, parse_duration_field, Job};
+use crate::job::{find_job, parse_duration_field, scan_jobs, Job};
 use crate::model::{parse_date, Mode, RunRequest, RunStatus, Trigger};
 use crate::processor::Registry;
 use crate::runner::{Explanation, RunReport, StoreFailurePolicy};
@@ -373,9 +373,33 @@ async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
             Ok(EXIT_OK)
         }
         Command::Jobs => {
-            let jobs = load_jobs(&g.jobs_dir)?;
-            print_jobs(&jobs, g.format)?;
-            Ok(EXIT_OK)
+            // Every file is validated and every problem reported, not just the first.
+            let scan = scan_jobs(&g.jobs_dir, &g.store)?;
+            if scan.problems.is_empty() {
+                print_jobs(&scan.jobs, g.format)?;
+                return Ok(EXIT_OK);
+            }
+            let summary = format!(
+                "{} of {} job file(s) in {} are invalid",
+                scan.problems.len(),
+                scan.problems.len() + scan.jobs.len(),
+                g.jobs_dir.display()
+            );
+            match g.format {
+                Format::Json => print_json(&serde_json::json!({
+                    "error": summary,
+                    "exit_code": EXIT_USAGE,
+                    "problems": scan.problems,
+                    "jobs": job_docs(&scan.jobs)?,
+                })),
+                Format::Human if !scan.jobs.is_empty() => print_jobs(&scan.jobs, g.format)?,
+                Format::Human => {}
+            }
+            for p in &scan.problems {
+                eprintln!("error: {}", p.error);
+            }
+            eprintln!("error: {summary}");
+            Ok(EXIT_USAGE)
         }
         Command::Runs(args) => {
             let store = store::open(&g.store).await?;
@@ -472,7 +496,7 @@ async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
 
 fn prepare(args: &RunArgs, g: &GlobalOptions) -> Result<(Job, RunRequest)> {
     let date = parse_date(&args.date)?;
-    let job = find_job(&args.job, &g.jobs_dir)?;
+    let job = find_job(&args.job, &g.jobs_dir, &g.store)?;
     let mut request = RunRequest::new(job.name.clone(), date)
         .with_trigger(args.trigger.into())
         .with_params(job.params_json());
@@ -581,23 +605,25 @@ fn print_explanation(e: &Explanation, format: Format) {
     }
 }
 
+fn job_docs(jobs: &[Job]) -> Result<Vec<serde_json::Value>> {
+    jobs.iter()
+        .map(|j| {
+            Ok(serde_json::json!({
+                "name": j.name,
+                "processor": j.processor,
+                "schedule": j.schedule,
+                "mode": j.mode()?.as_str(),
+                "guards": j.guard_stack()?.names(),
+                "path": j.path,
+                "description": j.description,
+            }))
+        })
+        .collect()
+}
+
 fn print_jobs(jobs: &[Job], format: Format) -> Result<()> {
     if format == Format::Json {
-        let docs: Vec<serde_json::Value> = jobs
-            .iter()
-            .map(|j| {
-                Ok(serde_json::json!({
-                    "name": j.name,
-                    "processor": j.processor,
-                    "schedule": j.schedule,
-                    "mode": j.mode()?.as_str(),
-                    "guards": j.guard_stack()?.names(),
-                    "path": j.path,
-                    "description": j.description,
-                }))
-            })
-            .collect::<Result<_>>()?;
-        print_json(&docs);
+        print_json(&job_docs(jobs)?);
         return Ok(());
     }
     if jobs.is_empty() {
