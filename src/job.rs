@@ -12,12 +12,17 @@
 //! content_hash = "24h"           # absent = off
 //! hash = "sha256"                # or "md5"
 //! [sql]
-//! warehouse = "sqlite://demo.db" # default: the store's database
+//! warehouse = "sqlite://demo.db" # default: `default_warehouse_url` of the store
 //! setup = "..."                  # or setup_file = "path.sql"
 //! content = "SELECT ..."         # or content_file
 //! process = "INSERT ..."         # or process_file
 //! ```
 //! Relative paths (files, `sqlite://` warehouses) resolve against the job file's folder.
+//!
+//! Loading validates everything that needs no database: the fields and durations, and for
+//! SQL jobs the warehouse scheme and every script in its dialect, with its `@name`
+//! parameters ([`Job::check`]). `run`/`explain` load only their job ([`find_job`]), so a
+//! broken file never stops another job; `idem jobs` reports every bad file ([`scan_jobs`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -45,7 +50,8 @@ pub struct GuardsConfig {
     /// Guard order; default `["time_window", "content_hash", "lease"]` (cheap reads first;
     /// the lease re-checks them once claimed).
     pub order: Option<Vec<String>>,
-    /// Lease duration; default `1h`; `"0s"`/`"off"` disables the lease.
+    /// Lease duration; default `1h`; `"0s"`/`"off"` disables the lease; at least
+    /// [`MIN_LEASE`], at most [`MAX_DURATION`].
     pub lease: Option<String>,
     /// `skip` (default) or `wait` when another run holds the lease.
     pub on_in_progress: Option<String>,
@@ -65,7 +71,8 @@ pub struct GuardsConfig {
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct SqlConfig {
-    /// Warehouse URL; default the store's URL.
+    /// Warehouse URL; default [`default_warehouse_url`] of the store (for a SQLite store a
+    /// file of its own beside it).
     pub warehouse: Option<String>,
     /// Idempotent statements run first.
     pub setup: Option<String>,
@@ -755,7 +762,7 @@ mod tests {
         }
         let max = chrono::Duration::from_std(MAX_DURATION).unwrap();
         let now = chrono::Utc::now();
-        assert!((now + max).format("%Y").to_string() < "9999".to_string());
+        assert!(chrono::Datelike::year(&(now + max)) < 9999);
         assert!(now.checked_sub_signed(max).is_some());
     }
 
