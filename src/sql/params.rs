@@ -23,6 +23,9 @@
 //! (in Postgres, the `@@` text-search operator), never a parameter.
 //!
 //! Postgres is read with `standard_conforming_strings = on`, its default since 9.1.
+//!
+//! A `;` inside a body of statements does not split it: SQLite's `CREATE TRIGGER … BEGIN
+//! …; END` and Postgres's `BEGIN ATOMIC …; END` end at the first `;` after `END`.
 
 use crate::error::{Error, Result};
 
@@ -66,6 +69,7 @@ pub fn prepare(script: &str, dialect: Dialect) -> Result<Vec<Statement>> {
     let mut sql = String::new();
     let mut params: Vec<String> = Vec::new();
     let mut meaningful = false;
+    let mut words = Words::default();
     let mut i = 0;
     let mut copied = 0; // bytes of `script` up to here already copied to `sql`
     let flush = |sql: &mut String,
@@ -89,6 +93,7 @@ pub fn prepare(script: &str, dialect: Dialect) -> Result<Vec<Statement>> {
                 Opaque::Comment(end) => i = end,
                 Opaque::Literal(end) => {
                     meaningful = true;
+                    words.other();
                     i = end;
                 }
             }
@@ -145,17 +150,29 @@ pub fn prepare(script: &str, dialect: Dialect) -> Result<Vec<Statement>> {
                 }
                 copied = end;
                 meaningful = true;
+                words.other();
                 i = end;
             }
-            b';' => {
+            b';' if words.splits() => {
                 sql.push_str(&script[copied..i]);
                 copied = i + 1;
                 i += 1;
                 flush(&mut sql, &mut params, &mut meaningful, &mut statements);
+                words = Words::default();
             }
             c if c.is_ascii_whitespace() => i += 1,
+            c if c.is_ascii_alphabetic() || c == b'_' || c >= 0x80 => {
+                let end = bytes[i..]
+                    .iter()
+                    .position(|&b| !is_ident_byte(b))
+                    .map_or(bytes.len(), |p| i + p);
+                words.word(&script[i..end], dialect);
+                meaningful = true;
+                i = end;
+            }
             _ => {
                 meaningful = true;
+                words.other();
                 i += 1;
             }
         }
@@ -163,6 +180,54 @@ pub fn prepare(script: &str, dialect: Dialect) -> Result<Vec<Statement>> {
     sql.push_str(&script[copied..]);
     flush(&mut sql, &mut params, &mut meaningful, &mut statements);
     Ok(statements)
+}
+
+/// The keywords of the statement being read, so that a `;` inside a body that holds
+/// statements does not split it: SQLite's `CREATE [TEMP] TRIGGER … BEGIN …; …; END` and
+/// Postgres's `BEGIN ATOMIC …; END`. As in SQLite's own `sqlite3_complete()`, such a
+/// statement ends at the first `;` right after the keyword `END`.
+#[derive(Debug, Default)]
+struct Words {
+    /// The first three words, upper-cased.
+    leading: Vec<String>,
+    /// The previous token, when it was a word (upper-cased).
+    previous: Option<String>,
+    /// Inside a body whose statements end with `;`.
+    in_body: bool,
+}
+
+impl Words {
+    fn word(&mut self, word: &str, dialect: Dialect) {
+        let upper = word.to_ascii_uppercase();
+        if self.leading.len() < 3 {
+            self.leading.push(upper.clone());
+        }
+        let leading: Vec<&str> = self.leading.iter().map(String::as_str).collect();
+        match dialect {
+            Dialect::Sqlite
+                if matches!(
+                    leading.as_slice(),
+                    ["CREATE", "TRIGGER", ..] | ["CREATE", "TEMP" | "TEMPORARY", "TRIGGER"]
+                ) =>
+            {
+                self.in_body = true
+            }
+            Dialect::Postgres if upper == "ATOMIC" && self.previous.as_deref() == Some("BEGIN") => {
+                self.in_body = true
+            }
+            _ => {}
+        }
+        self.previous = Some(upper);
+    }
+
+    fn other(&mut self) {
+        self.previous = None;
+    }
+
+    /// Whether a `;` here ends the statement.
+    fn splits(&self) -> bool {
+        !self.in_body || self.previous.as_deref() == Some("END")
+    }
 }
 
 /// A stretch of text in which `@` and `;` are not syntax; the index just past it.
@@ -510,6 +575,31 @@ mod tests {
         );
         let e = prepare("SELECT '''never closed", Dialect::BigQuery).unwrap_err();
         assert!(e.to_string().contains("triple-quoted string"), "{e}");
+    }
+
+    #[test]
+    fn bodies_of_statements_are_not_split() {
+        let trigger = "CREATE TABLE IF NOT EXISTS t (a);\n\
+            CREATE TEMP TRIGGER IF NOT EXISTS tr AFTER INSERT ON t BEGIN\n\
+              UPDATE t SET a = a + 1; DELETE FROM t WHERE a > 10;\n\
+            END;\n\
+            INSERT INTO t VALUES (@scope)";
+        let s = prepare(trigger, Dialect::Sqlite).unwrap();
+        assert_eq!(s.len(), 3, "{s:?}");
+        assert!(s[1].sql.starts_with("CREATE TEMP TRIGGER") && s[1].sql.ends_with("END"));
+        assert_eq!(s[2].params, vec!["scope"]);
+        let atomic = "CREATE FUNCTION f(d date) RETURNS int LANGUAGE sql BEGIN ATOMIC \
+            DELETE FROM t WHERE day = d; SELECT 1; END; SELECT f(@scope_date)";
+        let s = prepare(atomic, Dialect::Postgres).unwrap();
+        assert_eq!(s.len(), 2, "{s:?}");
+        assert_eq!(s[1].params, vec!["scope_date"]);
+        // Elsewhere BEGIN/END are ordinary words: `BEGIN; …; COMMIT` splits.
+        assert_eq!(
+            prepare("BEGIN; SELECT 1; END;", Dialect::Sqlite)
+                .unwrap()
+                .len(),
+            3
+        );
     }
 
     #[test]
