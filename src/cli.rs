@@ -82,7 +82,7 @@ enum Command {
     Explain(RunArgs),
     /// Create or upgrade the store's tables.
     Migrate,
-    /// List the jobs in the jobs folder.
+    /// List the jobs in the jobs folder, validating every file (exit 2 naming each bad one).
     Jobs,
     /// Show recent runs from the ledger, newest first.
     Runs(RunsArgs),

@@ -541,7 +541,8 @@ impl Job {
 /// Only what is needed is read, so a broken job file never stops another job: first
 /// `JOBS_DIR/NAME.toml` (when its `name` is NAME); otherwise the file whose `name` is NAME,
 /// found by reading only the `name` key of each `*.toml`. Only that file is fully loaded
-/// and validated. `idem jobs` ([`scan_jobs`]) validates every file.
+/// and validated. `idem jobs` ([`scan_jobs`]) validates every file (and reports a name
+/// used by two files, where this takes `NAME.toml`).
 pub fn find_job(name_or_path: &str, jobs_dir: &Path, store_url: &str) -> Result<Job> {
     let job = find_job_file(name_or_path, jobs_dir)?;
     job.check(store_url)?;
