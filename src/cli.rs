@@ -21,7 +21,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::error::{Error, Result};
-use crate::job::{find_job, load_jobs, parse_duration, Job};
+use crate::job::{find_job, load_jobs, parse_duration_field, scan_jobs, Job};
 use crate::model::{parse_date, Mode, RunRequest, RunStatus, Trigger};
 use crate::processor::Registry;
 use crate::runner::{Explanation, RunReport, StoreFailurePolicy};
@@ -101,7 +101,7 @@ enum Command {
     Explain(ExplainArgs),
     /// Create or upgrade the store's tables.
     Migrate,
-    /// List the jobs in the jobs folder.
+    /// List the jobs in the jobs folder, validating every file (exit 2 naming each bad one).
     Jobs,
     /// Show recent runs from the ledger, newest first.
     Runs(RunsArgs),
@@ -248,7 +248,7 @@ struct PurgeArgs {
 
 #[derive(Debug, Args)]
 struct CleanupArgs {
-    /// Keep this much history (e.g. 30d).
+    /// Keep this much history (e.g. 30d; at most 36525d, 100 years).
     #[arg(long, default_value = "30d")]
     keep: String,
 }
@@ -462,9 +462,33 @@ async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
             Ok(EXIT_OK)
         }
         Command::Jobs => {
-            let jobs = load_jobs(&g.jobs_dir)?;
-            print_jobs(&jobs, g.format)?;
-            Ok(EXIT_OK)
+            // Every file is validated and every problem reported, not just the first.
+            let scan = scan_jobs(&g.jobs_dir, &g.store)?;
+            if scan.problems.is_empty() {
+                print_jobs(&scan.jobs, g.format)?;
+                return Ok(EXIT_OK);
+            }
+            let summary = format!(
+                "{} of {} job file(s) in {} are invalid",
+                scan.problems.len(),
+                scan.problems.len() + scan.jobs.len(),
+                g.jobs_dir.display()
+            );
+            match g.format {
+                Format::Json => print_json(&serde_json::json!({
+                    "error": summary,
+                    "exit_code": EXIT_USAGE,
+                    "problems": scan.problems,
+                    "jobs": job_docs(&scan.jobs)?,
+                })),
+                Format::Human if !scan.jobs.is_empty() => print_jobs(&scan.jobs, g.format)?,
+                Format::Human => {}
+            }
+            for p in &scan.problems {
+                eprintln!("error: {}", p.error);
+            }
+            eprintln!("error: {summary}");
+            Ok(EXIT_USAGE)
         }
         Command::Runs(args) => {
             let store = store::open(&g.store).await?;
@@ -536,10 +560,12 @@ async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
         }
         Command::Schedule(args) => schedule_command(args, &g),
         Command::Cleanup(args) => {
-            let keep = parse_duration(&args.keep)?;
-            let before = chrono::Utc::now()
-                - chrono::Duration::from_std(keep)
-                    .map_err(|e| Error::config(format!("--keep: {e}")))?;
+            // Bounded by MAX_DURATION, so the cutoff is always a valid time.
+            let keep = parse_duration_field("--keep", &args.keep)?;
+            let before = chrono::Duration::from_std(keep)
+                .ok()
+                .and_then(|keep| chrono::Utc::now().checked_sub_signed(keep))
+                .ok_or_else(|| Error::config(format!("--keep {:?} is too long", args.keep)))?;
             let store = store::open(&g.store).await?;
             let report = store.cleanup(before).await?;
             match g.format {
@@ -564,7 +590,7 @@ fn prepare(args: &RunArgs, g: &GlobalOptions) -> Result<(Job, RunRequest)> {
             "--from/--to backfill a range with `idem run`; explain takes one --date",
         ));
     }
-    let job = find_job(&args.job, &g.jobs_dir)?;
+    let job = find_job(&args.job, &g.jobs_dir, &g.store)?;
     let date = schedule::run_date(
         args.date.as_deref(),
         job.date.as_deref(),
@@ -627,7 +653,7 @@ async fn job_runner(
 /// `idem run JOB --from D1 --to D2`: every date in turn through the runner, as `idem run`
 /// runs one; stops early on a signal or a store error; exit 1 if a date failed.
 async fn run_backfill(args: &RunArgs, g: &GlobalOptions, registry: &Registry) -> Result<u8> {
-    let job = find_job(&args.job, &g.jobs_dir)?;
+    let job = find_job(&args.job, &g.jobs_dir, &g.store)?;
     let dates = schedule::backfill_dates(
         args.from.as_deref().unwrap_or_default(),
         args.to.as_deref().unwrap_or_default(),
@@ -756,7 +782,7 @@ fn scheduled_job(job: &Job) -> Result<ScheduledJob> {
 fn scheduled_jobs(name: Option<&str>, g: &GlobalOptions) -> Result<Vec<ScheduledJob>> {
     let jobs = match name {
         Some(name) => {
-            let job = find_job(name, &g.jobs_dir)?;
+            let job = find_job(name, &g.jobs_dir, &g.store)?;
             if job.schedule.is_none() {
                 return Err(Error::config(format!(
                     "job {} has no schedule (set schedule = \"...\" in {})",
@@ -766,7 +792,7 @@ fn scheduled_jobs(name: Option<&str>, g: &GlobalOptions) -> Result<Vec<Scheduled
             }
             vec![job]
         }
-        None => load_jobs(&g.jobs_dir)?,
+        None => load_jobs(&g.jobs_dir, &g.store)?,
     };
     jobs.iter()
         .filter(|j| j.schedule.is_some())
@@ -950,23 +976,25 @@ fn print_explanation(e: &Explanation, format: Format) {
     }
 }
 
+fn job_docs(jobs: &[Job]) -> Result<Vec<serde_json::Value>> {
+    jobs.iter()
+        .map(|j| {
+            Ok(serde_json::json!({
+                "name": j.name,
+                "processor": j.processor,
+                "schedule": j.schedule,
+                "mode": j.mode()?.as_str(),
+                "guards": j.guard_stack()?.names(),
+                "path": j.path,
+                "description": j.description,
+            }))
+        })
+        .collect()
+}
+
 fn print_jobs(jobs: &[Job], format: Format) -> Result<()> {
     if format == Format::Json {
-        let docs: Vec<serde_json::Value> = jobs
-            .iter()
-            .map(|j| {
-                Ok(serde_json::json!({
-                    "name": j.name,
-                    "processor": j.processor,
-                    "schedule": j.schedule,
-                    "mode": j.mode()?.as_str(),
-                    "guards": j.guard_stack()?.names(),
-                    "path": j.path,
-                    "description": j.description,
-                }))
-            })
-            .collect::<Result<_>>()?;
-        print_json(&docs);
+        print_json(&job_docs(jobs)?);
         return Ok(());
     }
     if jobs.is_empty() {
