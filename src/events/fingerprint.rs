@@ -68,7 +68,7 @@ impl EventSignature {
     ///
     /// ```
     /// use idem::events::EventSignature;
-    /// let at = "2025-11-18T10:00:00+01:00".parse().unwrap();
+    /// let at: chrono::DateTime<chrono::FixedOffset> = "2025-11-18T10:00:00+01:00".parse().unwrap();
     /// let s = EventSignature::new(at, "acc-1", "BTC-USD", "buy", "100.50", 5, "trade").unwrap();
     /// assert_eq!(s.timestamp_iso(), "2025-11-18T09:00:00+00:00");
     /// assert!(EventSignature::new(at, "acc-1", "BTC-USD", "buy", "1,5", 5, "trade").is_err());
@@ -182,7 +182,7 @@ impl EventSignature {
 /// let a = EventSignature::from_json(r#"{"timestamp": "2025-11-18T09:00:00Z",
 ///     "account_id": "acc-1", "product_id": "BTC-USD", "side": "buy",
 ///     "price": "100.50", "quantity": 5, "event_type": "trade"}"#).unwrap();
-/// let b = EventSignature::from_json(r#"{"timestamp": "2025-11-18T10:00:00+01:00",
+/// let b = EventSignature::from_json(r#"{"timestamp": "2025-11-18T11:00:00+01:00",
 ///     "account_id": "acc-2", "product_id": "ETH-USD", "side": "sell",
 ///     "price": "2500.00", "quantity": 2, "event_type": "trade"}"#).unwrap();
 /// let fp = fingerprint(&[a.clone(), b.clone()]);
