@@ -7,13 +7,20 @@
 //! * [`fingerprint`]: one SHA-256 value for a set of trade events, byte-compatible with
 //!   the Python services that already compute it (seed 000), so a Rust service and a
 //!   Python one agree on "the same events";
+//! * [`extract`]: how one event's identity (its dedup key) is taken from it: a field, a
+//!   composite of fields, a content hash, a time bucket of the event's own timestamp.
 //!
 //! Every problem with an event is an [`EventError`] naming the field; lists of events wrap
 //! it in an [`InvalidEvent`] naming the event's position, so a bad line in a file of a
 //! million is found at once.
 
+pub mod extract;
 pub mod fingerprint;
 
+pub use extract::{
+    CompositeExtractor, ContentHashExtractor, Extractor, FieldExtractor, FieldPath,
+    TimeBucketExtractor,
+};
 pub use fingerprint::{fingerprint, fingerprint_json, signature_json, EventSignature};
 
 /// What is wrong with one event.
