@@ -33,7 +33,7 @@ pub enum EventError {
         /// The parser's message.
         message: String,
     },
-    /// A field the event needs is absent (or `null`).
+    /// A field the event needs is absent (`null` is a [`EventError::WrongType`]).
     #[error("field `{field}` is missing")]
     MissingField {
         /// The field, as a dotted path for nested fields.
