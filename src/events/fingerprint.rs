@@ -34,7 +34,7 @@
 //! sorting compares integers first, and the JSON text is produced straight into the hash
 //! in 16 KiB chunks, never as one string.
 
-use chrono::{DateTime, Datelike, FixedOffset, Timelike, Utc};
+use chrono::{DateTime, FixedOffset, Timelike, Utc};
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
@@ -238,16 +238,6 @@ pub fn signature_json(events: &[EventSignature]) -> String {
 const CHUNK: usize = 16 * 1024;
 
 fn write_sorted(events: &[EventSignature], mut emit: impl FnMut(&[u8])) {
-    // Each event's row is written in input order first (reading the events front to back
-    // is several times faster than hopping between them in sorted order), then the rows
-    // are copied out in sorted order from one contiguous buffer.
-    let mut rows = Vec::with_capacity(events.len() * 96);
-    let mut ends = Vec::with_capacity(events.len());
-    let mut timestamps = TimestampWriter::default();
-    for e in events {
-        write_row(&mut rows, &mut timestamps, e);
-        ends.push(rows.len());
-    }
     // Sort (timestamp, index) pairs, plain integers, then put each run of equal
     // timestamps in the order of the other fields.
     let mut order: Vec<(i64, usize)> = events
@@ -265,17 +255,41 @@ fn write_sorted(events: &[EventSignature], mut emit: impl FnMut(&[u8])) {
         }
         start = end;
     }
+    let mut timestamps = TimestampWriter::default();
     let mut buf = Vec::with_capacity(CHUNK + 512);
     buf.push(b'[');
-    for (n, &(_, i)) in order.iter().enumerate() {
-        if n > 0 {
-            buf.extend_from_slice(b", ");
+    if order.iter().enumerate().all(|(n, o)| o.1 == n) {
+        // Already in order (the usual case): one pass.
+        for (n, e) in events.iter().enumerate() {
+            if n > 0 {
+                buf.extend_from_slice(b", ");
+            }
+            write_row(&mut buf, &mut timestamps, e);
+            if buf.len() >= CHUNK {
+                emit(&buf);
+                buf.clear();
+            }
         }
-        let from = if i == 0 { 0 } else { ends[i - 1] };
-        buf.extend_from_slice(&rows[from..ends[i]]);
-        if buf.len() >= CHUNK {
-            emit(&buf);
-            buf.clear();
+    } else {
+        // Each row is written in input order first (reading the events front to back is
+        // much faster than hopping between them and their strings in sorted order), then
+        // the rows are copied out in sorted order from one contiguous buffer.
+        let mut rows = Vec::with_capacity(events.len() * 96);
+        let mut ends = Vec::with_capacity(events.len());
+        for e in events {
+            write_row(&mut rows, &mut timestamps, e);
+            ends.push(rows.len());
+        }
+        for (n, &(_, i)) in order.iter().enumerate() {
+            if n > 0 {
+                buf.extend_from_slice(b", ");
+            }
+            let from = if i == 0 { 0 } else { ends[i - 1] };
+            buf.extend_from_slice(&rows[from..ends[i]]);
+            if buf.len() >= CHUNK {
+                emit(&buf);
+                buf.clear();
+            }
         }
     }
     buf.push(b']');
@@ -624,6 +638,7 @@ fn parse_quantity(raw: Option<&RawValue>) -> Result<i128, EventError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use chrono::Datelike;
 
     fn event(fields: &str) -> String {
         let mut base = serde_json::json!({
