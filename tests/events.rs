@@ -215,5 +215,12 @@ fn cli_malformed_line_is_exit_2_naming_the_line() {
 #[test]
 fn cli_help_lists_fingerprint() {
     let out = Command::new(IDEM).arg("--help").output().unwrap();
-    assert!(String::from_utf8_lossy(&out.stdout).contains("fingerprint"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("  fingerprint "), "{text}");
+    let out = Command::new(IDEM)
+        .args(["fingerprint", "--help"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("[FILE]") && text.contains("NDJSON"), "{text}");
 }

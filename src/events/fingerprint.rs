@@ -739,6 +739,20 @@ mod tests {
     }
 
     #[test]
+    fn numeric_price_text_is_the_number_alone() {
+        let line = "{\"timestamp\":\"2025-11-18T09:00:00Z\",\"account_id\":\"a\",\"product_id\":\"p\",\
+                    \"side\":\"buy\",\"price\" :\t 100.50 \n,\"quantity\": -0 ,\"event_type\":\"t\"}";
+        let s = EventSignature::from_json(line).unwrap();
+        assert_eq!(s.price(), "100.50");
+        assert_eq!(s.quantity(), 0);
+        let dup = r#"{"price": "1", "price": "2"}"#;
+        assert!(matches!(
+            EventSignature::from_json(dup),
+            Err(EventError::Malformed { .. })
+        ));
+    }
+
+    #[test]
     fn decimal_grammar() {
         for ok in ["0", "-0", "100.50", "1e3", "1.5E-3", "-12.000"] {
             assert!(check_decimal(ok).is_ok(), "{ok}");
