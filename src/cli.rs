@@ -112,6 +112,9 @@ enum Command {
     /// List the scheduled jobs and their next fire times; `schedule export` writes them
     /// out for cron or Cloud Scheduler.
     Schedule(ScheduleArgs),
+    /// Print the fingerprint of a set of trade events (NDJSON), as the Python services
+    /// compute it: SHA-256 of the sorted event signatures.
+    Fingerprint(FingerprintArgs),
 }
 
 #[derive(Debug, Args)]
@@ -251,6 +254,12 @@ struct CleanupArgs {
     /// Keep this much history (e.g. 30d; at most 36525d, 100 years).
     #[arg(long, default_value = "30d")]
     keep: String,
+}
+
+#[derive(Debug, Args)]
+struct FingerprintArgs {
+    /// NDJSON file of events, one JSON object a line (default: standard input).
+    file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -559,6 +568,16 @@ async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
             Ok(EXIT_OK)
         }
         Command::Schedule(args) => schedule_command(args, &g),
+        Command::Fingerprint(args) => {
+            let (fingerprint, events) = fingerprint_events(args.file.as_deref())?;
+            match g.format {
+                Format::Json => {
+                    print_json(&serde_json::json!({"fingerprint": fingerprint, "events": events}))
+                }
+                Format::Human => println!("{fingerprint}"),
+            }
+            Ok(EXIT_OK)
+        }
         Command::Cleanup(args) => {
             // Bounded by MAX_DURATION, so the cutoff is always a valid time.
             let keep = parse_duration_field("--keep", &args.keep)?;
@@ -1012,4 +1031,36 @@ fn print_jobs(jobs: &[Job], format: Format) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// `idem fingerprint`: reads NDJSON events (blank lines skipped) from `file` or standard
+/// input; a line that is not an event is an error naming the line and the field.
+fn fingerprint_events(file: Option<&std::path::Path>) -> Result<(String, usize)> {
+    use std::io::BufRead;
+    let (name, reader): (String, Box<dyn BufRead>) = match file {
+        Some(path) => {
+            let f = std::fs::File::open(path)
+                .map_err(|e| Error::config(format!("cannot read {}: {e}", path.display())))?;
+            (
+                path.display().to_string(),
+                Box::new(std::io::BufReader::with_capacity(1 << 16, f)),
+            )
+        }
+        None => ("standard input".into(), Box::new(std::io::stdin().lock())),
+    };
+    let mut signatures = Vec::new();
+    for (i, line) in reader.split(b'\n').enumerate() {
+        let at = || format!("{name} line {}", i + 1);
+        let line = line.map_err(|e| Error::config(format!("cannot read {}: {e}", at())))?;
+        let line = std::str::from_utf8(&line)
+            .map_err(|_| Error::config(format!("{}: not UTF-8 text", at())))?;
+        let line = line.strip_suffix('\r').unwrap_or(line);
+        if line.trim().is_empty() {
+            continue;
+        }
+        let signature = crate::events::EventSignature::from_json(line)
+            .map_err(|e| Error::config(format!("{}: {e}", at())))?;
+        signatures.push(signature);
+    }
+    Ok((crate::events::fingerprint(&signatures), signatures.len()))
 }
