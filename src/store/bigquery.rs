@@ -374,12 +374,25 @@ impl BigQueryStore {
         self.conn.calls()
     }
 
-    fn err(&self, e: impl std::fmt::Display) -> Error {
-        Error::store(&self.url, e)
+    /// A failed call: [`Error::StoreUnavailable`] when BigQuery could not be reached or
+    /// could not answer, [`Error::StoreRejected`] when it refused the statement.
+    fn err(&self, e: ApiError) -> Error {
+        if e.is_outage() {
+            Error::store(&self.url, e)
+        } else {
+            Error::StoreRejected {
+                store: self.url.clone(),
+                operation: format!("the {} statement", e.operation),
+                message: e.to_string(),
+            }
+        }
     }
 
     fn bad_row(&self, operation: &str, e: String) -> Error {
-        self.err(format!("bigquery {operation}: unexpected result row: {e}"))
+        Error::store(
+            &self.url,
+            format!("bigquery {operation}: unexpected result row: {e}"),
+        )
     }
 
     async fn query(&self, operation: &str, sql: &str, params: Vec<Param>) -> Result<QueryOutput> {
@@ -656,9 +669,10 @@ impl Store for BigQueryStore {
                 expires_at: now,
             }));
         }
-        Err(self.err(format!(
-            "lease claim did not settle after {CLAIM_ATTEMPTS} attempts"
-        )))
+        Err(Error::store(
+            &self.url,
+            format!("lease claim did not settle after {CLAIM_ATTEMPTS} attempts"),
+        ))
     }
 
     async fn lease_holder(
