@@ -112,6 +112,20 @@ enum Command {
     /// List the scheduled jobs and their next fire times; `schedule export` writes them
     /// out for cron or Cloud Scheduler.
     Schedule(ScheduleArgs),
+    /// Fire the scheduled jobs at their times, each through the guards like `idem run`
+    /// (trigger scheduler), until SIGTERM or SIGINT.
+    Scheduler(SchedulerArgs),
+}
+
+#[derive(Debug, Args)]
+struct SchedulerArgs {
+    /// Only these jobs (names in --jobs-dir or paths to .toml files); default every job
+    /// with a schedule.
+    jobs: Vec<String>,
+    /// After SIGTERM/SIGINT, how long running jobs may take to finish before they are
+    /// stopped and recorded as interrupted (their leases released).
+    #[arg(long, default_value = "30s")]
+    grace: String,
 }
 
 #[derive(Debug, Args)]
@@ -168,7 +182,7 @@ struct ExportArgs {
     image_jobs_dir: String,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 struct RunArgs {
     /// Job name (in --jobs-dir) or path to a job .toml file.
     job: String,
@@ -325,7 +339,12 @@ pub fn main_with(registry: Registry) -> ExitCode {
             return ExitCode::from(if e.use_stderr() { EXIT_USAGE } else { EXIT_OK });
         }
     };
-    init_logging();
+    init_logging(if matches!(cli.command, Command::Scheduler(_)) {
+        // One line per fire.
+        "warn,idem::scheduler=info"
+    } else {
+        "warn"
+    });
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -340,9 +359,9 @@ pub fn main_with(registry: Registry) -> ExitCode {
     ExitCode::from(code)
 }
 
-fn init_logging() {
+fn init_logging(default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -535,6 +554,7 @@ async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
             Ok(EXIT_OK)
         }
         Command::Schedule(args) => schedule_command(args, &g),
+        Command::Scheduler(args) => scheduler_command(args, &g, registry).await,
         Command::Cleanup(args) => {
             let keep = parse_duration(&args.keep)?;
             let before = chrono::Utc::now()
@@ -701,6 +721,219 @@ async fn run_backfill(args: &RunArgs, g: &GlobalOptions, registry: &Registry) ->
     }
 }
 
+/// Listens for SIGTERM and SIGINT from now on (unlike [`shutdown_signal`], which starts
+/// listening when first polled); resolves to the first signal's name.
+fn shutdown_listener(
+) -> Result<std::pin::Pin<Box<dyn std::future::Future<Output = &'static str> + Send>>> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let listen = |kind| {
+            signal(kind).map_err(|e| Error::config(format!("cannot listen for signals: {e}")))
+        };
+        let (mut term, mut int) = (
+            listen(SignalKind::terminate())?,
+            listen(SignalKind::interrupt())?,
+        );
+        Ok(Box::pin(async move {
+            tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = int.recv() => "SIGINT",
+            }
+        }))
+    }
+    #[cfg(not(unix))]
+    {
+        Ok(Box::pin(async {
+            let _ = tokio::signal::ctrl_c().await;
+            "SIGINT"
+        }))
+    }
+}
+
+/// What one scheduled job needs to fire: its file, the `idem run` arguments a fire stands
+/// for, the runner and the processor (stopped when the grace period ends).
+struct FireTarget {
+    job: Job,
+    args: RunArgs,
+    runner: crate::runner::Runner,
+    processor: Arc<dyn crate::processor::Processor>,
+}
+
+/// `idem scheduler [JOB...] [--grace 30s]`: fires each job's slots through the runner
+/// `idem run` uses (trigger scheduler, the date derived from the slot in the job's zone);
+/// stops on SIGTERM/SIGINT after the grace period; exit 0.
+async fn scheduler_command(
+    args: SchedulerArgs,
+    g: &GlobalOptions,
+    registry: &Registry,
+) -> Result<u8> {
+    use schedule::scheduler::{self as sched, Clock};
+    let grace = parse_duration(&args.grace).map_err(|e| Error::config(format!("--grace: {e}")))?;
+    let jobs: Vec<Job> = if args.jobs.is_empty() {
+        load_jobs(&g.jobs_dir)?
+            .into_iter()
+            .filter(|j| j.schedule.is_some())
+            .collect()
+    } else {
+        let mut jobs = Vec::new();
+        for name in &args.jobs {
+            let job = find_job(name, &g.jobs_dir)?;
+            if job.schedule.is_none() {
+                return Err(Error::config(format!(
+                    "job {} has no schedule (set schedule = \"...\" in {})",
+                    job.name,
+                    job.path.display()
+                )));
+            }
+            if jobs.iter().any(|j: &Job| j.name == job.name) {
+                return Err(Error::config(format!("job {} is named twice", job.name)));
+            }
+            jobs.push(job);
+        }
+        jobs
+    };
+    if jobs.is_empty() {
+        return Err(Error::config(format!(
+            "no job in {} has a schedule: nothing to fire",
+            g.jobs_dir.display()
+        )));
+    }
+    let scheduled = jobs.iter().map(scheduled_job).collect::<Result<Vec<_>>>()?;
+    // Listen before anything fires, so a signal is never the default (fatal) one.
+    let shutdown = shutdown_listener()?;
+    let clock: Arc<dyn Clock> = Arc::new(sched::SystemClock);
+    let mut planner = sched::Planner::new(&scheduled, clock.now())?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(None::<String>);
+    let mut targets = std::collections::HashMap::new();
+    for (job, s) in jobs.into_iter().zip(&scheduled) {
+        let run_args = RunArgs {
+            job: job.name.clone(),
+            date: None,
+            scheduled_at: None,
+            from: None,
+            to: None,
+            scope: None,
+            trigger: Some(TriggerArg::Scheduler),
+            mode: None,
+            on_store_failure: None,
+            run_id: None,
+        };
+        let (runner, processor) = job_runner(&job, &run_args, g, registry).await?;
+        // The scheduler, not the runner, decides when a signal stops a run: after the
+        // grace period, through StopOnShutdown.
+        let runner = runner.interruptible(false);
+        if matches!(s.missed, schedule::Missed::CatchUp { .. }) {
+            let recent = runner
+                .store()
+                .runs(&RunFilter {
+                    processor: Some(job.name.clone()),
+                    scope: None,
+                    status: None,
+                    since: None,
+                    limit: 1000,
+                })
+                .await?;
+            if let Some(last) = recent.iter().find(|r| r.trigger == Trigger::Scheduler) {
+                planner.resume_after(&job.name, last.started_at);
+            }
+        }
+        let processor: Arc<dyn crate::processor::Processor> =
+            Arc::new(sched::StopOnShutdown::new(processor, stop_rx.clone()));
+        targets.insert(
+            job.name.clone(),
+            FireTarget {
+                job,
+                args: run_args,
+                runner,
+                processor,
+            },
+        );
+    }
+    let names: Vec<String> = planner
+        .jobs()
+        .map(|(name, missed)| match missed {
+            schedule::Missed::Skip => name.to_string(),
+            schedule::Missed::CatchUp { limit } => format!("{name} (catch_up {limit})"),
+        })
+        .collect();
+    tracing::info!(target: "idem::scheduler", "scheduler started with {} job(s): {}", names.len(), names.join(", "));
+    let targets = Arc::new(targets);
+    let fire = move |f: sched::Fire| {
+        let targets = targets.clone();
+        async move { fire_one(&targets, f).await }
+    };
+    let summary = sched::run_loop(&mut planner, clock, fire, shutdown, grace, stop_tx).await?;
+    tracing::info!(
+        target: "idem::scheduler",
+        "scheduler stopped: {} fire(s), {} missed slot(s) dropped, {} interrupted",
+        summary.fired,
+        summary.dropped,
+        summary.interrupted
+    );
+    Ok(EXIT_OK)
+}
+
+/// Runs one fire as `idem run JOB --date DATE --trigger scheduler` would, and logs one
+/// line for it.
+async fn fire_one(
+    targets: &std::collections::HashMap<String, FireTarget>,
+    f: schedule::scheduler::Fire,
+) {
+    let Some(t) = targets.get(&f.job) else {
+        return;
+    };
+    let slot = if f.catch_up {
+        format!("{} (catch-up)", f.local)
+    } else {
+        f.local.clone()
+    };
+    let request = match request_for(&t.args, &t.job, f.date) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!(target: "idem::scheduler", "fire {} slot {slot} date {}: {e}", f.job, f.date);
+            return;
+        }
+    };
+    match t.runner.run(&*t.processor, request).await {
+        Ok(report) => {
+            let outcome = match report.status {
+                RunStatus::Completed => format!(
+                    "completed, {} record(s) in {} ms",
+                    report.records_processed.unwrap_or(0),
+                    report.duration_ms
+                ),
+                RunStatus::Skipped => format!(
+                    "skipped ({})",
+                    report
+                        .skip_reason
+                        .as_ref()
+                        .map_or("unknown", |r| r.as_str())
+                ),
+                RunStatus::Failed => format!(
+                    "failed: {}",
+                    report.error.as_deref().unwrap_or("unknown error")
+                ),
+            };
+            let line = format!(
+                "fire {} slot {slot} date {}: {outcome}; run {}",
+                f.job, f.date, report.run_id
+            );
+            if report.status == RunStatus::Failed {
+                tracing::warn!(target: "idem::scheduler", "{line}");
+            } else {
+                tracing::info!(target: "idem::scheduler", "{line}");
+            }
+        }
+        Err(e) => tracing::error!(
+            target: "idem::scheduler",
+            "fire {} slot {slot} date {}: not run: {e}",
+            f.job,
+            f.date
+        ),
+    }
+}
+
 async fn shutdown_signal() {
     #[cfg(unix)]
     {
@@ -748,6 +981,7 @@ fn scheduled_job(job: &Job) -> Result<ScheduledJob> {
         date: job.date.clone(),
         lease: job.lease_ttl()?,
         path: job.path.clone(),
+        missed: job.missed_policy()?,
     })
 }
 
