@@ -22,7 +22,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::error::{Error, Result};
 use crate::job::{find_job, load_jobs, parse_duration, Job};
-use crate::model::{parse_date, Mode, RunRequest, RunStatus, Trigger};
+use crate::model::{Mode, RunRequest, RunStatus, Trigger};
 use crate::processor::Registry;
 use crate::runner::{Explanation, RunReport, StoreFailurePolicy};
 use crate::schedule::{self, export, JobPlan, ScheduledJob};
@@ -246,18 +246,33 @@ struct RunsArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("what").required(true).args(["date", "scope", "from", "all"])))]
 struct PurgeArgs {
-    /// Job name (the processor identity in the ledger).
+    /// Job name (in --jobs-dir) or path to a job .toml file; it must exist.
     job: String,
-    /// Only this date's scope.
-    #[arg(long, conflicts_with_all = ["scope", "all"])]
+    /// Only this date's scope (YYYY-MM-DD, today, yesterday, today-N in the job's zone).
+    #[arg(long, allow_hyphen_values = true, conflicts_with_all = ["scope", "all", "from"])]
     date: Option<String>,
     /// Only this scope.
-    #[arg(long, conflicts_with = "all")]
+    #[arg(long, conflicts_with_all = ["all", "from"])]
     scope: Option<String>,
+    /// Every date's scope from this one ...
+    #[arg(
+        long,
+        requires = "to",
+        allow_hyphen_values = true,
+        conflicts_with = "all"
+    )]
+    from: Option<String>,
+    /// ... to this one, inclusive.
+    #[arg(long, requires = "from", allow_hyphen_values = true)]
+    to: Option<String>,
     /// Every scope of the job.
     #[arg(long)]
     all: bool,
+    /// Do not ask (required when stdin is not a terminal).
+    #[arg(long)]
+    yes: bool,
 }
 
 #[derive(Debug, Args)]
@@ -530,29 +545,7 @@ async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
             }
             Ok(EXIT_OK)
         }
-        Command::Purge(args) => {
-            let scope = match (&args.date, &args.scope, args.all) {
-                (Some(d), _, _) => Some(parse_date(d)?.format("%Y-%m-%d").to_string()),
-                (None, Some(s), _) => Some(s.clone()),
-                (None, None, true) => None,
-                (None, None, false) => {
-                    return Err(Error::config("purge needs --date, --scope or --all"))
-                }
-            };
-            let store = store::open(&g.store).await?;
-            let deleted = store.purge(&args.job, scope.as_deref()).await?;
-            match g.format {
-                Format::Json => print_json(
-                    &serde_json::json!({"job": args.job, "scope": scope, "keys_deleted": deleted}),
-                ),
-                Format::Human => outln!(
-                    "purged {deleted} processing key(s) of {} ({})",
-                    args.job,
-                    scope.as_deref().unwrap_or("all scopes")
-                ),
-            }
-            Ok(EXIT_OK)
-        }
+        Command::Purge(args) => purge_command(args, &g).await,
         Command::Schedule(args) => schedule_command(args, &g),
         Command::Scheduler(args) => scheduler_command(args, &g, registry).await,
         Command::Cleanup(args) => {
@@ -970,6 +963,133 @@ fn print_backfill_line(report: &RunReport) {
     }
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{line}");
+}
+
+/// `idem purge JOB (--date D | --scope S | --from D1 --to D2 | --all) [--yes]`: deletes the
+/// job's processing keys for those scopes, after asking on a terminal, and records the purge
+/// in the ledger as one run of the job: trigger `manual`, status `skipped`, skip reason
+/// `purged`, mode `off`, scope the purged scope (`D1..D2` for a range, `*` for `--all`),
+/// `output.purge` = what was purged and how many keys.
+async fn purge_command(args: PurgeArgs, g: &GlobalOptions) -> Result<u8> {
+    use std::io::IsTerminal;
+    let job = find_job(&args.job, &g.jobs_dir)?;
+    let tz = scheduled_job(&job)?.tz()?;
+    let now = chrono::Utc::now();
+    let today = schedule::DateExpr::DaysAgo(0).resolve(tz, now)?;
+    // (the ledger scope, its date, the key scopes to purge: None = all)
+    let (label, scope_date, scopes): (String, chrono::NaiveDate, Option<Vec<String>>) =
+        match (&args.date, &args.scope, &args.from, &args.to) {
+            (Some(d), _, _, _) => {
+                let date = schedule::DateExpr::parse(d)
+                    .and_then(|e| e.resolve(tz, now).map_err(|e| e.to_string()))
+                    .map_err(|e| Error::config(format!("--date: {e}")))?;
+                let scope = date.format("%Y-%m-%d").to_string();
+                (scope.clone(), date, Some(vec![scope]))
+            }
+            (None, Some(scope), _, _) => (scope.clone(), today, Some(vec![scope.clone()])),
+            (None, None, Some(from), Some(to)) => {
+                let dates = schedule::backfill_dates(from, to, tz, now)?;
+                let (first, last) = (dates[0], dates[dates.len() - 1]);
+                (
+                    format!("{first}..{last}"),
+                    first,
+                    Some(
+                        dates
+                            .iter()
+                            .map(|d| d.format("%Y-%m-%d").to_string())
+                            .collect(),
+                    ),
+                )
+            }
+            _ => ("*".to_string(), today, None),
+        };
+    // The ledger row is validated before anything is deleted (a control character in
+    // --scope is refused here).
+    let request = RunRequest::new(job.name.clone(), scope_date)
+        .with_trigger(Trigger::Manual)
+        .with_scope(label.clone());
+    request.validate()?;
+    let what = match &scopes {
+        None => format!("every scope of {}", job.name),
+        Some(s) if s.len() == 1 => format!("{} for {}", job.name, s[0]),
+        Some(s) => format!("{} for {} date(s) {label}", job.name, s.len()),
+    };
+    if !args.yes {
+        if !std::io::stdin().is_terminal() {
+            return Err(Error::config(format!(
+                "purge deletes the processing keys of {what}, and stdin is not a terminal to \
+                 ask on: add --yes to purge without asking"
+            )));
+        }
+        errln!(
+            "purge the processing keys of {what} in {}? The next runs of those scopes will \
+             not be skipped and will redo the work. [y/N] ",
+            g.store
+        );
+        let mut answer = String::new();
+        let _ = std::io::stdin().read_line(&mut answer);
+        if !matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes") {
+            errln!("purge cancelled: nothing deleted");
+            return Ok(EXIT_RUN_FAILED);
+        }
+    }
+    let store = store::open(&g.store).await?;
+    let started_at = chrono::Utc::now();
+    let mut deleted = 0;
+    match &scopes {
+        None => deleted += store.purge(&job.name, None).await?,
+        Some(list) => {
+            for scope in list {
+                deleted += store.purge(&job.name, Some(scope)).await?;
+            }
+        }
+    }
+    let finished_at = chrono::Utc::now();
+    let run = crate::model::RunRecord {
+        run_id: request.run_id.clone(),
+        processor: job.name.clone(),
+        scope: label.clone(),
+        scope_date,
+        trigger: Trigger::Manual,
+        mode: Mode::Off,
+        started_at,
+        finished_at,
+        duration_ms: (finished_at - started_at).num_milliseconds(),
+        status: RunStatus::Skipped,
+        skip_reason: Some(crate::model::SkipReason::Custom("purged".into())),
+        would_skip_reason: None,
+        previous_run_id: None,
+        records_processed: None,
+        processing_key: None,
+        error: None,
+        output: Some(serde_json::json!({"purge": {
+            "scope": label,
+            "scopes": scopes.as_ref().map_or(0, Vec::len),
+            "all": scopes.is_none(),
+            "keys_deleted": deleted,
+        }})),
+    };
+    store
+        .finish(&store::Finish {
+            run,
+            keys: Vec::new(),
+            lease: None,
+        })
+        .await?;
+    match g.format {
+        Format::Json => print_json(&serde_json::json!({
+            "job": job.name,
+            "scope": label,
+            "scopes": scopes,
+            "keys_deleted": deleted,
+            "run_id": request.run_id,
+        })),
+        Format::Human => {
+            outln!("purged {deleted} processing key(s) of {what}");
+            outln!("  recorded as run {} (skipped: purged)", request.run_id);
+        }
+    }
+    Ok(EXIT_OK)
 }
 
 /// What the schedule module needs of a job.
