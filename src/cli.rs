@@ -277,9 +277,19 @@ struct PurgeArgs {
 
 #[derive(Debug, Args)]
 struct CleanupArgs {
-    /// Keep this much history (e.g. 30d).
+    /// Keep this much history of keys, leases and event keys (e.g. 30d).
     #[arg(long, default_value = "30d")]
     keep: String,
+    /// Keep this much of the ledger; older rows go, except those a kept key points at.
+    #[arg(long, default_value = "90d")]
+    keep_runs: String,
+    /// Count what would be deleted; delete nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// At most this many rows per delete statement (each its own transaction).
+    #[arg(long, default_value_t = store::DEFAULT_CLEANUP_BATCH as u64,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    batch: u64,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -554,19 +564,7 @@ async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
                 - chrono::Duration::from_std(keep)
                     .map_err(|e| Error::config(format!("--keep: {e}")))?;
             let store = store::open(&g.store).await?;
-            let report = store.cleanup(before).await?;
-            match g.format {
-                Format::Json => print_json(&report),
-                Format::Human => outln!(
-                    "deleted {} key(s), {} run(s), {} lease(s), {} event key(s) older than {}",
-                    report.keys_deleted,
-                    report.runs_deleted,
-                    report.leases_deleted,
-                    report.event_keys_deleted,
-                    before.format("%Y-%m-%d %H:%M:%S UTC")
-                ),
-            }
-            Ok(EXIT_OK)
+            cleanup_command(&*store, before, &args, g.format).await
         }
     }
 }
@@ -963,6 +961,72 @@ fn print_backfill_line(report: &RunReport) {
     }
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{line}");
+}
+
+/// `idem cleanup`: keys, leases and event keys older than `before` (`--keep`), ledger rows
+/// older than `--keep-runs` that no kept key points at, in batches; counts per table.
+async fn cleanup_command(
+    store: &DynStore,
+    before: chrono::DateTime<chrono::Utc>,
+    args: &CleanupArgs,
+    format: Format,
+) -> Result<u8> {
+    let keep_runs =
+        parse_duration(&args.keep_runs).map_err(|e| Error::config(format!("--keep-runs: {e}")))?;
+    let runs_before = chrono::Utc::now()
+        - chrono::Duration::from_std(keep_runs)
+            .map_err(|e| Error::config(format!("--keep-runs: {e}")))?;
+    let policy = store::CleanupPolicy {
+        runs_before,
+        batch: args.batch as usize,
+        dry_run: args.dry_run,
+        ..store::CleanupPolicy::before(before)
+    };
+    let report = store.cleanup(&policy).await?;
+    let verb = if args.dry_run {
+        "would delete"
+    } else {
+        "deleted"
+    };
+    match format {
+        Format::Json => print_json(&serde_json::json!({
+            "dry_run": args.dry_run,
+            "keys_before": policy.keys_before,
+            "runs_before": policy.runs_before,
+            "tables": {
+                "processing_keys": report.keys_deleted,
+                "processing_runs": report.runs_deleted,
+                "processing_leases": report.leases_deleted,
+                "event_keys": report.event_keys_deleted,
+            },
+            "keys_deleted": report.keys_deleted,
+            "runs_deleted": report.runs_deleted,
+            "leases_deleted": report.leases_deleted,
+            "event_keys_deleted": report.event_keys_deleted,
+        })),
+        Format::Human => {
+            let keys = policy.keys_before.format("%Y-%m-%d %H:%M:%S UTC");
+            let runs = policy.runs_before.format("%Y-%m-%d %H:%M:%S UTC");
+            outln!("{verb} from {}:", store.describe());
+            outln!(
+                "  processing_keys   {:>10}  processed before {keys}",
+                report.keys_deleted
+            );
+            outln!(
+                "  processing_runs   {:>10}  started before {runs}, no kept key pointing at them",
+                report.runs_deleted
+            );
+            outln!(
+                "  processing_leases {:>10}  expired before {keys}",
+                report.leases_deleted
+            );
+            outln!(
+                "  event_keys        {:>10}  first seen before {keys}",
+                report.event_keys_deleted
+            );
+        }
+    }
+    Ok(EXIT_OK)
 }
 
 /// `idem purge JOB (--date D | --scope S | --from D1 --to D2 | --all) [--yes]`: deletes the
