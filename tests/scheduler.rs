@@ -390,3 +390,65 @@ fn bad_scheduler_input_exits_2_naming_what_is_wrong() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--grace: bad duration \"soon\""));
     assert!(runs(&s, "late").is_empty(), "nothing fired");
 }
+
+/// The scheduler's stderr after running for `secs` seconds and a SIGTERM.
+fn run_for(s: &Sandbox, args: &[&str], secs: u64) -> String {
+    let child = scheduler(s, args);
+    std::thread::sleep(Duration::from_secs(secs));
+    sigterm(&child);
+    let out = wait_exit(child, Duration::from_secs(30));
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    err
+}
+
+#[test]
+fn on_restart_catch_up_fires_the_most_recent_missed_slots_and_skip_does_not() {
+    let s = Sandbox::new("idem-scheduler-catch-up");
+    s.write_job(
+        "late",
+        &ticking_job(
+            "late",
+            "missed = \"catch_up\"\ncatch_up_limit = 2",
+            "SELECT 1",
+        ),
+    );
+    s.write_job("lost", &ticking_job("lost", "", "SELECT 1"));
+    assert_eq!(s.idem(&["migrate"]).status.code(), Some(0));
+    // First start: no scheduler run in the ledger yet, so no history is fired.
+    let first = run_for(&s, &[], 3);
+    assert!(!first.contains("(catch-up)"), "{first}");
+    assert!(
+        first.contains("scheduler started with 2 job(s): late (catch_up 2), lost"),
+        "{first}"
+    );
+    wait_for_runs(&s, "late", "a fire", |r| !r.is_empty());
+    // Down for several seconds: at least three slots are missed.
+    std::thread::sleep(Duration::from_secs(4));
+    let second = run_for(&s, &[], 2);
+    let caught_up: Vec<&str> = second
+        .lines()
+        .filter(|l| l.contains("fire late slot") && l.contains("(catch-up)"))
+        .collect();
+    assert_eq!(caught_up.len(), 2, "the bound: {second}");
+    assert!(
+        second.contains("missed") && second.contains("not fired (missed-fire policy)"),
+        "older missed slots are dropped with a warning: {second}"
+    );
+    assert!(
+        !second
+            .lines()
+            .any(|l| l.contains("fire lost slot") && l.contains("(catch-up)")),
+        "a skip job fires no missed slot: {second}"
+    );
+    // Every fire is recorded, the catch-ups included.
+    let fires = second
+        .lines()
+        .filter(|l| l.contains("fire late slot"))
+        .count()
+        + first
+            .lines()
+            .filter(|l| l.contains("fire late slot"))
+            .count();
+    assert_eq!(runs(&s, "late").len(), fires);
+}

@@ -625,7 +625,8 @@ impl Store for PostgresStore {
 
     async fn cleanup(&self, policy: &CleanupPolicy) -> Result<CleanupReport> {
         // $1 the table's cut-off, $2 the processor (or NULL = all), $3 the keys' cut-off
-        // (a ledger row a kept key points at stays), $4 the batch size.
+        // (a ledger row a kept key points at stays: a NOT IN over the kept keys' run
+        // ids, evaluated once per statement rather than once per row), $4 the batch size.
         const TABLES: [(&str, &str); 4] = [
             (
                 "processing_keys",
@@ -633,9 +634,8 @@ impl Store for PostgresStore {
             ),
             (
                 "processing_runs",
-                "started_at < $1 AND ($2::text IS NULL OR processor_name = $2) AND NOT EXISTS \
-                 (SELECT 1 FROM processing_keys k WHERE k.run_id = processing_runs.run_id \
-                 AND k.processed_at >= $3)",
+                "started_at < $1 AND ($2::text IS NULL OR processor_name = $2) AND run_id NOT IN \
+                 (SELECT run_id FROM processing_keys WHERE processed_at >= $3)",
             ),
             (
                 "processing_leases",
