@@ -6,6 +6,8 @@
 //! schedule = "0 9 * * *"         # optional cron (5 fields, 6/7 with seconds/years, @daily)
 //! timezone = "Europe/Paris"      # IANA zone of the schedule and relative dates; default UTC
 //! date = "yesterday"             # default date of `idem run JOB`
+//! missed = "skip"                # idem scheduler: skip (default) or catch_up missed slots
+//! catch_up_limit = 3             # with catch_up: at most this many missed slots fire
 //! mode = "enforce"               # enforce | shadow | off
 //! store_failure = "strict"       # strict | best_effort
 //! [guards]
@@ -109,6 +111,10 @@ pub struct Job {
     pub timezone: Option<String>,
     /// Default date of a run without `--date`: `YYYY-MM-DD`, `today`, `yesterday`, `today-N`.
     pub date: Option<String>,
+    /// What `idem scheduler` does with slots it missed: `skip` (default) or `catch_up`.
+    pub missed: Option<String>,
+    /// With `missed = "catch_up"`: at most this many missed slots are fired (default 3).
+    pub catch_up_limit: Option<u32>,
     /// `enforce` (default), `shadow` or `off`.
     pub mode: Option<String>,
     /// `strict` (default) or `best_effort`.
@@ -285,6 +291,7 @@ impl Job {
         if let Some(d) = &self.date {
             crate::schedule::DateExpr::parse(d).map_err(|e| Error::config(format!("date: {e}")))?;
         }
+        self.missed_policy()?;
         self.mode()?;
         self.store_failure()?;
         self.guard_stack()?;
@@ -331,6 +338,11 @@ impl Job {
     /// The folder relative paths resolve against.
     pub fn dir(&self) -> &Path {
         self.path.parent().unwrap_or(Path::new("."))
+    }
+
+    /// What `idem scheduler` does with missed slots (`missed`, `catch_up_limit`).
+    pub fn missed_policy(&self) -> Result<crate::schedule::Missed> {
+        crate::schedule::Missed::parse(self.missed.as_deref(), self.catch_up_limit)
     }
 
     /// The mode.

@@ -540,12 +540,12 @@ fn purge_forgets_keys_so_the_next_run_is_not_skipped() {
         &sales_job("sales", "time_window = \"1h\"", GOOD_PROCESS),
     );
     s.json(&["run", "sales", "--date", "2025-11-18"]);
-    let (code, purged, _) = s.json(&["purge", "sales", "--date", "2025-11-18"]);
+    let (code, purged, _) = s.json(&["purge", "sales", "--date", "2025-11-18", "--yes"]);
     assert_eq!(code, 0);
     assert_eq!(purged["keys_deleted"], 1);
     let (_, again, _) = s.json(&["run", "sales", "--date", "2025-11-18"]);
     assert_eq!(status(&again), "completed");
-    let out = s.idem(&["purge", "sales"]);
+    let out = s.idem(&["purge", "sales", "--yes"]);
     assert_eq!(out.status.code(), Some(2), "purge needs a scope or --all");
 }
 
