@@ -21,8 +21,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::error::{Error, Result};
-use crate::job::{find_job, load_jobs, parse_duration, Job};
-use crate::model::{parse_date, Mode, RunRequest, RunStatus, Trigger};
+use crate::job::{find_job, load_jobs, parse_duration, parse_duration_field, scan_jobs, Job};
+use crate::model::{Mode, RunRequest, RunStatus, Trigger};
 use crate::processor::Registry;
 use crate::runner::{Explanation, RunReport, StoreFailurePolicy};
 use crate::schedule::{self, export, JobPlan, ScheduledJob};
@@ -114,7 +114,7 @@ enum Command {
     Explain(ExplainArgs),
     /// Create or upgrade the store's tables.
     Migrate,
-    /// List the jobs in the jobs folder.
+    /// List the jobs in the jobs folder, validating every file (exit 2 naming each bad one).
     Jobs,
     /// Show recent runs from the ledger, newest first.
     Runs(RunsArgs),
@@ -125,10 +125,27 @@ enum Command {
     /// List the scheduled jobs and their next fire times; `schedule export` writes them
     /// out for cron or Cloud Scheduler.
     Schedule(ScheduleArgs),
+    /// Print the fingerprint of a set of trade events (NDJSON), as the Python services
+    /// compute it: SHA-256 of the sorted event signatures.
+    Fingerprint(FingerprintArgs),
+    /// Fire the scheduled jobs at their times, each through the guards like `idem run`
+    /// (trigger scheduler), until SIGTERM or SIGINT.
+    Scheduler(SchedulerArgs),
     /// Is the content hash worth it? Per job, from the ledger: duplicate and wasted runs,
     /// what the guards prevented (or would have, in shadow mode), and a verdict with its
     /// reasons.
     Report(ReportArgs),
+}
+
+#[derive(Debug, Args)]
+struct SchedulerArgs {
+    /// Only these jobs (names in --jobs-dir or paths to .toml files); default every job
+    /// with a schedule.
+    jobs: Vec<String>,
+    /// After SIGTERM/SIGINT, how long running jobs may take to finish before they are
+    /// stopped and recorded as interrupted (their leases released).
+    #[arg(long, default_value = "30s")]
+    grace: String,
 }
 
 #[derive(Debug, Args)]
@@ -185,7 +202,7 @@ struct ExportArgs {
     image_jobs_dir: String,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 struct RunArgs {
     /// Job name (in --jobs-dir) or path to a job .toml file.
     job: String,
@@ -249,25 +266,56 @@ struct RunsArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("what").required(true).args(["date", "scope", "from", "all"])))]
 struct PurgeArgs {
-    /// Job name (the processor identity in the ledger).
+    /// Job name (in --jobs-dir) or path to a job .toml file; it must exist.
     job: String,
-    /// Only this date's scope.
-    #[arg(long, conflicts_with_all = ["scope", "all"])]
+    /// Only this date's scope (YYYY-MM-DD, today, yesterday, today-N in the job's zone).
+    #[arg(long, allow_hyphen_values = true, conflicts_with_all = ["scope", "all", "from"])]
     date: Option<String>,
     /// Only this scope.
-    #[arg(long, conflicts_with = "all")]
+    #[arg(long, conflicts_with_all = ["all", "from"])]
     scope: Option<String>,
+    /// Every date's scope from this one ...
+    #[arg(
+        long,
+        requires = "to",
+        allow_hyphen_values = true,
+        conflicts_with = "all"
+    )]
+    from: Option<String>,
+    /// ... to this one, inclusive.
+    #[arg(long, requires = "from", allow_hyphen_values = true)]
+    to: Option<String>,
     /// Every scope of the job.
     #[arg(long)]
     all: bool,
+    /// Do not ask (required when stdin is not a terminal).
+    #[arg(long)]
+    yes: bool,
 }
 
 #[derive(Debug, Args)]
 struct CleanupArgs {
-    /// Keep this much history (e.g. 30d).
+    /// Keep this much history (e.g. 30d; at most 36525d, 100 years).
     #[arg(long, default_value = "30d")]
     keep: String,
+    /// Keep this much of the ledger; older rows go, except those a kept key points at.
+    #[arg(long, default_value = "90d")]
+    keep_runs: String,
+    /// Count what would be deleted; delete nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// At most this many rows per delete statement (each its own transaction).
+    #[arg(long, default_value_t = store::DEFAULT_CLEANUP_BATCH as u64,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    batch: u64,
+}
+
+#[derive(Debug, Args)]
+struct FingerprintArgs {
+    /// NDJSON file of events, one JSON object a line (default: standard input).
+    file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -342,7 +390,12 @@ pub fn main_with(registry: Registry) -> ExitCode {
             return ExitCode::from(if e.use_stderr() { EXIT_USAGE } else { EXIT_OK });
         }
     };
-    init_logging();
+    init_logging(if matches!(cli.command, Command::Scheduler(_)) {
+        // One line per fire.
+        "warn,idem::scheduler=info"
+    } else {
+        "warn"
+    });
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -357,9 +410,9 @@ pub fn main_with(registry: Registry) -> ExitCode {
     ExitCode::from(code)
 }
 
-fn init_logging() {
+fn init_logging(default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -490,9 +543,33 @@ async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
             Ok(EXIT_OK)
         }
         Command::Jobs => {
-            let jobs = load_jobs(&g.jobs_dir)?;
-            print_jobs(&jobs, g.format)?;
-            Ok(EXIT_OK)
+            // Every file is validated and every problem reported, not just the first.
+            let scan = scan_jobs(&g.jobs_dir, &g.store)?;
+            if scan.problems.is_empty() {
+                print_jobs(&scan.jobs, g.format)?;
+                return Ok(EXIT_OK);
+            }
+            let summary = format!(
+                "{} of {} job file(s) in {} are invalid",
+                scan.problems.len(),
+                scan.problems.len() + scan.jobs.len(),
+                g.jobs_dir.display()
+            );
+            match g.format {
+                Format::Json => print_json(&serde_json::json!({
+                    "error": summary,
+                    "exit_code": EXIT_USAGE,
+                    "problems": scan.problems,
+                    "jobs": job_docs(&scan.jobs)?,
+                })),
+                Format::Human if !scan.jobs.is_empty() => print_jobs(&scan.jobs, g.format)?,
+                Format::Human => {}
+            }
+            for p in &scan.problems {
+                eprintln!("error: {}", p.error);
+            }
+            eprintln!("error: {summary}");
+            Ok(EXIT_USAGE)
         }
         Command::Runs(args) => {
             let store = store::open(&g.store).await?;
@@ -539,50 +616,29 @@ async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
             }
             Ok(EXIT_OK)
         }
-        Command::Purge(args) => {
-            let scope = match (&args.date, &args.scope, args.all) {
-                (Some(d), _, _) => Some(parse_date(d)?.format("%Y-%m-%d").to_string()),
-                (None, Some(s), _) => Some(s.clone()),
-                (None, None, true) => None,
-                (None, None, false) => {
-                    return Err(Error::config("purge needs --date, --scope or --all"))
-                }
-            };
-            let store = store::open(&g.store).await?;
-            let deleted = store.purge(&args.job, scope.as_deref()).await?;
+        Command::Purge(args) => purge_command(args, &g).await,
+        Command::Schedule(args) => schedule_command(args, &g),
+        Command::Fingerprint(args) => {
+            let (fingerprint, events) = fingerprint_events(args.file.as_deref())?;
             match g.format {
-                Format::Json => print_json(
-                    &serde_json::json!({"job": args.job, "scope": scope, "keys_deleted": deleted}),
-                ),
-                Format::Human => outln!(
-                    "purged {deleted} processing key(s) of {} ({})",
-                    args.job,
-                    scope.as_deref().unwrap_or("all scopes")
-                ),
+                Format::Json => {
+                    print_json(&serde_json::json!({"fingerprint": fingerprint, "events": events}))
+                }
+                Format::Human => println!("{fingerprint}"),
             }
             Ok(EXIT_OK)
         }
-        Command::Schedule(args) => schedule_command(args, &g),
+        Command::Scheduler(args) => scheduler_command(args, &g, registry).await,
         Command::Report(args) => report_command(args, &g).await,
         Command::Cleanup(args) => {
-            let keep = parse_duration(&args.keep)?;
-            let before = chrono::Utc::now()
-                - chrono::Duration::from_std(keep)
-                    .map_err(|e| Error::config(format!("--keep: {e}")))?;
+            // Bounded by MAX_DURATION, so the cutoff is always a valid time.
+            let keep = parse_duration_field("--keep", &args.keep)?;
+            let before = chrono::Duration::from_std(keep)
+                .ok()
+                .and_then(|keep| chrono::Utc::now().checked_sub_signed(keep))
+                .ok_or_else(|| Error::config(format!("--keep {:?} is too long", args.keep)))?;
             let store = store::open(&g.store).await?;
-            let report = store.cleanup(before).await?;
-            match g.format {
-                Format::Json => print_json(&report),
-                Format::Human => outln!(
-                    "deleted {} key(s), {} run(s), {} lease(s), {} event key(s) older than {}",
-                    report.keys_deleted,
-                    report.runs_deleted,
-                    report.leases_deleted,
-                    report.event_keys_deleted,
-                    before.format("%Y-%m-%d %H:%M:%S UTC")
-                ),
-            }
-            Ok(EXIT_OK)
+            cleanup_command(&*store, before, &args, g.format).await
         }
     }
 }
@@ -593,7 +649,7 @@ fn prepare(args: &RunArgs, g: &GlobalOptions) -> Result<(Job, RunRequest)> {
             "--from/--to backfill a range with `idem run`; explain takes one --date",
         ));
     }
-    let job = find_job(&args.job, &g.jobs_dir)?;
+    let job = find_job(&args.job, &g.jobs_dir, &g.store)?;
     let date = schedule::run_date(
         args.date.as_deref(),
         job.date.as_deref(),
@@ -656,7 +712,7 @@ async fn job_runner(
 /// `idem run JOB --from D1 --to D2`: every date in turn through the runner, as `idem run`
 /// runs one; stops early on a signal or a store error; exit 1 if a date failed.
 async fn run_backfill(args: &RunArgs, g: &GlobalOptions, registry: &Registry) -> Result<u8> {
-    let job = find_job(&args.job, &g.jobs_dir)?;
+    let job = find_job(&args.job, &g.jobs_dir, &g.store)?;
     let dates = schedule::backfill_dates(
         args.from.as_deref().unwrap_or_default(),
         args.to.as_deref().unwrap_or_default(),
@@ -730,6 +786,219 @@ async fn run_backfill(args: &RunArgs, g: &GlobalOptions, registry: &Registry) ->
     }
 }
 
+/// Listens for SIGTERM and SIGINT from now on (unlike [`shutdown_signal`], which starts
+/// listening when first polled); resolves to the first signal's name.
+fn shutdown_listener(
+) -> Result<std::pin::Pin<Box<dyn std::future::Future<Output = &'static str> + Send>>> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let listen = |kind| {
+            signal(kind).map_err(|e| Error::config(format!("cannot listen for signals: {e}")))
+        };
+        let (mut term, mut int) = (
+            listen(SignalKind::terminate())?,
+            listen(SignalKind::interrupt())?,
+        );
+        Ok(Box::pin(async move {
+            tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = int.recv() => "SIGINT",
+            }
+        }))
+    }
+    #[cfg(not(unix))]
+    {
+        Ok(Box::pin(async {
+            let _ = tokio::signal::ctrl_c().await;
+            "SIGINT"
+        }))
+    }
+}
+
+/// What one scheduled job needs to fire: its file, the `idem run` arguments a fire stands
+/// for, the runner and the processor (stopped when the grace period ends).
+struct FireTarget {
+    job: Job,
+    args: RunArgs,
+    runner: crate::runner::Runner,
+    processor: Arc<dyn crate::processor::Processor>,
+}
+
+/// `idem scheduler [JOB...] [--grace 30s]`: fires each job's slots through the runner
+/// `idem run` uses (trigger scheduler, the date derived from the slot in the job's zone);
+/// stops on SIGTERM/SIGINT after the grace period; exit 0.
+async fn scheduler_command(
+    args: SchedulerArgs,
+    g: &GlobalOptions,
+    registry: &Registry,
+) -> Result<u8> {
+    use schedule::scheduler::{self as sched, Clock};
+    let grace = parse_duration(&args.grace).map_err(|e| Error::config(format!("--grace: {e}")))?;
+    let jobs: Vec<Job> = if args.jobs.is_empty() {
+        load_jobs(&g.jobs_dir, &g.store)?
+            .into_iter()
+            .filter(|j| j.schedule.is_some())
+            .collect()
+    } else {
+        let mut jobs = Vec::new();
+        for name in &args.jobs {
+            let job = find_job(name, &g.jobs_dir, &g.store)?;
+            if job.schedule.is_none() {
+                return Err(Error::config(format!(
+                    "job {} has no schedule (set schedule = \"...\" in {})",
+                    job.name,
+                    job.path.display()
+                )));
+            }
+            if jobs.iter().any(|j: &Job| j.name == job.name) {
+                return Err(Error::config(format!("job {} is named twice", job.name)));
+            }
+            jobs.push(job);
+        }
+        jobs
+    };
+    if jobs.is_empty() {
+        return Err(Error::config(format!(
+            "no job in {} has a schedule: nothing to fire",
+            g.jobs_dir.display()
+        )));
+    }
+    let scheduled = jobs.iter().map(scheduled_job).collect::<Result<Vec<_>>>()?;
+    // Listen before anything fires, so a signal is never the default (fatal) one.
+    let shutdown = shutdown_listener()?;
+    let clock: Arc<dyn Clock> = Arc::new(sched::SystemClock);
+    let mut planner = sched::Planner::new(&scheduled, clock.now())?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(None::<String>);
+    let mut targets = std::collections::HashMap::new();
+    for (job, s) in jobs.into_iter().zip(&scheduled) {
+        let run_args = RunArgs {
+            job: job.name.clone(),
+            date: None,
+            scheduled_at: None,
+            from: None,
+            to: None,
+            scope: None,
+            trigger: Some(TriggerArg::Scheduler),
+            mode: None,
+            on_store_failure: None,
+            run_id: None,
+        };
+        let (runner, processor) = job_runner(&job, &run_args, g, registry).await?;
+        // The scheduler, not the runner, decides when a signal stops a run: after the
+        // grace period, through StopOnShutdown.
+        let runner = runner.interruptible(false);
+        if matches!(s.missed, schedule::Missed::CatchUp { .. }) {
+            let recent = runner
+                .store()
+                .runs(&RunFilter {
+                    processor: Some(job.name.clone()),
+                    scope: None,
+                    status: None,
+                    since: None,
+                    limit: 1000,
+                })
+                .await?;
+            if let Some(last) = recent.iter().find(|r| r.trigger == Trigger::Scheduler) {
+                planner.resume_after(&job.name, last.started_at);
+            }
+        }
+        let processor: Arc<dyn crate::processor::Processor> =
+            Arc::new(sched::StopOnShutdown::new(processor, stop_rx.clone()));
+        targets.insert(
+            job.name.clone(),
+            FireTarget {
+                job,
+                args: run_args,
+                runner,
+                processor,
+            },
+        );
+    }
+    let names: Vec<String> = planner
+        .jobs()
+        .map(|(name, missed)| match missed {
+            schedule::Missed::Skip => name.to_string(),
+            schedule::Missed::CatchUp { limit } => format!("{name} (catch_up {limit})"),
+        })
+        .collect();
+    tracing::info!(target: "idem::scheduler", "scheduler started with {} job(s): {}", names.len(), names.join(", "));
+    let targets = Arc::new(targets);
+    let fire = move |f: sched::Fire| {
+        let targets = targets.clone();
+        async move { fire_one(&targets, f).await }
+    };
+    let summary = sched::run_loop(&mut planner, clock, fire, shutdown, grace, stop_tx).await?;
+    tracing::info!(
+        target: "idem::scheduler",
+        "scheduler stopped: {} fire(s), {} missed slot(s) dropped, {} interrupted",
+        summary.fired,
+        summary.dropped,
+        summary.interrupted
+    );
+    Ok(EXIT_OK)
+}
+
+/// Runs one fire as `idem run JOB --date DATE --trigger scheduler` would, and logs one
+/// line for it.
+async fn fire_one(
+    targets: &std::collections::HashMap<String, FireTarget>,
+    f: schedule::scheduler::Fire,
+) {
+    let Some(t) = targets.get(&f.job) else {
+        return;
+    };
+    let slot = if f.catch_up {
+        format!("{} (catch-up)", f.local)
+    } else {
+        f.local.clone()
+    };
+    let request = match request_for(&t.args, &t.job, f.date) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!(target: "idem::scheduler", "fire {} slot {slot} date {}: {e}", f.job, f.date);
+            return;
+        }
+    };
+    match t.runner.run(&*t.processor, request).await {
+        Ok(report) => {
+            let outcome = match report.status {
+                RunStatus::Completed => format!(
+                    "completed, {} record(s) in {} ms",
+                    report.records_processed.unwrap_or(0),
+                    report.duration_ms
+                ),
+                RunStatus::Skipped => format!(
+                    "skipped ({})",
+                    report
+                        .skip_reason
+                        .as_ref()
+                        .map_or("unknown", |r| r.as_str())
+                ),
+                RunStatus::Failed => format!(
+                    "failed: {}",
+                    report.error.as_deref().unwrap_or("unknown error")
+                ),
+            };
+            let line = format!(
+                "fire {} slot {slot} date {}: {outcome}; run {}",
+                f.job, f.date, report.run_id
+            );
+            if report.status == RunStatus::Failed {
+                tracing::warn!(target: "idem::scheduler", "{line}");
+            } else {
+                tracing::info!(target: "idem::scheduler", "{line}");
+            }
+        }
+        Err(e) => tracing::error!(
+            target: "idem::scheduler",
+            "fire {} slot {slot} date {}: not run: {e}",
+            f.job,
+            f.date
+        ),
+    }
+}
+
 async fn shutdown_signal() {
     #[cfg(unix)]
     {
@@ -768,6 +1037,200 @@ fn print_backfill_line(report: &RunReport) {
     let _ = writeln!(out, "{line}");
 }
 
+/// `idem cleanup`: keys, leases and event keys older than `before` (`--keep`), ledger rows
+/// older than `--keep-runs` that no kept key points at, in batches; counts per table.
+async fn cleanup_command(
+    store: &DynStore,
+    before: chrono::DateTime<chrono::Utc>,
+    args: &CleanupArgs,
+    format: Format,
+) -> Result<u8> {
+    // Bounded by MAX_DURATION, so the cutoff is always a valid time.
+    let keep_runs = parse_duration_field("--keep-runs", &args.keep_runs)?;
+    let runs_before = chrono::Duration::from_std(keep_runs)
+        .ok()
+        .and_then(|keep| chrono::Utc::now().checked_sub_signed(keep))
+        .ok_or_else(|| Error::config(format!("--keep-runs {:?} is too long", args.keep_runs)))?;
+    let policy = store::CleanupPolicy {
+        runs_before,
+        batch: args.batch as usize,
+        dry_run: args.dry_run,
+        ..store::CleanupPolicy::before(before)
+    };
+    let report = store.cleanup(&policy).await?;
+    let verb = if args.dry_run {
+        "would delete"
+    } else {
+        "deleted"
+    };
+    match format {
+        Format::Json => print_json(&serde_json::json!({
+            "dry_run": args.dry_run,
+            "keys_before": policy.keys_before,
+            "runs_before": policy.runs_before,
+            "tables": {
+                "processing_keys": report.keys_deleted,
+                "processing_runs": report.runs_deleted,
+                "processing_leases": report.leases_deleted,
+                "event_keys": report.event_keys_deleted,
+            },
+            "keys_deleted": report.keys_deleted,
+            "runs_deleted": report.runs_deleted,
+            "leases_deleted": report.leases_deleted,
+            "event_keys_deleted": report.event_keys_deleted,
+        })),
+        Format::Human => {
+            let keys = policy.keys_before.format("%Y-%m-%d %H:%M:%S UTC");
+            let runs = policy.runs_before.format("%Y-%m-%d %H:%M:%S UTC");
+            outln!("{verb} from {}:", store.describe());
+            outln!(
+                "  processing_keys   {:>10}  processed before {keys}",
+                report.keys_deleted
+            );
+            outln!(
+                "  processing_runs   {:>10}  started before {runs}, no kept key pointing at them",
+                report.runs_deleted
+            );
+            outln!(
+                "  processing_leases {:>10}  expired before {keys}",
+                report.leases_deleted
+            );
+            outln!(
+                "  event_keys        {:>10}  first seen before {keys}",
+                report.event_keys_deleted
+            );
+        }
+    }
+    Ok(EXIT_OK)
+}
+
+/// `idem purge JOB (--date D | --scope S | --from D1 --to D2 | --all) [--yes]`: deletes the
+/// job's processing keys for those scopes, after asking on a terminal, and records the purge
+/// in the ledger as one run of the job: trigger `manual`, status `skipped`, skip reason
+/// `purged`, mode `off`, scope the purged scope (`D1..D2` for a range, `*` for `--all`),
+/// `output.purge` = what was purged and how many keys.
+async fn purge_command(args: PurgeArgs, g: &GlobalOptions) -> Result<u8> {
+    use std::io::IsTerminal;
+    let job = find_job(&args.job, &g.jobs_dir, &g.store)?;
+    let tz = scheduled_job(&job)?.tz()?;
+    let now = chrono::Utc::now();
+    let today = schedule::DateExpr::DaysAgo(0).resolve(tz, now)?;
+    // (the ledger scope, its date, the key scopes to purge: None = all)
+    let (label, scope_date, scopes): (String, chrono::NaiveDate, Option<Vec<String>>) =
+        match (&args.date, &args.scope, &args.from, &args.to) {
+            (Some(d), _, _, _) => {
+                let date = schedule::DateExpr::parse(d)
+                    .and_then(|e| e.resolve(tz, now).map_err(|e| e.to_string()))
+                    .map_err(|e| Error::config(format!("--date: {e}")))?;
+                let scope = date.format("%Y-%m-%d").to_string();
+                (scope.clone(), date, Some(vec![scope]))
+            }
+            (None, Some(scope), _, _) => (scope.clone(), today, Some(vec![scope.clone()])),
+            (None, None, Some(from), Some(to)) => {
+                let dates = schedule::backfill_dates(from, to, tz, now)?;
+                let (first, last) = (dates[0], dates[dates.len() - 1]);
+                (
+                    format!("{first}..{last}"),
+                    first,
+                    Some(
+                        dates
+                            .iter()
+                            .map(|d| d.format("%Y-%m-%d").to_string())
+                            .collect(),
+                    ),
+                )
+            }
+            _ => ("*".to_string(), today, None),
+        };
+    // The ledger row is validated before anything is deleted (a control character in
+    // --scope is refused here).
+    let request = RunRequest::new(job.name.clone(), scope_date)
+        .with_trigger(Trigger::Manual)
+        .with_scope(label.clone());
+    request.validate()?;
+    let what = match &scopes {
+        None => format!("every scope of {}", job.name),
+        Some(s) if s.len() == 1 => format!("{} for {}", job.name, s[0]),
+        Some(s) => format!("{} for {} date(s) {label}", job.name, s.len()),
+    };
+    if !args.yes {
+        if !std::io::stdin().is_terminal() {
+            return Err(Error::config(format!(
+                "purge deletes the processing keys of {what}, and stdin is not a terminal to \
+                 ask on: add --yes to purge without asking"
+            )));
+        }
+        errln!(
+            "purge the processing keys of {what} in {}? The next runs of those scopes will \
+             not be skipped and will redo the work. [y/N] ",
+            g.store
+        );
+        let mut answer = String::new();
+        let _ = std::io::stdin().read_line(&mut answer);
+        if !matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes") {
+            errln!("purge cancelled: nothing deleted");
+            return Ok(EXIT_RUN_FAILED);
+        }
+    }
+    let store = store::open(&g.store).await?;
+    let started_at = chrono::Utc::now();
+    let mut deleted = 0;
+    match &scopes {
+        None => deleted += store.purge(&job.name, None).await?,
+        Some(list) => {
+            for scope in list {
+                deleted += store.purge(&job.name, Some(scope)).await?;
+            }
+        }
+    }
+    let finished_at = chrono::Utc::now();
+    let run = crate::model::RunRecord {
+        run_id: request.run_id.clone(),
+        processor: job.name.clone(),
+        scope: label.clone(),
+        scope_date,
+        trigger: Trigger::Manual,
+        mode: Mode::Off,
+        started_at,
+        finished_at,
+        duration_ms: (finished_at - started_at).num_milliseconds(),
+        status: RunStatus::Skipped,
+        skip_reason: Some(crate::model::SkipReason::Custom("purged".into())),
+        would_skip_reason: None,
+        previous_run_id: None,
+        records_processed: None,
+        processing_key: None,
+        error: None,
+        output: Some(serde_json::json!({"purge": {
+            "scope": label,
+            "scopes": scopes.as_ref().map_or(0, Vec::len),
+            "all": scopes.is_none(),
+            "keys_deleted": deleted,
+        }})),
+    };
+    store
+        .finish(&store::Finish {
+            run,
+            keys: Vec::new(),
+            lease: None,
+        })
+        .await?;
+    match g.format {
+        Format::Json => print_json(&serde_json::json!({
+            "job": job.name,
+            "scope": label,
+            "scopes": scopes,
+            "keys_deleted": deleted,
+            "run_id": request.run_id,
+        })),
+        Format::Human => {
+            outln!("purged {deleted} processing key(s) of {what}");
+            outln!("  recorded as run {} (skipped: purged)", request.run_id);
+        }
+    }
+    Ok(EXIT_OK)
+}
+
 /// What the schedule module needs of a job.
 fn scheduled_job(job: &Job) -> Result<ScheduledJob> {
     Ok(ScheduledJob {
@@ -777,6 +1240,7 @@ fn scheduled_job(job: &Job) -> Result<ScheduledJob> {
         date: job.date.clone(),
         lease: job.lease_ttl()?,
         path: job.path.clone(),
+        missed: job.missed_policy()?,
     })
 }
 
@@ -785,7 +1249,7 @@ fn scheduled_job(job: &Job) -> Result<ScheduledJob> {
 fn scheduled_jobs(name: Option<&str>, g: &GlobalOptions) -> Result<Vec<ScheduledJob>> {
     let jobs = match name {
         Some(name) => {
-            let job = find_job(name, &g.jobs_dir)?;
+            let job = find_job(name, &g.jobs_dir, &g.store)?;
             if job.schedule.is_none() {
                 return Err(Error::config(format!(
                     "job {} has no schedule (set schedule = \"...\" in {})",
@@ -795,7 +1259,7 @@ fn scheduled_jobs(name: Option<&str>, g: &GlobalOptions) -> Result<Vec<Scheduled
             }
             vec![job]
         }
-        None => load_jobs(&g.jobs_dir)?,
+        None => load_jobs(&g.jobs_dir, &g.store)?,
     };
     jobs.iter()
         .filter(|j| j.schedule.is_some())
@@ -979,23 +1443,25 @@ fn print_explanation(e: &Explanation, format: Format) {
     }
 }
 
+fn job_docs(jobs: &[Job]) -> Result<Vec<serde_json::Value>> {
+    jobs.iter()
+        .map(|j| {
+            Ok(serde_json::json!({
+                "name": j.name,
+                "processor": j.processor,
+                "schedule": j.schedule,
+                "mode": j.mode()?.as_str(),
+                "guards": j.guard_stack()?.names(),
+                "path": j.path,
+                "description": j.description,
+            }))
+        })
+        .collect()
+}
+
 fn print_jobs(jobs: &[Job], format: Format) -> Result<()> {
     if format == Format::Json {
-        let docs: Vec<serde_json::Value> = jobs
-            .iter()
-            .map(|j| {
-                Ok(serde_json::json!({
-                    "name": j.name,
-                    "processor": j.processor,
-                    "schedule": j.schedule,
-                    "mode": j.mode()?.as_str(),
-                    "guards": j.guard_stack()?.names(),
-                    "path": j.path,
-                    "description": j.description,
-                }))
-            })
-            .collect::<Result<_>>()?;
-        print_json(&docs);
+        print_json(&job_docs(jobs)?);
         return Ok(());
     }
     if jobs.is_empty() {
@@ -1077,7 +1543,7 @@ async fn report_command(args: ReportArgs, g: &GlobalOptions) -> Result<u8> {
         options.until = schedule::parse_instant("--until", until)?;
     }
     options.job = args.job.clone();
-    options.window = parse_duration(&args.window)?;
+    options.window = parse_duration_field("--window", &args.window)?;
     let d = Thresholds::default();
     options.thresholds = Thresholds {
         duplicate_runs: report_threshold("duplicate-runs", args.duplicate_runs, d.duplicate_runs)?,
@@ -1128,4 +1594,36 @@ async fn report_command(args: ReportArgs, g: &GlobalOptions) -> Result<u8> {
         }
     }
     Ok(EXIT_OK)
+}
+
+/// `idem fingerprint`: reads NDJSON events (blank lines skipped) from `file` or standard
+/// input; a line that is not an event is an error naming the line and the field.
+fn fingerprint_events(file: Option<&std::path::Path>) -> Result<(String, usize)> {
+    use std::io::BufRead;
+    let (name, reader): (String, Box<dyn BufRead>) = match file {
+        Some(path) => {
+            let f = std::fs::File::open(path)
+                .map_err(|e| Error::config(format!("cannot read {}: {e}", path.display())))?;
+            (
+                path.display().to_string(),
+                Box::new(std::io::BufReader::with_capacity(1 << 16, f)),
+            )
+        }
+        None => ("standard input".into(), Box::new(std::io::stdin().lock())),
+    };
+    let mut signatures = Vec::new();
+    for (i, line) in reader.split(b'\n').enumerate() {
+        let at = || format!("{name} line {}", i + 1);
+        let line = line.map_err(|e| Error::config(format!("cannot read {}: {e}", at())))?;
+        let line = std::str::from_utf8(&line)
+            .map_err(|_| Error::config(format!("{}: not UTF-8 text", at())))?;
+        let line = line.strip_suffix('\r').unwrap_or(line);
+        if line.trim().is_empty() {
+            continue;
+        }
+        let signature = crate::events::EventSignature::from_json(line)
+            .map_err(|e| Error::config(format!("{}: {e}", at())))?;
+        signatures.push(signature);
+    }
+    Ok((crate::events::fingerprint(&signatures), signatures.len()))
 }

@@ -16,7 +16,8 @@
 //! The pieces: [`Processor`] (what users implement), [`guard`] (composable checks),
 //! [`Runner`] (guards + processor + ledger), [`store`] (SQLite, Postgres, BigQuery,
 //! in-memory behind one trait), [`job`] (declarative `jobs/*.toml`), [`sql`] (the built-in
-//! SQL processor) and [`cli`] (the `idem` command, reusable from your own binary).
+//! SQL processor), [`events`] (event-level identities: the event fingerprint) and [`cli`]
+//! (the `idem` command, reusable from your own binary).
 //!
 //! ```
 //! use std::sync::Arc;
@@ -53,6 +54,7 @@
 
 pub mod cli;
 mod error;
+pub mod events;
 pub mod guard;
 pub mod job;
 mod key;

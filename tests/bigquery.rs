@@ -462,7 +462,8 @@ process = """{process}"""
             since: Utc::now() - chrono::Duration::hours(1),
         };
         match store.find_keys(&[lookup]).await {
-            Err(e @ Error::StoreUnavailable { .. }) => {
+            // BigQuery answered (the table is gone): refused, not unreachable.
+            Err(e @ Error::StoreRejected { .. }) => {
                 let m = e.to_string();
                 assert!(
                     m.contains("bigquery find_keys failed")
@@ -610,7 +611,7 @@ process = """{process}"""
         assert!(e.is_store_failure(), "{e:?}");
         assert_eq!(
         e.to_string(),
-        format!("store {store_url} unavailable: bigquery find_keys failed: HTTP 400 (invalidQuery): Unrecognized name: procesed_at at [3:9]")
+        format!("store {store_url} rejected the find_keys statement: bigquery find_keys failed: HTTP 400 (invalidQuery): Unrecognized name: procesed_at at [3:9]")
     );
         let e = store
             .claim(&ClaimRequest {
@@ -639,7 +640,7 @@ process = """{process}"""
         assert_eq!(
             out.status.code(),
             Some(3),
-            "store unavailable exits 3: {stderr}"
+            "a store that refuses the check exits 3: {stderr}"
         );
         assert!(
             stderr.contains("bigquery find_keys failed: HTTP 400 (invalidQuery)"),

@@ -540,12 +540,12 @@ fn purge_forgets_keys_so_the_next_run_is_not_skipped() {
         &sales_job("sales", "time_window = \"1h\"", GOOD_PROCESS),
     );
     s.json(&["run", "sales", "--date", "2025-11-18"]);
-    let (code, purged, _) = s.json(&["purge", "sales", "--date", "2025-11-18"]);
+    let (code, purged, _) = s.json(&["purge", "sales", "--date", "2025-11-18", "--yes"]);
     assert_eq!(code, 0);
     assert_eq!(purged["keys_deleted"], 1);
     let (_, again, _) = s.json(&["run", "sales", "--date", "2025-11-18"]);
     assert_eq!(status(&again), "completed");
-    let out = s.idem(&["purge", "sales"]);
+    let out = s.idem(&["purge", "sales", "--yes"]);
     assert_eq!(out.status.code(), Some(2), "purge needs a scope or --all");
 }
 
@@ -846,4 +846,256 @@ fn editing_the_job_sql_or_params_reruns_unchanged_content() {
         two_again["skip_reason"], "duplicate_content_hash",
         "{two_again}"
     );
+}
+
+#[test]
+fn overflowing_durations_exit_2_naming_the_field_and_run_nothing() {
+    let s = Sandbox::new("idem-cli");
+    for keep in ["99999999d", "18446744073709551615s1s", "5124095576030432h"] {
+        let out = s.idem(&["cleanup", "--keep", keep]);
+        assert_eq!(out.status.code(), Some(2), "{keep}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains(&format!("error: --keep: duration \"{keep}\" is too long")),
+            "{}",
+            stderr(&out)
+        );
+    }
+    let out = s.idem(&["cleanup", "--keep", "30d"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    for (field, value) in [
+        ("lease", "5124095576030432h"),
+        ("time_window", "18446744073709551615s1s"),
+        ("content_hash", "99999999d"),
+    ] {
+        s.write_job(
+            "sales",
+            &sales_job("sales", &format!("{field} = \"{value}\""), GOOD_PROCESS),
+        );
+        let out = s.idem(&["run", "sales", "--date", "2025-11-18"]);
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains(&format!("guards.{field}: duration \"{value}\" is too long")),
+            "{}",
+            stderr(&out)
+        );
+    }
+    s.write_job(
+        "sales",
+        &sales_job("sales", "lease = \"500ms\"", GOOD_PROCESS),
+    );
+    let out = s.idem(&["run", "sales", "--date", "2025-11-18"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("guards.lease = \"500ms\" is too short: the minimum is 1s"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!s.dir.join("jobs/warehouse.db").exists(), "nothing ran");
+    let (_, runs, _) = s.json(&["runs"]);
+    assert_eq!(runs.as_array().map(|r| r.len()), Some(0), "{runs}");
+}
+
+#[test]
+fn an_invalid_job_file_does_not_stop_another_job_and_jobs_reports_every_bad_file() {
+    let s = Sandbox::new("idem-cli");
+    s.write_job(
+        "sales",
+        &sales_job("sales", "time_window = \"1h\"", GOOD_PROCESS),
+    );
+    // Found by its name although the file is called otherwise.
+    s.write_job(
+        "renamed_file",
+        &sales_job("other", "time_window = \"1h\"", GOOD_PROCESS),
+    );
+    let broken = s.write_job("broken", "name = \"broken\"\nprocessor = \"sql\n");
+    let typo = s.write_job(
+        "typo",
+        &sales_job(
+            "typo",
+            "",
+            "INSERT INTO out SELECT @scope, SUM(qty) FROM src WHERE day = @scop",
+        ),
+    );
+    let lease = s.write_job(
+        "lease",
+        "name = \"lease\"\nprocessor = \"p\"\n[guards]\nlease = \"forever\"\n",
+    );
+
+    let (code, r, err) = s.json(&["run", "sales", "--date", "2025-11-18"]);
+    assert_eq!((code, status(&r)), (0, "completed"), "{r} {err}");
+    let (code, r, err) = s.json(&["run", "other", "--date", "2025-11-18"]);
+    assert_eq!((code, status(&r)), (0, "completed"), "{r} {err}");
+    let out = s.idem(&["explain", "sales", "--date", "2025-11-18"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+
+    // `idem jobs` lists the good ones and names every bad file with its problem.
+    let out = s.idem(&["jobs"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    for (path, problem) in [
+        (&broken, "malformed job file"),
+        (&typo, "[sql].process uses unknown parameter @scop"),
+        (&lease, "guards.lease: bad duration \"forever\""),
+    ] {
+        let line = err
+            .lines()
+            .find(|l| l.contains(path.to_str().unwrap()))
+            .unwrap_or_else(|| panic!("{} is reported: {err}", path.display()));
+        assert!(
+            line.starts_with("error: ") && line.contains(problem),
+            "{line}"
+        );
+    }
+    assert!(err.contains("3 of 5 job file(s)"), "{err}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("sales") && text.contains("other"), "{text}");
+    let (code, v, _) = s.json(&["jobs"]);
+    assert_eq!(code, 2);
+    assert_eq!(v["exit_code"], 2);
+    assert_eq!(v["problems"].as_array().unwrap().len(), 3, "{v}");
+    assert_eq!(v["jobs"].as_array().unwrap().len(), 2, "{v}");
+}
+
+#[test]
+fn an_unknown_parameter_exits_2_before_the_store_is_touched() {
+    let s = Sandbox::new("idem-cli");
+    s.write_job(
+        "sales",
+        &sales_job(
+            "sales",
+            "time_window = \"1h\"",
+            "DELETE FROM out WHERE day = @scope; INSERT INTO out VALUES (@scope, @qty)",
+        ),
+    );
+    for command in ["run", "explain"] {
+        let out = s.idem(&[command, "sales", "--date", "2025-11-18"]);
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("sales.toml: [sql].process uses unknown parameter @qty"),
+            "{}",
+            stderr(&out)
+        );
+    }
+    // Neither the store nor the warehouse was opened.
+    assert!(!s.dir.join("idem.db").exists());
+    assert!(!s.dir.join("jobs/warehouse.db").exists());
+    // content_hash without a content query is caught the same way.
+    s.write_job(
+        "nohash",
+        "name = \"nohash\"\nprocessor = \"sql\"\n[guards]\ncontent_hash = \"24h\"\n[sql]\nprocess = \"SELECT 1\"\n",
+    );
+    let out = s.idem(&["run", "nohash", "--date", "2025-11-18"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("guards.content_hash is set but [sql] has no content"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!s.dir.join("idem.db").exists());
+}
+
+/// Rows of `query` in the SQLite file at `path`.
+fn sqlite_rows(path: &std::path::Path, query: &str) -> Result<Vec<Value>, String> {
+    let url = format!("sqlite://{}", path.display());
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let w = idem::sql::open_warehouse(&url)
+            .await
+            .map_err(|e| e.to_string())?;
+        let st = idem::sql::prepare(query, idem::sql::Dialect::Sqlite).unwrap();
+        w.query(&st[0], &Default::default()).await
+    })
+}
+
+#[test]
+fn a_job_without_warehouse_keeps_its_data_out_of_the_store_file_so_a_slow_process_blocks_no_claim()
+{
+    let s = Sandbox::new("idem-cli");
+    // No `warehouse`: the SQL runs in the store's default warehouse. The process writes
+    // first (so it holds the warehouse's write lock) and then counts for a long time on
+    // one date, briefly on the others.
+    let job = |name: &str| {
+        format!(
+            r#"
+name = "{name}"
+processor = "sql"
+[sql]
+setup = "CREATE TABLE IF NOT EXISTS out (day TEXT PRIMARY KEY, n INTEGER)"
+process = """
+DELETE FROM out WHERE day = @scope;
+INSERT INTO out SELECT @scope, (SELECT count(*) FROM (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < CASE WHEN @scope = '2025-11-18' THEN 500000000 ELSE 10 END) SELECT x FROM c))
+"""
+"#
+        )
+    };
+    s.write_job("slow", &job("slow"));
+    // Another job with a warehouse of its own.
+    s.write_job(
+        "other",
+        &sales_job("other", "time_window = \"1h\"", GOOD_PROCESS),
+    );
+    let (code, first, err) = s.json(&["run", "slow", "--date", "2025-11-01"]);
+    assert_eq!((code, status(&first)), (0, "completed"), "{first} {err}");
+
+    let mut slow = s
+        .json_command(&["run", "slow", "--date", "2025-11-18"])
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while s.json(&["explain", "slow", "--date", "2025-11-18"]).1["skip_reason"] != "in_progress" {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the slow run never claimed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Give it time to reach its process (the DELETE takes the write lock at once).
+    std::thread::sleep(Duration::from_millis(1500));
+    let running = |slow: &mut std::process::Child| slow.try_wait().unwrap().is_none();
+
+    // Meanwhile another job completes: its lease and ledger live in the store file,
+    // which the slow process does not lock.
+    let (code, other, err) = s.json(&["run", "other", "--date", "2025-11-18"]);
+    assert_eq!((code, status(&other)), (0, "completed"), "{other} {err}");
+    assert!(
+        running(&mut slow),
+        "the other job completed while the slow run works"
+    );
+    // Another scope of the same job claims its lease at once and waits its turn for the
+    // warehouse (SQLite has one writer per file), not for the store.
+    let second = s
+        .json_command(&["run", "slow", "--date", "2025-11-19"])
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while s.json(&["explain", "slow", "--date", "2025-11-19"]).1["skip_reason"] != "in_progress" {
+        assert!(
+            start.elapsed() < Duration::from_secs(10) && running(&mut slow),
+            "the second scope claims while the slow run works"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(running(&mut slow));
+    let (code, runs, _) = s.json(&["runs"]);
+    assert_eq!(code, 0, "the ledger answers meanwhile: {runs}");
+    // The slow run ends (killed: its transaction rolls back); the second one completes.
+    slow.kill().unwrap();
+    slow.wait().unwrap();
+    let (code, second, err) = common::wait(second);
+    assert_eq!((code, status(&second)), (0, "completed"), "{second} {err}");
+
+    // The job's table is in idem-warehouse.db beside the store, not in the store file.
+    let rows = sqlite_rows(
+        &s.dir.join("idem-warehouse.db"),
+        "SELECT day FROM out ORDER BY day",
+    )
+    .unwrap();
+    assert_eq!(
+        rows,
+        vec![
+            serde_json::json!({"day": "2025-11-01"}),
+            serde_json::json!({"day": "2025-11-19"})
+        ]
+    );
+    let e = sqlite_rows(&s.dir.join("idem.db"), "SELECT day FROM out").unwrap_err();
+    assert!(e.contains("no such table: out"), "{e}");
 }

@@ -70,6 +70,10 @@ macro_rules! conformance_tests {
             async fn taken_run_id_is_refused_and_changes_nothing() {
                 run("taken_run_id_is_refused_and_changes_nothing").await
             }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn cleanup_deletes_exactly_what_is_past_retention() {
+                run("cleanup_deletes_exactly_what_is_past_retention").await
+            }
 
             #[test]
             fn every_check_has_a_test() {

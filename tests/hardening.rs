@@ -15,8 +15,8 @@ use chrono::{DateTime, Utc};
 use idem::guard::{GuardStack, LeaseGuard, TimeWindowGuard, Verdict};
 use idem::store::breaker::BreakerPhase;
 use idem::store::{
-    BreakerConfig, Capabilities, CircuitBreakerStore, Claim, ClaimRequest, CleanupReport, DynStore,
-    Finish, KeyLookup, Lease, LeaseHolder, RunFilter, Store,
+    BreakerConfig, Capabilities, CircuitBreakerStore, Claim, ClaimRequest, CleanupPolicy,
+    CleanupReport, DynStore, Finish, KeyLookup, Lease, LeaseHolder, RunFilter, Store,
 };
 use idem::{
     async_trait, parse_date, BoxError, Content, Error, KeyRecord, Outcome, Processor, RunRecord,
@@ -104,9 +104,9 @@ impl Store for Outage {
         self.check()?;
         self.inner.purge(p, s).await
     }
-    async fn cleanup(&self, before: DateTime<Utc>) -> idem::Result<CleanupReport> {
+    async fn cleanup(&self, policy: &CleanupPolicy) -> idem::Result<CleanupReport> {
         self.check()?;
-        self.inner.cleanup(before).await
+        self.inner.cleanup(policy).await
     }
     async fn mark_event_keys(
         &self,

@@ -23,12 +23,14 @@
 //! job's zone ([`DateExpr`]), so a retry that lands after midnight still processes its
 //! slot's date when it is given `--scheduled-at`.
 //!
-//! This module is a leaf: it knows nothing of the runner or the stores. The CLI hands it
-//! [`ScheduledJob`]s and prints what it returns.
+//! This module knows nothing of the runner or the stores. The CLI hands it
+//! [`ScheduledJob`]s and prints what it returns; [`scheduler`] decides when `idem
+//! scheduler` fires, and the CLI runs each fire.
 
 mod backfill;
 mod date;
 pub mod export;
+pub mod scheduler;
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -44,6 +46,7 @@ use crate::error::{Error, Result};
 
 pub use backfill::{backfill_dates, BackfillSummary, MAX_BACKFILL_DAYS};
 pub use date::{run_date, DateExpr, MAX_DATE, MIN_DATE};
+pub use scheduler::Missed;
 
 /// A parsed cron expression.
 #[derive(Debug, Clone)]
@@ -207,6 +210,8 @@ pub struct ScheduledJob {
     pub lease: Option<Duration>,
     /// The job file.
     pub path: PathBuf,
+    /// What `idem scheduler` does with slots it missed.
+    pub missed: Missed,
 }
 
 impl ScheduledJob {

@@ -75,6 +75,31 @@ pub fn bind_values<'a>(statement: &Statement, params: &'a Params) -> Result<Vec<
         .collect()
 }
 
+/// The parameters every job's SQL may use besides its `[sql.params]`: `@scope`,
+/// `@scope_date` (`YYYY-MM-DD`), `@run_id` and `@trigger`.
+pub const BUILTIN_PARAMS: [&str; 4] = ["scope", "scope_date", "run_id", "trigger"];
+
+fn unsupported_warehouse(url: &str) -> Error {
+    Error::config(format!(
+        "unsupported warehouse url {:?}: expected sqlite://PATH, postgres://… or bigquery://PROJECT/DATASET",
+        crate::store::redact_url(url)
+    ))
+}
+
+/// The dialect of the warehouse a URL names, from its scheme alone (nothing is opened),
+/// so job SQL can be checked before anything runs.
+pub fn warehouse_dialect(url: &str) -> Result<Dialect> {
+    match url.split_once("://").map(|(s, _)| s).unwrap_or("") {
+        #[cfg(feature = "sqlite")]
+        "sqlite" => Ok(Dialect::Sqlite),
+        #[cfg(feature = "bigquery")]
+        "bigquery" => Ok(Dialect::BigQuery),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => Ok(Dialect::Postgres),
+        _ => Err(unsupported_warehouse(url)),
+    }
+}
+
 /// Opens the warehouse a URL names (`sqlite://…`, `postgres://…`, `bigquery://…`).
 pub async fn open_warehouse(url: &str) -> Result<Arc<dyn Warehouse>> {
     let scheme = url.split_once("://").map(|(s, _)| s).unwrap_or("");
@@ -87,10 +112,7 @@ pub async fn open_warehouse(url: &str) -> Result<Arc<dyn Warehouse>> {
         "postgres" | "postgresql" => Ok(Arc::new(
             crate::store::postgres::PostgresWarehouse::connect(url).await?,
         )),
-        _ => Err(Error::config(format!(
-            "unsupported warehouse url {:?}: expected sqlite://PATH, postgres://… or bigquery://PROJECT/DATASET",
-            crate::store::redact_url(url)
-        ))),
+        _ => Err(unsupported_warehouse(url)),
     }
 }
 
@@ -103,6 +125,72 @@ pub struct SqlScripts {
     pub content: Option<String>,
     /// The work.
     pub process: String,
+}
+
+/// [`SqlScripts`] split into statements with placeholders for one dialect.
+#[derive(Debug, Clone)]
+pub struct PreparedScripts {
+    /// The setup statements.
+    pub setup: Vec<Statement>,
+    /// The content query.
+    pub content: Option<Statement>,
+    /// The process statements (at least one).
+    pub process: Vec<Statement>,
+}
+
+impl SqlScripts {
+    /// Splits and rewrites the scripts for `dialect`, checking what can be checked without
+    /// a database: text the scanner cannot read (an unterminated string or comment), a
+    /// content that is not exactly one query, an empty process, and any `@name` that is
+    /// neither a built-in parameter ([`BUILTIN_PARAMS`]) nor a key of `params`. Errors
+    /// name the field (`[sql].setup`, `[sql].content`, `[sql].process`).
+    pub fn prepare(&self, dialect: Dialect, params: &Params) -> Result<PreparedScripts> {
+        let read = |field: &str, script: &str| -> Result<Vec<Statement>> {
+            let statements = prepare(script, dialect)
+                .map_err(|e| Error::config(format!("[sql].{field}: {e}")))?;
+            for statement in &statements {
+                if let Some(unknown) = statement
+                    .params
+                    .iter()
+                    .find(|p| !BUILTIN_PARAMS.contains(&p.as_str()) && !params.contains_key(*p))
+                {
+                    let mut known: Vec<&str> = BUILTIN_PARAMS.to_vec();
+                    known.extend(params.keys().map(String::as_str));
+                    return Err(Error::config(format!(
+                        "[sql].{field} uses unknown parameter @{unknown} (known: @{}; add it to [sql.params])",
+                        known.join(", @")
+                    )));
+                }
+            }
+            Ok(statements)
+        };
+        let setup = match &self.setup {
+            Some(s) => read("setup", s)?,
+            None => Vec::new(),
+        };
+        let content = match &self.content {
+            Some(s) => {
+                let mut statements = read("content", s)?;
+                if statements.len() != 1 {
+                    return Err(Error::config(format!(
+                        "[sql].content must be exactly one query, found {} statements",
+                        statements.len()
+                    )));
+                }
+                statements.pop()
+            }
+            None => None,
+        };
+        let process = read("process", &self.process)?;
+        if process.is_empty() {
+            return Err(Error::config("[sql].process has no statement"));
+        }
+        Ok(PreparedScripts {
+            setup,
+            content,
+            process,
+        })
+    }
 }
 
 /// The built-in processor that runs a job's SQL.
@@ -119,36 +207,20 @@ pub struct SqlProcessor {
 }
 
 impl SqlProcessor {
-    /// Prepares the scripts for the warehouse's dialect (syntax problems such as an
-    /// unterminated string are reported now, before anything runs).
+    /// Prepares the scripts for the warehouse's dialect; problems such as an unterminated
+    /// string or an unknown `@name` are reported now, before anything runs (see
+    /// [`SqlScripts::prepare`]).
     pub fn new(
         name: impl Into<String>,
         warehouse: Arc<dyn Warehouse>,
         scripts: &SqlScripts,
         params: Params,
     ) -> Result<Self> {
-        let dialect = warehouse.dialect();
-        let setup = match &scripts.setup {
-            Some(s) => prepare(s, dialect)?,
-            None => Vec::new(),
-        };
-        let content = match &scripts.content {
-            Some(s) => {
-                let mut statements = prepare(s, dialect)?;
-                if statements.len() != 1 {
-                    return Err(Error::config(format!(
-                        "[sql].content must be exactly one query, found {} statements",
-                        statements.len()
-                    )));
-                }
-                statements.pop()
-            }
-            None => None,
-        };
-        let process = prepare(&scripts.process, dialect)?;
-        if process.is_empty() {
-            return Err(Error::config("[sql].process has no statement"));
-        }
+        let PreparedScripts {
+            setup,
+            content,
+            process,
+        } = scripts.prepare(warehouse.dialect(), &params)?;
         let version = code_version(&setup, content.as_ref(), &process, &params);
         Ok(SqlProcessor {
             name: name.into(),

@@ -41,8 +41,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::{
-    lease_expiry, Capabilities, Claim, ClaimRequest, CleanupReport, Finish, KeyLookup, Lease,
-    LeaseHolder, RunFilter, Store,
+    lease_expiry, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, Finish,
+    KeyLookup, Lease, LeaseHolder, RunFilter, Store,
 };
 use crate::error::{Error, Result};
 use crate::model::{micros, KeyKind, KeyRecord, Mode, RunRecord, RunStatus, SkipReason};
@@ -159,10 +159,18 @@ LIMIT @limit";
 const PURGE_SQL: &str = "\
 DELETE FROM {keys} WHERE processor_name = @processor AND (@scope IS NULL OR scope = @scope)";
 
-const CLEANUP_KEYS_SQL: &str = "DELETE FROM {keys} WHERE processed_at < @before";
-const CLEANUP_RUNS_SQL: &str = "DELETE FROM {runs} WHERE started_at < @before";
-const CLEANUP_LEASES_SQL: &str = "DELETE FROM {leases} WHERE expires_at < @before";
-const CLEANUP_EVENTS_SQL: &str = "DELETE FROM {events} WHERE first_seen < @before";
+// The rows past retention, per table: @before the table's cut-off, @processor the only
+// processor (NULL = all; event keys are then kept), @keys_before the keys' cut-off (a
+// ledger row a kept key points at stays). Deleted with `DELETE FROM t WHERE ...`, counted
+// with `SELECT COUNT(*) AS n FROM t WHERE ...`.
+const CLEANUP_KEYS_SQL: &str = "{keys} WHERE processed_at < @before \
+AND (@processor IS NULL OR processor_name = @processor)";
+const CLEANUP_RUNS_SQL: &str = "{runs} WHERE started_at < @before \
+AND (@processor IS NULL OR processor_name = @processor) \
+AND run_id NOT IN (SELECT run_id FROM {keys} WHERE processed_at >= @keys_before)";
+const CLEANUP_LEASES_SQL: &str = "{leases} WHERE expires_at < @before \
+AND (@processor IS NULL OR processor_name = @processor)";
+const CLEANUP_EVENTS_SQL: &str = "{events} WHERE first_seen < @before AND @processor IS NULL";
 
 /// Marks event keys: inserts the ones not seen yet, tagged with this call's batch id.
 const EVENTS_MARK_SQL: &str = "\
@@ -374,12 +382,25 @@ impl BigQueryStore {
         self.conn.calls()
     }
 
-    fn err(&self, e: impl std::fmt::Display) -> Error {
-        Error::store(&self.url, e)
+    /// A failed call: [`Error::StoreUnavailable`] when BigQuery could not be reached or
+    /// could not answer, [`Error::StoreRejected`] when it refused the statement.
+    fn err(&self, e: ApiError) -> Error {
+        if e.is_outage() {
+            Error::store(&self.url, e)
+        } else {
+            Error::StoreRejected {
+                store: self.url.clone(),
+                operation: format!("the {} statement", e.operation),
+                message: e.to_string(),
+            }
+        }
     }
 
     fn bad_row(&self, operation: &str, e: String) -> Error {
-        self.err(format!("bigquery {operation}: unexpected result row: {e}"))
+        Error::store(
+            &self.url,
+            format!("bigquery {operation}: unexpected result row: {e}"),
+        )
     }
 
     async fn query(&self, operation: &str, sql: &str, params: Vec<Param>) -> Result<QueryOutput> {
@@ -656,9 +677,10 @@ impl Store for BigQueryStore {
                 expires_at: now,
             }));
         }
-        Err(self.err(format!(
-            "lease claim did not settle after {CLAIM_ATTEMPTS} attempts"
-        )))
+        Err(Error::store(
+            &self.url,
+            format!("lease claim did not settle after {CLAIM_ATTEMPTS} attempts"),
+        ))
     }
 
     async fn lease_holder(
@@ -919,10 +941,17 @@ impl Store for BigQueryStore {
         .await
     }
 
-    async fn cleanup(&self, before: DateTime<Utc>) -> Result<CleanupReport> {
-        let before = micros(before);
+    async fn cleanup(&self, policy: &CleanupPolicy) -> Result<CleanupReport> {
+        // BigQuery deletes each table's rows in one DML statement (no LIMIT in DML; its
+        // DML does not lock out the runs' inserts), so `batch` does not apply.
+        let cutoffs = [
+            policy.keys_before,
+            policy.runs_before,
+            policy.leases_before,
+            policy.keys_before,
+        ];
         let mut counts = [0u64; 4];
-        for (i, (sql, operation)) in self
+        for (i, (rows, operation)) in self
             .sql
             .cleanup
             .iter()
@@ -934,9 +963,31 @@ impl Store for BigQueryStore {
             ])
             .enumerate()
         {
-            counts[i] = self
-                .mutate(operation, sql, vec![timestamp("before", before)])
-                .await?;
+            let params = vec![
+                timestamp("before", micros(cutoffs[i])),
+                opt_string("processor", policy.processor.as_deref()),
+                timestamp("keys_before", micros(policy.keys_before)),
+            ];
+            counts[i] = if policy.dry_run {
+                let out = self
+                    .query(
+                        operation,
+                        &format!("SELECT COUNT(*) AS n FROM {rows}"),
+                        params,
+                    )
+                    .await?;
+                let n = out
+                    .records()
+                    .next()
+                    .map(|r| r.i64("n"))
+                    .transpose()
+                    .map_err(|e| self.bad_row(operation, e))?
+                    .unwrap_or(0);
+                u64::try_from(n).unwrap_or(0)
+            } else {
+                self.mutate(operation, &format!("DELETE FROM {rows}"), params)
+                    .await?
+            };
         }
         Ok(CleanupReport {
             keys_deleted: counts[0],

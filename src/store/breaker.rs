@@ -18,8 +18,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::{
-    Capabilities, Claim, ClaimRequest, CleanupReport, Finish, KeyLookup, Lease, LeaseHolder,
-    RunFilter, Store,
+    Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, Finish, KeyLookup, Lease,
+    LeaseHolder, RunFilter, Store,
 };
 use crate::error::{Error, Result};
 use crate::model::{KeyRecord, RunRecord};
@@ -206,9 +206,9 @@ impl<S: Store + ?Sized> Store for CircuitBreakerStore<S> {
         let r = self.inner.purge(processor, scope).await;
         self.after(r)
     }
-    async fn cleanup(&self, before: DateTime<Utc>) -> Result<CleanupReport> {
+    async fn cleanup(&self, policy: &CleanupPolicy) -> Result<CleanupReport> {
         self.before()?;
-        let r = self.inner.cleanup(before).await;
+        let r = self.inner.cleanup(policy).await;
         self.after(r)
     }
     async fn mark_event_keys(

@@ -11,7 +11,10 @@ use std::time::Duration;
 use chrono::{DateTime, NaiveDate, Utc};
 use serde_json::json;
 
-use super::{Claim, ClaimRequest, DynStore, Finish, KeyLookup, Lease, RunFilter};
+use super::{
+    Claim, ClaimRequest, CleanupPolicy, CleanupReport, DynStore, Finish, KeyLookup, Lease,
+    RunFilter,
+};
 use crate::error::Error;
 use crate::model::{
     micros, new_run_id, KeyKind, KeyRecord, Mode, RunRecord, RunStatus, SkipReason, Trigger,
@@ -30,6 +33,7 @@ pub const CHECKS: &[&str] = &[
     "event_keys_batch",
     "renew_extends_lease",
     "taken_run_id_is_refused_and_changes_nothing",
+    "cleanup_deletes_exactly_what_is_past_retention",
 ];
 
 fn unique(prefix: &str) -> String {
@@ -639,7 +643,14 @@ pub async fn purge_and_cleanup(store: Arc<DynStore>) {
             .await
             .unwrap();
     }
-    let report = store.cleanup(t - chrono::Duration::days(30)).await.unwrap();
+    // Only this check's rows: the checks share a database and run side by side.
+    let report = store
+        .cleanup(&CleanupPolicy {
+            processor: Some(q.clone()),
+            ..CleanupPolicy::before(t - chrono::Duration::days(30))
+        })
+        .await
+        .unwrap();
     assert!(
         report.keys_deleted >= 1 && report.runs_deleted >= 1,
         "{report:?}"
@@ -824,6 +835,202 @@ pub async fn taken_run_id_is_refused_and_changes_nothing(store: Arc<DynStore>) {
     assert_eq!(runs[0].run_id, derived);
 }
 
+/// Cleanup deletes exactly the rows past retention, in batches: keys processed and leases
+/// expired before the keys' cut-off, ledger rows started before the runs' cut-off unless a
+/// kept key points at them, event keys first seen before the keys' cut-off; `dry_run`
+/// reports the same counts and deletes nothing; a second cleanup finds nothing.
+pub async fn cleanup_deletes_exactly_what_is_past_retention(store: Arc<DynStore>) {
+    let p = unique("retain");
+    let t = now();
+    let ago = |days: i64| t - chrono::Duration::days(days);
+    let record = |run: &str, status: RunStatus, keys: Vec<&str>, at: DateTime<Utc>| {
+        let run = run.to_string();
+        let store = store.clone();
+        let p = p.clone();
+        let keys: Vec<String> = keys.into_iter().map(str::to_string).collect();
+        async move {
+            store
+                .finish(&Finish {
+                    run: run_record(&p, "s", &run, status, at),
+                    keys: keys
+                        .iter()
+                        .map(|k| key_record(k, KeyKind::Content, &p, "s", &run, at))
+                        .collect(),
+                    lease: None,
+                })
+                .await
+                .unwrap();
+        }
+    };
+    // Keys are kept 30 days, the ledger 10 (shorter, so a kept key can point at an old run).
+    let (run_a, run_b, run_c, run_d, run_e) = (
+        new_run_id(),
+        new_run_id(),
+        new_run_id(),
+        new_run_id(),
+        new_run_id(),
+    );
+    let (key_a, key_b, key_d) = (unique("a"), unique("b"), unique("d"));
+    let key_e: Vec<String> = (0..3).map(|i| unique(&format!("e{i}"))).collect();
+    // Old run, old key: both go.
+    record(&run_a, RunStatus::Completed, vec![&key_a], ago(40)).await;
+    // Run past the ledger's retention whose key is kept: both stay.
+    record(&run_b, RunStatus::Completed, vec![&key_b], ago(20)).await;
+    // Failed run past the ledger's retention, no key: it goes.
+    record(&run_c, RunStatus::Failed, vec![], ago(20)).await;
+    // Recent: stays.
+    record(&run_d, RunStatus::Completed, vec![&key_d], ago(5)).await;
+    // Old, three keys (more than one batch of 2).
+    record(
+        &run_e,
+        RunStatus::Completed,
+        key_e.iter().map(String::as_str).collect(),
+        ago(50),
+    )
+    .await;
+    // A lease that expired 40 days ago goes; a held one stays.
+    let old_lease = acquired(
+        store
+            .claim(&request(&p, "old", &new_run_id(), 60, ago(40)))
+            .await
+            .unwrap(),
+    );
+    let live_run = new_run_id();
+    acquired(
+        store
+            .claim(&request(&p, "live", &live_run, 3600, t))
+            .await
+            .unwrap(),
+    );
+    let policy = CleanupPolicy {
+        keys_before: ago(30),
+        runs_before: ago(10),
+        leases_before: ago(30),
+        processor: Some(p.clone()),
+        batch: 2,
+        dry_run: true,
+    };
+    let expected = CleanupReport {
+        keys_deleted: 4,
+        runs_deleted: 3,
+        leases_deleted: 1,
+        event_keys_deleted: 0,
+    };
+    let lookups = |keys: &[&String]| {
+        keys.iter()
+            .map(|k| KeyLookup {
+                key: k.to_string(),
+                kind: KeyKind::Content,
+                since: ago(60),
+            })
+            .collect::<Vec<_>>()
+    };
+    let all_keys = [&key_a, &key_b, &key_d, &key_e[0], &key_e[1], &key_e[2]];
+    let ledger = || {
+        let store = store.clone();
+        let p = p.clone();
+        async move {
+            let mut ids: Vec<String> = store
+                .runs(&RunFilter {
+                    processor: Some(p),
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|r| r.run_id)
+                .collect();
+            ids.sort();
+            ids
+        }
+    };
+    let sorted = |mut v: Vec<String>| {
+        v.sort();
+        v
+    };
+
+    // A dry run counts and deletes nothing.
+    assert_eq!(store.cleanup(&policy).await.unwrap(), expected, "dry run");
+    let found = store.find_keys(&lookups(&all_keys)).await.unwrap();
+    assert!(
+        found.iter().all(Option::is_some),
+        "a dry run deletes nothing: {found:?}"
+    );
+    assert_eq!(ledger().await.len(), 5);
+
+    // The same counts for real.
+    let real = CleanupPolicy {
+        dry_run: false,
+        ..policy.clone()
+    };
+    assert_eq!(store.cleanup(&real).await.unwrap(), expected);
+    let found = store.find_keys(&lookups(&all_keys)).await.unwrap();
+    let present: Vec<bool> = found.iter().map(Option::is_some).collect();
+    assert_eq!(present, [false, true, true, false, false, false]);
+    assert_eq!(
+        ledger().await,
+        sorted(vec![run_b.clone(), run_d.clone()]),
+        "the old run a kept key points at stays"
+    );
+    let holder = store.lease_holder(&p, "live", t).await.unwrap();
+    assert_eq!(holder.map(|h| h.run_id), Some(live_run));
+    // The expired lease's row is gone: claiming the scope again starts the fencing token
+    // afresh (had the row stayed, the token would have grown).
+    let again = acquired(
+        store
+            .claim(&request(&p, "old", &new_run_id(), 60, t))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        again.token, old_lease.token,
+        "the expired lease's row is deleted"
+    );
+    // Nothing is left to delete.
+    assert_eq!(
+        store.cleanup(&real).await.unwrap(),
+        CleanupReport::default()
+    );
+
+    // Event keys belong to no processor: only a cleanup of every processor deletes them.
+    // (Cut-offs in 1970, before any other check's rows.)
+    let ns = unique("ns");
+    let epoch = |days: i64| DateTime::<Utc>::UNIX_EPOCH + chrono::Duration::days(days);
+    let (old_event, new_event) = (unique("old"), unique("new"));
+    store
+        .mark_event_keys(&ns, std::slice::from_ref(&old_event), epoch(1))
+        .await
+        .unwrap();
+    store
+        .mark_event_keys(&ns, std::slice::from_ref(&new_event), epoch(3))
+        .await
+        .unwrap();
+    let every = CleanupPolicy {
+        batch: 1,
+        dry_run: true,
+        ..CleanupPolicy::before(epoch(2))
+    };
+    let counted = store.cleanup(&every).await.unwrap();
+    assert_eq!(counted.event_keys_deleted, 1, "{counted:?}");
+    let done = store
+        .cleanup(&CleanupPolicy {
+            dry_run: false,
+            ..every
+        })
+        .await
+        .unwrap();
+    assert_eq!(done, counted);
+    let seen = store
+        .mark_event_keys(&ns, &[old_event, new_event], t)
+        .await
+        .unwrap();
+    assert_eq!(
+        seen,
+        [true, false],
+        "the old event key is forgotten, the new one kept"
+    );
+}
+
 /// Runs the check named `name` (one of [`CHECKS`]).
 pub async fn run_check(name: &str, store: Arc<DynStore>) {
     match name {
@@ -841,6 +1048,9 @@ pub async fn run_check(name: &str, store: Arc<DynStore>) {
         "renew_extends_lease" => renew_extends_lease(store).await,
         "taken_run_id_is_refused_and_changes_nothing" => {
             taken_run_id_is_refused_and_changes_nothing(store).await
+        }
+        "cleanup_deletes_exactly_what_is_past_retention" => {
+            cleanup_deletes_exactly_what_is_past_retention(store).await
         }
         other => panic!("unknown conformance check {other:?}"),
     }

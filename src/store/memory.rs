@@ -11,8 +11,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::{
-    lease_expiry, Capabilities, Claim, ClaimRequest, CleanupReport, Finish, KeyLookup, Lease,
-    LeaseHolder, RunFilter, Store,
+    lease_expiry, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, Finish,
+    KeyLookup, Lease, LeaseHolder, RunFilter, Store,
 };
 use crate::error::{Error, Result};
 use crate::model::{micros, KeyKind, KeyRecord, RunRecord, RunStatus};
@@ -253,25 +253,55 @@ impl Store for MemoryStore {
         Ok(deleted)
     }
 
-    async fn cleanup(&self, before: DateTime<Utc>) -> Result<CleanupReport> {
+    async fn cleanup(&self, policy: &CleanupPolicy) -> Result<CleanupReport> {
+        // One lock: the batch size has no meaning in memory.
         let mut state = self.lock();
-        let mut report = CleanupReport::default();
+        let mine = |processor: &str| policy.processor.as_deref().is_none_or(|p| p == processor);
+        let old_key = |k: &KeyRecord| mine(&k.processor) && k.processed_at < policy.keys_before;
+        let kept_runs: std::collections::HashSet<String> = state
+            .keys
+            .values()
+            .flatten()
+            .filter(|k| k.processed_at >= policy.keys_before)
+            .map(|k| k.run_id.clone())
+            .collect();
+        let old_run = |r: &RunRecord| {
+            mine(&r.processor)
+                && r.started_at < policy.runs_before
+                && !kept_runs.contains(&r.run_id)
+        };
+        let old_lease = |(p, _): &(String, String), l: &LeaseRow| {
+            mine(p) && l.expires_at < policy.leases_before
+        };
+        let all_events = policy.processor.is_none();
+        let report = CleanupReport {
+            keys_deleted: state.keys.values().flatten().filter(|k| old_key(k)).count() as u64,
+            runs_deleted: state.runs.iter().filter(|r| old_run(r)).count() as u64,
+            leases_deleted: state.leases.iter().filter(|(k, l)| old_lease(k, l)).count() as u64,
+            event_keys_deleted: if all_events {
+                state
+                    .events
+                    .values()
+                    .flat_map(|seen| seen.values())
+                    .filter(|at| **at < policy.keys_before)
+                    .count() as u64
+            } else {
+                0
+            },
+        };
+        if policy.dry_run {
+            return Ok(report);
+        }
         for rows in state.keys.values_mut() {
-            let n = rows.len();
-            rows.retain(|k| k.processed_at >= before);
-            report.keys_deleted += (n - rows.len()) as u64;
+            rows.retain(|k| !old_key(k));
         }
         state.keys.retain(|_, rows| !rows.is_empty());
-        let n = state.runs.len();
-        state.runs.retain(|r| r.started_at >= before);
-        report.runs_deleted = (n - state.runs.len()) as u64;
-        let n = state.leases.len();
-        state.leases.retain(|_, l| l.expires_at >= before);
-        report.leases_deleted = (n - state.leases.len()) as u64;
-        for seen in state.events.values_mut() {
-            let n = seen.len();
-            seen.retain(|_, at| *at >= before);
-            report.event_keys_deleted += (n - seen.len()) as u64;
+        state.runs.retain(|r| !old_run(r));
+        state.leases.retain(|k, l| !old_lease(k, l));
+        if all_events {
+            for seen in state.events.values_mut() {
+                seen.retain(|_, at| *at >= policy.keys_before);
+            }
         }
         Ok(report)
     }

@@ -173,7 +173,51 @@ pub struct RunFilter {
     pub limit: usize,
 }
 
-/// What [`Store::cleanup`] removed.
+/// Rows per delete statement in a cleanup, by default.
+pub const DEFAULT_CLEANUP_BATCH: usize = 10_000;
+
+/// What [`Store::cleanup`] deletes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CleanupPolicy {
+    /// Processing keys processed before this instant are deleted, and event keys first
+    /// seen before it.
+    pub keys_before: DateTime<Utc>,
+    /// Ledger rows started before this instant are deleted, except a row that a kept key
+    /// (one processed at or after `keys_before`) points at through its run id.
+    pub runs_before: DateTime<Utc>,
+    /// Leases (released or not) that expired before this instant are deleted.
+    pub leases_before: DateTime<Utc>,
+    /// Only this processor's keys, ledger rows and leases; event keys belong to no
+    /// processor and are then left alone.
+    pub processor: Option<String>,
+    /// At most this many rows per delete statement, each its own transaction, so
+    /// concurrent runs are never blocked for long (BigQuery deletes per table in one DML
+    /// statement and ignores it). At least 1.
+    pub batch: usize,
+    /// Count what would be deleted; delete nothing.
+    pub dry_run: bool,
+}
+
+impl CleanupPolicy {
+    /// Everything older than `before`, in batches of [`DEFAULT_CLEANUP_BATCH`].
+    pub fn before(before: DateTime<Utc>) -> Self {
+        CleanupPolicy {
+            keys_before: before,
+            runs_before: before,
+            leases_before: before,
+            processor: None,
+            batch: DEFAULT_CLEANUP_BATCH,
+            dry_run: false,
+        }
+    }
+
+    /// The batch size, at least 1, as an SQL `LIMIT`.
+    pub fn limit(&self) -> i64 {
+        i64::try_from(self.batch.max(1)).unwrap_or(i64::MAX)
+    }
+}
+
+/// What [`Store::cleanup`] removed (or, under `dry_run`, would remove).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct CleanupReport {
     /// Processing keys deleted.
@@ -250,8 +294,9 @@ pub trait Store: Send + Sync + Debug + 'static {
     /// the next run is not skipped. Returns the rows deleted.
     async fn purge(&self, processor: &str, scope: Option<&str>) -> Result<u64>;
 
-    /// Deletes keys, ledger rows, event keys and free leases older than `before`.
-    async fn cleanup(&self, before: DateTime<Utc>) -> Result<CleanupReport>;
+    /// Deletes (or under `dry_run` counts) keys, ledger rows, leases and event keys past
+    /// retention, as [`CleanupPolicy`] says, in bounded batches.
+    async fn cleanup(&self, policy: &CleanupPolicy) -> Result<CleanupReport>;
 
     /// Marks event keys of a namespace as seen, in one round trip; `true` at position `i`
     /// means `keys[i]` was new (first sighting), `false` that it was seen before (or
@@ -334,7 +379,7 @@ impl Store for UnavailableStore {
     async fn purge(&self, _: &str, _: Option<&str>) -> Result<u64> {
         self.fail()
     }
-    async fn cleanup(&self, _: DateTime<Utc>) -> Result<CleanupReport> {
+    async fn cleanup(&self, _: &CleanupPolicy) -> Result<CleanupReport> {
         self.fail()
     }
     async fn mark_event_keys(&self, _: &str, _: &[String], _: DateTime<Utc>) -> Result<Vec<bool>> {

@@ -58,8 +58,8 @@ use sqlx::{
 };
 
 use super::{
-    lease_expiry, redact_url, Capabilities, Claim, ClaimRequest, CleanupReport, Finish, KeyLookup,
-    Lease, LeaseHolder, RunFilter, Store,
+    lease_expiry, redact_url, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport,
+    Finish, KeyLookup, Lease, LeaseHolder, RunFilter, Store,
 };
 use crate::error::{Error, Result};
 use crate::model::{micros, KeyKind, KeyRecord, Mode, RunRecord, RunStatus, SkipReason};
@@ -623,36 +623,75 @@ impl Store for PostgresStore {
         Ok(done.rows_affected())
     }
 
-    async fn cleanup(&self, before: DateTime<Utc>) -> Result<CleanupReport> {
-        let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
-        let mut report = CleanupReport::default();
-        for (sql, slot) in [
+    async fn cleanup(&self, policy: &CleanupPolicy) -> Result<CleanupReport> {
+        // $1 the table's cut-off, $2 the processor (or NULL = all), $3 the keys' cut-off
+        // (a ledger row a kept key points at stays: a NOT IN over the kept keys' run
+        // ids, evaluated once per statement rather than once per row), $4 the batch size.
+        const TABLES: [(&str, &str); 4] = [
             (
-                "DELETE FROM processing_keys WHERE processed_at < $1",
-                &mut report.keys_deleted,
+                "processing_keys",
+                "processed_at < $1 AND ($2::text IS NULL OR processor_name = $2) AND $3::timestamptz IS NOT NULL",
             ),
             (
-                "DELETE FROM processing_runs WHERE started_at < $1",
-                &mut report.runs_deleted,
+                "processing_runs",
+                "started_at < $1 AND ($2::text IS NULL OR processor_name = $2) AND run_id NOT IN \
+                 (SELECT run_id FROM processing_keys WHERE processed_at >= $3)",
             ),
             (
-                "DELETE FROM processing_leases WHERE expires_at < $1",
-                &mut report.leases_deleted,
+                "processing_leases",
+                "expires_at < $1 AND ($2::text IS NULL OR processor_name = $2) AND $3::timestamptz IS NOT NULL",
             ),
             (
-                "DELETE FROM event_keys WHERE first_seen < $1",
-                &mut report.event_keys_deleted,
+                "event_keys",
+                "first_seen < $1 AND $2::text IS NULL AND $3::timestamptz IS NOT NULL",
             ),
-        ] {
-            *slot = sqlx::query(sql)
-                .bind(before)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| self.err(e))?
-                .rows_affected();
+        ];
+        let cutoffs = [
+            policy.keys_before,
+            policy.runs_before,
+            policy.leases_before,
+            policy.keys_before,
+        ];
+        let mut counts = [0u64; 4];
+        for (i, (table, condition)) in TABLES.iter().enumerate() {
+            if policy.dry_run {
+                let sql = format!("SELECT count(*) FROM {table} WHERE {condition}");
+                let n: i64 = sqlx::query_scalar::<_, i64>(&sql)
+                    .bind(cutoffs[i])
+                    .bind(policy.processor.as_deref())
+                    .bind(policy.keys_before)
+                    .fetch_one(&self.pool)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                counts[i] = n as u64;
+                continue;
+            }
+            // One bounded batch per statement, each its own transaction.
+            let sql = format!(
+                "DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} WHERE {condition} LIMIT $4))"
+            );
+            loop {
+                let done = sqlx::query(&sql)
+                    .bind(cutoffs[i])
+                    .bind(policy.processor.as_deref())
+                    .bind(policy.keys_before)
+                    .bind(policy.limit())
+                    .execute(&self.pool)
+                    .await
+                    .map_err(|e| self.err(e))?
+                    .rows_affected();
+                counts[i] += done;
+                if done < policy.limit() as u64 {
+                    break;
+                }
+            }
         }
-        tx.commit().await.map_err(|e| self.err(e))?;
-        Ok(report)
+        Ok(CleanupReport {
+            keys_deleted: counts[0],
+            runs_deleted: counts[1],
+            leases_deleted: counts[2],
+            event_keys_deleted: counts[3],
+        })
     }
 
     async fn mark_event_keys(

@@ -295,6 +295,24 @@ impl ApiError {
         m.contains("due to concurrent update") || m.contains("could not serialize access")
     }
 
+    /// True when BigQuery could not be reached or could not answer now (no answer, a
+    /// timeout, credentials, an answer that is not BigQuery's, HTTP 5xx or 429, or the
+    /// `backendError`/`internalError`/`rateLimitExceeded` reasons); false when it answered
+    /// and refused the statement.
+    pub fn is_outage(&self) -> bool {
+        match self.shape {
+            ErrorShape::Transport
+            | ErrorShape::Timeout
+            | ErrorShape::Auth
+            | ErrorShape::BadResponse => true,
+            ErrorShape::Http(status) if status >= 500 || status == 429 => true,
+            ErrorShape::Http(_) | ErrorShape::QueryErrors => matches!(
+                self.reason.as_deref(),
+                Some("backendError" | "internalError" | "rateLimitExceeded")
+            ),
+        }
+    }
+
     /// True for `notFound` answers (HTTP 404 or the reason).
     pub fn is_not_found(&self) -> bool {
         self.shape == ErrorShape::Http(404) || self.reason.as_deref() == Some("notFound")

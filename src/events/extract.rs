@@ -1,0 +1,655 @@
+//! Extractors: how an event's identity, the key it is deduplicated by, is taken from the
+//! event (seed 001).
+//!
+//! * [`FieldExtractor`]: one field, by dotted path (`id`, `data.user.id`, `items.0.sku`);
+//! * [`CompositeExtractor`]: several fields joined by a separator (`tenant:id`);
+//! * [`ContentHashExtractor`]: a digest (SHA-256 by default, MD5 selectable) of the
+//!   event's canonical JSON ([`crate::canonical_json`]: keys sorted, compact), restricted
+//!   to an include list and without an exclude list, for events that carry no id;
+//! * [`TimeBucketExtractor`]: another extractor's key prefixed with the time bucket of the
+//!   event, so the same content is one event per bucket.
+//!
+//! Differences from the seed, on purpose:
+//!
+//! * the seed's time-window extractor buckets by the wall clock (`Utc::now()` at the
+//!   moment of the check), so a retry that crosses a bucket boundary, or a replay of
+//!   yesterday's file, gets a new key and is processed twice. Here the bucket comes from
+//!   the **event's own timestamp**, so the same event always has the same key;
+//! * the seed joins composite parts as they are, so `("a:b", "c")` and `("a", "b:c")`
+//!   collide under `:`. Here a separator (or backslash) inside a part is escaped with a
+//!   backslash; keys of parts without either are exactly the seed's;
+//! * a missing, `null`, empty or structured (object/array) key field is an error naming
+//!   the field instead of a key made from nothing, which would make unrelated events
+//!   duplicates of each other.
+//!
+//! ```
+//! use idem::events::{CompositeExtractor, Extractor, FieldExtractor};
+//! use serde_json::json;
+//! let event = json!({"id": "e-1", "tenant": {"name": "acme"}});
+//! let by_id = FieldExtractor::new("id").unwrap();
+//! assert_eq!(by_id.extract(&event).unwrap(), "e-1");
+//! let by_tenant = CompositeExtractor::new(["tenant.name", "id"], ":").unwrap();
+//! assert_eq!(by_tenant.extract(&event).unwrap(), "acme:e-1");
+//! let err = FieldExtractor::new("user.id").unwrap().extract(&event).unwrap_err();
+//! assert_eq!(err.to_string(), "field `user.id` is missing");
+//! ```
+
+use std::fmt;
+use std::time::Duration;
+
+use chrono::DateTime;
+use serde_json::{Map, Value};
+
+use super::EventError;
+use crate::error::{Error, Result};
+use crate::key::{digest_value, HashAlgorithm};
+
+/// Takes the identity of an event (a JSON value) as a string key.
+pub trait Extractor: Send + Sync + fmt::Debug {
+    /// The key of `event`, or an error naming the field that could not be used.
+    fn extract(&self, event: &Value) -> Result<String, EventError>;
+}
+
+impl<E: Extractor + ?Sized> Extractor for Box<E> {
+    fn extract(&self, event: &Value) -> Result<String, EventError> {
+        (**self).extract(event)
+    }
+}
+
+/// A dotted path to a field: `id`, `data.user.id`; a segment of digits also indexes an
+/// array (`items.0.sku`). Field names that contain a dot cannot be addressed.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct FieldPath {
+    text: String,
+    segments: Vec<String>,
+}
+
+impl FieldPath {
+    /// Parses a dotted path; an empty path or an empty segment (`a..b`) is an error.
+    pub fn parse(path: &str) -> Result<Self> {
+        let segments: Vec<String> = path.split('.').map(str::to_string).collect();
+        if path.is_empty() || segments.iter().any(String::is_empty) {
+            return Err(Error::config(format!(
+                "field path {path:?} is not a dotted path like `id` or `data.user.id`"
+            )));
+        }
+        Ok(FieldPath {
+            text: path.to_string(),
+            segments,
+        })
+    }
+
+    /// The path as written.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// The value at this path in `event`, if there is one.
+    pub fn get<'v>(&self, event: &'v Value) -> Option<&'v Value> {
+        self.segments.iter().try_fold(event, |v, segment| match v {
+            Value::Object(map) => map.get(segment),
+            Value::Array(items) => segment.parse::<usize>().ok().and_then(|i| items.get(i)),
+            _ => None,
+        })
+    }
+
+    fn missing(&self) -> EventError {
+        EventError::MissingField {
+            field: self.text.clone(),
+        }
+    }
+}
+
+impl fmt::Display for FieldPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::str::FromStr for FieldPath {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        FieldPath::parse(s)
+    }
+}
+
+fn paths<I, S>(fields: I) -> Result<Vec<FieldPath>>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    fields
+        .into_iter()
+        .map(|f| FieldPath::parse(f.as_ref()))
+        .collect()
+}
+
+fn require_object(event: &Value) -> Result<&Map<String, Value>, EventError> {
+    event.as_object().ok_or_else(|| EventError::Malformed {
+        message: format!("found {}", kind(event)),
+    })
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// The text of a scalar key field: a string as is, a number as JSON writes it, a boolean
+/// as `true`/`false`.
+fn scalar_text(path: &FieldPath, event: &Value) -> Result<String, EventError> {
+    match path.get(event) {
+        None => Err(path.missing()),
+        Some(Value::String(s)) if s.is_empty() => Err(EventError::InvalidField {
+            field: path.text.clone(),
+            reason: "it is an empty string".into(),
+        }),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Number(n)) => Ok(n.to_string()),
+        Some(Value::Bool(b)) => Ok(b.to_string()),
+        Some(other) => Err(EventError::WrongType {
+            field: path.text.clone(),
+            expected: "a string, number or boolean",
+            found: kind(other),
+        }),
+    }
+}
+
+/// The key is one field of the event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldExtractor {
+    path: FieldPath,
+}
+
+impl FieldExtractor {
+    /// The field at dotted `path`.
+    pub fn new(path: &str) -> Result<Self> {
+        Ok(FieldExtractor {
+            path: FieldPath::parse(path)?,
+        })
+    }
+}
+
+impl Extractor for FieldExtractor {
+    fn extract(&self, event: &Value) -> Result<String, EventError> {
+        require_object(event)?;
+        scalar_text(&self.path, event)
+    }
+}
+
+/// The key is several fields joined by a separator; a separator or backslash inside a
+/// field's text is escaped with a backslash, so different events never share a key.
+///
+/// ```
+/// use idem::events::{CompositeExtractor, Extractor};
+/// use serde_json::json;
+/// let key = CompositeExtractor::new(["a", "b"], ":").unwrap();
+/// assert_eq!(key.extract(&json!({"a": "x", "b": 7})).unwrap(), "x:7");
+/// assert_ne!(
+///     key.extract(&json!({"a": "x:y", "b": "z"})).unwrap(),
+///     key.extract(&json!({"a": "x", "b": "y:z"})).unwrap(),
+/// );
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompositeExtractor {
+    fields: Vec<FieldPath>,
+    separator: String,
+}
+
+impl CompositeExtractor {
+    /// The `fields` (dotted paths, in order) joined by `separator` (not empty, no
+    /// backslash).
+    pub fn new<I, S>(fields: I, separator: &str) -> Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let fields = paths(fields)?;
+        if fields.is_empty() {
+            return Err(Error::config("a composite key needs at least one field"));
+        }
+        if separator.is_empty() || separator.contains('\\') {
+            return Err(Error::config(format!(
+                "composite key separator {separator:?} must be non-empty and without a backslash"
+            )));
+        }
+        Ok(CompositeExtractor {
+            fields,
+            separator: separator.to_string(),
+        })
+    }
+}
+
+impl Extractor for CompositeExtractor {
+    fn extract(&self, event: &Value) -> Result<String, EventError> {
+        require_object(event)?;
+        let mut key = String::new();
+        for (i, path) in self.fields.iter().enumerate() {
+            if i > 0 {
+                key.push_str(&self.separator);
+            }
+            let part = scalar_text(path, event)?;
+            if part.contains('\\') || part.contains(self.separator.as_str()) {
+                let escaped_sep = format!("\\{}", self.separator);
+                key.push_str(
+                    &part
+                        .replace('\\', "\\\\")
+                        .replace(self.separator.as_str(), &escaped_sep),
+                );
+            } else {
+                key.push_str(&part);
+            }
+        }
+        Ok(key)
+    }
+}
+
+/// The key is a digest of the event's canonical JSON (object keys sorted, compact; see
+/// [`crate::canonical_json`]), over the `include` fields (all when not set) minus the
+/// `exclude` fields. Included fields that are absent are simply not in the digest; an
+/// included path through an array (`items.0.sku`) keeps its value under objects keyed by
+/// the path's segments.
+///
+/// ```
+/// use idem::events::{ContentHashExtractor, Extractor};
+/// use idem::HashAlgorithm;
+/// use serde_json::json;
+/// let key = ContentHashExtractor::new().exclude(["id", "timestamp"]).unwrap();
+/// let a = json!({"id": 1, "timestamp": "2025-11-18T09:00:00Z", "amount": "10.00"});
+/// let b = json!({"amount": "10.00", "id": 2, "timestamp": "2025-11-18T09:05:00Z"});
+/// assert_eq!(key.extract(&a).unwrap(), key.extract(&b).unwrap());
+/// assert_eq!(key.extract(&a).unwrap(), idem::digest_value(&json!({"amount": "10.00"}), HashAlgorithm::Sha256));
+/// let md5 = ContentHashExtractor::new().algorithm(HashAlgorithm::Md5);
+/// assert_eq!(md5.extract(&a).unwrap().len(), 32);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ContentHashExtractor {
+    include: Option<Vec<FieldPath>>,
+    exclude: Vec<FieldPath>,
+    algorithm: HashAlgorithm,
+}
+
+impl ContentHashExtractor {
+    /// All fields, SHA-256.
+    pub fn new() -> Self {
+        ContentHashExtractor::default()
+    }
+
+    /// Only these fields (dotted paths) count.
+    pub fn include<I, S>(mut self, fields: I) -> Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        self.include = Some(paths(fields)?);
+        Ok(self)
+    }
+
+    /// These fields (dotted paths) do not count.
+    pub fn exclude<I, S>(mut self, fields: I) -> Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        self.exclude = paths(fields)?;
+        Ok(self)
+    }
+
+    /// The digest: SHA-256 (default, 64 hex characters) or MD5 (32).
+    pub fn algorithm(mut self, algorithm: HashAlgorithm) -> Self {
+        self.algorithm = algorithm;
+        self
+    }
+
+    /// The part of `event` the digest covers.
+    pub fn content(&self, event: &Value) -> Result<Value, EventError> {
+        require_object(event)?;
+        let mut content = match &self.include {
+            None => event.clone(),
+            Some(fields) => {
+                let mut picked = Value::Object(Map::new());
+                for path in fields {
+                    if let Some(v) = path.get(event) {
+                        insert_at(&mut picked, &path.segments, v.clone());
+                    }
+                }
+                picked
+            }
+        };
+        for path in &self.exclude {
+            remove_at(&mut content, &path.segments);
+        }
+        Ok(content)
+    }
+}
+
+impl Extractor for ContentHashExtractor {
+    fn extract(&self, event: &Value) -> Result<String, EventError> {
+        Ok(digest_value(&self.content(event)?, self.algorithm))
+    }
+}
+
+fn insert_at(target: &mut Value, segments: &[String], value: Value) {
+    let Some((last, parents)) = segments.split_last() else {
+        return;
+    };
+    let mut at = target;
+    for segment in parents {
+        let map = at.as_object_mut().expect("built from objects");
+        at = map
+            .entry(segment.clone())
+            .or_insert_with(|| Value::Object(Map::new()));
+        if !at.is_object() {
+            // A shorter included path already holds this whole value.
+            return;
+        }
+    }
+    at.as_object_mut()
+        .expect("built from objects")
+        .insert(last.clone(), value);
+}
+
+fn remove_at(target: &mut Value, segments: &[String]) {
+    let Some((last, parents)) = segments.split_last() else {
+        return;
+    };
+    let mut at = target;
+    for segment in parents {
+        at = match at {
+            Value::Object(map) => match map.get_mut(segment) {
+                Some(v) => v,
+                None => return,
+            },
+            Value::Array(items) => {
+                match segment.parse::<usize>().ok().and_then(|i| items.get_mut(i)) {
+                    Some(v) => v,
+                    None => return,
+                }
+            }
+            _ => return,
+        };
+    }
+    match at {
+        Value::Object(map) => {
+            map.remove(last);
+        }
+        Value::Array(items) => {
+            if let Some(i) = last.parse::<usize>().ok().filter(|i| *i < items.len()) {
+                items.remove(i);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Another extractor's key prefixed with the time bucket of the **event's own
+/// timestamp**: `{bucket}:{key}`, where `bucket` is the number of whole `width`s since
+/// 1970-01-01T00:00:00Z (the seed's format). The seed took the bucket from the wall
+/// clock, so a retry in the next bucket got a new key; here the same event always gets
+/// the same key, whenever it is checked.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem::events::{ContentHashExtractor, Extractor, TimeBucketExtractor};
+/// use serde_json::json;
+/// let inner = ContentHashExtractor::new().exclude(["timestamp"]).unwrap();
+/// let hourly = TimeBucketExtractor::new("timestamp", Duration::from_secs(3600), inner).unwrap();
+/// let at = |t: &str| hourly.extract(&json!({"timestamp": t, "amount": 5})).unwrap();
+/// assert_eq!(at("2025-11-18T09:10:00Z"), at("2025-11-18T10:59:59+01:00"));
+/// assert_ne!(at("2025-11-18T09:10:00Z"), at("2025-11-18T10:00:00Z"));
+/// assert!(at("2025-11-18T09:10:00Z").starts_with("489849:"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimeBucketExtractor<E> {
+    field: FieldPath,
+    width_micros: i64,
+    inner: E,
+}
+
+impl<E: Extractor> TimeBucketExtractor<E> {
+    /// Buckets of `width` (at least a microsecond) by the RFC 3339 timestamp at `field`.
+    pub fn new(field: &str, width: Duration, inner: E) -> Result<Self> {
+        let width_micros = i64::try_from(width.as_micros())
+            .ok()
+            .filter(|w| *w > 0)
+            .ok_or_else(|| {
+                Error::config(format!(
+                    "time bucket width {width:?} must be between 1µs and 292,000 years"
+                ))
+            })?;
+        Ok(TimeBucketExtractor {
+            field: FieldPath::parse(field)?,
+            width_micros,
+            inner,
+        })
+    }
+
+    /// The bucket number of `event`: whole widths since the Unix epoch.
+    pub fn bucket(&self, event: &Value) -> Result<i64, EventError> {
+        require_object(event)?;
+        let text = match self.field.get(event) {
+            None => return Err(self.field.missing()),
+            Some(Value::String(s)) => s,
+            Some(other) => {
+                return Err(EventError::WrongType {
+                    field: self.field.text.clone(),
+                    expected: "an RFC 3339 timestamp string",
+                    found: kind(other),
+                })
+            }
+        };
+        let at = DateTime::parse_from_rfc3339(text).map_err(|_| EventError::InvalidField {
+            field: self.field.text.clone(),
+            reason: format!(
+                "{text:?} is not an RFC 3339 time with a UTC offset (e.g. 2025-11-18T09:00:00Z)"
+            ),
+        })?;
+        Ok(at.timestamp_micros().div_euclid(self.width_micros))
+    }
+}
+
+impl<E: Extractor> Extractor for TimeBucketExtractor<E> {
+    fn extract(&self, event: &Value) -> Result<String, EventError> {
+        let bucket = self.bucket(event)?;
+        Ok(format!("{bucket}:{}", self.inner.extract(event)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn field_paths_reach_nested_values_and_name_the_field_when_they_cannot() {
+        let event = json!({"id": 42, "ok": true, "data": {"user": {"id": "u-1"}, "items": [{"sku": "s-9"}]},
+                           "empty": "", "nothing": null, "list": [1]});
+        let get = |p: &str| FieldExtractor::new(p).unwrap().extract(&event);
+        assert_eq!(get("id").unwrap(), "42");
+        assert_eq!(get("ok").unwrap(), "true");
+        assert_eq!(get("data.user.id").unwrap(), "u-1");
+        assert_eq!(get("data.items.0.sku").unwrap(), "s-9");
+        assert_eq!(
+            get("data.items.1.sku").unwrap_err(),
+            EventError::MissingField {
+                field: "data.items.1.sku".into()
+            }
+        );
+        assert_eq!(
+            get("data.user").unwrap_err().to_string(),
+            "field `data.user` is an object, expected a string, number or boolean"
+        );
+        assert_eq!(
+            get("nothing").unwrap_err().to_string(),
+            "field `nothing` is null, expected a string, number or boolean"
+        );
+        assert_eq!(
+            get("empty").unwrap_err().to_string(),
+            "field `empty` is invalid: it is an empty string"
+        );
+        assert_eq!(get("list").unwrap_err().field(), Some("list"));
+        assert!(matches!(
+            FieldExtractor::new("id").unwrap().extract(&json!([1])),
+            Err(EventError::Malformed { .. })
+        ));
+        for bad in ["", ".", "a..b", "a."] {
+            assert!(FieldExtractor::new(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn composite_joins_in_order_and_escapes_the_separator() {
+        let key = CompositeExtractor::new(["tenant", "user.id", "n"], "::").unwrap();
+        assert_eq!(
+            key.extract(&json!({"tenant": "acme", "user": {"id": "u1"}, "n": 3}))
+                .unwrap(),
+            "acme::u1::3"
+        );
+        let a = key
+            .extract(&json!({"tenant": "a::b", "user": {"id": "c"}, "n": 1}))
+            .unwrap();
+        let b = key
+            .extract(&json!({"tenant": "a", "user": {"id": "b::c"}, "n": 1}))
+            .unwrap();
+        assert_eq!(a, r"a\::b::c::1");
+        assert_ne!(a, b);
+        let c = key
+            .extract(&json!({"tenant": "a\\", "user": {"id": "x"}, "n": 1}))
+            .unwrap();
+        assert_eq!(c, r"a\\::x::1");
+        assert_eq!(
+            key.extract(&json!({"tenant": "acme", "n": 3}))
+                .unwrap_err()
+                .to_string(),
+            "field `user.id` is missing"
+        );
+        assert!(CompositeExtractor::new(Vec::<&str>::new(), ":").is_err());
+        assert!(CompositeExtractor::new(["a"], "").is_err());
+        assert!(CompositeExtractor::new(["a"], "\\").is_err());
+    }
+
+    #[test]
+    fn content_hash_covers_included_minus_excluded_fields() {
+        let event = json!({"id": "e1", "timestamp": "2025-11-18T09:00:00Z",
+                           "amount": "10.00", "meta": {"source": "feed", "seq": 7}});
+        let all = ContentHashExtractor::new();
+        assert_eq!(
+            all.extract(&event).unwrap(),
+            crate::digest_value(&event, HashAlgorithm::Sha256)
+        );
+        let without = ContentHashExtractor::new()
+            .exclude(["id", "timestamp", "meta.seq"])
+            .unwrap();
+        assert_eq!(
+            without.content(&event).unwrap(),
+            json!({"amount": "10.00", "meta": {"source": "feed"}})
+        );
+        let only = ContentHashExtractor::new()
+            .include(["amount", "meta.source", "absent"])
+            .unwrap()
+            .algorithm(HashAlgorithm::Md5);
+        assert_eq!(
+            only.content(&event).unwrap(),
+            json!({"amount": "10.00", "meta": {"source": "feed"}})
+        );
+        let md5 = only.extract(&event).unwrap();
+        assert_eq!(md5.len(), 32);
+        assert_eq!(
+            md5,
+            crate::digest_value(
+                &json!({"amount": "10.00", "meta": {"source": "feed"}}),
+                HashAlgorithm::Md5
+            )
+        );
+        // Key order in the input does not matter; a changed value does.
+        let reordered: Value = serde_json::from_str(
+            r#"{"meta": {"seq": 8, "source": "feed"}, "amount": "10.00", "timestamp": "x", "id": "e2"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            without.extract(&reordered).unwrap(),
+            without.extract(&event).unwrap()
+        );
+        let changed = json!({"amount": "10.01", "meta": {"source": "feed"}});
+        assert_ne!(
+            without.extract(&changed).unwrap(),
+            without.extract(&event).unwrap()
+        );
+        assert!(matches!(
+            all.extract(&json!("text")),
+            Err(EventError::Malformed { .. })
+        ));
+    }
+
+    #[test]
+    fn time_bucket_uses_the_event_timestamp_not_the_clock() {
+        let hourly = TimeBucketExtractor::new(
+            "at",
+            Duration::from_secs(3600),
+            FieldExtractor::new("id").unwrap(),
+        )
+        .unwrap();
+        // An event from 1970: with the seed's wall-clock bucket this would be "now".
+        assert_eq!(
+            hourly
+                .extract(&json!({"at": "1970-01-01T01:30:00Z", "id": "a"}))
+                .unwrap(),
+            "1:a"
+        );
+        assert_eq!(
+            hourly
+                .extract(&json!({"at": "1969-12-31T23:59:59Z", "id": "a"}))
+                .unwrap(),
+            "-1:a"
+        );
+        let t = "2025-11-18T09:59:59.999999Z";
+        let expected = DateTime::parse_from_rfc3339(t).unwrap().timestamp() / 3600;
+        assert_eq!(
+            hourly.extract(&json!({"at": t, "id": "a"})).unwrap(),
+            format!("{expected}:a")
+        );
+        assert_eq!(
+            hourly.extract(&json!({"id": "a"})).unwrap_err().to_string(),
+            "field `at` is missing"
+        );
+        assert_eq!(
+            hourly
+                .extract(&json!({"at": 1763456400, "id": "a"}))
+                .unwrap_err()
+                .to_string(),
+            "field `at` is a number, expected an RFC 3339 timestamp string"
+        );
+        assert_eq!(
+            hourly
+                .extract(&json!({"at": "yesterday", "id": "a"}))
+                .unwrap_err()
+                .field(),
+            Some("at")
+        );
+        // The inner extractor's failure names its own field.
+        assert_eq!(
+            hourly.extract(&json!({"at": t})).unwrap_err().to_string(),
+            "field `id` is missing"
+        );
+        assert!(
+            TimeBucketExtractor::new("at", Duration::ZERO, ContentHashExtractor::new()).is_err()
+        );
+    }
+
+    #[test]
+    fn extractors_work_behind_a_box() {
+        let boxed: Vec<Box<dyn Extractor>> = vec![
+            Box::new(FieldExtractor::new("id").unwrap()),
+            Box::new(ContentHashExtractor::new()),
+        ];
+        let event = json!({"id": "x"});
+        assert_eq!(boxed[0].extract(&event).unwrap(), "x");
+        assert_eq!(boxed[1].extract(&event).unwrap().len(), 64);
+    }
+}

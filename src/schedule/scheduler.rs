@@ -1,0 +1,740 @@
+//! `idem scheduler`: a long-running loop that fires each scheduled job at its slots.
+//!
+//! The loop decides *when* to fire and *which date* a fire processes; the CLI decides *how*
+//! (each fire goes through the same runner as `idem run`, with trigger `scheduler`, so two
+//! schedulers, or a scheduler and manual runs, are kept apart by the guards: the lease and
+//! the time window).
+//!
+//! * A slot is fired once its instant has passed; the date it processes is the job's
+//!   `date` expression evaluated at the slot's instant in the job's zone (as
+//!   `--scheduled-at` does), so a late fire still processes its slot's date.
+//! * Daylight saving time is what [`CronSchedule::next_after`](super::CronSchedule) says:
+//!   a fixed wall-clock time that happens twice fires once, one that does not happen fires
+//!   at the first instant after the gap.
+//! * **Missed slots** (the scheduler was down, or stalled): the latest due slot counts as on
+//!   time while it is at most [`LATE_TOLERANCE`] late; every other due slot is missed.
+//!   With `missed = "skip"` (the default) missed slots are dropped (one warning says how
+//!   many) and the job fires at its next slot; with `missed = "catch_up"` the most recent
+//!   `catch_up_limit` missed slots are fired, oldest first, and older ones are dropped. On
+//!   start a `catch_up` job's missed slots are those after its last `scheduler` run in the
+//!   ledger (none when it never ran under a scheduler: a first start fires no history).
+//!
+//! The clock is injectable ([`Clock`]), and [`Planner`] is pure, so the decisions are
+//! tested with a fake clock.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, NaiveDate, Utc};
+use chrono_tz::Tz;
+use serde::Serialize;
+
+use crate::error::{BoxError, Error, Result};
+use crate::key::Content;
+use crate::model::{Outcome, RunRequest};
+use crate::processor::Processor;
+
+use super::{CronSchedule, DateExpr, ScheduledJob};
+
+/// How late the latest due slot may be and still fire as on time (not missed).
+pub const LATE_TOLERANCE: Duration = Duration::from_secs(60);
+
+/// The default `catch_up_limit`.
+pub const DEFAULT_CATCH_UP_LIMIT: u32 = 3;
+
+/// The largest `catch_up_limit` (a bound against catch-up storms).
+pub const MAX_CATCH_UP_LIMIT: u32 = 1000;
+
+/// What the scheduler does with slots it missed (it was down or stalled).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case", tag = "policy")]
+pub enum Missed {
+    /// Drop them; fire the next slot (the default).
+    #[default]
+    Skip,
+    /// Fire the most recent `limit` of them, oldest first.
+    CatchUp {
+        /// At most this many missed slots are fired.
+        limit: u32,
+    },
+}
+
+impl Missed {
+    /// Reads the job fields `missed` (`skip` or `catch_up`) and `catch_up_limit`.
+    pub fn parse(missed: Option<&str>, limit: Option<u32>) -> Result<Missed> {
+        match (missed.map(str::trim), limit) {
+            (None | Some("skip"), None) => Ok(Missed::Skip),
+            (None | Some("skip"), Some(_)) => Err(Error::config(
+                "catch_up_limit is set but missed is not \"catch_up\"",
+            )),
+            (Some("catch_up"), limit) => {
+                let limit = limit.unwrap_or(DEFAULT_CATCH_UP_LIMIT);
+                if !(1..=MAX_CATCH_UP_LIMIT).contains(&limit) {
+                    return Err(Error::config(format!(
+                        "catch_up_limit = {limit}: expected 1 to {MAX_CATCH_UP_LIMIT}"
+                    )));
+                }
+                Ok(Missed::CatchUp { limit })
+            }
+            (Some(other), _) => Err(Error::config(format!(
+                "missed = {other:?}: expected \"skip\" or \"catch_up\""
+            ))),
+        }
+    }
+}
+
+/// The time, injectable so tests can use a fake clock.
+pub trait Clock: Send + Sync {
+    /// Now.
+    fn now(&self) -> DateTime<Utc>;
+}
+
+/// The system clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> DateTime<Utc> {
+        Utc::now()
+    }
+}
+
+/// One fire: a job, the slot it fires for, and the date that slot processes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Fire {
+    /// The job's name.
+    pub job: String,
+    /// The slot's instant.
+    pub slot: DateTime<Utc>,
+    /// The slot in the job's zone (`2026-03-08T03:00:00-07:00`).
+    pub local: String,
+    /// The date this slot processes (the job's date expression at the slot, in its zone).
+    pub date: NaiveDate,
+    /// A missed slot fired by `catch_up`.
+    pub catch_up: bool,
+}
+
+/// Slots a tick dropped for one job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dropped {
+    /// The job's name.
+    pub job: String,
+    /// How many slots were dropped.
+    pub count: u64,
+    /// The oldest and newest dropped slot.
+    pub first: DateTime<Utc>,
+    /// The newest dropped slot.
+    pub last: DateTime<Utc>,
+}
+
+/// What is due at an instant.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Due {
+    /// Fires, per job oldest first.
+    pub fires: Vec<Fire>,
+    /// Missed slots not fired.
+    pub dropped: Vec<Dropped>,
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    name: String,
+    cron: CronSchedule,
+    tz: Tz,
+    date: DateExpr,
+    missed: Missed,
+    /// Slots strictly after this instant have not been considered yet.
+    after: DateTime<Utc>,
+}
+
+/// Decides which slots fire when: pure, driven by the instants it is given.
+#[derive(Debug, Clone)]
+pub struct Planner {
+    entries: Vec<Entry>,
+}
+
+impl Planner {
+    /// A planner for `jobs` started at `now`: only slots after `now` are considered (see
+    /// [`Planner::resume_after`] for catch-up on start).
+    pub fn new(jobs: &[ScheduledJob], now: DateTime<Utc>) -> Result<Planner> {
+        let entries = jobs
+            .iter()
+            .map(|job| {
+                Ok(Entry {
+                    name: job.name.clone(),
+                    cron: job.cron()?,
+                    tz: job.tz()?,
+                    date: job.date_expr()?,
+                    missed: job.missed,
+                    after: now,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Planner { entries })
+    }
+
+    /// The job names, in order, with their missed-fire policy.
+    pub fn jobs(&self) -> impl Iterator<Item = (&str, Missed)> {
+        self.entries.iter().map(|e| (e.name.as_str(), e.missed))
+    }
+
+    /// For a `catch_up` job: its last fire was at `last_fire` (from the ledger), so the
+    /// slots after it are missed ones the next [`Planner::due`] considers. No effect on a
+    /// `skip` job or when `last_fire` is not earlier than what is already considered.
+    pub fn resume_after(&mut self, job: &str, last_fire: DateTime<Utc>) {
+        for e in self.entries.iter_mut().filter(|e| e.name == job) {
+            if matches!(e.missed, Missed::CatchUp { .. }) && last_fire < e.after {
+                e.after = last_fire;
+            }
+        }
+    }
+
+    /// The slots due at `now` (their instant has passed), per the missed-fire policies;
+    /// they are not considered again.
+    pub fn due(&mut self, now: DateTime<Utc>) -> Result<Due> {
+        let mut due = Due::default();
+        for e in &mut self.entries {
+            if now <= e.after {
+                continue;
+            }
+            let limit = match e.missed {
+                Missed::Skip => 0,
+                Missed::CatchUp { limit } => limit as usize,
+            };
+            // The most recent due slots (enough to fire `limit` missed ones, the on-time
+            // one, and to name the newest dropped one), and how many there were in all.
+            let keep = limit + 2;
+            let mut recent: VecDeque<DateTime<Tz>> = VecDeque::with_capacity(keep);
+            let mut total: u64 = 0;
+            let mut oldest = None;
+            let mut cursor = e.after.with_timezone(&e.tz);
+            while let Some(slot) = e.cron.next_after(&cursor) {
+                if slot <= cursor || slot.with_timezone(&Utc) > now {
+                    break;
+                }
+                total += 1;
+                oldest.get_or_insert(slot.with_timezone(&Utc));
+                if recent.len() == keep {
+                    recent.pop_front();
+                }
+                recent.push_back(slot);
+                cursor = slot;
+            }
+            e.after = now;
+            let Some(latest) = recent.back().map(|s| s.with_timezone(&Utc)) else {
+                continue;
+            };
+            let late = (now - latest).to_std().unwrap_or_default();
+            let on_time = (late <= LATE_TOLERANCE)
+                .then(|| recent.pop_back())
+                .flatten();
+            // `recent` now holds missed slots only (the most recent ones).
+            let missed_total = total - u64::from(on_time.is_some());
+            let n_fire = recent.len().min(limit);
+            let split = recent.len() - n_fire;
+            let mut fired_missed: Vec<DateTime<Tz>> = recent.range(split..).cloned().collect();
+            let dropped = missed_total - n_fire as u64;
+            if dropped > 0 {
+                let last = recent
+                    .get(split.wrapping_sub(1))
+                    .map_or(latest, |s| s.with_timezone(&Utc));
+                due.dropped.push(Dropped {
+                    job: e.name.clone(),
+                    count: dropped,
+                    first: oldest.unwrap_or(last),
+                    last,
+                });
+            }
+            let catch_up = fired_missed.len();
+            fired_missed.extend(on_time);
+            for (i, slot) in fired_missed.into_iter().enumerate() {
+                let utc = slot.with_timezone(&Utc);
+                due.fires.push(Fire {
+                    job: e.name.clone(),
+                    slot: utc,
+                    local: slot.to_rfc3339(),
+                    date: e.date.resolve(e.tz, utc)?,
+                    catch_up: i < catch_up,
+                });
+            }
+        }
+        Ok(due)
+    }
+
+    /// The next instant a slot falls due (the earliest over all jobs); `None` when no job
+    /// fires again.
+    pub fn next_wake(&self) -> Option<DateTime<Utc>> {
+        self.entries
+            .iter()
+            .filter_map(|e| {
+                e.cron
+                    .next_after(&e.after.with_timezone(&e.tz))
+                    .map(|t| t.with_timezone(&Utc))
+            })
+            .min()
+    }
+}
+
+/// What a scheduler loop did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct LoopSummary {
+    /// Fires started.
+    pub fired: u64,
+    /// Missed slots dropped.
+    pub dropped: u64,
+    /// Fires still running when the grace period ended (they were told to stop).
+    pub interrupted: u64,
+}
+
+/// Fires due slots until `shutdown` resolves (to the signal's name), then lets running
+/// fires finish within `grace`; after it, `stop` is raised (the fires' processors, wrapped
+/// in [`StopOnShutdown`], give up and their runs are recorded as interrupted) and the loop
+/// waits for the fires to record that.
+///
+/// `fire` starts one fire; it is spawned on the runtime, so fires of different jobs (and
+/// of the same job, when one outlasts the interval: the lease decides) run side by side.
+pub async fn run_loop<F, Fut>(
+    planner: &mut Planner,
+    clock: Arc<dyn Clock>,
+    fire: F,
+    shutdown: impl Future<Output = &'static str>,
+    grace: Duration,
+    stop: tokio::sync::watch::Sender<Option<String>>,
+) -> Result<LoopSummary>
+where
+    F: Fn(Fire) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let mut summary = LoopSummary::default();
+    let mut running = tokio::task::JoinSet::new();
+    tokio::pin!(shutdown);
+    let signal = loop {
+        let due = planner.due(clock.now())?;
+        for d in &due.dropped {
+            summary.dropped += d.count;
+            tracing::warn!(
+                job = %d.job,
+                "missed {} slot(s) from {} to {}: not fired (missed-fire policy)",
+                d.count,
+                d.first.to_rfc3339(),
+                d.last.to_rfc3339()
+            );
+        }
+        for f in due.fires {
+            summary.fired += 1;
+            running.spawn(fire(f));
+        }
+        let sleep = planner
+            .next_wake()
+            .map(|t| (t - clock.now()).to_std().unwrap_or_default())
+            // Nothing fires again: idle until stopped.
+            .unwrap_or(Duration::from_secs(3600));
+        tokio::select! {
+            signal = &mut shutdown => break signal,
+            _ = tokio::time::sleep(sleep) => {}
+            Some(_) = running.join_next(), if !running.is_empty() => {}
+        }
+    };
+    if !running.is_empty() {
+        tracing::warn!(
+            "{signal} received: no new fires; waiting up to {} for {} running fire(s)",
+            humanize(grace),
+            running.len()
+        );
+    }
+    let deadline = tokio::time::sleep(grace);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            next = running.join_next() => if next.is_none() { break },
+            _ = &mut deadline => {
+                summary.interrupted = running.len() as u64;
+                tracing::warn!(
+                    "the {} grace period ended: stopping {} running fire(s); they are recorded as interrupted",
+                    humanize(grace),
+                    running.len()
+                );
+                let _ = stop.send(Some(format!(
+                    "interrupted by {signal}: the scheduler's {} grace period ended",
+                    humanize(grace)
+                )));
+                while running.join_next().await.is_some() {}
+                break;
+            }
+        }
+    }
+    Ok(summary)
+}
+
+fn humanize(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
+}
+
+/// A processor that gives up (with the message sent on the channel) once the scheduler's
+/// grace period ends, so the runner records the run as failed and releases its lease.
+pub struct StopOnShutdown {
+    inner: Arc<dyn Processor>,
+    stop: tokio::sync::watch::Receiver<Option<String>>,
+}
+
+impl StopOnShutdown {
+    /// Wraps `inner`; it stops once `stop` carries a message.
+    pub fn new(
+        inner: Arc<dyn Processor>,
+        stop: tokio::sync::watch::Receiver<Option<String>>,
+    ) -> Self {
+        StopOnShutdown { inner, stop }
+    }
+
+    async fn stopped(&self) -> BoxError {
+        let mut rx = self.stop.clone();
+        let message = rx
+            .wait_for(Option::is_some)
+            .await
+            .map(|m| m.clone().unwrap_or_default());
+        match message {
+            Ok(message) => message.into(),
+            // The sender is gone: never stop.
+            Err(_) => std::future::pending().await,
+        }
+    }
+}
+
+#[async_trait]
+impl Processor for StopOnShutdown {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    async fn prepare(&self, request: &RunRequest) -> std::result::Result<(), BoxError> {
+        tokio::select! {
+            r = self.inner.prepare(request) => r,
+            e = self.stopped() => Err(e),
+        }
+    }
+
+    async fn describe(
+        &self,
+        request: &RunRequest,
+    ) -> std::result::Result<Option<Content>, BoxError> {
+        tokio::select! {
+            r = self.inner.describe(request) => r,
+            e = self.stopped() => Err(e),
+        }
+    }
+
+    fn version(&self) -> String {
+        self.inner.version()
+    }
+
+    async fn process(&self, request: &RunRequest) -> std::result::Result<Outcome, BoxError> {
+        tokio::select! {
+            r = self.inner.process(request) => r,
+            e = self.stopped() => Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::parse_instant;
+
+    fn utc(s: &str) -> DateTime<Utc> {
+        parse_instant("--after", s).unwrap()
+    }
+
+    fn job(name: &str, schedule: &str, tz: &str, missed: Missed) -> ScheduledJob {
+        ScheduledJob {
+            name: name.into(),
+            schedule: schedule.into(),
+            timezone: Some(tz.into()),
+            missed,
+            ..Default::default()
+        }
+    }
+
+    fn slots(due: &Due) -> Vec<String> {
+        due.fires.iter().map(|f| f.slot.to_rfc3339()).collect()
+    }
+
+    #[test]
+    fn an_on_time_slot_fires_once_with_its_zones_date() {
+        let mut p = Planner::new(
+            &[ScheduledJob {
+                date: Some("yesterday".into()),
+                ..job("daily", "0 9 * * *", "America/Los_Angeles", Missed::Skip)
+            }],
+            utc("2026-03-06T12:00:00Z"),
+        )
+        .unwrap();
+        assert_eq!(p.next_wake(), Some(utc("2026-03-06T17:00:00Z")));
+        assert_eq!(p.due(utc("2026-03-06T16:59:59Z")).unwrap(), Due::default());
+        let due = p.due(utc("2026-03-06T17:00:00.200Z")).unwrap();
+        assert_eq!(slots(&due), ["2026-03-06T17:00:00+00:00"]);
+        assert_eq!(due.fires[0].local, "2026-03-06T09:00:00-08:00");
+        assert_eq!(due.fires[0].date.to_string(), "2026-03-05");
+        assert!(!due.fires[0].catch_up);
+        assert!(due.dropped.is_empty());
+        // Not again.
+        assert_eq!(p.due(utc("2026-03-06T17:00:30Z")).unwrap(), Due::default());
+        assert_eq!(p.next_wake(), Some(utc("2026-03-07T17:00:00Z")));
+    }
+
+    #[test]
+    fn after_a_stall_skip_drops_the_missed_slots_and_fires_the_next_one() {
+        let mut p = Planner::new(
+            &[job("hourly", "0 * * * *", "UTC", Missed::Skip)],
+            utc("2026-01-01T10:30:00Z"),
+        )
+        .unwrap();
+        // Stalled until 13:10: 11:00, 12:00 and 13:00 are all missed (13:00 is 10 min late).
+        let due = p.due(utc("2026-01-01T13:10:00Z")).unwrap();
+        assert!(due.fires.is_empty(), "{due:?}");
+        assert_eq!(
+            due.dropped,
+            [Dropped {
+                job: "hourly".into(),
+                count: 3,
+                first: utc("2026-01-01T11:00:00Z"),
+                last: utc("2026-01-01T13:00:00Z"),
+            }]
+        );
+        assert_eq!(p.next_wake(), Some(utc("2026-01-01T14:00:00Z")));
+        // A short stall: the latest slot is still on time, the older one is dropped.
+        let due = p.due(utc("2026-01-01T15:00:40Z")).unwrap();
+        assert_eq!(slots(&due), ["2026-01-01T15:00:00+00:00"]);
+        assert_eq!(due.dropped[0].count, 1);
+        assert_eq!(due.dropped[0].first, utc("2026-01-01T14:00:00Z"));
+    }
+
+    #[test]
+    fn after_a_stall_catch_up_fires_the_most_recent_missed_slots_oldest_first_within_the_bound() {
+        let mut p = Planner::new(
+            &[job(
+                "hourly",
+                "0 * * * *",
+                "UTC",
+                Missed::CatchUp { limit: 2 },
+            )],
+            utc("2026-01-01T10:30:00Z"),
+        )
+        .unwrap();
+        let due = p.due(utc("2026-01-01T13:10:00Z")).unwrap();
+        assert_eq!(
+            slots(&due),
+            ["2026-01-01T12:00:00+00:00", "2026-01-01T13:00:00+00:00"]
+        );
+        assert!(due.fires.iter().all(|f| f.catch_up));
+        assert_eq!(due.dropped[0].count, 1);
+        assert_eq!(due.dropped[0].first, utc("2026-01-01T11:00:00Z"));
+        assert_eq!(due.dropped[0].last, utc("2026-01-01T11:00:00Z"));
+        // Two missed and one on time: the bound counts missed slots only.
+        let due = p.due(utc("2026-01-01T16:00:05Z")).unwrap();
+        assert_eq!(
+            slots(&due),
+            [
+                "2026-01-01T14:00:00+00:00",
+                "2026-01-01T15:00:00+00:00",
+                "2026-01-01T16:00:00+00:00"
+            ]
+        );
+        assert_eq!(
+            due.fires.iter().map(|f| f.catch_up).collect::<Vec<_>>(),
+            [true, true, false]
+        );
+        assert!(due.dropped.is_empty());
+    }
+
+    #[test]
+    fn on_start_catch_up_resumes_after_the_last_fire_and_skip_does_not() {
+        let now = utc("2026-01-05T10:00:00Z");
+        let jobs = [
+            ScheduledJob {
+                date: Some("yesterday".into()),
+                ..job("c", "0 6 * * *", "UTC", Missed::CatchUp { limit: 3 })
+            },
+            job("s", "0 6 * * *", "UTC", Missed::Skip),
+        ];
+        let mut p = Planner::new(&jobs, now).unwrap();
+        let last = utc("2026-01-01T06:00:01Z");
+        p.resume_after("c", last);
+        p.resume_after("s", last);
+        let due = p.due(now).unwrap();
+        let fired: Vec<(&str, String)> = due
+            .fires
+            .iter()
+            .map(|f| (f.job.as_str(), f.date.to_string()))
+            .collect();
+        // 2, 3, 4 and 5 January were missed; the bound keeps the three most recent.
+        assert_eq!(
+            fired,
+            [
+                ("c", "2026-01-02".to_string()),
+                ("c", "2026-01-03".to_string()),
+                ("c", "2026-01-04".to_string())
+            ]
+        );
+        assert_eq!(due.dropped.len(), 1);
+        assert_eq!(due.dropped[0].job, "c");
+        assert_eq!(due.dropped[0].count, 1);
+        assert_eq!(p.next_wake(), Some(utc("2026-01-06T06:00:00Z")));
+    }
+
+    /// Wakes the planner at each slot (as the loop does) from `start` to `end`; the fires.
+    fn drive(p: &mut Planner, start: &str, end: &str) -> Vec<Fire> {
+        let end = utc(end);
+        let mut fires = Vec::new();
+        let mut now = utc(start);
+        loop {
+            fires.extend(p.due(now).unwrap().fires);
+            match p.next_wake() {
+                Some(t) if t <= end => now = t + chrono::Duration::milliseconds(3),
+                _ => return fires,
+            }
+        }
+    }
+
+    #[test]
+    fn a_daily_two_thirty_fires_once_on_each_2026_dst_day_with_a_fake_clock() {
+        let mut p = Planner::new(
+            &[job("d", "30 2 * * *", "America/Los_Angeles", Missed::Skip)],
+            utc("2026-03-06T00:00:00Z"),
+        )
+        .unwrap();
+        let fires = drive(&mut p, "2026-03-06T00:00:00Z", "2026-03-10T00:00:00Z");
+        let local: Vec<(&str, String)> = fires
+            .iter()
+            .map(|f| (f.local.as_str(), f.date.to_string()))
+            .collect();
+        assert_eq!(
+            local,
+            [
+                ("2026-03-06T02:30:00-08:00", "2026-03-06".to_string()),
+                ("2026-03-07T02:30:00-08:00", "2026-03-07".to_string()),
+                // 02:30 does not exist: the first instant after the gap, once.
+                ("2026-03-08T03:00:00-07:00", "2026-03-08".to_string()),
+                ("2026-03-09T02:30:00-07:00", "2026-03-09".to_string()),
+            ]
+        );
+        let mut p = Planner::new(
+            &[job("d", "30 1 * * *", "America/Los_Angeles", Missed::Skip)],
+            utc("2026-10-31T00:00:00Z"),
+        )
+        .unwrap();
+        let fires = drive(&mut p, "2026-10-31T00:00:00Z", "2026-11-03T00:00:00Z");
+        let local: Vec<&str> = fires.iter().map(|f| f.local.as_str()).collect();
+        // 01:30 happens twice on 1 November: it fires on the first pass only.
+        assert_eq!(
+            local,
+            [
+                "2026-10-31T01:30:00-07:00",
+                "2026-11-01T01:30:00-07:00",
+                "2026-11-02T01:30:00-08:00",
+            ]
+        );
+    }
+
+    #[test]
+    fn every_second_fires_each_second() {
+        let mut p = Planner::new(
+            &[job("s", "* * * * * *", "UTC", Missed::Skip)],
+            utc("2026-01-01T00:00:00.500Z"),
+        )
+        .unwrap();
+        let fires = drive(&mut p, "2026-01-01T00:00:00.500Z", "2026-01-01T00:00:03Z");
+        assert_eq!(
+            fires
+                .iter()
+                .map(|f| f.slot.to_rfc3339())
+                .collect::<Vec<_>>(),
+            [
+                "2026-01-01T00:00:01+00:00",
+                "2026-01-01T00:00:02+00:00",
+                "2026-01-01T00:00:03+00:00"
+            ]
+        );
+    }
+
+    #[test]
+    fn missed_policy_fields_are_validated() {
+        assert_eq!(Missed::parse(None, None).unwrap(), Missed::Skip);
+        assert_eq!(Missed::parse(Some("skip"), None).unwrap(), Missed::Skip);
+        assert_eq!(
+            Missed::parse(Some("catch_up"), None).unwrap(),
+            Missed::CatchUp {
+                limit: DEFAULT_CATCH_UP_LIMIT
+            }
+        );
+        assert_eq!(
+            Missed::parse(Some("catch_up"), Some(7)).unwrap(),
+            Missed::CatchUp { limit: 7 }
+        );
+        let e = |m: Option<&str>, l| Missed::parse(m, l).unwrap_err().to_string();
+        assert!(e(Some("later"), None).contains("missed = \"later\": expected"));
+        assert!(e(None, Some(3)).contains("catch_up_limit is set but missed is not"));
+        assert!(e(Some("catch_up"), Some(0)).contains("catch_up_limit = 0: expected 1 to 1000"));
+    }
+
+    struct Fixed(DateTime<Utc>);
+    impl Clock for Fixed {
+        fn now(&self) -> DateTime<Utc> {
+            self.0
+        }
+    }
+
+    #[tokio::test]
+    async fn the_loop_fires_due_slots_and_stops_running_fires_after_the_grace_period() {
+        // A fake clock just after a slot: that slot fires at once; the loop then waits.
+        let clock = Arc::new(Fixed(utc("2026-01-01T06:00:00.100Z")));
+        let mut p = Planner::new(
+            &[job("j", "0 6 * * *", "UTC", Missed::Skip)],
+            utc("2026-01-01T05:59:59Z"),
+        )
+        .unwrap();
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(None::<String>);
+        let (fired_tx, mut fired_rx) = tokio::sync::mpsc::unbounded_channel();
+        let fire = move |f: Fire| {
+            let mut stop = stop_rx.clone();
+            let fired = fired_tx.clone();
+            async move {
+                let _ = fired.send(f.slot);
+                // A fire that runs until told to stop.
+                let message = stop.wait_for(Option::is_some).await.unwrap().clone();
+                let _ = fired.send(utc("2000-01-01T00:00:00Z"));
+                assert!(message.unwrap().starts_with("interrupted by SIGTERM"));
+            }
+        };
+        let shutdown = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            "SIGTERM"
+        };
+        let summary = run_loop(
+            &mut p,
+            clock,
+            fire,
+            shutdown,
+            Duration::from_millis(50),
+            stop_tx,
+        )
+        .await
+        .unwrap();
+        assert_eq!(fired_rx.recv().await, Some(utc("2026-01-01T06:00:00Z")));
+        assert_eq!(fired_rx.recv().await, Some(utc("2000-01-01T00:00:00Z")));
+        assert_eq!(
+            summary,
+            LoopSummary {
+                fired: 1,
+                dropped: 0,
+                interrupted: 1
+            }
+        );
+    }
+}

@@ -1,0 +1,454 @@
+//! `idem scheduler` as a user meets it: an every-second job fires and is recorded with
+//! trigger `scheduler`, SIGTERM stops the loop cleanly (exit 0) after letting a running job
+//! finish or, past the grace period, recording it as interrupted with its lease released;
+//! two schedulers (and manual runs beside them) on one store never complete a scope twice.
+
+use std::collections::BTreeMap;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+mod common;
+
+use common::Sandbox;
+
+/// An every-second job named `name` whose `process` records the scope in `out` (in
+/// `jobs/wh.db`) after `work` (SQL).
+fn ticking_job(name: &str, extra: &str, work: &str) -> String {
+    format!(
+        r#"
+name = "{name}"
+processor = "sql"
+schedule = "* * * * * *"
+{extra}
+[guards]
+time_window = "1h"
+[sql]
+warehouse = "sqlite://wh.db"
+setup = "CREATE TABLE IF NOT EXISTS out (job TEXT, day TEXT)"
+process = """{work}; INSERT INTO out VALUES ('{name}', @scope)"""
+"#
+    )
+}
+
+/// A recursive count that keeps SQLite busy for about `n / 2_000_000` CPU seconds.
+fn count_to(n: u64) -> String {
+    format!("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < {n}) SELECT count(*) FROM c")
+}
+
+fn runs(s: &Sandbox, job: &str) -> Vec<Value> {
+    let (code, v, err) = s.json(&["runs", "--job", job, "--limit", "0"]);
+    assert_eq!(code, 0, "{err}");
+    v.as_array().cloned().unwrap_or_default()
+}
+
+/// Completed runs per scope.
+fn completed_per_scope(runs: &[Value]) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for r in runs.iter().filter(|r| r["status"] == "completed") {
+        *out.entry(r["scope"].as_str().unwrap().to_string())
+            .or_default() += 1;
+    }
+    out
+}
+
+/// The days the job wrote to `out` in `jobs/wh.db`.
+fn warehouse_days(s: &Sandbox) -> Vec<String> {
+    let path = s.dir.join("jobs/wh.db");
+    if !path.exists() {
+        return Vec::new();
+    }
+    let url = format!("sqlite://{}", path.display());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let w = idem::sql::open_warehouse(&url).await.unwrap();
+        let st = idem::sql::prepare(
+            "SELECT day FROM out ORDER BY day",
+            idem::sql::Dialect::Sqlite,
+        )
+        .unwrap();
+        match w.query(&st[0], &Default::default()).await {
+            Ok(rows) => rows
+                .iter()
+                .map(|r| r["day"].as_str().unwrap().to_string())
+                .collect(),
+            Err(e) if e.contains("no such table") => Vec::new(),
+            Err(e) => panic!("{e}"),
+        }
+    })
+}
+
+fn scheduler(s: &Sandbox, args: &[&str]) -> Child {
+    let mut all = vec!["scheduler"];
+    all.extend(args);
+    s.command(&all)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start idem scheduler")
+}
+
+fn sigterm(child: &Child) {
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+}
+
+/// Waits for `child` to exit, at most `limit`; kills it (and fails) past that.
+fn wait_exit(mut child: Child, limit: Duration) -> Output {
+    let start = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "the scheduler did not stop within {limit:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Polls until `done` holds for the job's runs (at most 60 s).
+fn wait_for_runs(s: &Sandbox, job: &str, what: &str, done: impl Fn(&[Value]) -> bool) {
+    let start = Instant::now();
+    loop {
+        let r = runs(s, job);
+        if done(&r) {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "timed out waiting for {what}: {r:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn an_every_second_job_fires_is_recorded_as_scheduler_runs_and_sigterm_stops_the_loop() {
+    let s = Sandbox::new("idem-scheduler-tick");
+    s.write_job("tick", &ticking_job("tick", "", "SELECT 1"));
+    s.write_job(
+        "manual",
+        &ticking_job("manual", "", "SELECT 1").replace("schedule = \"* * * * * *\"", ""),
+    );
+    assert_eq!(s.idem(&["migrate"]).status.code(), Some(0));
+    let child = scheduler(&s, &[]);
+    wait_for_runs(&s, "tick", "three fires", |r| r.len() >= 3);
+    sigterm(&child);
+    let out = wait_exit(child, Duration::from_secs(30));
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(0), "{err}");
+
+    let ledger = runs(&s, "tick");
+    assert!(ledger.len() >= 3, "{ledger:?}");
+    assert!(
+        ledger.iter().all(|r| r["trigger"] == "scheduler"),
+        "{ledger:?}"
+    );
+    // The date is the slot's date in the job's zone (UTC): the scope of every run.
+    for r in &ledger {
+        let started = r["started_at"].as_str().unwrap();
+        assert_eq!(r["scope"].as_str().unwrap(), &started[..10], "{r}");
+    }
+    // The first fire of a day completes; the time window skips the later ones.
+    let per_scope = completed_per_scope(&ledger);
+    assert!(per_scope.values().all(|n| *n == 1), "{per_scope:?}");
+    assert!(
+        ledger
+            .iter()
+            .filter(|r| r["status"] == "skipped")
+            .all(|r| r["skip_reason"] == "time_window"),
+        "{ledger:?}"
+    );
+    assert_eq!(warehouse_days(&s).len(), per_scope.len());
+    // One log line per fire, naming the job, the slot, the date and the outcome.
+    let fire_lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("fire tick slot"))
+        .collect();
+    assert_eq!(fire_lines.len(), ledger.len(), "{err}");
+    assert!(
+        fire_lines[0].contains(" date ") && fire_lines[0].contains(": completed, 1 record(s)"),
+        "{err}"
+    );
+    assert!(err.contains("scheduler stopped:"), "{err}");
+    // The job without a schedule never fired.
+    assert!(runs(&s, "manual").is_empty());
+}
+
+/// Two schedulers on `store`, and `idem run` beside them, for about four seconds: each
+/// scope completes once.
+fn two_schedulers_never_complete_a_scope_twice(s: &Sandbox, job: &str) {
+    s.write_job(job, &ticking_job(job, "", &count_to(300_000)));
+    assert_eq!(s.idem(&["migrate"]).status.code(), Some(0));
+    let a = scheduler(s, &[job]);
+    let b = scheduler(s, &[job]);
+    let path = s.dir.join("jobs").join(format!("{job}.toml"));
+    let path = path.to_str().unwrap();
+    let start = Instant::now();
+    let mut manual = Vec::new();
+    while start.elapsed() < Duration::from_secs(4) {
+        let (code, v, err) = s.json(&["run", path, "--date", "today"]);
+        assert!(code == 0, "{v} {err}");
+        manual.push(v["status"].as_str().unwrap().to_string());
+    }
+    wait_for_runs(s, job, "fires of both schedulers", |r| {
+        r.iter().filter(|r| r["trigger"] == "scheduler").count() >= 6
+    });
+    sigterm(&a);
+    sigterm(&b);
+    let (a, b) = (
+        wait_exit(a, Duration::from_secs(30)),
+        wait_exit(b, Duration::from_secs(30)),
+    );
+    for out in [&a, &b] {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{err}");
+        assert!(
+            err.contains(&format!("fire {job} slot")),
+            "each scheduler fired: {err}"
+        );
+    }
+    let ledger = runs(s, job);
+    let per_scope = completed_per_scope(&ledger);
+    assert!(
+        per_scope.values().all(|n| *n == 1),
+        "a scope completed twice: {per_scope:?} {ledger:?}"
+    );
+    assert!(!per_scope.is_empty(), "{ledger:?}");
+    assert_eq!(
+        warehouse_days(s).len(),
+        per_scope.len(),
+        "the work ran once per scope"
+    );
+    let scheduler_runs = ledger
+        .iter()
+        .filter(|r| r["trigger"] == "scheduler")
+        .count();
+    let manual_runs = ledger.iter().filter(|r| r["trigger"] == "manual").count();
+    assert!(scheduler_runs >= 6, "{ledger:?}");
+    assert_eq!(manual_runs, manual.len(), "{ledger:?}");
+    for r in ledger.iter().filter(|r| r["status"] == "skipped") {
+        assert!(
+            r["skip_reason"] == "time_window" || r["skip_reason"] == "in_progress",
+            "{r}"
+        );
+    }
+}
+
+#[test]
+fn two_schedulers_and_manual_runs_on_one_sqlite_store_never_complete_a_scope_twice() {
+    let s = Sandbox::new("idem-scheduler-two");
+    two_schedulers_never_complete_a_scope_twice(&s, "twice");
+}
+
+#[test]
+fn two_schedulers_and_manual_runs_on_postgres_never_complete_a_scope_twice() {
+    let Some(url) = common::service_url(
+        "IDEM_TEST_POSTGRES_URL",
+        "two_schedulers_and_manual_runs_on_postgres_never_complete_a_scope_twice",
+        common::POSTGRES_HOW,
+    ) else {
+        return;
+    };
+    let s = Sandbox::with_store("idem-scheduler-two-pg", &url);
+    let job = format!("twice_{}", &idem::new_run_id()[..8]);
+    two_schedulers_never_complete_a_scope_twice(&s, &job);
+}
+
+#[test]
+fn sigterm_lets_a_running_job_finish_within_the_grace_period() {
+    let s = Sandbox::new("idem-scheduler-grace");
+    s.write_job("medium", &ticking_job("medium", "", &count_to(3_000_000)));
+    assert_eq!(s.idem(&["migrate"]).status.code(), Some(0));
+    let child = scheduler(&s, &["--grace", "120s"]);
+    let start = Instant::now();
+    loop {
+        let (_, e, _) = s.json(&["explain", "medium", "--date", "today"]);
+        if e["skip_reason"] == "in_progress" {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "never claimed: {e}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    sigterm(&child);
+    let out = wait_exit(child, Duration::from_secs(120));
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("SIGTERM received: no new fires; waiting up to 120s"),
+        "{err}"
+    );
+    let ledger = runs(&s, "medium");
+    let completed = completed_per_scope(&ledger);
+    assert_eq!(completed.values().sum::<usize>(), 1, "{ledger:?}");
+    assert!(ledger.iter().all(|r| r["status"] != "failed"), "{ledger:?}");
+    assert_eq!(warehouse_days(&s).len(), 1);
+}
+
+/// A process block that runs for many seconds.
+const VERY_SLOW: u64 = 50_000_000;
+
+#[test]
+fn past_the_grace_period_a_running_job_is_recorded_interrupted_and_its_lease_released() {
+    let s = Sandbox::new("idem-scheduler-interrupt");
+    s.write_job("slow", &ticking_job("slow", "", &count_to(VERY_SLOW)));
+    assert_eq!(s.idem(&["migrate"]).status.code(), Some(0));
+    let child = scheduler(&s, &["slow", "--grace", "1s"]);
+    let start = Instant::now();
+    loop {
+        let (_, e, _) = s.json(&["explain", "slow", "--date", "today"]);
+        if e["skip_reason"] == "in_progress" {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "never claimed: {e}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let stopped = Instant::now();
+    sigterm(&child);
+    let out = wait_exit(child, Duration::from_secs(30));
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        stopped.elapsed() >= Duration::from_secs(1),
+        "the grace period was waited"
+    );
+    assert!(err.contains("the 1s grace period ended"), "{err}");
+    let ledger = runs(&s, "slow");
+    let failed: Vec<&Value> = ledger.iter().filter(|r| r["status"] == "failed").collect();
+    assert_eq!(failed.len(), 1, "{ledger:?}");
+    assert_eq!(
+        failed[0]["error"], "interrupted by SIGTERM: the scheduler's 1s grace period ended",
+        "{ledger:?}"
+    );
+    assert_eq!(failed[0]["trigger"], "scheduler");
+    assert!(
+        ledger.iter().all(|r| r["status"] != "completed"),
+        "{ledger:?}"
+    );
+    assert!(warehouse_days(&s).is_empty(), "nothing half-written");
+    let (_, e, _) = s.json(&["explain", "slow", "--date", "today"]);
+    assert_eq!(e["decision"], "run", "the lease is released: {e}");
+}
+
+#[test]
+fn bad_scheduler_input_exits_2_naming_what_is_wrong() {
+    let s = Sandbox::new("idem-scheduler-bad");
+    assert_eq!(s.idem(&["migrate"]).status.code(), Some(0));
+    s.write_job(
+        "plain",
+        &ticking_job("plain", "", "SELECT 1").replace("schedule = \"* * * * * *\"", ""),
+    );
+    let out = s.idem(&["scheduler"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("has a schedule: nothing to fire"));
+    let out = s.idem(&["scheduler", "plain"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("job plain has no schedule"));
+    s.write_job(
+        "late",
+        &ticking_job("late", "missed = \"later\"", "SELECT 1"),
+    );
+    let out = s.idem(&["scheduler"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("late.toml")
+            && err.contains("missed = \"later\": expected \"skip\" or \"catch_up\""),
+        "{err}"
+    );
+    s.write_job(
+        "late",
+        &ticking_job(
+            "late",
+            "missed = \"catch_up\"\ncatch_up_limit = 0",
+            "SELECT 1",
+        ),
+    );
+    let out = s.idem(&["scheduler", "late"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("catch_up_limit = 0"));
+    s.write_job("late", &ticking_job("late", "", "SELECT 1"));
+    let out = s.idem(&["scheduler", "late", "--grace", "soon"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--grace: bad duration \"soon\""));
+    assert!(runs(&s, "late").is_empty(), "nothing fired");
+}
+
+/// The scheduler's stderr after running for `secs` seconds and a SIGTERM.
+fn run_for(s: &Sandbox, args: &[&str], secs: u64) -> String {
+    let child = scheduler(s, args);
+    std::thread::sleep(Duration::from_secs(secs));
+    sigterm(&child);
+    let out = wait_exit(child, Duration::from_secs(30));
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    err
+}
+
+#[test]
+fn on_restart_catch_up_fires_the_most_recent_missed_slots_and_skip_does_not() {
+    let s = Sandbox::new("idem-scheduler-catch-up");
+    s.write_job(
+        "late",
+        &ticking_job(
+            "late",
+            "missed = \"catch_up\"\ncatch_up_limit = 2",
+            "SELECT 1",
+        ),
+    );
+    s.write_job("lost", &ticking_job("lost", "", "SELECT 1"));
+    assert_eq!(s.idem(&["migrate"]).status.code(), Some(0));
+    // First start: no scheduler run in the ledger yet, so no history is fired.
+    let first = run_for(&s, &[], 3);
+    assert!(!first.contains("(catch-up)"), "{first}");
+    assert!(
+        first.contains("scheduler started with 2 job(s): late (catch_up 2), lost"),
+        "{first}"
+    );
+    wait_for_runs(&s, "late", "a fire", |r| !r.is_empty());
+    // Down for several seconds: at least three slots are missed.
+    std::thread::sleep(Duration::from_secs(4));
+    let second = run_for(&s, &[], 2);
+    let caught_up: Vec<&str> = second
+        .lines()
+        .filter(|l| l.contains("fire late slot") && l.contains("(catch-up)"))
+        .collect();
+    assert_eq!(caught_up.len(), 2, "the bound: {second}");
+    assert!(
+        second.contains("missed") && second.contains("not fired (missed-fire policy)"),
+        "older missed slots are dropped with a warning: {second}"
+    );
+    assert!(
+        !second
+            .lines()
+            .any(|l| l.contains("fire lost slot") && l.contains("(catch-up)")),
+        "a skip job fires no missed slot: {second}"
+    );
+    // Every fire is recorded, the catch-ups included.
+    let fires = second
+        .lines()
+        .filter(|l| l.contains("fire late slot"))
+        .count()
+        + first
+            .lines()
+            .filter(|l| l.contains("fire late slot"))
+            .count();
+    assert_eq!(runs(&s, "late").len(), fires);
+}
