@@ -411,6 +411,14 @@ async fn single_run_only_failures_and_no_scheduler_runs() {
     let (_dir, url) = sqlite();
     let store = open(&url).await;
     write(&*store, Run::new("single", 1, hours(1.0), 30.0, 10)).await;
+    // `idem purge` records itself in the ledger: not an invocation of the job.
+    let mut purge = Run::new("single", 1, hours(2.0), 0.01, 0);
+    purge.status = RunStatus::Skipped;
+    purge.records = None;
+    purge.mode = Mode::Off;
+    purge.trigger = Trigger::Manual;
+    purge.skip = Some(SkipReason::Custom("purged".into()));
+    write(&*store, purge).await;
     for day in 1..=3 {
         let mut failed = Run::new("failing", day, hours(1.0), 12.0, 0);
         failed.status = RunStatus::Failed;
@@ -426,6 +434,9 @@ async fn single_run_only_failures_and_no_scheduler_runs() {
 
     let single = find(&report, "single");
     assert_eq!(single.verdict, Verdict::NotEnoughData);
+    assert_eq!(single.runs.total_invocations, 1, "the purge is not counted");
+    assert_eq!(single.runs.skipped_runs, 0);
+    assert_eq!(single.daily.iter().map(|d| d.skipped).sum::<i64>(), 0);
     assert!(
         single.reasons[0].contains("only 1 completed run"),
         "{:?}",

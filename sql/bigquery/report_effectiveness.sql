@@ -24,5 +24,7 @@ SELECT
 FROM `{project}.{dataset}.processing_runs`, p
 WHERE started_at >= p.since AND started_at < p.until
   AND (p.job IS NULL OR processor_name = p.job)
+  -- `idem purge` records itself as a skipped run: not an invocation of the job
+  AND (skip_reason IS NULL OR skip_reason <> 'purged')
 GROUP BY processor_name
 ORDER BY processor_name;

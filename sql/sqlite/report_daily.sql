@@ -14,5 +14,7 @@ SELECT
 FROM processing_runs
 WHERE started_at >= ?1 AND started_at < ?2
   AND (?3 IS NULL OR processor_name = ?3)
+  -- `idem purge` records itself as a skipped run: not an invocation of the job
+  AND (skip_reason IS NULL OR skip_reason <> 'purged')
 GROUP BY processor_name, day
 ORDER BY processor_name, day;
