@@ -668,7 +668,9 @@ async fn job_runner(
     let store = open_store(&g.store, policy).await?;
     let spool = Spool::from_env(&g.store);
     replay_spool(&spool, &*store).await;
-    let processor = job.processor(registry, &g.store).await?;
+    let processor = job
+        .processor_with_store(registry, &g.store, Some(store.clone()))
+        .await?;
     let mut runner = job
         .runner(store)?
         .store_failure_policy(policy)
