@@ -220,6 +220,10 @@ struct RunArgs {
     /// ... to this one, inclusive, each through the guards (trigger backfill).
     #[arg(long, requires = "from", allow_hyphen_values = true)]
     to: Option<String>,
+    /// Backfill: run up to this many dates at once (1 to 32).
+    #[arg(long, default_value_t = 1, requires = "from",
+          value_parser = clap::value_parser!(u8).range(1..=32))]
+    parallel: u8,
     /// Scope, when it is not just the date (default: the date).
     #[arg(long)]
     scope: Option<String>,
@@ -697,7 +701,9 @@ async fn job_runner(
     let store = open_store(&g.store, policy).await?;
     let spool = Spool::from_env(&g.store);
     replay_spool(&spool, &*store).await;
-    let processor = job.processor(registry, &g.store).await?;
+    let processor = job
+        .processor_with_store(registry, &g.store, Some(store.clone()))
+        .await?;
     let mut runner = job
         .runner(store)?
         .store_failure_policy(policy)
@@ -709,9 +715,12 @@ async fn job_runner(
     Ok((runner, processor))
 }
 
-/// `idem run JOB --from D1 --to D2`: every date in turn through the runner, as `idem run`
-/// runs one; stops early on a signal or a store error; exit 1 if a date failed.
+/// `idem run JOB --from D1 --to D2 [--parallel N]`: every date through the runner, as
+/// `idem run` runs one, up to N at once (the lease keeps one run per scope); a progress bar
+/// on a terminal, a line per date otherwise; a signal or a store error starts no new date
+/// (running ones are recorded as interrupted by the runner); exit 1 if a date failed.
 async fn run_backfill(args: &RunArgs, g: &GlobalOptions, registry: &Registry) -> Result<u8> {
+    use std::sync::atomic::{AtomicBool, Ordering};
     let job = find_job(&args.job, &g.jobs_dir, &g.store)?;
     let dates = schedule::backfill_dates(
         args.from.as_deref().unwrap_or_default(),
@@ -726,25 +735,36 @@ async fn run_backfill(args: &RunArgs, g: &GlobalOptions, registry: &Registry) ->
     let (runner, processor) = job_runner(&job, args, g, registry).await?;
     // The runner stops a run on SIGINT/SIGTERM; this flag stops the dates after it (a
     // signal between two dates would otherwise be swallowed by the runner's handler).
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
     let watcher = tokio::spawn({
         let stop = stop.clone();
         async move {
             shutdown_signal().await;
-            stop.store(true, std::sync::atomic::Ordering::SeqCst);
+            stop.store(true, Ordering::SeqCst);
         }
     });
+    let bar = backfill_bar(dates.len(), g.format);
+    let parallel = usize::from(args.parallel.max(1));
     let mut summary = schedule::BackfillSummary::default();
     let mut reports = Vec::new();
     let mut failure = None;
-    for (i, request) in requests.into_iter().enumerate() {
-        if stop.load(std::sync::atomic::Ordering::SeqCst) {
-            summary.not_run = dates.len() - i;
-            break;
+    let mut pending = requests.into_iter();
+    let mut running = tokio::task::JoinSet::new();
+    loop {
+        while running.len() < parallel && failure.is_none() && !stop.load(Ordering::SeqCst) {
+            let Some(request) = pending.next() else { break };
+            let (runner, processor) = (runner.clone(), processor.clone());
+            running.spawn(async move {
+                let date = request.scope_date;
+                (date, runner.run(&*processor, request).await)
+            });
         }
-        let date = request.scope_date;
-        match runner.run(&*processor, request).await {
-            Ok(report) => {
+        let Some(joined) = running.join_next().await else {
+            break;
+        };
+        bar.inc(1);
+        match joined {
+            Ok((date, Ok(report))) => {
                 summary.add(
                     date,
                     report.status,
@@ -752,18 +772,25 @@ async fn run_backfill(args: &RunArgs, g: &GlobalOptions, registry: &Registry) ->
                     report.exit_code(),
                 );
                 if g.format == Format::Human {
-                    print_backfill_line(&report);
+                    bar.suspend(|| print_backfill_line(&report));
                 }
-                reports.push(report);
+                reports.push((date, report));
+            }
+            Ok((_, Err(e))) => {
+                failure.get_or_insert(e);
             }
             Err(e) => {
-                summary.not_run = dates.len() - i;
-                failure = Some(e);
-                break;
+                failure.get_or_insert(Error::config(format!("a backfill date panicked: {e}")));
             }
         }
     }
+    bar.finish_and_clear();
     watcher.abort();
+    // Dates never started, and those whose run ended in an error before it was recorded.
+    summary.not_run = dates.len() - reports.len();
+    summary.failed_dates.sort();
+    reports.sort_by_key(|(date, _)| *date);
+    let reports: Vec<RunReport> = reports.into_iter().map(|(_, r)| r).collect();
     let (from, to) = (dates[0], dates[dates.len() - 1]);
     match g.format {
         Format::Json => print_json(&serde_json::json!({
@@ -784,6 +811,25 @@ async fn run_backfill(args: &RunArgs, g: &GlobalOptions, registry: &Registry) ->
         Some(e) => Err(e),
         None => Ok(summary.exit_code()),
     }
+}
+
+/// The backfill's progress bar: drawn on stderr when it is a terminal (human output),
+/// hidden otherwise.
+fn backfill_bar(dates: usize, format: Format) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    if format != Format::Human || !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::with_draw_target(
+        Some(dates as u64),
+        indicatif::ProgressDrawTarget::stderr(),
+    );
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} dates  {elapsed_precise}")
+    {
+        bar.set_style(style);
+    }
+    bar
 }
 
 /// Listens for SIGTERM and SIGINT from now on (unlike [`shutdown_signal`], which starts
@@ -878,6 +924,7 @@ async fn scheduler_command(
             scheduled_at: None,
             from: None,
             to: None,
+            parallel: 1,
             scope: None,
             trigger: Some(TriggerArg::Scheduler),
             mode: None,

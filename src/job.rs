@@ -101,7 +101,7 @@ pub struct SqlConfig {
 pub struct Job {
     /// Unique name; the processor identity in the ledger.
     pub name: String,
-    /// `sql` or a registered processor's name.
+    /// `sql`, `cleanup` (see [`crate::cleanup`]) or a registered processor's name.
     pub processor: String,
     /// What the job does, for `idem jobs`.
     pub description: Option<String>,
@@ -295,6 +295,15 @@ impl Job {
         self.mode()?;
         self.store_failure()?;
         self.guard_stack()?;
+        if self.processor == crate::cleanup::CLEANUP_PROCESSOR {
+            crate::cleanup::CleanupSettings::from_params(&self.params)?;
+            if optional_duration("content_hash", &self.guards.content_hash)?.is_some() {
+                return Err(Error::config(
+                    "guards.content_hash is set but processor = \"cleanup\" has no content \
+                     to hash; remove guards.content_hash",
+                ));
+            }
+        }
         if self.processor == "sql" {
             let sql = self
                 .sql
@@ -500,12 +509,35 @@ impl Job {
         }
     }
 
-    /// The processor: the built-in SQL one, or the registered one of that name.
+    /// The processor: the built-in SQL or cleanup one, or the registered one of that name.
+    /// A `cleanup` job cleans the store at `store_url`, opened here; use
+    /// [`Job::processor_with_store`] to hand it an open one.
     pub async fn processor(
         &self,
         registry: &Registry,
         store_url: &str,
     ) -> Result<Arc<dyn Processor>> {
+        self.processor_with_store(registry, store_url, None).await
+    }
+
+    /// [`Job::processor`], with the store a `cleanup` job cleans (`None`: open `store_url`).
+    pub async fn processor_with_store(
+        &self,
+        registry: &Registry,
+        store_url: &str,
+        store: Option<Arc<DynStore>>,
+    ) -> Result<Arc<dyn Processor>> {
+        if self.processor == crate::cleanup::CLEANUP_PROCESSOR {
+            let settings = crate::cleanup::CleanupSettings::from_params(&self.params)
+                .map_err(|e| Error::config(format!("job file {}: {e}", self.path.display())))?;
+            let store = match store {
+                Some(store) => store,
+                None => crate::store::open(store_url).await?,
+            };
+            return Ok(Arc::new(crate::cleanup::CleanupProcessor::new(
+                &self.name, store, settings,
+            )));
+        }
         if self.processor == "sql" {
             self.check(store_url)?;
             let warehouse = open_warehouse(&self.warehouse_url(store_url)).await?;
@@ -524,7 +556,7 @@ impl Job {
         registry.get(&self.processor).ok_or_else(|| {
             let known = registry.names();
             Error::config(format!(
-                "job {}: unknown processor {:?} (registered: {}; built in: sql)",
+                "job {}: unknown processor {:?} (registered: {}; built in: sql, cleanup)",
                 self.name,
                 self.processor,
                 if known.is_empty() {

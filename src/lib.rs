@@ -52,6 +52,7 @@
 
 #![warn(missing_docs)]
 
+pub mod cleanup;
 pub mod cli;
 mod error;
 pub mod events;

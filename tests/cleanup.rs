@@ -161,3 +161,138 @@ fn bad_cleanup_flags_exit_2_and_delete_nothing() {
     }
     assert_eq!(ledger(&s).len(), 1);
 }
+
+/// Runs one statement on the SQLite store file, binding `micros` and `scope`; returns the
+/// rows changed (or counted, for a SELECT count).
+fn store_sql(s: &Sandbox, sql: &str, micros: i64, scope: &str) -> i64 {
+    let url = format!("{}?mode=rw", s.store);
+    let sql = sql.to_string();
+    let scope = scope.to_string();
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async move {
+            let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+            let q = || sqlx::query(&sql).bind(micros).bind(&scope);
+            let n = if sql.starts_with("SELECT") {
+                sqlx::query_scalar::<_, i64>(&sql)
+                    .bind(micros)
+                    .bind(&scope)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap()
+            } else {
+                q().execute(&pool).await.unwrap().rows_affected() as i64
+            };
+            pool.close().await;
+            n
+        })
+}
+
+#[test]
+fn the_shipped_cleanup_job_deletes_exactly_what_is_past_retention_and_runs_once_a_window() {
+    let s = Sandbox::new("idem-cleanup-job");
+    s.write_job("daily", &job("daily"));
+    for d in ["2026-01-01", "2026-01-02", "2026-01-04"] {
+        let (code, _, err) = s.json(&["run", "daily", "--date", d]);
+        assert_eq!(code, 0, "{err}");
+    }
+    // The shipped job, with ledger rows kept 35 days so the aged runs go too.
+    let shipped = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("jobs/cleanup.toml"),
+    )
+    .unwrap();
+    assert!(shipped.contains("keep = \"30d\""), "{shipped}");
+    s.write_job(
+        "cleanup",
+        &shipped.replace("keep_runs = \"90d\"", "keep_runs = \"35d\""),
+    );
+
+    // Two dates' keys, runs and leases become 40 days old; 2026-01-04 stays new.
+    let old = (chrono::Utc::now() - chrono::Duration::days(40)).timestamp_micros();
+    let mut aged = [0i64; 3];
+    for scope in ["2026-01-01", "2026-01-02"] {
+        for (i, table, column) in [
+            (0, "processing_keys", "processed_at"),
+            (1, "processing_runs", "started_at"),
+            (2, "processing_leases", "expires_at"),
+        ] {
+            aged[i] += store_sql(
+                &s,
+                &format!("UPDATE {table} SET {column} = ?1 WHERE scope = ?2"),
+                old,
+                scope,
+            );
+        }
+    }
+    assert_eq!(aged, [2, 2, 2], "one key, one run and one lease per date");
+
+    let (code, report, err) = s.json(&["run", "cleanup"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(report["status"], "completed", "{report}");
+    assert_eq!(report["records_processed"], 6, "{report}");
+    assert_eq!(
+        report["output"]["tables"],
+        json!({"processing_keys": 2, "processing_runs": 2, "processing_leases": 2, "event_keys": 0}),
+        "{report}"
+    );
+    let count = |table: &str, scope: &str| {
+        store_sql(
+            &s,
+            &format!("SELECT count(*) FROM {table} WHERE ?1 = ?1 AND scope = ?2"),
+            0,
+            scope,
+        )
+    };
+    for scope in ["2026-01-01", "2026-01-02"] {
+        assert_eq!(count("processing_keys", scope), 0, "{scope}");
+        assert_eq!(count("processing_runs", scope), 0, "{scope}");
+    }
+    assert_eq!(
+        count("processing_keys", "2026-01-04"),
+        1,
+        "the new key stays"
+    );
+    assert_eq!(
+        decision(&s, "2026-01-04"),
+        "skip",
+        "the new key still guards"
+    );
+    assert_eq!(decision(&s, "2026-01-01"), "run", "the old key is gone");
+
+    // The clean is in the ledger like any run; a second one in the window is skipped.
+    let (code, again, err) = s.json(&["run", "cleanup"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(again["status"], "skipped", "{again}");
+    assert_eq!(again["skip_reason"], "time_window", "{again}");
+    let (_, runs, _) = s.json(&["runs", "--job", "cleanup", "--limit", "0"]);
+    let statuses: Vec<&str> = runs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(statuses.len(), 2, "{runs}");
+    assert!(statuses.contains(&"completed") && statuses.contains(&"skipped"));
+    assert_eq!(
+        ledger(&s)
+            .iter()
+            .filter(|l| l.contains("2026-01-04"))
+            .count(),
+        1
+    );
+}
+
+#[test]
+fn a_cleanup_job_with_a_bad_parameter_exits_2_naming_it() {
+    let s = Sandbox::new("idem-cleanup-job-bad");
+    s.write_job(
+        "cleanup",
+        "name = \"cleanup\"\nprocessor = \"cleanup\"\n[params]\nkeep = \"a month\"\n",
+    );
+    let out = s.idem(&["run", "cleanup", "--date", "2026-01-01"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("params.keep"), "{err}");
+}

@@ -724,3 +724,140 @@ fn a_daily_two_thirty_job_fires_exactly_once_on_each_2026_dst_day_in_los_angeles
         ]
     );
 }
+
+#[test]
+fn a_parallel_backfill_completes_every_date_exactly_once_and_sums_up() {
+    let s = Sandbox::new("idem-sched-backfill-par");
+    let slow = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 300000) SELECT count(*) FROM c";
+    let job = s.write_job(
+        "par",
+        &job_with_process("par", "[guards]\ntime_window = \"1h\"", slow),
+    );
+    let job = job.to_str().unwrap();
+    let (code, _, err) = s.json(&["run", job, "--date", "2026-02-03"]);
+    assert_eq!(code, 0, "{err}");
+
+    let range = [
+        "--from",
+        "2026-02-01",
+        "--to",
+        "2026-02-08",
+        "--parallel",
+        "4",
+    ];
+    let mut args = vec!["run", job];
+    args.extend(range);
+    let (code, v, err) = s.json(&args);
+    assert_eq!(code, 0, "{v} {err}");
+    assert_eq!(v["completed"], 7, "{v}");
+    assert_eq!(v["skipped"], serde_json::json!({"time_window": 1}), "{v}");
+    assert_eq!(v["failed"], 0, "{v}");
+    assert_eq!(v["not_run"], 0, "{v}");
+    let scopes: Vec<&str> = v["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["scope"].as_str().unwrap())
+        .collect();
+    let expect: Vec<String> = (1..=8).map(|d| format!("2026-02-0{d}")).collect();
+    assert_eq!(scopes, expect, "one report per date, in date order");
+    assert_eq!(
+        warehouse_days(&s),
+        expect,
+        "every date written exactly once"
+    );
+    let ledger = runs(&s);
+    let completed: Vec<&str> = ledger
+        .iter()
+        .filter(|r| r["status"] == "completed")
+        .map(|r| r["scope"].as_str().unwrap())
+        .collect();
+    assert_eq!(completed.len(), 8, "{ledger:?}");
+
+    // Again, in plain lines: every date skipped, nothing written twice.
+    let out = s.idem(&args);
+    assert_eq!(out.status.code(), Some(0));
+    let text = stdout(&out);
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.starts_with("skipped par for "))
+            .count(),
+        8,
+        "{text}"
+    );
+    assert!(
+        text.ends_with("backfill par 2026-02-01..2026-02-08: 0 completed, 8 skipped (time_window 8), 0 failed\n"),
+        "{text}"
+    );
+    assert_eq!(warehouse_days(&s), expect);
+
+    for bad in ["0", "33"] {
+        let out = s.idem(&[
+            "run",
+            job,
+            "--from",
+            "2026-02-01",
+            "--to",
+            "2026-02-02",
+            "--parallel",
+            bad,
+        ]);
+        assert_eq!(out.status.code(), Some(2), "--parallel {bad}");
+        assert!(stderr(&out).contains("--parallel"), "{}", stderr(&out));
+    }
+}
+
+#[test]
+fn sigterm_stops_a_parallel_backfill_records_every_running_date_as_interrupted() {
+    let s = Sandbox::new("idem-sched-backfill-par-term");
+    let job = s.write_job("slow", &job_with_process("slow", "", VERY_SLOW));
+    let job = job.to_str().unwrap().to_string();
+    let (code, _, err) = s.json(&["migrate"]);
+    assert_eq!(code, 0, "{err}");
+    let child = s
+        .json_command(&[
+            "run",
+            &job,
+            "--from",
+            "2025-11-18",
+            "--to",
+            "2025-11-21",
+            "--parallel",
+            "2",
+        ])
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    for date in ["2025-11-18", "2025-11-19"] {
+        loop {
+            let (_, e, _) = s.json(&["explain", &job, "--date", date]);
+            if e["skip_reason"] == "in_progress" {
+                break;
+            }
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(20),
+                "{date} never claimed: {e}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let (code, v, err) = common::wait(child);
+    assert_eq!(code, 1, "{v} {err}");
+    assert_eq!(v["failed"], 2, "{v}");
+    assert_eq!(v["not_run"], 2, "no new date started: {v}");
+    for i in 0..2 {
+        assert_eq!(v["runs"][i]["error"], "interrupted by SIGTERM", "{v}");
+    }
+    assert_eq!(runs(&s).len(), 2, "only the running dates are recorded");
+    assert!(warehouse_days(&s).is_empty(), "nothing half-written");
+    for date in ["2025-11-18", "2025-11-19"] {
+        let (_, e, _) = s.json(&["explain", &job, "--date", date]);
+        assert_eq!(e["decision"], "run", "the lease of {date} is released: {e}");
+    }
+}
