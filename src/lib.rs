@@ -52,21 +52,21 @@
 
 #![warn(missing_docs)]
 
-pub mod cleanup;
+pub mod backend;
 pub mod cli;
 mod error;
 pub mod events;
 pub mod guard;
 pub mod job;
 mod key;
-mod model;
+pub mod maintenance;
+pub mod model;
 mod processor;
 pub mod report;
 mod runner;
 pub mod schedule;
-pub mod spool;
-pub mod sql;
 pub mod store;
+pub mod warehouse;
 
 pub use async_trait::async_trait;
 pub use error::{BoxError, Error, Result};

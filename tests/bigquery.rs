@@ -24,12 +24,11 @@ mod bigquery {
     use std::time::Duration;
 
     use chrono::Utc;
+    use idem::backend::bigquery::{ApiError, BigQueryUrl, FaultFuture, FaultHook};
     use idem::guard::{GuardStack, LeaseGuard};
-    use idem::sql::{prepare, BigQueryWarehouse, Dialect, Warehouse};
-    use idem::store::bigquery::{
-        ApiError, BigQueryStore, BigQueryUrl, FaultFuture, FaultHook, FIND_KEYS_SQL, MIGRATIONS,
-    };
+    use idem::store::bigquery::{BigQueryStore, FIND_KEYS_SQL, MIGRATIONS};
     use idem::store::{ClaimRequest, DynStore, Finish, KeyLookup, Store};
+    use idem::warehouse::{prepare, BigQueryWarehouse, Dialect, Warehouse};
     use idem::{
         async_trait, scope_key, BoxError, Error, KeyKind, KeyRecord, Outcome, Processor,
         RunRequest, RunStatus, Runner, SkipReason,
@@ -484,7 +483,7 @@ process = """{process}"""
             Dialect::BigQuery,
         )
         .unwrap()[0];
-        let mut params = idem::sql::Params::new();
+        let mut params = idem::warehouse::Params::new();
         params.insert("scope".into(), "2025-11-18".into());
         let e = w.query(bad, &params).await.unwrap_err();
         assert!(e.contains("bigquery warehouse.query failed"), "{e}");
@@ -1067,8 +1066,9 @@ process = """{process}"""
 /// Issue 7, item 5, on BigQuery: every column and every value's type reach the content key.
 #[cfg(feature = "bigquery")]
 mod bigquery_content {
-    use idem::sql::{prepare, BigQueryWarehouse, Dialect, Warehouse};
-    use idem::store::bigquery::{BigQueryStore, BigQueryUrl};
+    use idem::backend::bigquery::BigQueryUrl;
+    use idem::store::bigquery::BigQueryStore;
+    use idem::warehouse::{prepare, BigQueryWarehouse, Dialect, Warehouse};
     use serde_json::Value;
 
     use super::common::{toml_str, Sandbox};

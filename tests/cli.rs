@@ -24,8 +24,9 @@ impl Sandbox {
             let url = format!("sqlite://{}", path.display());
             let rt = tokio::runtime::Runtime::new().unwrap();
             rt.block_on(async {
-                let w = idem::sql::open_warehouse(&url).await.unwrap();
-                let st = idem::sql::prepare(statements, idem::sql::Dialect::Sqlite).unwrap();
+                let w = idem::warehouse::open_warehouse(&url).await.unwrap();
+                let st =
+                    idem::backend::prepare(statements, idem::backend::Dialect::Sqlite).unwrap();
                 w.execute(&st, &Default::default()).await.unwrap();
             });
         }
@@ -648,8 +649,8 @@ fn best_effort_spools_a_result_the_store_missed_and_the_ledger_catches_up() {
 fn sqlite_values(path: &std::path::Path, sql: &str) -> String {
     let url = format!("sqlite://{}", path.display());
     tokio::runtime::Runtime::new().unwrap().block_on(async {
-        let w = idem::sql::open_warehouse(&url).await.unwrap();
-        let statement = &idem::sql::prepare(sql, idem::sql::Dialect::Sqlite).unwrap()[0];
+        let w = idem::warehouse::open_warehouse(&url).await.unwrap();
+        let statement = &idem::backend::prepare(sql, idem::backend::Dialect::Sqlite).unwrap()[0];
         let rows = w.query(statement, &Default::default()).await.unwrap();
         rows.iter()
             .map(|r| {
@@ -998,10 +999,10 @@ fn an_unknown_parameter_exits_2_before_the_store_is_touched() {
 fn sqlite_rows(path: &std::path::Path, query: &str) -> Result<Vec<Value>, String> {
     let url = format!("sqlite://{}", path.display());
     tokio::runtime::Runtime::new().unwrap().block_on(async {
-        let w = idem::sql::open_warehouse(&url)
+        let w = idem::warehouse::open_warehouse(&url)
             .await
             .map_err(|e| e.to_string())?;
-        let st = idem::sql::prepare(query, idem::sql::Dialect::Sqlite).unwrap();
+        let st = idem::backend::prepare(query, idem::backend::Dialect::Sqlite).unwrap();
         w.query(&st[0], &Default::default()).await
     })
 }

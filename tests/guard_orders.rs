@@ -65,12 +65,12 @@ fn warehouse_setup(s: &Sandbox) -> String {
     let url = format!("sqlite://{}", path.display());
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let w = idem::sql::open_warehouse(&url).await.unwrap();
-        let st = idem::sql::prepare(
+        let w = idem::warehouse::open_warehouse(&url).await.unwrap();
+        let st = idem::backend::prepare(
             "CREATE TABLE src (day TEXT, item TEXT); \
              INSERT INTO src VALUES ('2025-11-18', 'a'), ('2025-11-18', 'b'); \
              CREATE TABLE effects (job TEXT, day TEXT, run_id TEXT)",
-            idem::sql::Dialect::Sqlite,
+            idem::backend::Dialect::Sqlite,
         )
         .unwrap();
         w.execute(&st, &Default::default()).await.unwrap();

@@ -18,9 +18,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use idem::sql::{prepare, Dialect, Params, Warehouse};
-use idem::store::postgres::{PostgresStore, PostgresWarehouse};
+use idem::store::postgres::PostgresStore;
 use idem::store::{Claim, ClaimRequest, Store};
+use idem::warehouse::postgres::PostgresWarehouse;
+use idem::warehouse::{prepare, Dialect, Params, Warehouse};
 use serde_json::{json, Value};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 

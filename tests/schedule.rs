@@ -519,10 +519,10 @@ fn warehouse_days(s: &Sandbox) -> Vec<String> {
     let url = format!("sqlite://{}", path.display());
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let w = idem::sql::open_warehouse(&url).await.unwrap();
-        let st = idem::sql::prepare(
+        let w = idem::warehouse::open_warehouse(&url).await.unwrap();
+        let st = idem::backend::prepare(
             "SELECT day FROM out ORDER BY day",
-            idem::sql::Dialect::Sqlite,
+            idem::backend::Dialect::Sqlite,
         )
         .unwrap();
         match w.query(&st[0], &Default::default()).await {

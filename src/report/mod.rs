@@ -26,8 +26,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
+use crate::backend::redact_url;
 use crate::error::{Error, Result};
-use crate::store::redact_url;
 
 mod render;
 
@@ -96,46 +96,34 @@ pub const QUERY_NAMES: [&str; 7] = [
 /// The SQL text of report query `name` in `dialect`, with its parameters explained in the
 /// comment at its top.
 pub fn sql(name: &str, dialect: Dialect) -> Result<&'static str> {
-    let text = match (dialect, name) {
-        (Dialect::Sqlite, "duplicates") => include_str!("../../sql/sqlite/report_duplicates.sql"),
-        (Dialect::Sqlite, "wasted") => include_str!("../../sql/sqlite/report_wasted.sql"),
-        (Dialect::Sqlite, "savings") => include_str!("../../sql/sqlite/report_savings.sql"),
-        (Dialect::Sqlite, "effectiveness") => {
-            include_str!("../../sql/sqlite/report_effectiveness.sql")
-        }
-        (Dialect::Sqlite, "storage") => include_str!("../../sql/sqlite/report_storage.sql"),
-        (Dialect::Sqlite, "shadow") => include_str!("../../sql/sqlite/report_shadow.sql"),
-        (Dialect::Sqlite, "daily") => include_str!("../../sql/sqlite/report_daily.sql"),
-        (Dialect::Postgres, "duplicates") => {
-            include_str!("../../sql/postgres/report_duplicates.sql")
-        }
-        (Dialect::Postgres, "wasted") => include_str!("../../sql/postgres/report_wasted.sql"),
-        (Dialect::Postgres, "savings") => include_str!("../../sql/postgres/report_savings.sql"),
-        (Dialect::Postgres, "effectiveness") => {
-            include_str!("../../sql/postgres/report_effectiveness.sql")
-        }
-        (Dialect::Postgres, "storage") => include_str!("../../sql/postgres/report_storage.sql"),
-        (Dialect::Postgres, "shadow") => include_str!("../../sql/postgres/report_shadow.sql"),
-        (Dialect::Postgres, "daily") => include_str!("../../sql/postgres/report_daily.sql"),
-        (Dialect::Bigquery, "duplicates") => {
-            include_str!("../../sql/bigquery/report_duplicates.sql")
-        }
-        (Dialect::Bigquery, "wasted") => include_str!("../../sql/bigquery/report_wasted.sql"),
-        (Dialect::Bigquery, "savings") => include_str!("../../sql/bigquery/report_savings.sql"),
-        (Dialect::Bigquery, "effectiveness") => {
-            include_str!("../../sql/bigquery/report_effectiveness.sql")
-        }
-        (Dialect::Bigquery, "storage") => include_str!("../../sql/bigquery/report_storage.sql"),
-        (Dialect::Bigquery, "shadow") => include_str!("../../sql/bigquery/report_shadow.sql"),
-        (Dialect::Bigquery, "daily") => include_str!("../../sql/bigquery/report_daily.sql"),
-        _ => {
-            return Err(Error::config(format!(
-                "unknown report query {name:?}: expected one of {}",
-                QUERY_NAMES.join(", ")
-            )))
-        }
-    };
-    Ok(text)
+    /// The report queries of one dialect, in [`QUERY_NAMES`] order, from `reports/<dir>/`.
+    macro_rules! queries {
+        ($dir:literal) => {
+            [
+                include_str!(concat!("../../reports/", $dir, "/duplicates.sql")),
+                include_str!(concat!("../../reports/", $dir, "/wasted.sql")),
+                include_str!(concat!("../../reports/", $dir, "/savings.sql")),
+                include_str!(concat!("../../reports/", $dir, "/effectiveness.sql")),
+                include_str!(concat!("../../reports/", $dir, "/storage.sql")),
+                include_str!(concat!("../../reports/", $dir, "/shadow.sql")),
+                include_str!(concat!("../../reports/", $dir, "/daily.sql")),
+            ]
+        };
+    }
+    const SQLITE: [&str; 7] = queries!("sqlite");
+    const POSTGRES: [&str; 7] = queries!("postgres");
+    const BIGQUERY: [&str; 7] = queries!("bigquery");
+    let index = QUERY_NAMES.iter().position(|n| *n == name).ok_or_else(|| {
+        Error::config(format!(
+            "unknown report query {name:?}: expected one of {}",
+            QUERY_NAMES.join(", ")
+        ))
+    })?;
+    Ok(match dialect {
+        Dialect::Sqlite => SQLITE[index],
+        Dialect::Postgres => POSTGRES[index],
+        Dialect::Bigquery => BIGQUERY[index],
+    })
 }
 
 /// Query `name` in `dialect` with this report's values bound, ready to paste into a
@@ -646,8 +634,8 @@ enum Conn {
     Postgres(sqlx::PgPool),
     #[cfg(feature = "bigquery")]
     Bigquery(
-        Box<crate::store::bigquery::Connection>,
-        crate::store::bigquery::BigQueryUrl,
+        Box<crate::backend::bigquery::Connection>,
+        crate::backend::bigquery::BigQueryUrl,
     ),
 }
 
@@ -667,7 +655,8 @@ async fn connect(url: &str) -> Result<Conn> {
         }
         #[cfg(feature = "bigquery")]
         Dialect::Bigquery => {
-            use crate::store::bigquery::{BigQueryStore, BigQueryUrl, Connection};
+            use crate::backend::bigquery::{BigQueryUrl, Connection};
+            use crate::store::bigquery::BigQueryStore;
             // Connecting migrates, so a fresh dataset has the tables (and no runs).
             BigQueryStore::connect(url).await?;
             let config = BigQueryUrl::parse(url)?;
@@ -729,13 +718,13 @@ async fn query(conn: &Conn, url: &str, name: &str, options: &ReportOptions) -> R
 
 #[cfg(feature = "bigquery")]
 async fn bigquery_query(
-    bq: &crate::store::bigquery::Connection,
-    config: &crate::store::bigquery::BigQueryUrl,
+    bq: &crate::backend::bigquery::Connection,
+    config: &crate::backend::bigquery::BigQueryUrl,
     url: &str,
     name: &str,
     options: &ReportOptions,
 ) -> Result<Vec<Row>> {
-    use crate::store::bigquery::{field_kind, opt_string, timestamp, Param};
+    use crate::backend::bigquery::{field_kind, opt_string, timestamp, Param};
     use gcp_bigquery_client::model::{
         query_parameter_type::QueryParameterType, query_parameter_value::QueryParameterValue,
     };

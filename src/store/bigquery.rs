@@ -47,17 +47,14 @@ use super::{
 use crate::error::{Error, Result};
 use crate::model::{micros, KeyKind, KeyRecord, Mode, RunRecord, RunStatus, SkipReason};
 
-mod client;
-
-pub use client::{
-    date, field_kind, int64, opt_int64, opt_string, parse_timestamp_cell, string, string_array,
-    struct_array, timestamp, timestamp_text, ApiError, BigQueryUrl, Connection, ErrorShape,
-    FaultFuture, FaultHook, Param, QueryOutput, Record, ENDPOINT_ENV,
+use crate::backend::bigquery::{
+    date, int64, opt_int64, opt_string, string, string_array, struct_array, timestamp,
+    timestamp_text, ApiError, BigQueryUrl, Connection, FaultHook, Param, QueryOutput, Record,
 };
 
 /// Schema migrations, applied in order by [`Store::migrate`] (`{project}` and `{dataset}`
 /// are replaced by the validated ids).
-pub const MIGRATIONS: &[&str] = &[include_str!("../../sql/bigquery/0001_init.sql")];
+pub const MIGRATIONS: &[&str] = &[include_str!("../../migrations/bigquery/0001_init.sql")];
 
 /// The tables the migrations create; [`BigQueryStore::connect`] checks they all exist
 /// (one `tables.list` call, not billed) before deciding to migrate. A migration that only
@@ -568,7 +565,7 @@ impl Store for BigQueryStore {
         self.ensure_dataset().await?;
         for migration in MIGRATIONS {
             let script = render_migration(migration, &self.config);
-            for statement in crate::sql::prepare(&script, crate::sql::Dialect::BigQuery)? {
+            for statement in crate::backend::prepare(&script, crate::backend::Dialect::BigQuery)? {
                 match self
                     .conn
                     .query("migrate.create_table", &statement.sql, Vec::new())
@@ -1067,7 +1064,7 @@ mod tests {
         assert!(ddl.contains(
             "PARTITION BY DATE(processed_at)\nCLUSTER BY processing_key, processor_name"
         ));
-        let statements = crate::sql::prepare(&ddl, crate::sql::Dialect::BigQuery).unwrap();
+        let statements = crate::backend::prepare(&ddl, crate::backend::Dialect::BigQuery).unwrap();
         assert_eq!(statements.len(), TABLES.len());
         assert!(statements.iter().all(|s| s.params.is_empty()));
     }

@@ -20,6 +20,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
+pub use crate::backend::redact_url;
+use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::model::{KeyKind, KeyRecord, RunRecord, RunStatus};
 
@@ -30,6 +32,7 @@ pub mod conformance;
 pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+pub mod spool;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
@@ -392,15 +395,15 @@ pub const DEFAULT_STORE_URL: &str = "sqlite://idem.db";
 
 /// Opens (and migrates) the store a URL names.
 pub async fn open(url: &str) -> Result<Arc<DynStore>> {
-    let scheme = url.split_once("://").map(|(s, _)| s).unwrap_or("");
-    let store: Arc<DynStore> = match scheme {
-        "memory" => Arc::new(MemoryStore::new()),
+    let store: Arc<DynStore> = match Backend::of(url) {
+        Some(Backend::Memory) => Arc::new(MemoryStore::new()),
         #[cfg(feature = "sqlite")]
-        "sqlite" => Arc::new(sqlite::SqliteStore::connect(url).await?),
+        Some(Backend::Sqlite) => Arc::new(sqlite::SqliteStore::connect(url).await?),
         #[cfg(feature = "bigquery")]
-        "bigquery" => Arc::new(bigquery::BigQueryStore::connect(url).await?),
+        Some(Backend::BigQuery) => Arc::new(bigquery::BigQueryStore::connect(url).await?),
         #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => Arc::new(postgres::PostgresStore::connect(url).await?),
+        Some(Backend::Postgres) => Arc::new(postgres::PostgresStore::connect(url).await?),
+        #[allow(unreachable_patterns)]
         _ => {
             return Err(Error::config(format!(
                 "unsupported store url {:?}: expected sqlite://PATH, postgres://…, bigquery://PROJECT/DATASET or memory://",
@@ -409,16 +412,4 @@ pub async fn open(url: &str) -> Result<Arc<DynStore>> {
         }
     };
     Ok(store)
-}
-
-/// A URL with its password replaced by `***`.
-pub fn redact_url(url: &str) -> String {
-    if let Some((scheme, rest)) = url.split_once("://") {
-        if let Some((userinfo, host)) = rest.split_once('@') {
-            if let Some((user, _password)) = userinfo.split_once(':') {
-                return format!("{scheme}://{user}:***@{host}");
-            }
-        }
-    }
-    url.to_string()
 }

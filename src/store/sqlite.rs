@@ -5,15 +5,11 @@
 //! UPDATE … WHERE expired RETURNING token` statement, which SQLite runs under its single
 //! writer lock, so exactly one process wins. `finish` is one transaction.
 
-use std::str::FromStr;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, NaiveDate, Utc};
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
-    SqliteRow, SqliteSynchronous,
-};
+use sqlx::sqlite::{SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
 use sqlx::{Connection, Row};
 
 use super::{
@@ -24,7 +20,7 @@ use crate::error::{Error, Result};
 use crate::model::{micros, KeyKind, KeyRecord, Mode, RunRecord, RunStatus, SkipReason};
 
 /// Schema migrations, applied in order; `PRAGMA user_version` records the last applied.
-const MIGRATIONS: &[&str] = &[include_str!("../../sql/sqlite/0001_init.sql")];
+const MIGRATIONS: &[&str] = &[include_str!("../../migrations/sqlite/0001_init.sql")];
 
 /// The SQLite store.
 #[derive(Debug, Clone)]
@@ -48,12 +44,8 @@ fn date(s: &str) -> NaiveDate {
 impl SqliteStore {
     /// Opens `sqlite://PATH` (or `sqlite::memory:`), creating and migrating the file.
     pub async fn connect(url: &str) -> Result<Self> {
-        let options = SqliteConnectOptions::from_str(url)
-            .map_err(|e| Error::config(format!("bad sqlite url {url:?}: {e}")))?
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
+        let options = crate::backend::sqlite::connect_options(url)?
             .synchronous(SqliteSynchronous::Normal)
-            .busy_timeout(Duration::from_secs(30))
             .foreign_keys(false);
         let pool = SqlitePoolOptions::new()
             .max_connections(4)
@@ -117,7 +109,7 @@ async fn apply_migrations(conn: &mut SqliteConnection) -> std::result::Result<()
         .fetch_one(&mut *conn)
         .await?;
     for (i, sql) in MIGRATIONS.iter().enumerate().skip(version.max(0) as usize) {
-        let statements = crate::sql::prepare(sql, crate::sql::Dialect::Sqlite)
+        let statements = crate::backend::prepare(sql, crate::backend::Dialect::Sqlite)
             .map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
         for statement in &statements {
             sqlx::query(&statement.sql).execute(&mut *conn).await?;

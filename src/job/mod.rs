@@ -39,13 +39,14 @@ use serde::Deserialize;
 use crate::error::{Error, Result};
 use crate::guard::{ContentHashGuard, GuardStack, LeaseGuard, OnHeld, TimeWindowGuard};
 use crate::key::HashAlgorithm;
+use crate::model::duration::{parse_duration_field, MIN_LEASE};
 use crate::model::Mode;
 use crate::processor::{Processor, Registry};
 use crate::runner::{Runner, StoreFailurePolicy};
-use crate::sql::{
+use crate::store::DynStore;
+use crate::warehouse::{
     open_warehouse, warehouse_dialect, Params, SqlProcessor, SqlScripts, BUILTIN_PARAMS,
 };
-use crate::store::DynStore;
 
 /// The `[guards]` table.
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -101,7 +102,7 @@ pub struct SqlConfig {
 pub struct Job {
     /// Unique name; the processor identity in the ledger.
     pub name: String,
-    /// `sql`, `cleanup` (see [`crate::cleanup`]) or a registered processor's name.
+    /// `sql`, `cleanup` (see [`crate::maintenance::cleanup`]) or a registered processor's name.
     pub processor: String,
     /// What the job does, for `idem jobs`.
     pub description: Option<String>,
@@ -133,49 +134,6 @@ pub struct Job {
     /// The file it came from.
     #[serde(skip)]
     pub path: PathBuf,
-}
-
-/// The longest duration idem accepts anywhere (a lease, a window, a wait, a retention):
-/// 100 years (36 525 days).
-///
-/// Every duration ends up in `now ± duration` (a lease's expiry, a window's start, the
-/// cleanup cutoff), and the result must be a time every store accepts: BigQuery's
-/// TIMESTAMP stops at 9999-12-31 and chrono at about ±262 000 years, so a bound keeps that
-/// arithmetic from panicking or wrapping, with room to spare for any real schedule.
-pub const MAX_DURATION: Duration = Duration::from_secs(36_525 * 86_400);
-
-/// The shortest lease a job may ask for: 1 s.
-///
-/// The heartbeat renews a lease every third of its duration (and never more often than
-/// every 100 ms), so each renewal must reach the store within two thirds of the lease.
-/// Below 1 s that leaves less than a few hundred milliseconds for a store round trip,
-/// which a busy SQLite file (writers wait their turn) or a remote Postgres easily takes,
-/// and a lease lost mid-run stops the work. 1 s is also the precision people think in for
-/// leases; use longer leases on BigQuery, where one DML statement takes about a second.
-pub const MIN_LEASE: Duration = Duration::from_secs(1);
-
-/// Parses a duration: `90s`, `15m`, `1h`, `1h30m`, `2d`, `500ms`, `0s` (zero), and the
-/// other spellings of [humantime](https://docs.rs/humantime) (`1h 30m`, `2 days`, `1w`).
-/// Longer than [`MAX_DURATION`] (or too large to represent) is an error.
-pub fn parse_duration(s: &str) -> Result<Duration> {
-    let expected = "expected a number with a unit, like 90s, 15m, 1h, 1h30m, 2d or 500ms";
-    let d = humantime::parse_duration(s.trim()).map_err(|e| match e {
-        humantime::DurationError::NumberOverflow => Error::config(format!(
-            "duration {s:?} is too long: the maximum is 100 years (36525d)"
-        )),
-        e => Error::config(format!("bad duration {s:?}: {e}; {expected}")),
-    })?;
-    if d > MAX_DURATION {
-        return Err(Error::config(format!(
-            "duration {s:?} is too long: the maximum is 100 years (36525d)"
-        )));
-    }
-    Ok(d)
-}
-
-/// [`parse_duration`] with errors naming `field` (`guards.lease`, `--keep`).
-pub fn parse_duration_field(field: &str, s: &str) -> Result<Duration> {
-    parse_duration(s).map_err(|e| Error::config(format!("{field}: {e}")))
 }
 
 fn optional_duration(field: &str, value: &Option<String>) -> Result<Option<Duration>> {
@@ -295,8 +253,8 @@ impl Job {
         self.mode()?;
         self.store_failure()?;
         self.guard_stack()?;
-        if self.processor == crate::cleanup::CLEANUP_PROCESSOR {
-            crate::cleanup::CleanupSettings::from_params(&self.params)?;
+        if self.processor == crate::maintenance::cleanup::CLEANUP_PROCESSOR {
+            crate::maintenance::cleanup::CleanupSettings::from_params(&self.params)?;
             if optional_duration("content_hash", &self.guards.content_hash)?.is_some() {
                 return Err(Error::config(
                     "guards.content_hash is set but processor = \"cleanup\" has no content \
@@ -468,7 +426,7 @@ impl Job {
         } else {
             format!(
                 "[sql].warehouse is not set, so the default for the store {} applies",
-                crate::store::redact_url(store_url)
+                crate::backend::redact_url(store_url)
             )
         };
         self.scripts()
@@ -527,16 +485,16 @@ impl Job {
         store_url: &str,
         store: Option<Arc<DynStore>>,
     ) -> Result<Arc<dyn Processor>> {
-        if self.processor == crate::cleanup::CLEANUP_PROCESSOR {
-            let settings = crate::cleanup::CleanupSettings::from_params(&self.params)
+        if self.processor == crate::maintenance::cleanup::CLEANUP_PROCESSOR {
+            let settings = crate::maintenance::cleanup::CleanupSettings::from_params(&self.params)
                 .map_err(|e| Error::config(format!("job file {}: {e}", self.path.display())))?;
             let store = match store {
                 Some(store) => store,
                 None => crate::store::open(store_url).await?,
             };
-            return Ok(Arc::new(crate::cleanup::CleanupProcessor::new(
-                &self.name, store, settings,
-            )));
+            return Ok(Arc::new(
+                crate::maintenance::cleanup::CleanupProcessor::new(&self.name, store, settings),
+            ));
         }
         if self.processor == "sql" {
             self.check(store_url)?;
@@ -764,6 +722,7 @@ pub fn load_jobs(jobs_dir: &Path, store_url: &str) -> Result<Vec<Job>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::duration::{parse_duration, MAX_DURATION};
 
     #[test]
     fn durations() {

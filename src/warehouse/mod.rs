@@ -13,6 +13,7 @@ use async_trait::async_trait;
 use serde_json::Value;
 use tokio::sync::OnceCell;
 
+use crate::backend::Backend;
 use crate::error::{BoxError, Error, Result};
 use crate::key::Content;
 use crate::model::{Outcome, RunRequest};
@@ -21,14 +22,15 @@ use crate::processor::Processor;
 #[cfg(feature = "bigquery")]
 mod bigquery;
 mod cell;
-mod params;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
+pub use crate::backend::{prepare, Dialect, Statement};
 #[cfg(feature = "bigquery")]
 pub use bigquery::BigQueryWarehouse;
 pub use cell::{canonical_row, Cell, Rows};
-pub use params::{prepare, Dialect, Statement};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteWarehouse;
 
@@ -82,36 +84,28 @@ pub const BUILTIN_PARAMS: [&str; 4] = ["scope", "scope_date", "run_id", "trigger
 fn unsupported_warehouse(url: &str) -> Error {
     Error::config(format!(
         "unsupported warehouse url {:?}: expected sqlite://PATH, postgres://… or bigquery://PROJECT/DATASET",
-        crate::store::redact_url(url)
+        crate::backend::redact_url(url)
     ))
 }
 
 /// The dialect of the warehouse a URL names, from its scheme alone (nothing is opened),
 /// so job SQL can be checked before anything runs.
 pub fn warehouse_dialect(url: &str) -> Result<Dialect> {
-    match url.split_once("://").map(|(s, _)| s).unwrap_or("") {
-        #[cfg(feature = "sqlite")]
-        "sqlite" => Ok(Dialect::Sqlite),
-        #[cfg(feature = "bigquery")]
-        "bigquery" => Ok(Dialect::BigQuery),
-        #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => Ok(Dialect::Postgres),
-        _ => Err(unsupported_warehouse(url)),
-    }
+    Backend::of(url)
+        .and_then(Backend::dialect)
+        .ok_or_else(|| unsupported_warehouse(url))
 }
 
 /// Opens the warehouse a URL names (`sqlite://…`, `postgres://…`, `bigquery://…`).
 pub async fn open_warehouse(url: &str) -> Result<Arc<dyn Warehouse>> {
-    let scheme = url.split_once("://").map(|(s, _)| s).unwrap_or("");
-    match scheme {
+    match warehouse_dialect(url)? {
         #[cfg(feature = "sqlite")]
-        "sqlite" => Ok(Arc::new(SqliteWarehouse::connect(url).await?)),
+        Dialect::Sqlite => Ok(Arc::new(SqliteWarehouse::connect(url).await?)),
         #[cfg(feature = "bigquery")]
-        "bigquery" => Ok(Arc::new(BigQueryWarehouse::connect(url).await?)),
+        Dialect::BigQuery => Ok(Arc::new(BigQueryWarehouse::connect(url).await?)),
         #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => Ok(Arc::new(
-            crate::store::postgres::PostgresWarehouse::connect(url).await?,
-        )),
+        Dialect::Postgres => Ok(Arc::new(postgres::PostgresWarehouse::connect(url).await?)),
+        #[allow(unreachable_patterns)]
         _ => Err(unsupported_warehouse(url)),
     }
 }

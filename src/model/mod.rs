@@ -1,5 +1,7 @@
 //! The values that flow through idem: run requests, outcomes, verdicts and ledger rows.
 
+pub mod duration;
+
 use std::fmt;
 use std::str::FromStr;
 
@@ -221,6 +223,15 @@ fn check_date_range(date: NaiveDate) -> Result<()> {
 /// A fresh run id (UUID v4).
 pub fn new_run_id() -> String {
     uuid::Uuid::new_v4().to_string()
+}
+
+/// A run id of its own for a run whose requested id is taken: `ID.` and 8 random hex
+/// digits, so the caller's id stays recognisable in the ledger.
+pub fn derive_run_id(taken: &str) -> String {
+    format!(
+        "{taken}.{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    )
 }
 
 /// Parses `YYYY-MM-DD` (years 0001 to 9999), with an error that names the bad value.

@@ -1,5 +1,5 @@
 //! BigQuery REST plumbing shared by [`BigQueryStore`](super::BigQueryStore) and the SQL
-//! processor's [`BigQueryWarehouse`](crate::sql::BigQueryWarehouse): the URL, credentials,
+//! processor's [`BigQueryWarehouse`](crate::warehouse::BigQueryWarehouse): the URL, credentials,
 //! typed query parameters, and [`Connection::query`], the one function every statement goes
 //! through.
 //!
@@ -153,7 +153,7 @@ impl BigQueryUrl {
                     parsed.partition_expiration_days = Some(days);
                 }
                 "timeout" => {
-                    let t = crate::job::parse_duration(&value).map_err(|e| {
+                    let t = crate::model::duration::parse_duration(&value).map_err(|e| {
                         Error::config(format!("bad bigquery url {url:?}: timeout: {e}"))
                     })?;
                     parsed.timeout = Some(t.max(Duration::from_secs(1)));

@@ -145,7 +145,7 @@ impl Cell {
     /// | other | `["other", "TYPE", "HEX"]` |
     ///
     /// ```
-    /// use idem::sql::Cell;
+    /// use idem::warehouse::Cell;
     /// use serde_json::json;
     /// assert_eq!(Cell::Real(f64::INFINITY).canonical(), json!(["real", "Infinity"]));
     /// assert_ne!(Cell::Text("ab".into()).canonical(), Cell::Blob(vec![0xab]).canonical());

@@ -188,7 +188,7 @@ impl Spool {
                     Err(Error::DuplicateRunId { run_id, .. }) => {
                         // The id is taken by another run (ids may be reused): record
                         // this one under a derived id, as the runner does.
-                        let derived = crate::runner::derive_run_id(&run_id);
+                        let derived = crate::model::derive_run_id(&run_id);
                         finish.run.run_id = derived.clone();
                         for k in &mut finish.keys {
                             k.run_id = derived.clone();

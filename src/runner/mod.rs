@@ -25,7 +25,7 @@ use crate::model::{
     SkipReason, Trigger,
 };
 use crate::processor::Processor;
-use crate::spool::Spool;
+use crate::store::spool::Spool;
 use crate::store::{DynStore, Finish, Lease};
 
 /// What to do when the store cannot be used.
@@ -286,15 +286,6 @@ async fn shutdown_signal() -> &'static str {
 
 fn now() -> DateTime<Utc> {
     micros(Utc::now())
-}
-
-/// A run id of its own for a run whose requested id is taken: `ID.` and 8 random hex
-/// digits, so the caller's id stays recognisable in the ledger.
-pub fn derive_run_id(taken: &str) -> String {
-    format!(
-        "{taken}.{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..8]
-    )
 }
 
 impl Runner {
@@ -661,7 +652,7 @@ impl Runner {
             // A run id names one invocation, but callers may reuse theirs (an
             // orchestrator's id across retries and jobs): record this run under a derived,
             // unique id rather than lose it.
-            let derived = derive_run_id(run_id);
+            let derived = crate::model::derive_run_id(run_id);
             tracing::warn!(
                 "run id {run_id:?} is already recorded; this run is recorded as {derived:?}"
             );

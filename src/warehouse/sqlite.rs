@@ -1,16 +1,11 @@
 //! SQLite as a warehouse for the SQL processor.
 
-use std::str::FromStr;
-use std::time::Duration;
-
 use async_trait::async_trait;
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
-};
+use sqlx::sqlite::{SqlitePool, SqlitePoolOptions, SqliteRow};
 use sqlx::{Column, ConnectOptions, Row, TypeInfo, ValueRef};
 
 use super::{bind_values, Cell, Dialect, Params, Rows, Statement, Warehouse};
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// A SQLite database the SQL processor runs on.
 #[derive(Debug, Clone)]
@@ -22,11 +17,7 @@ pub struct SqliteWarehouse {
 impl SqliteWarehouse {
     /// Opens (creating if missing) `sqlite://PATH`.
     pub async fn connect(url: &str) -> Result<Self> {
-        let options = SqliteConnectOptions::from_str(url)
-            .map_err(|e| Error::config(format!("bad sqlite url {url:?}: {e}")))?
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .busy_timeout(Duration::from_secs(30))
+        let options = crate::backend::sqlite::connect_options(url)?
             // Batch statements are slow by nature: no "slow statement" warnings.
             .disable_statement_logging();
         // Lazy: a run skipped by a guard never touches the warehouse; an unreachable

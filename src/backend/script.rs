@@ -56,7 +56,7 @@ pub struct Statement {
 /// comment or dollar-quoted body), naming the line and column where it starts.
 ///
 /// ```
-/// use idem::sql::{prepare, Dialect};
+/// use idem::warehouse::{prepare, Dialect};
 /// let s = prepare("DELETE FROM t WHERE d = @scope; INSERT INTO t SELECT '@scope;', @scope", Dialect::Postgres).unwrap();
 /// assert_eq!(s.len(), 2);
 /// assert_eq!(s[0].sql, "DELETE FROM t WHERE d = $1");

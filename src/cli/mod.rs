@@ -21,12 +21,13 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::error::{Error, Result};
-use crate::job::{find_job, load_jobs, parse_duration, parse_duration_field, scan_jobs, Job};
+use crate::job::{find_job, load_jobs, scan_jobs, Job};
+use crate::model::duration::{parse_duration, parse_duration_field};
 use crate::model::{Mode, RunRequest, RunStatus, Trigger};
 use crate::processor::Registry;
 use crate::runner::{Explanation, RunReport, StoreFailurePolicy};
 use crate::schedule::{self, export, JobPlan, ScheduledJob};
-use crate::spool::Spool;
+use crate::store::spool::Spool;
 use crate::store::{
     self, BreakerConfig, CircuitBreakerStore, DynStore, RunFilter, UnavailableStore,
 };

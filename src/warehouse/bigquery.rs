@@ -17,11 +17,11 @@ use base64::Engine as _;
 use serde_json::Value;
 
 use super::{bind_values, Cell, Dialect, Params, Rows, Statement, Warehouse};
-use crate::error::{Error, Result};
-use crate::store::bigquery::{
+use crate::backend::bigquery::{
     date, field_kind, parse_timestamp_cell, string, timestamp_text, BigQueryUrl, Connection, Param,
     QueryOutput,
 };
+use crate::error::{Error, Result};
 
 /// Default limit for one job statement, polling included (BigQuery's own limit is 6 h).
 const WAREHOUSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(6 * 3600);
@@ -326,7 +326,8 @@ mod tests {
 
     #[test]
     fn scope_date_is_a_date_parameter() {
-        let s = &crate::sql::prepare("SELECT @scope, @scope_date", Dialect::BigQuery).unwrap()[0];
+        let s =
+            &crate::backend::prepare("SELECT @scope, @scope_date", Dialect::BigQuery).unwrap()[0];
         let mut params = Params::new();
         params.insert("scope".into(), "2025-11-18".into());
         params.insert("scope_date".into(), "2025-11-18".into());

@@ -21,7 +21,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::error::{BoxError, Error, Result};
-use crate::job::parse_duration_field;
+use crate::model::duration::parse_duration_field;
 use crate::model::{Outcome, RunRequest};
 use crate::processor::Processor;
 use crate::store::{CleanupPolicy, DynStore, DEFAULT_CLEANUP_BATCH};
