@@ -16,9 +16,27 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// Bad configuration or input: a malformed job file, a bad date, an unknown job.
+    /// Bad configuration: a malformed job file, an unknown job, a bad store or warehouse
+    /// URL, settings that contradict each other.
     #[error("{0}")]
     Config(String),
+
+    /// Bad input: a command-line value (a date, a name, a flag out of range) or a
+    /// malformed line of data.
+    #[error("{0}")]
+    Input(String),
+
+    /// Reading or writing a file failed.
+    #[error("cannot {action} {}: {source}", .path.display())]
+    Io {
+        /// What idem was doing (`read`, `write`, `create`, `list`).
+        action: &'static str,
+        /// The file or folder.
+        path: std::path::PathBuf,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
 
     /// The store could not be reached or answered with an error.
     #[error("store {store} unavailable: {message}")]
@@ -27,6 +45,9 @@ pub enum Error {
         store: String,
         /// What went wrong.
         message: String,
+        /// The driver's error, when there is one.
+        #[source]
+        source: Option<BoxError>,
     },
 
     /// The store answered, but refused an operation (a statement error, a value it
@@ -40,6 +61,9 @@ pub enum Error {
         operation: String,
         /// The store's message.
         message: String,
+        /// The driver's error, when there is one.
+        #[source]
+        source: Option<BoxError>,
     },
 
     /// A ledger row with this run id exists already. A run id names one invocation; the
@@ -106,6 +130,9 @@ pub enum Error {
         warehouse: String,
         /// The database's message.
         message: String,
+        /// The driver's error, when there is one.
+        #[source]
+        source: Option<BoxError>,
     },
 }
 
@@ -122,12 +149,53 @@ impl Error {
         Error::Config(message.to_string())
     }
 
-    /// Shorthand for [`Error::StoreUnavailable`].
+    /// Shorthand for [`Error::Input`].
+    pub fn input(message: impl fmt::Display) -> Self {
+        Error::Input(message.to_string())
+    }
+
+    /// Shorthand for [`Error::Io`]: `action` is what idem was doing (`read`, `write`).
+    pub fn io(
+        action: &'static str,
+        path: impl Into<std::path::PathBuf>,
+        source: std::io::Error,
+    ) -> Self {
+        Error::Io {
+            action,
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// Shorthand for [`Error::StoreUnavailable`] without a source error.
     pub fn store(store: impl fmt::Display, message: impl fmt::Display) -> Self {
         Error::StoreUnavailable {
             store: store.to_string(),
             message: message.to_string(),
+            source: None,
         }
+    }
+
+    /// [`Error::StoreUnavailable`] keeping the driver's error as its source.
+    pub fn store_source(
+        store: impl fmt::Display,
+        message: impl fmt::Display,
+        source: impl Into<BoxError>,
+    ) -> Self {
+        Error::StoreUnavailable {
+            store: store.to_string(),
+            message: message.to_string(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// True for errors in what the user gave idem (configuration, input, a file it could
+    /// not read, an operation the store does not support): exit code 2.
+    pub fn is_usage(&self) -> bool {
+        matches!(
+            self,
+            Error::Config(_) | Error::Input(_) | Error::Io { .. } | Error::Unsupported { .. }
+        )
     }
 
     /// True when the error means the store could not be used (unreachable, refusing the
@@ -183,6 +251,7 @@ impl Error {
                 store: store.to_string(),
                 operation: operation.to_string(),
                 message,
+                source: None,
             }
         }
     }

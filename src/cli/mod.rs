@@ -429,7 +429,7 @@ fn init_logging(default_filter: &str) {
 fn exit_code_for(e: &Error) -> u8 {
     match e {
         e if e.is_store_failure() => EXIT_STORE_UNAVAILABLE,
-        Error::Config(_) | Error::Unsupported { .. } => EXIT_USAGE,
+        e if e.is_usage() => EXIT_USAGE,
         _ => EXIT_RUN_FAILED,
     }
 }

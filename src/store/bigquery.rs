@@ -383,12 +383,14 @@ impl BigQueryStore {
     /// could not answer, [`Error::StoreRejected`] when it refused the statement.
     fn err(&self, e: ApiError) -> Error {
         if e.is_outage() {
-            Error::store(&self.url, e)
+            let message = e.to_string();
+            Error::store_source(&self.url, message, e)
         } else {
             Error::StoreRejected {
                 store: self.url.clone(),
                 operation: format!("the {} statement", e.operation),
                 message: e.to_string(),
+                source: Some(Box::new(e)),
             }
         }
     }

@@ -254,6 +254,7 @@ impl SqlProcessor {
                         phase: "setup",
                         warehouse: self.warehouse.describe(),
                         message,
+                        source: None,
                     })
             })
             .await?;
@@ -309,6 +310,7 @@ impl Processor for SqlProcessor {
                 phase: "content",
                 warehouse: self.warehouse.describe(),
                 message,
+                source: None,
             })?;
         Ok(Some(Content::new().rows(rows.canonical())))
     }
@@ -324,6 +326,7 @@ impl Processor for SqlProcessor {
                 phase: "process",
                 warehouse: self.warehouse.describe(),
                 message,
+                source: None,
             })?;
         Ok(Outcome::records(affected as i64))
     }
