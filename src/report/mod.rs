@@ -2,7 +2,7 @@
 //!
 //! The queries are the "Is This Needed?" and "Monitoring" queries of the design seed, over
 //! `processing_runs` and `processing_keys`, kept per dialect as `.sql` files beside the
-//! migrations (`sql/<dialect>/report_*.sql`) with every value bound as a parameter:
+//! migrations (`reports/<dialect>/*.sql`) with every value bound as a parameter:
 //!
 //! * `duplicates` (Q1): completed runs of a scope whose previous completed run finished
 //!   more than the time window earlier, and how many processed identical record counts;

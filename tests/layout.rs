@@ -1,0 +1,187 @@
+//! The layout the README promises: the top-level modules of `src/` depend on each other one
+//! way (no cycle), and README's Layout section names every folder of `src/` and of the
+//! repository that holds code or SQL.
+//!
+//! Dependencies are read from the source text: a module `a` depends on `b` when a file
+//! under `src/a` (or `src/a.rs`) names `crate::b` (in a path or a `use crate::{b, …}`
+//! group). `lib.rs` and `bin/` sit above everything and are left out.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The text without `//` comments (doc comments name modules in links, which is fine).
+fn code(text: &str) -> String {
+    text.lines()
+        .map(|line| match line.find("//") {
+            Some(i) => &line[..i],
+            None => line,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn ident_at(s: &str) -> &str {
+    let end = s
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .unwrap_or(s.len());
+    &s[..end]
+}
+
+/// Top-level module → the top-level modules it names.
+fn module_graph() -> BTreeMap<String, BTreeSet<String>> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let modules: BTreeSet<String> = files
+        .iter()
+        .map(|f| top_module(&src, f))
+        .filter(|m| m != "lib" && m != "bin")
+        .collect();
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in &files {
+        let from = top_module(&src, file);
+        if from == "lib" || from == "bin" {
+            continue;
+        }
+        let text = code(&fs::read_to_string(file).unwrap());
+        let mut named = BTreeSet::new();
+        for (i, _) in text.match_indices("crate::") {
+            let rest = &text[i + "crate::".len()..];
+            if let Some(group) = rest.strip_prefix('{') {
+                let group = &group[..group.find('}').unwrap_or(group.len())];
+                // Only the first segment of each item of the group: `{a::x, b}`.
+                for item in group.split(',') {
+                    named.insert(ident_at(item.trim()).to_string());
+                }
+            } else {
+                named.insert(ident_at(rest).to_string());
+            }
+        }
+        let edges = graph.entry(from.clone()).or_default();
+        for to in named {
+            if to != from && modules.contains(&to) {
+                edges.insert(to);
+            }
+        }
+    }
+    graph
+}
+
+fn top_module(src: &Path, file: &Path) -> String {
+    let rel = file.strip_prefix(src).unwrap();
+    let first = rel.components().next().unwrap().as_os_str().to_string_lossy();
+    first.trim_end_matches(".rs").to_string()
+}
+
+/// A cycle through `start`, if any, as the list of modules on it.
+fn cycle_through(graph: &BTreeMap<String, BTreeSet<String>>, start: &str) -> Option<Vec<String>> {
+    fn walk(
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        start: &str,
+        at: &str,
+        path: &mut Vec<String>,
+        seen: &mut BTreeSet<String>,
+    ) -> bool {
+        for next in graph.get(at).into_iter().flatten() {
+            if next == start {
+                path.push(next.clone());
+                return true;
+            }
+            if seen.insert(next.clone()) {
+                path.push(next.clone());
+                if walk(graph, start, next, path, seen) {
+                    return true;
+                }
+                path.pop();
+            }
+        }
+        false
+    }
+    let mut path = vec![start.to_string()];
+    let mut seen = BTreeSet::new();
+    walk(graph, start, start, &mut path, &mut seen).then_some(path)
+}
+
+#[test]
+fn top_level_modules_depend_one_way() {
+    let graph = module_graph();
+    assert!(
+        graph.contains_key("store") && graph.contains_key("runner"),
+        "the scan found no modules: {graph:?}"
+    );
+    let cycles: Vec<String> = graph
+        .keys()
+        .filter_map(|m| cycle_through(&graph, m))
+        .map(|c| c.join(" → "))
+        .collect();
+    assert!(
+        cycles.is_empty(),
+        "import cycles between top-level modules:\n{}\n(graph: {graph:#?})",
+        cycles.join("\n")
+    );
+}
+
+#[test]
+fn the_flow_runs_from_the_cli_down_to_the_backends() {
+    let graph = module_graph();
+    let depends = |a: &str, b: &str| graph.get(a).is_some_and(|e| e.contains(b));
+    // Lower layers never name the layers above them.
+    let layers: &[(&str, &[&str])] = &[
+        ("backend", &["store", "warehouse", "runner", "guard", "job", "cli"]),
+        ("store", &["warehouse", "runner", "guard", "job", "cli"]),
+        ("warehouse", &["store", "runner", "guard", "job", "cli"]),
+        ("guard", &["runner", "job", "cli", "warehouse"]),
+        ("runner", &["job", "cli", "warehouse"]),
+        ("job", &["cli"]),
+    ];
+    for (module, above) in layers {
+        for other in *above {
+            assert!(
+                !depends(module, other),
+                "{module} names {other}, a layer above it (flow: cli → job → runner → guards → store → backend; warehouses beside stores)"
+            );
+        }
+    }
+}
+
+#[test]
+fn readme_layout_names_every_folder() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = fs::read_to_string(root.join("README.md")).unwrap();
+    let layout = readme
+        .split("\n## Layout")
+        .nth(1)
+        .expect("README.md has a `## Layout` section")
+        .split("\n## ")
+        .next()
+        .unwrap();
+    let mut folders = Vec::new();
+    for entry in fs::read_dir(root.join("src")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            folders.push(format!("src/{}/", path.file_name().unwrap().to_string_lossy()));
+        }
+    }
+    for top in ["migrations", "reports", "tests", "benches", "jobs"] {
+        if root.join(top).is_dir() {
+            folders.push(format!("{top}/"));
+        }
+    }
+    let missing: Vec<&String> = folders.iter().filter(|f| !layout.contains(f.as_str())).collect();
+    assert!(
+        missing.is_empty(),
+        "README's Layout section does not name {missing:?}"
+    );
+}
