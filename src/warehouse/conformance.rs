@@ -1,0 +1,1 @@
+//! Checks every warehouse passes.
