@@ -41,11 +41,7 @@ mod bigquery {
     /// The emulator URL, or `None` after saying why the test is skipped (in CI, with
     /// `IDEM_REQUIRE_SERVICES=1`, a missing URL fails the test instead).
     fn bigquery_url(test: &str) -> Option<String> {
-        super::common::service_url(
-            "IDEM_TEST_BIGQUERY_URL",
-            &format!("bigquery::{test}"),
-            super::common::BIGQUERY_HOW,
-        )
+        super::common::bigquery_url(&format!("bigquery::{test}"))
     }
 
     macro_rules! require_bigquery {

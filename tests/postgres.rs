@@ -33,11 +33,7 @@ use common::{toml_str, wait, Sandbox};
 /// The test database, or `None` (with a message) when it is not configured; under
 /// `IDEM_REQUIRE_SERVICES=1` (CI) a missing URL fails the test instead.
 fn pg_url(test: &str) -> Option<String> {
-    common::service_url(
-        "IDEM_TEST_POSTGRES_URL",
-        &format!("postgres::{test}"),
-        common::POSTGRES_HOW,
-    )
+    common::postgres_url(&format!("postgres::{test}"))
 }
 
 /// 8 lowercase hex characters: safe inside SQL identifiers and job names.

@@ -50,11 +50,7 @@ impl Target {
     }
 
     async fn postgres(test: &str) -> Option<Target> {
-        let url = common::service_url(
-            "IDEM_TEST_POSTGRES_URL",
-            &format!("scenarios::postgres::{test}"),
-            common::POSTGRES_HOW,
-        )?;
+        let url = common::postgres_url(&format!("scenarios::{test}::postgres"))?;
         Some(
             Target::new(
                 Dialect::Postgres,
@@ -67,11 +63,7 @@ impl Target {
 
     #[cfg(feature = "bigquery")]
     async fn bigquery(test: &str) -> Option<Target> {
-        let url = common::service_url(
-            "IDEM_TEST_BIGQUERY_URL",
-            &format!("scenarios::bigquery::{test}"),
-            common::BIGQUERY_HOW,
-        )?;
+        let url = common::bigquery_url(&format!("scenarios::{test}::bigquery"))?;
         // Opening the store creates the dataset the job's tables go in.
         idem::store::bigquery::BigQueryStore::connect(&url)
             .await

@@ -22,23 +22,15 @@ async fn sqlite() -> (Arc<dyn Warehouse>, common::Sandbox) {
 }
 
 async fn postgres(test: &str) -> Option<Arc<dyn Warehouse>> {
-    let url = common::service_url(
-        "IDEM_TEST_POSTGRES_URL",
-        &format!("warehouse::postgres::{test}"),
-        common::POSTGRES_HOW,
-    )?;
+    let url = common::postgres_url(&format!("warehouse::{test}::postgres"))?;
     Some(open_warehouse(&url).await.unwrap())
 }
 
-/// The BigQuery warehouse and a function qualifying a table name with its dataset (the
-/// dataset is created by opening the store on the same URL).
+/// The BigQuery warehouse and a fresh table name qualified with its dataset (the dataset
+/// is created by opening the store on the same URL).
 #[cfg(feature = "bigquery")]
 async fn bigquery(test: &str) -> Option<(Arc<dyn Warehouse>, String)> {
-    let url = common::service_url(
-        "IDEM_TEST_BIGQUERY_URL",
-        &format!("warehouse::bigquery::{test}"),
-        common::BIGQUERY_HOW,
-    )?;
+    let url = common::bigquery_url(&format!("warehouse::{test}::bigquery"))?;
     idem::store::bigquery::BigQueryStore::connect(&url)
         .await
         .expect("open the store (creates the dataset)");

@@ -343,6 +343,7 @@ mod tests {
         params.remove("scope");
         assert!(parameters(s, &params)
             .unwrap_err()
+            .message
             .contains("unknown parameter @scope"));
     }
 }
