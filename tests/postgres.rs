@@ -1,6 +1,7 @@
 //! Postgres-specific scenarios: claims over many pools and processes, lease takeover and
 //! fencing through the CLI, the store dying mid-run (through a TCP proxy the test kills),
-//! odd strings, and the SQL processor on Postgres.
+//! migrations, and the Postgres warehouse's binding and decoding. The scenarios every
+//! store shares (odd strings, SQL jobs, the content key) are in `tests/scenarios.rs`.
 //!
 //! They need a database they may fill: `IDEM_TEST_POSTGRES_URL=postgres://USER@HOST:PORT/DB`.
 //! Without it every test prints why it skipped and passes (under
@@ -10,7 +11,7 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Child;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -32,11 +33,7 @@ use common::{toml_str, wait, Sandbox};
 /// The test database, or `None` (with a message) when it is not configured; under
 /// `IDEM_REQUIRE_SERVICES=1` (CI) a missing URL fails the test instead.
 fn pg_url(test: &str) -> Option<String> {
-    common::service_url(
-        "IDEM_TEST_POSTGRES_URL",
-        &format!("postgres::{test}"),
-        common::POSTGRES_HOW,
-    )
+    common::postgres_url(&format!("postgres::{test}"))
 }
 
 /// 8 lowercase hex characters: safe inside SQL identifiers and job names.
@@ -694,203 +691,6 @@ fn store_down_best_effort_runs_and_reports_store_errors() {
     );
 }
 
-/// A job name and a scope full of quotes, semicolons, comment markers and unicode
-/// round-trip through `idem run --scope`, the SQL processor's parameters and the ledger.
-#[test]
-fn odd_names_and_scopes_round_trip() {
-    let Some(url) = pg_url("odd_names_and_scopes_round_trip") else {
-        return;
-    };
-    let rt = runtime();
-    let pool = rt.block_on(db(&url));
-    let sfx = suffix();
-    let table = format!("pg_odd_{sfx}");
-    rt.block_on(
-        sqlx::query(&format!(
-            "CREATE TABLE {table} (scope TEXT NOT NULL, job TEXT NOT NULL)"
-        ))
-        .execute(&pool),
-    )
-    .unwrap();
-    let name = format!("it's; \"odd\" -- DROP TABLE processing_runs; — ünïcødé 🎉 {sfx}");
-    let scope = "2025-11-18'; DELETE FROM processing_keys; --/ñ \"x\" $1 @scope 🎉";
-    let dir = Sandbox::with_store("idem-pg", &url);
-    let job = dir.write_job(
-        "odd",
-        &format!(
-            "{}[sql.params]\njob = {}\n",
-            sql_job(
-                &name,
-                "lease = \"1m\"\ntime_window = \"1h\"",
-                &format!("process = \"INSERT INTO {table} (scope, job) VALUES (@scope, @job)\""),
-            ),
-            toml_str(&name)
-        ),
-    );
-    let run_args = [
-        "run",
-        job.to_str().unwrap(),
-        "--date",
-        "2025-11-18",
-        "--scope",
-        scope,
-    ];
-    let (code, report, stderr) = dir.json(&run_args);
-    assert_eq!(code, 0, "{report}\n{stderr}");
-    assert_eq!(report["status"], "completed");
-    assert_eq!(report["job"], name.as_str());
-    assert_eq!(report["scope"], scope);
-    let (code, runs, _) = dir.json(&["runs", "--job", &name, "--scope", scope]);
-    assert_eq!(code, 0);
-    let runs = runs.as_array().unwrap();
-    assert_eq!(runs.len(), 1, "{runs:?}");
-    assert_eq!(runs[0]["processor"], name.as_str());
-    assert_eq!(runs[0]["scope"], scope);
-    let rows: Vec<(String, String)> = rt
-        .block_on(sqlx::query_as(&format!("SELECT scope, job FROM {table}")).fetch_all(&pool))
-        .unwrap();
-    assert_eq!(rows, vec![(scope.to_string(), name.clone())]);
-    // The key written under those strings is found again: the next run is skipped.
-    let (code, again, _) = dir.json(&run_args);
-    assert_eq!(code, 0);
-    assert_eq!(again["status"], "skipped", "{again}");
-    assert_eq!(again["skip_reason"], "time_window");
-    rt.block_on(sqlx::query(&format!("DROP TABLE {table}")).execute(&pool))
-        .unwrap();
-}
-
-/// The SQL processor on Postgres: `@scope` compared with a DATE column; a multi-statement
-/// `process` is one transaction (a failing second statement rolls back the first, the run
-/// fails and writes no key); fixed, the rerun completes.
-#[test]
-fn sql_processor_binds_dates_and_rolls_back_failed_scripts() {
-    let Some(url) = pg_url("sql_processor_binds_dates_and_rolls_back_failed_scripts") else {
-        return;
-    };
-    let rt = runtime();
-    let pool = rt.block_on(db(&url));
-    let sfx = suffix();
-    let (sales, daily) = (format!("pg_sales_{sfx}"), format!("pg_daily_{sfx}"));
-    rt.block_on(async {
-        for sql in [
-            format!(
-                "CREATE TABLE {sales} (sale_date DATE NOT NULL, amount NUMERIC(10,2) NOT NULL)"
-            ),
-            format!(
-                "CREATE TABLE {daily} (sale_date DATE PRIMARY KEY, total NUMERIC(12,2), n BIGINT)"
-            ),
-            format!(
-                "INSERT INTO {sales} VALUES ('2025-03-14', 10.50), ('2025-03-14', 4.25), \
-                 ('2025-03-15', 99.99)"
-            ),
-        ] {
-            sqlx::query(&sql).execute(&pool).await.unwrap();
-        }
-    });
-    let name = format!("pg_sales_{sfx}");
-    let content = format!(
-        "content = \"SELECT sale_date, count(*) AS n, sum(amount) AS total FROM {sales} \
-         WHERE sale_date = @scope GROUP BY sale_date\""
-    );
-    let guards = "lease = \"1m\"\ntime_window = \"1h\"\ncontent_hash = \"24h\"";
-    let insert = format!(
-        "INSERT INTO {daily} (sale_date, total, n) \
-         SELECT sale_date, sum(amount), count(*) FROM {sales} WHERE sale_date = @scope \
-         GROUP BY sale_date"
-    );
-    let dir = Sandbox::with_store("idem-pg", &url);
-    let broken = dir.write_job(
-        "broken",
-        &sql_job(
-            &name,
-            guards,
-            &format!(
-                "{content}\nprocess = '''\n{insert};\n\
-                 INSERT INTO pg_no_such_table_{sfx} VALUES (@scope)\n'''"
-            ),
-        ),
-    );
-    let fixed = dir.write_job(
-        "fixed",
-        &sql_job(
-            &name,
-            guards,
-            &format!(
-                "{content}\nprocess = '''\nDELETE FROM {daily} WHERE sale_date = @scope;\n\
-                 {insert}\n'''"
-            ),
-        ),
-    );
-    let run_job = |job: &Path| dir.run(job, "2025-03-14");
-
-    let (code, report, stderr) = run_job(&broken);
-    assert_eq!(code, 1, "{report}\n{stderr}");
-    assert_eq!(report["status"], "failed");
-    let error = report["error"].as_str().unwrap_or("");
-    assert!(
-        error.contains("statement 2 of 2") && error.contains("does not exist"),
-        "{error}"
-    );
-    assert!(report["processing_key"].is_string(), "content was hashed");
-    let rows = |date: &str| -> i64 {
-        count(
-            &rt,
-            &pool,
-            &format!("SELECT count(*) FROM {daily} WHERE sale_date = $1::date"),
-            date,
-        )
-    };
-    assert_eq!(rows("2025-03-14"), 0, "the first statement was rolled back");
-    assert_eq!(
-        count(
-            &rt,
-            &pool,
-            "SELECT count(*) FROM processing_keys WHERE processor_name = $1",
-            &name
-        ),
-        0,
-        "a failed run writes no key"
-    );
-
-    let (code, report, stderr) = run_job(&fixed);
-    assert_eq!(code, 0, "{report}\n{stderr}");
-    assert_eq!(report["status"], "completed", "{report}");
-    assert_eq!(report["records_processed"], 1, "DELETE 0 + INSERT 1");
-    let (total, n): (String, i64) = rt
-        .block_on(
-            sqlx::query_as(&format!(
-                "SELECT total::text, n FROM {daily} WHERE sale_date = '2025-03-14'"
-            ))
-            .fetch_one(&pool),
-        )
-        .unwrap();
-    assert_eq!((total.as_str(), n), ("14.75", 2));
-    assert_eq!(rows("2025-03-15"), 0, "only the scope's date");
-
-    // Same content again: skipped (time window first).
-    let (code, report, _) = run_job(&fixed);
-    assert_eq!(code, 0);
-    assert_eq!(report["status"], "skipped");
-
-    let (code, runs, _) = dir.json(&["runs", "--job", &name]);
-    assert_eq!(code, 0);
-    let statuses: Vec<&str> = runs
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["status"].as_str().unwrap())
-        .collect();
-    assert_eq!(statuses, vec!["skipped", "completed", "failed"]);
-    rt.block_on(async {
-        for t in [&sales, &daily] {
-            sqlx::query(&format!("DROP TABLE {t}"))
-                .execute(&pool)
-                .await
-                .unwrap();
-        }
-    });
-}
-
 /// The warehouse's parameters behave like untyped literals whatever type Postgres infers,
 /// values never become SQL, and rows come back as JSON for the common types.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1014,92 +814,4 @@ fn concurrent_first_use_migrates_once() {
     assert_eq!(tables, 5, "four idem tables and the migrations table");
     rt.block_on(sqlx::query(&format!("DROP SCHEMA {schema} CASCADE")).execute(&pool))
         .unwrap();
-}
-
-/// Issue 7, item 5, on Postgres: every column and every value's type reach the content
-/// key. The content query reads two one-column views the test redefines; each definition
-/// used to encode like the one before it (`duplicate_content_hash`): numeric `1.5` and
-/// text `'1.5'`, the NaNs of numeric, float8 and text, bytea and the text of its bytes, bool
-/// `true` and json `true`, and a change in the first of two columns with one name.
-#[test]
-fn every_column_and_every_type_change_reaches_the_content_key() {
-    let Some(url) = pg_url("every_column_and_every_type_change_reaches_the_content_key") else {
-        return;
-    };
-    let rt = runtime();
-    let pool = rt.block_on(db(&url));
-    let name = format!("pg_typed_{}", suffix());
-    let (first, last) = (format!("{name}_first"), format!("{name}_last"));
-    let dir = Sandbox::with_store("idem-pg", &url);
-    let job = dir.write_job(
-        "typed",
-        &sql_job(
-            &name,
-            "time_window = \"0s\"\ncontent_hash = \"24h\"",
-            &format!(
-                "warehouse = {}\ncontent = \"SELECT f.v, l.v FROM {first} f, {last} l WHERE @scope <> ''\"\n\
-                 process = \"SELECT 1\"",
-                toml_str(&url)
-            ),
-        ),
-    );
-    let define = |view: &str, value: &str| {
-        rt.block_on(async {
-            sqlx::query(&format!("DROP VIEW IF EXISTS {view}"))
-                .execute(&pool)
-                .await
-                .unwrap();
-            sqlx::query(&format!("CREATE VIEW {view} AS SELECT {value} AS v"))
-                .execute(&pool)
-                .await
-                .unwrap();
-        })
-    };
-    define(&first, "1");
-    let mut keys: Vec<Value> = Vec::new();
-    for (view, value) in [
-        (&last, "1.5::numeric"),
-        (&last, "'1.5'::text"),
-        (&last, "'NaN'::numeric"),
-        (&last, "'NaN'::float8"),
-        (&last, "'NaN'::text"),
-        (&last, "'Infinity'::float8"),
-        (&last, "'Infinity'::text"),
-        (&last, "'\\x6162'::bytea"),
-        (&last, "'ab'::text"),
-        (&last, "true"),
-        (&last, "'true'::json"),
-        (&last, "'infinity'::date"),
-        (&last, "'infinity'::timestamptz"),
-        (&last, "'-infinity'::timestamp"),
-        (&last, "ARRAY[[1, 2], [3, 4]]"),
-        (&last, "'\\x7fffffff'::text"),
-        (&last, "NULL::int"),
-        // The first of the two columns named `v`.
-        (&first, "2"),
-    ] {
-        define(view, value);
-        let (code, run, stderr) = dir.run(&job, "2025-11-18");
-        assert_eq!(code, 0, "{view} {value}: {run}\n{stderr}");
-        assert_eq!(run["status"], "completed", "{view} {value}: {run}");
-        assert!(
-            !keys.contains(&run["processing_key"]),
-            "{view} {value}: a key seen before {run}"
-        );
-        keys.push(run["processing_key"].clone());
-        // The same content again is still a duplicate.
-        let (_, again, _) = dir.run(&job, "2025-11-18");
-        assert_eq!(
-            again["skip_reason"], "duplicate_content_hash",
-            "{view} {value}: {again}"
-        );
-    }
-    rt.block_on(async {
-        for view in [&first, &last] {
-            sqlx::query(&format!("DROP VIEW IF EXISTS {view}"))
-                .execute(&pool)
-                .await
-                .unwrap();
-        }
-    });
 }

@@ -472,8 +472,8 @@ async fn single_run_only_failures_and_no_scheduler_runs() {
 
 #[test]
 fn every_query_exists_in_every_dialect_and_binds_its_values() {
-    use report::Dialect::{Bigquery, Postgres, Sqlite};
-    for dialect in [Sqlite, Postgres, Bigquery] {
+    use report::Dialect::{BigQuery, Postgres, Sqlite};
+    for dialect in [Sqlite, Postgres, BigQuery] {
         for name in report::QUERY_NAMES {
             let sql = report::sql(name, dialect).unwrap();
             assert!(sql.contains("processing_"), "{name}");
@@ -485,7 +485,7 @@ fn every_query_exists_in_every_dialect_and_binds_its_values() {
             let (job, extra) = match dialect {
                 Sqlite => ("?3", "?4"),
                 Postgres => ("$3", "$4"),
-                Bigquery => ("@job", extra),
+                BigQuery => ("@job", extra),
             };
             assert!(sql.contains(job), "{name} binds the processor");
             if name == "duplicates" || name == "savings" {

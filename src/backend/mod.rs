@@ -51,14 +51,34 @@ impl Backend {
     }
 }
 
-/// A URL with its password replaced by `***`, for messages and the ledger.
+/// A URL with its password replaced by `***`, for messages and the ledger. A URL without a
+/// password (or that does not parse) comes back as written.
 pub fn redact_url(url: &str) -> String {
-    if let Some((scheme, rest)) = url.split_once("://") {
-        if let Some((userinfo, host)) = rest.split_once('@') {
-            if let Some((user, _password)) = userinfo.split_once(':') {
-                return format!("{scheme}://{user}:***@{host}");
-            }
-        }
+    match url::Url::parse(url) {
+        Ok(parsed) if parsed.password().is_some() => format!(
+            "{}***{}",
+            &parsed[..url::Position::BeforePassword],
+            &parsed[url::Position::AfterPassword..]
+        ),
+        _ => url.to_string(),
     }
-    url.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn redact_url_hides_only_the_password() {
+        assert_eq!(
+            redact_url("postgres://idem:s3cret@db.example:5432/idem?sslmode=require"),
+            "postgres://idem:***@db.example:5432/idem?sslmode=require"
+        );
+        assert_eq!(
+            redact_url("postgres://idem@127.0.0.1/idem"),
+            "postgres://idem@127.0.0.1/idem"
+        );
+        assert_eq!(redact_url("sqlite://state.db"), "sqlite://state.db");
+        assert_eq!(redact_url("not a url"), "not a url");
+    }
 }

@@ -40,6 +40,45 @@ pub enum Dialect {
     BigQuery,
 }
 
+impl Dialect {
+    /// The dialect's name (`sqlite`, `postgres`, `bigquery`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dialect::Sqlite => "sqlite",
+            Dialect::Postgres => "postgres",
+            Dialect::BigQuery => "bigquery",
+        }
+    }
+
+    /// Parses a dialect name (`postgresql` is `postgres`).
+    pub fn parse(s: &str) -> Result<Dialect> {
+        match s {
+            "sqlite" => Ok(Dialect::Sqlite),
+            "postgres" | "postgresql" => Ok(Dialect::Postgres),
+            "bigquery" => Ok(Dialect::BigQuery),
+            _ => Err(Error::config(format!(
+                "unknown dialect {s:?}: expected sqlite, postgres or bigquery"
+            ))),
+        }
+    }
+
+    /// The dialect a URL's scheme names (whether or not this build can open it).
+    pub fn of_url(url: &str) -> Option<Dialect> {
+        match url.split_once("://").map(|(s, _)| s).unwrap_or("") {
+            "sqlite" => Some(Dialect::Sqlite),
+            "postgres" | "postgresql" => Some(Dialect::Postgres),
+            "bigquery" => Some(Dialect::BigQuery),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Dialect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One statement ready for a driver.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Statement {

@@ -1612,7 +1612,7 @@ async fn report_command(args: ReportArgs, g: &GlobalOptions) -> Result<u8> {
     let text = if let Some(name) = &args.sql {
         let dialect = match &args.dialect {
             Some(d) => Dialect::parse(d)?,
-            None => Dialect::of_url(&g.store).map_err(|e| {
+            None => report::dialect_of_url(&g.store).map_err(|e| {
                 Error::config(format!("{e}; name one with --dialect sqlite|postgres"))
             })?,
         };

@@ -33,53 +33,19 @@ mod render;
 
 pub use render::{render, OutputFormat};
 
-/// The SQL dialects the report queries exist in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Dialect {
-    /// SQLite (timestamps are INTEGER microseconds).
-    Sqlite,
-    /// Postgres.
-    Postgres,
-    /// BigQuery (GoogleSQL, named parameters; `{project}` and `{dataset}` stand for the
-    /// store URL's validated ids).
-    Bigquery,
-}
+/// The SQL dialects the report queries exist in (BigQuery's queries are GoogleSQL with
+/// named parameters; `{project}` and `{dataset}` stand for the store URL's validated ids;
+/// SQLite's timestamps are INTEGER microseconds).
+pub use crate::backend::Dialect;
 
-impl Dialect {
-    /// The dialect's name (`sqlite`, `postgres`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Dialect::Sqlite => "sqlite",
-            Dialect::Postgres => "postgres",
-            Dialect::Bigquery => "bigquery",
-        }
-    }
-
-    /// Parses a dialect name.
-    pub fn parse(s: &str) -> Result<Dialect> {
-        match s {
-            "sqlite" => Ok(Dialect::Sqlite),
-            "postgres" | "postgresql" => Ok(Dialect::Postgres),
-            "bigquery" => Ok(Dialect::Bigquery),
-            _ => Err(Error::config(format!(
-                "unknown dialect {s:?}: expected sqlite, postgres or bigquery"
-            ))),
-        }
-    }
-
-    /// The dialect of a store URL.
-    pub fn of_url(url: &str) -> Result<Dialect> {
-        let scheme = url.split_once("://").map(|(s, _)| s).unwrap_or("");
-        match scheme {
-            "sqlite" => Ok(Dialect::Sqlite),
-            "postgres" | "postgresql" => Ok(Dialect::Postgres),
-            "bigquery" => Ok(Dialect::Bigquery),
-            _ => Err(Error::config(format!(
-                "idem report reads the ledger with SQL: it needs a sqlite://, postgres:// or bigquery:// store, not {:?}",
-                redact_url(url)
-            ))),
-        }
-    }
+/// The dialect of a store URL, for the report.
+pub fn dialect_of_url(url: &str) -> Result<Dialect> {
+    Dialect::of_url(url).ok_or_else(|| {
+        Error::config(format!(
+            "idem report reads the ledger with SQL: it needs a sqlite://, postgres:// or bigquery:// store, not {:?}",
+            redact_url(url)
+        ))
+    })
 }
 
 /// The names of the report queries, in report order.
@@ -122,7 +88,7 @@ pub fn sql(name: &str, dialect: Dialect) -> Result<&'static str> {
     Ok(match dialect {
         Dialect::Sqlite => SQLITE[index],
         Dialect::Postgres => POSTGRES[index],
-        Dialect::Bigquery => BIGQUERY[index],
+        Dialect::BigQuery => BIGQUERY[index],
     })
 }
 
@@ -167,7 +133,7 @@ pub fn sql_for_console(name: &str, dialect: Dialect, options: &ReportOptions) ->
             out.push_str(text);
             out.push_str(";\n");
         }
-        Dialect::Bigquery => {
+        Dialect::BigQuery => {
             let job = match &options.job {
                 Some(j) => format!("'{}'", j.replace('\\', "\\\\").replace('\'', "\\'")),
                 None => "NULL".to_string(),
@@ -640,7 +606,7 @@ enum Conn {
 }
 
 async fn connect(url: &str) -> Result<Conn> {
-    match Dialect::of_url(url)? {
+    match dialect_of_url(url)? {
         #[cfg(feature = "sqlite")]
         Dialect::Sqlite => {
             // The store's own connect creates and migrates an empty ledger, so a report on a
@@ -654,7 +620,7 @@ async fn connect(url: &str) -> Result<Conn> {
             Ok(Conn::Postgres(store.pool().clone()))
         }
         #[cfg(feature = "bigquery")]
-        Dialect::Bigquery => {
+        Dialect::BigQuery => {
             use crate::backend::bigquery::{BigQueryUrl, Connection};
             use crate::store::bigquery::BigQueryStore;
             // Connecting migrates, so a fresh dataset has the tables (and no runs).
@@ -742,7 +708,7 @@ async fn bigquery_query(
         }),
     };
     // Full-line comments are dropped: the emulator counts `@name` in comments as parameters.
-    let text_sql = sql(name, Dialect::Bigquery)?
+    let text_sql = sql(name, Dialect::BigQuery)?
         .lines()
         .filter(|l| !l.trim_start().starts_with("--"))
         .collect::<Vec<_>>()

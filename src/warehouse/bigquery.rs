@@ -16,7 +16,10 @@ use async_trait::async_trait;
 use base64::Engine as _;
 use serde_json::Value;
 
-use super::{bind_values, Cell, Dialect, Params, Rows, Statement, Warehouse};
+use super::{
+    bind_values, in_statement, Cell, Dialect, Params, Rows, Statement, Warehouse, WarehouseError,
+    WarehouseResult,
+};
 use crate::backend::bigquery::{
     date, field_kind, parse_timestamp_cell, string, timestamp_text, BigQueryUrl, Connection, Param,
     QueryOutput,
@@ -54,7 +57,7 @@ impl BigQueryWarehouse {
 }
 
 /// Typed parameters for a statement: `scope_date` is a DATE, the rest STRING.
-fn parameters(statement: &Statement, params: &Params) -> std::result::Result<Vec<Param>, String> {
+fn parameters(statement: &Statement, params: &Params) -> WarehouseResult<Vec<Param>> {
     let values = bind_values(statement, params)?;
     statement
         .params
@@ -62,8 +65,9 @@ fn parameters(statement: &Statement, params: &Params) -> std::result::Result<Vec
         .zip(values)
         .map(|(name, value)| {
             if name == "scope_date" {
-                let d = chrono::NaiveDate::parse_from_str(value, "%Y-%m-%d")
-                    .map_err(|_| format!("@scope_date {value:?} is not a date"))?;
+                let d = chrono::NaiveDate::parse_from_str(value, "%Y-%m-%d").map_err(|_| {
+                    WarehouseError::new(format!("@scope_date {value:?} is not a date"))
+                })?;
                 Ok(date(name, d))
             } else {
                 Ok(string(name, value))
@@ -185,7 +189,7 @@ impl Warehouse for BigQueryWarehouse {
         self.url.clone()
     }
 
-    async fn execute(&self, statements: &[Statement], params: &Params) -> Result<u64, String> {
+    async fn execute(&self, statements: &[Statement], params: &Params) -> WarehouseResult<u64> {
         let mut affected = 0;
         for (n, statement) in statements.iter().enumerate() {
             let values = parameters(statement, params)?;
@@ -193,19 +197,18 @@ impl Warehouse for BigQueryWarehouse {
                 .conn
                 .query("warehouse.execute", &statement.sql, values)
                 .await
-                .map_err(|e| format!("statement {} of {}: {e}", n + 1, statements.len()))?;
+                .map_err(|e| in_statement(n, statements.len())(WarehouseError::from(e)))?;
             affected = out.affected.unwrap_or(0);
         }
         Ok(affected)
     }
 
-    async fn query_rows(&self, statement: &Statement, params: &Params) -> Result<Rows, String> {
+    async fn query_rows(&self, statement: &Statement, params: &Params) -> WarehouseResult<Rows> {
         let values = parameters(statement, params)?;
         let out = self
             .conn
             .query("warehouse.query", &statement.sql, values)
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         Ok(rows(&out))
     }
 }
@@ -340,6 +343,7 @@ mod tests {
         params.remove("scope");
         assert!(parameters(s, &params)
             .unwrap_err()
+            .message
             .contains("unknown parameter @scope"));
     }
 }

@@ -69,6 +69,23 @@ pub struct Rows {
 }
 
 impl Rows {
+    /// The rows a sqlx driver fetched, each cell typed by `cell(row, column index)`; the
+    /// column names come from the first row (none when there are no rows).
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    pub(crate) fn from_sqlx<R: sqlx::Row>(fetched: &[R], cell: impl Fn(&R, usize) -> Cell) -> Rows {
+        use sqlx::Column as _;
+        Rows {
+            columns: fetched
+                .first()
+                .map(|r| r.columns().iter().map(|c| c.name().to_string()).collect())
+                .unwrap_or_default(),
+            rows: fetched
+                .iter()
+                .map(|r| (0..r.columns().len()).map(|i| cell(r, i)).collect())
+                .collect(),
+        }
+    }
+
     /// Each row as a JSON object, column name → plain value ([`Cell::to_json`]), for
     /// display. Lossy: of two columns with the same name the last wins, and types are not
     /// kept; the content key uses [`Rows::canonical`] instead.

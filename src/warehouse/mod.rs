@@ -1,9 +1,7 @@
-//! The built-in SQL processor: runs a job's SQL against a warehouse.
-//!
-//! A job gives up to three pieces of SQL: `setup` (idempotent statements run first),
-//! `content` (rows describing what the run would consume; their canonical hash is the
-//! content key) and `process` (the work, possibly several statements, run in one
-//! transaction where the warehouse has them). The scope is bound as `@scope`.
+//! Warehouses: the databases a job's SQL runs on. [`Warehouse`] is what each dialect
+//! implements (one file per dialect), [`open_warehouse`] picks one from a URL, and the
+//! built-in [`SqlProcessor`] (in `processor`) runs a job's SQL on one. `conformance` holds
+//! the checks every warehouse passes.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -11,19 +9,17 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde_json::Value;
-use tokio::sync::OnceCell;
 
 use crate::backend::Backend;
 use crate::error::{BoxError, Error, Result};
-use crate::key::Content;
-use crate::model::{Outcome, RunRequest};
-use crate::processor::Processor;
 
 #[cfg(feature = "bigquery")]
 mod bigquery;
 mod cell;
+pub mod conformance;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+mod processor;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
@@ -31,11 +27,89 @@ pub use crate::backend::{prepare, Dialect, Statement};
 #[cfg(feature = "bigquery")]
 pub use bigquery::BigQueryWarehouse;
 pub use cell::{canonical_row, Cell, Rows};
+pub use processor::{PreparedScripts, SqlProcessor, SqlScripts, BUILTIN_PARAMS};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteWarehouse;
 
 /// Named parameter values bound into job SQL (`scope`, `run_id`, job `[sql.params]`).
 pub type Params = BTreeMap<String, String>;
+
+/// A failed warehouse call: the message the SQL processor records (the database's own,
+/// with where it happened) and the driver's error, kept as the source.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct WarehouseError {
+    /// What failed, in words (never empty).
+    pub message: String,
+    /// The driver's error, when there is one.
+    #[source]
+    pub source: Option<BoxError>,
+}
+
+impl WarehouseError {
+    /// An error with no driver error behind it (a missing parameter, a bad value).
+    pub fn new(message: impl Into<String>) -> Self {
+        WarehouseError {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// An error the driver reported: `message` says it in words, `source` is kept.
+    pub fn driver(
+        message: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        WarehouseError {
+            message: message.into(),
+            source: Some(Box::new(source)),
+        }
+    }
+
+    /// The same error with `prefix: ` before its message (`statement 2 of 3`).
+    pub fn context(mut self, prefix: impl std::fmt::Display) -> Self {
+        self.message = format!("{prefix}: {}", self.message);
+        self
+    }
+
+    /// The [`Error::Sql`] the SQL processor reports for this failure in `phase`.
+    pub fn into_sql(self, phase: &'static str, warehouse: String) -> Error {
+        Error::Sql {
+            phase,
+            warehouse,
+            message: self.message,
+            source: self.source,
+        }
+    }
+}
+
+/// A driver error, its text as the message.
+impl From<sqlx::Error> for WarehouseError {
+    fn from(e: sqlx::Error) -> Self {
+        WarehouseError::driver(e.to_string(), e)
+    }
+}
+
+#[cfg(feature = "bigquery")]
+impl From<crate::backend::bigquery::ApiError> for WarehouseError {
+    fn from(e: crate::backend::bigquery::ApiError) -> Self {
+        WarehouseError::driver(e.to_string(), e)
+    }
+}
+
+impl From<String> for WarehouseError {
+    fn from(message: String) -> Self {
+        WarehouseError::new(message)
+    }
+}
+
+/// Prefixes an error of the `n`-th (from 0) of `total` statements with `statement N of M`.
+pub(crate) fn in_statement(n: usize, total: usize) -> impl Fn(WarehouseError) -> WarehouseError {
+    move |e| e.context(format_args!("statement {} of {}", n + 1, total))
+}
+
+/// What a [`Warehouse`] call returns.
+pub type WarehouseResult<T> = std::result::Result<T, WarehouseError>;
 
 /// A database the SQL processor can run statements on.
 #[async_trait]
@@ -50,36 +124,39 @@ pub trait Warehouse: Send + Sync + Debug {
     /// returns the rows affected by the last statement (the one that usually writes the
     /// result: in `DELETE …; INSERT …` the INSERT), which the SQL processor reports as
     /// records processed.
-    async fn execute(&self, statements: &[Statement], params: &Params) -> Result<u64, String>;
+    async fn execute(&self, statements: &[Statement], params: &Params) -> WarehouseResult<u64>;
 
     /// Runs one query and returns its rows typed, every column in order (the content
     /// query's rows are hashed from these, see [`Cell::canonical`]).
-    async fn query_rows(&self, statement: &Statement, params: &Params) -> Result<Rows, String>;
+    async fn query_rows(&self, statement: &Statement, params: &Params) -> WarehouseResult<Rows>;
 
     /// Runs one query and returns its rows as JSON objects (column name → plain value),
-    /// for display; see [`Rows::to_objects`] for what that loses.
+    /// for display and tests; see [`Rows::to_objects`] for what that loses. The error is
+    /// the message alone (use [`Warehouse::query_rows`] to keep the driver's error).
     async fn query(&self, statement: &Statement, params: &Params) -> Result<Vec<Value>, String> {
-        Ok(self.query_rows(statement, params).await?.to_objects())
+        self.query_rows(statement, params)
+            .await
+            .map(|rows| rows.to_objects())
+            .map_err(|e| e.message)
     }
 }
 
 /// Looks up a statement's parameters, with an error naming a missing one.
-pub fn bind_values<'a>(statement: &Statement, params: &'a Params) -> Result<Vec<&'a str>, String> {
+pub fn bind_values<'a>(statement: &Statement, params: &'a Params) -> WarehouseResult<Vec<&'a str>> {
     statement
         .params
         .iter()
         .map(|name| {
             params.get(name).map(String::as_str).ok_or_else(|| {
                 let known: Vec<&str> = params.keys().map(String::as_str).collect();
-                format!("unknown parameter @{name} (known: @{})", known.join(", @"))
+                WarehouseError::new(format!(
+                    "unknown parameter @{name} (known: @{})",
+                    known.join(", @")
+                ))
             })
         })
         .collect()
 }
-
-/// The parameters every job's SQL may use besides its `[sql.params]`: `@scope`,
-/// `@scope_date` (`YYYY-MM-DD`), `@run_id` and `@trigger`.
-pub const BUILTIN_PARAMS: [&str; 4] = ["scope", "scope_date", "run_id", "trigger"];
 
 fn unsupported_warehouse(url: &str) -> Error {
     Error::config(format!(
@@ -107,227 +184,5 @@ pub async fn open_warehouse(url: &str) -> Result<Arc<dyn Warehouse>> {
         Dialect::Postgres => Ok(Arc::new(postgres::PostgresWarehouse::connect(url).await?)),
         #[allow(unreachable_patterns)]
         _ => Err(unsupported_warehouse(url)),
-    }
-}
-
-/// The SQL a job runs.
-#[derive(Debug, Clone, Default)]
-pub struct SqlScripts {
-    /// Idempotent statements run first.
-    pub setup: Option<String>,
-    /// A query whose rows describe the content.
-    pub content: Option<String>,
-    /// The work.
-    pub process: String,
-}
-
-/// [`SqlScripts`] split into statements with placeholders for one dialect.
-#[derive(Debug, Clone)]
-pub struct PreparedScripts {
-    /// The setup statements.
-    pub setup: Vec<Statement>,
-    /// The content query.
-    pub content: Option<Statement>,
-    /// The process statements (at least one).
-    pub process: Vec<Statement>,
-}
-
-impl SqlScripts {
-    /// Splits and rewrites the scripts for `dialect`, checking what can be checked without
-    /// a database: text the scanner cannot read (an unterminated string or comment), a
-    /// content that is not exactly one query, an empty process, and any `@name` that is
-    /// neither a built-in parameter ([`BUILTIN_PARAMS`]) nor a key of `params`. Errors
-    /// name the field (`[sql].setup`, `[sql].content`, `[sql].process`).
-    pub fn prepare(&self, dialect: Dialect, params: &Params) -> Result<PreparedScripts> {
-        let read = |field: &str, script: &str| -> Result<Vec<Statement>> {
-            let statements = prepare(script, dialect)
-                .map_err(|e| Error::config(format!("[sql].{field}: {e}")))?;
-            for statement in &statements {
-                if let Some(unknown) = statement
-                    .params
-                    .iter()
-                    .find(|p| !BUILTIN_PARAMS.contains(&p.as_str()) && !params.contains_key(*p))
-                {
-                    let mut known: Vec<&str> = BUILTIN_PARAMS.to_vec();
-                    known.extend(params.keys().map(String::as_str));
-                    return Err(Error::config(format!(
-                        "[sql].{field} uses unknown parameter @{unknown} (known: @{}; add it to [sql.params])",
-                        known.join(", @")
-                    )));
-                }
-            }
-            Ok(statements)
-        };
-        let setup = match &self.setup {
-            Some(s) => read("setup", s)?,
-            None => Vec::new(),
-        };
-        let content = match &self.content {
-            Some(s) => {
-                let mut statements = read("content", s)?;
-                if statements.len() != 1 {
-                    return Err(Error::config(format!(
-                        "[sql].content must be exactly one query, found {} statements",
-                        statements.len()
-                    )));
-                }
-                statements.pop()
-            }
-            None => None,
-        };
-        let process = read("process", &self.process)?;
-        if process.is_empty() {
-            return Err(Error::config("[sql].process has no statement"));
-        }
-        Ok(PreparedScripts {
-            setup,
-            content,
-            process,
-        })
-    }
-}
-
-/// The built-in processor that runs a job's SQL.
-#[derive(Debug)]
-pub struct SqlProcessor {
-    name: String,
-    warehouse: Arc<dyn Warehouse>,
-    setup: Vec<Statement>,
-    content: Option<Statement>,
-    process: Vec<Statement>,
-    params: Params,
-    version: String,
-    setup_done: OnceCell<()>,
-}
-
-impl SqlProcessor {
-    /// Prepares the scripts for the warehouse's dialect; problems such as an unterminated
-    /// string or an unknown `@name` are reported now, before anything runs (see
-    /// [`SqlScripts::prepare`]).
-    pub fn new(
-        name: impl Into<String>,
-        warehouse: Arc<dyn Warehouse>,
-        scripts: &SqlScripts,
-        params: Params,
-    ) -> Result<Self> {
-        let PreparedScripts {
-            setup,
-            content,
-            process,
-        } = scripts.prepare(warehouse.dialect(), &params)?;
-        let version = code_version(&setup, content.as_ref(), &process, &params);
-        Ok(SqlProcessor {
-            name: name.into(),
-            warehouse,
-            setup,
-            content,
-            process,
-            params,
-            version,
-            setup_done: OnceCell::new(),
-        })
-    }
-
-    fn params_for(&self, request: &RunRequest) -> Params {
-        let mut params = self.params.clone();
-        params.insert("scope".into(), request.scope.clone());
-        params.insert(
-            "scope_date".into(),
-            request.scope_date.format("%Y-%m-%d").to_string(),
-        );
-        params.insert("run_id".into(), request.run_id.clone());
-        params.insert("trigger".into(), request.trigger.as_str().into());
-        params
-    }
-
-    async fn setup(&self, params: &Params) -> Result<(), BoxError> {
-        if self.setup.is_empty() {
-            return Ok(());
-        }
-        self.setup_done
-            .get_or_try_init(|| async {
-                self.warehouse
-                    .execute(&self.setup, params)
-                    .await
-                    .map(|_| ())
-                    .map_err(|message| Error::Sql {
-                        phase: "setup",
-                        warehouse: self.warehouse.describe(),
-                        message,
-                        source: None,
-                    })
-            })
-            .await?;
-        Ok(())
-    }
-}
-
-/// A SQL job's code version: SHA-256 of the canonical JSON of its prepared statements
-/// (text with the dialect's placeholders, and the parameter names they bind) and its
-/// `[sql.params]`: `{"content": S|null, "params": {…}, "process": [S…], "setup": [S…]}`
-/// with `S = {"params": […], "sql": "…"}`. Whitespace around statements and empty
-/// statements do not count; any other edit does.
-fn code_version(
-    setup: &[Statement],
-    content: Option<&Statement>,
-    process: &[Statement],
-    params: &Params,
-) -> String {
-    let statement = |s: &Statement| serde_json::json!({"params": s.params, "sql": s.sql});
-    let value = serde_json::json!({
-        "content": content.map(statement),
-        "params": params,
-        "process": process.iter().map(statement).collect::<Vec<_>>(),
-        "setup": setup.iter().map(statement).collect::<Vec<_>>(),
-    });
-    crate::key::digest_value(&value, crate::key::HashAlgorithm::Sha256)
-}
-
-#[async_trait]
-impl Processor for SqlProcessor {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn version(&self) -> String {
-        self.version.clone()
-    }
-
-    async fn prepare(&self, request: &RunRequest) -> Result<(), BoxError> {
-        self.setup(&self.params_for(request)).await
-    }
-
-    async fn describe(&self, request: &RunRequest) -> Result<Option<Content>, BoxError> {
-        let Some(content) = &self.content else {
-            return Ok(None);
-        };
-        let params = self.params_for(request);
-        let rows = self
-            .warehouse
-            .query_rows(content, &params)
-            .await
-            .map_err(|message| Error::Sql {
-                phase: "content",
-                warehouse: self.warehouse.describe(),
-                message,
-                source: None,
-            })?;
-        Ok(Some(Content::new().rows(rows.canonical())))
-    }
-
-    async fn process(&self, request: &RunRequest) -> Result<Outcome, BoxError> {
-        let params = self.params_for(request);
-        self.setup(&params).await?;
-        let affected = self
-            .warehouse
-            .execute(&self.process, &params)
-            .await
-            .map_err(|message| Error::Sql {
-                phase: "process",
-                warehouse: self.warehouse.describe(),
-                message,
-                source: None,
-            })?;
-        Ok(Outcome::records(affected as i64))
     }
 }

@@ -18,11 +18,12 @@ use sqlx::postgres::types::Oid;
 use sqlx::postgres::{
     PgArgumentBuffer, PgArguments, PgConnection, PgPool, PgPoolOptions, PgRow, PgTypeInfo, Postgres,
 };
-use sqlx::{
-    Arguments, Column, ConnectOptions, Either, Executor, Row, Statement as _, TypeInfo, ValueRef,
-};
+use sqlx::{Arguments, ConnectOptions, Either, Executor, Row, Statement as _, TypeInfo, ValueRef};
 
-use super::{bind_values, Cell, Dialect, Params, Rows, Statement, Warehouse};
+use super::{
+    bind_values, in_statement, Cell, Dialect, Params, Rows, Statement, Warehouse, WarehouseError,
+    WarehouseResult,
+};
 use crate::backend::postgres::{connect_options, sqlx_message, ACQUIRE_TIMEOUT};
 use crate::backend::redact_url;
 use crate::error::Result;
@@ -111,7 +112,7 @@ impl PostgresWarehouse {
         })
     }
 
-    async fn type_name(&self, conn: &mut PgConnection, oid: Oid) -> Result<String, String> {
+    async fn type_name(&self, conn: &mut PgConnection, oid: Oid) -> WarehouseResult<String> {
         if let Some(name) = self
             .type_names
             .lock()
@@ -124,7 +125,9 @@ impl PostgresWarehouse {
             .bind(oid)
             .fetch_one(&mut *conn)
             .await
-            .map_err(|e| format!("cannot name parameter type oid {}: {e}", oid.0))?;
+            .map_err(|e| {
+                WarehouseError::driver(format!("cannot name parameter type oid {}: {e}", oid.0), e)
+            })?;
         self.type_names
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -138,33 +141,34 @@ impl PostgresWarehouse {
         conn: &mut PgConnection,
         statement: &Statement,
         params: &Params,
-    ) -> Result<PgArguments, String> {
+    ) -> WarehouseResult<PgArguments> {
         let values = bind_values(statement, params)?;
         let mut args = PgArguments::default();
         if values.is_empty() {
             return Ok(args);
         }
-        let prepared = (&mut *conn)
-            .prepare_with(&statement.sql, &[])
-            .await
-            .map_err(|e| e.to_string())?;
+        let prepared = (&mut *conn).prepare_with(&statement.sql, &[]).await?;
         let types: Vec<PgTypeInfo> = match prepared.parameters() {
             Some(Either::Left(types)) => types.to_vec(),
-            _ => return Err("postgres did not describe the statement's parameters".into()),
+            _ => {
+                return Err(WarehouseError::new(
+                    "postgres did not describe the statement's parameters",
+                ))
+            }
         };
         if types.len() != values.len() {
-            return Err(format!(
+            return Err(WarehouseError::new(format!(
                 "the statement has {} parameters but {} values",
                 types.len(),
                 values.len()
-            ));
+            )));
         }
         let mut wire: Vec<Option<Vec<u8>>> = Vec::with_capacity(values.len());
         let mut convert: Vec<(usize, String)> = Vec::new();
         for (i, (ty, value)) in types.iter().zip(&values).enumerate() {
-            let oid = ty
-                .oid()
-                .ok_or_else(|| format!("parameter ${} has an unresolved type", i + 1))?;
+            let oid = ty.oid().ok_or_else(|| {
+                WarehouseError::new(format!("parameter ${} has an unresolved type", i + 1))
+            })?;
             if TEXT_LIKE.contains(&oid.0) {
                 wire.push(Some(value.as_bytes().to_vec()));
             } else if oid.0 == JSONB {
@@ -185,7 +189,9 @@ impl PostgresWarehouse {
                     sql.push_str(", ");
                 }
                 let _ = write!(sql, "CAST(CAST(${} AS text) AS {name})", n + 1);
-                convert_args.add(values[*i]).map_err(|e| e.to_string())?;
+                convert_args
+                    .add(values[*i])
+                    .map_err(|e| WarehouseError::new(e.to_string()))?;
             }
             let row = sqlx::query_with(&sql, convert_args)
                 .persistent(false)
@@ -196,23 +202,26 @@ impl PostgresWarehouse {
                         .iter()
                         .map(|(i, ty)| format!("@{} as {ty}", statement.params[*i]))
                         .collect();
-                    format!("cannot bind {}: {e}", names.join(", "))
+                    WarehouseError::driver(format!("cannot bind {}: {e}", names.join(", ")), e)
                 })?;
             for (n, (i, _)) in convert.iter().enumerate() {
-                let raw = row.try_get_raw(n).map_err(|e| e.to_string())?;
+                let raw = row.try_get_raw(n)?;
                 if raw.is_null() {
-                    return Err(format!(
+                    return Err(WarehouseError::new(format!(
                         "parameter @{} converts to NULL",
                         statement.params[*i]
-                    ));
+                    )));
                 }
-                wire[*i] = Some(raw.as_bytes().map_err(|e| e.to_string())?.to_vec());
+                let bytes = raw
+                    .as_bytes()
+                    .map_err(|e| WarehouseError::new(e.to_string()))?;
+                wire[*i] = Some(bytes.to_vec());
             }
         }
         for (ty, bytes) in types.into_iter().zip(wire) {
             let bytes = bytes.unwrap_or_default();
             args.add(WireParam { ty, bytes })
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| WarehouseError::new(e.to_string()))?;
         }
         Ok(args)
     }
@@ -415,19 +424,6 @@ fn timestamp_cell(bytes: &[u8], zoned: bool) -> Option<Cell> {
     })
 }
 
-fn rows(fetched: &[PgRow]) -> Rows {
-    Rows {
-        columns: fetched
-            .first()
-            .map(|r| r.columns().iter().map(|c| c.name().to_string()).collect())
-            .unwrap_or_default(),
-        rows: fetched
-            .iter()
-            .map(|r| (0..r.columns().len()).map(|i| cell(r, i)).collect())
-            .collect(),
-    }
-}
-
 #[async_trait]
 impl Warehouse for PostgresWarehouse {
     fn dialect(&self) -> Dialect {
@@ -438,32 +434,39 @@ impl Warehouse for PostgresWarehouse {
         self.url.clone()
     }
 
-    async fn execute(&self, statements: &[Statement], params: &Params) -> Result<u64, String> {
-        let mut tx = self.pool.begin().await.map_err(|e| sqlx_message(&e))?;
+    async fn execute(&self, statements: &[Statement], params: &Params) -> WarehouseResult<u64> {
+        let mut tx = self
+            .pool
+            .begin()
+            .await
+            .map_err(|e| WarehouseError::driver(sqlx_message(&e), e))?;
         let mut affected = 0;
         for (n, statement) in statements.iter().enumerate() {
-            let at = |e: String| format!("statement {} of {}: {e}", n + 1, statements.len());
+            let at = in_statement(n, statements.len());
             let args = self
                 .arguments(&mut tx, statement, params)
                 .await
-                .map_err(at)?;
+                .map_err(&at)?;
             let done = sqlx::query_with(&statement.sql, args)
                 .execute(&mut *tx)
                 .await
-                .map_err(|e| at(e.to_string()))?;
+                .map_err(|e| at(WarehouseError::from(e)))?;
             affected = done.rows_affected();
         }
-        tx.commit().await.map_err(|e| e.to_string())?;
+        tx.commit().await?;
         Ok(affected)
     }
 
-    async fn query_rows(&self, statement: &Statement, params: &Params) -> Result<Rows, String> {
-        let mut conn = self.pool.acquire().await.map_err(|e| sqlx_message(&e))?;
+    async fn query_rows(&self, statement: &Statement, params: &Params) -> WarehouseResult<Rows> {
+        let mut conn = self
+            .pool
+            .acquire()
+            .await
+            .map_err(|e| WarehouseError::driver(sqlx_message(&e), e))?;
         let args = self.arguments(&mut conn, statement, params).await?;
         let fetched = sqlx::query_with(&statement.sql, args)
             .fetch_all(&mut *conn)
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok(rows(&fetched))
+            .await?;
+        Ok(Rows::from_sqlx(&fetched, cell))
     }
 }

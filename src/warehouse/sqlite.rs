@@ -2,9 +2,12 @@
 
 use async_trait::async_trait;
 use sqlx::sqlite::{SqlitePool, SqlitePoolOptions, SqliteRow};
-use sqlx::{Column, ConnectOptions, Row, TypeInfo, ValueRef};
+use sqlx::{ConnectOptions, Row, TypeInfo, ValueRef};
 
-use super::{bind_values, Cell, Dialect, Params, Rows, Statement, Warehouse};
+use super::{
+    bind_values, in_statement, Cell, Dialect, Params, Rows, Statement, Warehouse, WarehouseError,
+    WarehouseResult,
+};
 use crate::error::Result;
 
 /// A SQLite database the SQL processor runs on.
@@ -67,19 +70,6 @@ fn cell(row: &SqliteRow, i: usize) -> Cell {
     })
 }
 
-fn rows(rows: &[SqliteRow]) -> Rows {
-    Rows {
-        columns: rows
-            .first()
-            .map(|r| r.columns().iter().map(|c| c.name().to_string()).collect())
-            .unwrap_or_default(),
-        rows: rows
-            .iter()
-            .map(|r| (0..r.columns().len()).map(|i| cell(r, i)).collect())
-            .collect(),
-    }
-}
-
 #[async_trait]
 impl Warehouse for SqliteWarehouse {
     fn dialect(&self) -> Dialect {
@@ -90,35 +80,28 @@ impl Warehouse for SqliteWarehouse {
         self.url.clone()
     }
 
-    async fn execute(&self, statements: &[Statement], params: &Params) -> Result<u64, String> {
+    async fn execute(&self, statements: &[Statement], params: &Params) -> WarehouseResult<u64> {
         // IMMEDIATE: take the write lock up front. A deferred transaction that reads and
         // then writes (`INSERT … WHERE NOT EXISTS …`) cannot upgrade its lock while another
         // connection writes, and SQLite then fails at once with "database is locked"
         // instead of waiting out the busy timeout.
-        let mut tx = self
-            .pool
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(|e| e.to_string())?;
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let mut affected = 0;
         for (n, statement) in statements.iter().enumerate() {
             let values = bind_values(statement, params)?;
             let done = bind(statement, &values)
                 .execute(&mut *tx)
                 .await
-                .map_err(|e| format!("statement {} of {}: {e}", n + 1, statements.len()))?;
+                .map_err(|e| in_statement(n, statements.len())(WarehouseError::from(e)))?;
             affected = done.rows_affected();
         }
-        tx.commit().await.map_err(|e| e.to_string())?;
+        tx.commit().await?;
         Ok(affected)
     }
 
-    async fn query_rows(&self, statement: &Statement, params: &Params) -> Result<Rows, String> {
+    async fn query_rows(&self, statement: &Statement, params: &Params) -> WarehouseResult<Rows> {
         let values = bind_values(statement, params)?;
-        let fetched = bind(statement, &values)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok(rows(&fetched))
+        let fetched = bind(statement, &values).fetch_all(&self.pool).await?;
+        Ok(Rows::from_sqlx(&fetched, cell))
     }
 }

@@ -46,6 +46,20 @@ pub const POSTGRES_HOW: &str =
 pub const BIGQUERY_HOW: &str = "start the emulator: .ci/bqemulator.sh install && \
      URL=$(.ci/bqemulator.sh start) and set it to bigquery://idem-test/idem_local?endpoint=$URL";
 
+/// The Postgres test database (`IDEM_TEST_POSTGRES_URL`) for `test`, or `None` after
+/// saying why it is skipped (see [`service_url`]).
+#[allow(dead_code)]
+pub fn postgres_url(test: &str) -> Option<String> {
+    service_url("IDEM_TEST_POSTGRES_URL", test, POSTGRES_HOW)
+}
+
+/// The BigQuery emulator (`IDEM_TEST_BIGQUERY_URL`) for `test`, or `None` after saying
+/// why it is skipped (see [`service_url`]).
+#[allow(dead_code)]
+pub fn bigquery_url(test: &str) -> Option<String> {
+    service_url("IDEM_TEST_BIGQUERY_URL", test, BIGQUERY_HOW)
+}
+
 /// The `idem` binary under test.
 #[allow(dead_code)]
 pub const IDEM: &str = env!("CARGO_BIN_EXE_idem");

@@ -1,0 +1,225 @@
+//! [`ApiError`]: how a BigQuery call failed, from every shape the API (or the emulator)
+//! reports a failure in.
+
+use std::fmt;
+
+use gcp_bigquery_client::error::BQError;
+use gcp_bigquery_client::model::error_proto::ErrorProto;
+
+use super::ENDPOINT_ENV;
+
+/// How a BigQuery call failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ErrorShape {
+    /// An HTTP error status with a Google error body.
+    Http(u16),
+    /// HTTP 200, but the response lists `errors` (the emulator's shape for SQL errors).
+    QueryErrors,
+    /// No answer: connection refused, reset, DNS.
+    Transport,
+    /// No answer in time.
+    Timeout,
+    /// Credentials could not be obtained.
+    Auth,
+    /// An answer that is not what the BigQuery API returns.
+    BadResponse,
+}
+
+/// A failed BigQuery call, with what BigQuery said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    /// What idem was doing (`find_keys`, `claim.take`, `warehouse.execute`, …).
+    pub operation: String,
+    /// How it failed.
+    pub shape: ErrorShape,
+    /// BigQuery's reason code (`invalidQuery`, `notFound`, `accessDenied`, …).
+    pub reason: Option<String>,
+    /// BigQuery's message.
+    pub message: String,
+}
+
+impl fmt::Display for ApiError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let reason = self
+            .reason
+            .as_deref()
+            .map(|r| format!(" ({r})"))
+            .unwrap_or_default();
+        match &self.shape {
+            ErrorShape::Http(status) => write!(
+                f,
+                "bigquery {} failed: HTTP {status}{reason}: {}",
+                self.operation, self.message
+            ),
+            ErrorShape::QueryErrors => write!(
+                f,
+                "bigquery {} failed: the query returned errors{reason}: {}",
+                self.operation, self.message
+            ),
+            ErrorShape::Transport => write!(
+                f,
+                "bigquery {} failed: no answer from the API: {}",
+                self.operation, self.message
+            ),
+            ErrorShape::Timeout => write!(f, "bigquery {} timed out: {}", self.operation, self.message),
+            ErrorShape::Auth => write!(
+                f,
+                "bigquery {} failed: no usable Google credentials: {} (use Application Default Credentials: set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file, run `gcloud auth application-default login`, or run on GCP; for an emulator add ?endpoint=http://HOST:PORT or set {ENDPOINT_ENV})",
+                self.operation, self.message
+            ),
+            ErrorShape::BadResponse => write!(
+                f,
+                "bigquery {} failed: unexpected answer from the API: {}",
+                self.operation, self.message
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+impl ApiError {
+    /// An error of `shape` for `operation`.
+    pub fn new(
+        operation: impl Into<String>,
+        shape: ErrorShape,
+        reason: Option<&str>,
+        message: impl Into<String>,
+    ) -> Self {
+        ApiError {
+            operation: operation.into(),
+            shape,
+            reason: reason.map(str::to_string),
+            message: message.into(),
+        }
+    }
+
+    /// The error real BigQuery returns when a mutating DML statement loses to a concurrent
+    /// one on the same table (HTTP 400, `invalidQuery`, "Could not serialize access to
+    /// table … due to concurrent update"). For tests: the emulator serialises DML and never
+    /// produces it.
+    pub fn concurrent_update(operation: impl Into<String>, table: &str) -> Self {
+        ApiError::new(
+            operation,
+            ErrorShape::Http(400),
+            Some("invalidQuery"),
+            format!("Could not serialize access to table {table} due to concurrent update"),
+        )
+    }
+
+    /// True for BigQuery's concurrent-update conflicts ("Could not serialize access to table
+    /// … due to concurrent update", "Transaction is aborted due to concurrent update against
+    /// table …"): the statement did not commit; another one on the same table did.
+    pub fn is_concurrent_update(&self) -> bool {
+        let m = self.message.to_ascii_lowercase();
+        m.contains("due to concurrent update") || m.contains("could not serialize access")
+    }
+
+    /// True when BigQuery could not be reached or could not answer now (no answer, a
+    /// timeout, credentials, an answer that is not BigQuery's, HTTP 5xx or 429, or the
+    /// `backendError`/`internalError`/`rateLimitExceeded` reasons); false when it answered
+    /// and refused the statement.
+    pub fn is_outage(&self) -> bool {
+        match self.shape {
+            ErrorShape::Transport
+            | ErrorShape::Timeout
+            | ErrorShape::Auth
+            | ErrorShape::BadResponse => true,
+            ErrorShape::Http(status) if status >= 500 || status == 429 => true,
+            ErrorShape::Http(_) | ErrorShape::QueryErrors => matches!(
+                self.reason.as_deref(),
+                Some("backendError" | "internalError" | "rateLimitExceeded")
+            ),
+        }
+    }
+
+    /// True for `notFound` answers (HTTP 404 or the reason).
+    pub fn is_not_found(&self) -> bool {
+        self.shape == ErrorShape::Http(404) || self.reason.as_deref() == Some("notFound")
+    }
+
+    /// True when a created resource already exists (HTTP 409 `duplicate`).
+    pub fn is_already_exists(&self) -> bool {
+        self.shape == ErrorShape::Http(409)
+            || self.reason.as_deref() == Some("duplicate")
+            || self.message.contains("Already Exists")
+    }
+
+    pub(super) fn from_bq(operation: &str, e: BQError) -> Self {
+        match e {
+            BQError::ResponseError { error } => {
+                let reason = error
+                    .error
+                    .errors
+                    .first()
+                    .and_then(|e| e.get("reason"))
+                    .map(String::as_str);
+                let status = u16::try_from(error.error.code).unwrap_or(0);
+                ApiError::new(
+                    operation,
+                    ErrorShape::Http(status),
+                    reason,
+                    error.error.message,
+                )
+            }
+            BQError::RequestError(e) => {
+                let shape = if e.is_timeout() {
+                    ErrorShape::Timeout
+                } else if e.is_decode() {
+                    ErrorShape::BadResponse
+                } else {
+                    ErrorShape::Transport
+                };
+                let mut message = e.to_string();
+                if e.is_decode() {
+                    message = format!(
+                        "the response body is not a BigQuery API answer{} ({message})",
+                        e.status()
+                            .map(|s| format!(" (HTTP {})", s.as_u16()))
+                            .unwrap_or_default()
+                    );
+                }
+                let mut source = std::error::Error::source(&e);
+                while let Some(s) = source {
+                    message.push_str(&format!(": {s}"));
+                    source = s.source();
+                }
+                ApiError::new(operation, shape, None, message)
+            }
+            BQError::SerializationError(e) => {
+                ApiError::new(operation, ErrorShape::BadResponse, None, e.to_string())
+            }
+            e @ (BQError::AuthError(_)
+            | BQError::YupAuthError(_)
+            | BQError::NoToken
+            | BQError::InvalidServiceAccountKey(_)
+            | BQError::InvalidServiceAccountAuthenticator(_)
+            | BQError::InvalidApplicationDefaultCredentialsAuthenticator(_)
+            | BQError::InvalidAuthorizedUserAuthenticator(_)
+            | BQError::InvalidInstalledFlowAuthenticator(_)) => {
+                ApiError::new(operation, ErrorShape::Auth, None, e.to_string())
+            }
+            other => ApiError::new(operation, ErrorShape::Transport, None, other.to_string()),
+        }
+    }
+
+    pub(super) fn from_protos(operation: &str, errors: &[ErrorProto]) -> Self {
+        let first = &errors[0];
+        let mut message = first
+            .message
+            .clone()
+            .unwrap_or_else(|| "(no message)".to_string());
+        if let Some(location) = first.location.as_deref().filter(|l| !l.is_empty()) {
+            message.push_str(&format!(" [at {location}]"));
+        }
+        if errors.len() > 1 {
+            message.push_str(&format!(" (and {} more error(s))", errors.len() - 1));
+        }
+        ApiError::new(
+            operation,
+            ErrorShape::QueryErrors,
+            first.reason.as_deref(),
+            message,
+        )
+    }
+}
