@@ -822,7 +822,7 @@ process = """{process}"""
             "the skip names the run that won"
         );
         assert_eq!(processor.calls.load(Ordering::SeqCst), 0);
-        assert!(report.recorded, "the skipped run is in the ledger");
+        assert!(report.recorded(), "the skipped run is in the ledger");
     }
 
     /// Conflicts on every claim round with nobody holding the lease: still `in_progress`, not a
@@ -910,7 +910,7 @@ process = """{process}"""
             "released on the second try"
         );
         assert_eq!(report.status, RunStatus::Completed, "{report:?}");
-        assert!(report.recorded);
+        assert!(report.recorded());
         assert!(store
             .lease_holder(&name, "2025-11-18", Utc::now())
             .await
