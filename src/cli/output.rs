@@ -281,23 +281,7 @@ pub(crate) fn print_report(report: &RunReport, format: Format) {
         print_json(report);
         return;
     }
-    let mut line = format!("{} {} for {}", report.status, report.job, report.scope);
-    match report.status {
-        RunStatus::Completed => {
-            line.push_str(&format!(
-                ": {} record(s) in {} ms",
-                report.records_processed.unwrap_or(0),
-                report.duration_ms
-            ));
-        }
-        RunStatus::Skipped => {
-            if let Some(reason) = &report.skip_reason {
-                line.push_str(&format!(" ({reason})"));
-            }
-        }
-        RunStatus::Failed => {}
-    }
-    outln!("{line}");
+    outln!("{}", status_line(report, false));
     outln!("  run id: {}", report.run_id);
     if let Some(detail) = &report.detail {
         let label = if report.status == RunStatus::Skipped {
@@ -431,7 +415,9 @@ pub(crate) fn backfill_bar(dates: usize, format: Format) -> indicatif::ProgressB
     bar
 }
 
-pub(crate) fn print_backfill_line(report: &RunReport) {
+/// `completed JOB for SCOPE: N record(s) in M ms`, `skipped … (reason)`, `failed …` (with
+/// `: error` when `with_error`).
+fn status_line(report: &RunReport, with_error: bool) -> String {
     let mut line = format!("{} {} for {}", report.status, report.job, report.scope);
     match report.status {
         RunStatus::Completed => line.push_str(&format!(
@@ -445,11 +431,15 @@ pub(crate) fn print_backfill_line(report: &RunReport) {
             }
         }
         RunStatus::Failed => {
-            if let Some(error) = &report.error {
+            if let Some(error) = report.error.as_ref().filter(|_| with_error) {
                 line.push_str(&format!(": {error}"));
             }
         }
     }
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
+    line
+}
+
+/// One date of a backfill.
+pub(crate) fn print_backfill_line(report: &RunReport) {
+    outln!("{}", status_line(report, true));
 }
