@@ -15,9 +15,10 @@
 //!
 //! The pieces: [`Processor`] (what users implement), [`guard`] (composable checks),
 //! [`Runner`] (guards + processor + ledger), [`store`] (SQLite, Postgres, BigQuery,
-//! in-memory behind one trait), [`job`] (declarative `jobs/*.toml`), [`sql`] (the built-in
-//! SQL processor), [`events`] (event-level identities: the event fingerprint) and [`cli`]
-//! (the `idem` command, reusable from your own binary).
+//! in-memory behind one trait), [`job`] (declarative `jobs/*.toml`, and [`job::plan`], which
+//! turns a job into a ready runner), [`warehouse`] (the built-in SQL processor), [`events`]
+//! (event-level identities: the event fingerprint) and `cli` (the `idem` command, reusable
+//! from your own binary; the `cli` feature, on by default).
 //!
 //! ```
 //! use std::sync::Arc;
@@ -53,6 +54,7 @@
 #![warn(missing_docs)]
 
 pub mod backend;
+#[cfg(feature = "cli")]
 pub mod cli;
 mod error;
 pub mod events;
@@ -76,4 +78,4 @@ pub use model::{
     RunRecord, RunRequest, RunStatus, Skip, SkipReason, Trigger,
 };
 pub use processor::{Processor, Registry};
-pub use runner::{Explanation, RunReport, Runner, StoreFailurePolicy};
+pub use runner::{Cancel, Explanation, Recording, RunReport, Runner, StoreFailurePolicy};

@@ -552,7 +552,7 @@ mod bigquery {
             "the skip names the run that won"
         );
         assert_eq!(processor.calls.load(Ordering::SeqCst), 0);
-        assert!(report.recorded, "the skipped run is in the ledger");
+        assert!(report.recorded(), "the skipped run is in the ledger");
     }
 
     /// Conflicts on every claim round with nobody holding the lease: still `in_progress`, not a
@@ -640,7 +640,7 @@ mod bigquery {
             "released on the second try"
         );
         assert_eq!(report.status, RunStatus::Completed, "{report:?}");
-        assert!(report.recorded);
+        assert!(report.recorded());
         assert!(store
             .lease_holder(&name, "2025-11-18", Utc::now())
             .await

@@ -201,7 +201,7 @@ async fn a_short_outage_mid_run_does_not_keep_the_result_from_being_recorded() {
     processor.release.store(true, Ordering::SeqCst);
     let report = run.await.unwrap().unwrap();
     assert_eq!(report.status, RunStatus::Completed, "{report:?}");
-    assert!(report.recorded, "{report:?}");
+    assert!(report.recorded(), "{report:?}");
     assert_eq!(report.exit_code(), 0);
     assert_eq!(breaker.phase(), BreakerPhase::Closed, "a success closed it");
     let runs = real.runs(&RunFilter::default()).await.unwrap();
@@ -232,7 +232,7 @@ async fn a_reused_run_id_is_recorded_under_a_derived_id() {
             .await
             .unwrap();
         assert_eq!(r.status, RunStatus::Completed, "{r:?}");
-        assert!(r.recorded, "{r:?}");
+        assert!(r.recorded(), "{r:?}");
         reports.push(r);
     }
     assert_eq!(reports[0].run_id, "scheduled__2025-11-19T00:00:00");

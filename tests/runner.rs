@@ -175,7 +175,7 @@ async fn a_failed_run_writes_no_key_and_the_retry_runs() {
     assert_eq!(failed.status, RunStatus::Failed);
     assert_eq!(failed.exit_code(), 1);
     assert_eq!(failed.error.as_deref(), Some("warehouse said no"));
-    assert!(failed.recorded);
+    assert!(failed.recorded());
     p.fail.store(false, Ordering::SeqCst);
     let retry = runner.run(&p, request("2025-11-18")).await.unwrap();
     assert_eq!(
@@ -375,7 +375,7 @@ async fn best_effort_runs_unguarded_and_counts_the_failures() {
         .unwrap();
     assert_eq!(r.status, RunStatus::Completed);
     assert_eq!(r.exit_code(), 0);
-    assert!(!r.recorded);
+    assert!(!r.recorded());
     assert_eq!(
         r.store_errors.len(),
         2,
@@ -420,7 +420,7 @@ async fn a_run_whose_lease_was_taken_over_cannot_record_its_result() {
     assert_eq!(fast.status, RunStatus::Completed, "{fast:?}");
     let late = slow_task.await.unwrap();
     assert_eq!(late.status, RunStatus::Failed);
-    assert!(late.lease_lost);
+    assert!(late.lease_lost());
     assert_eq!(late.exit_code(), 1);
     assert!(
         late.error.as_ref().unwrap().contains("lost"),
@@ -586,7 +586,7 @@ async fn a_lease_lost_while_processing_stops_the_processor() {
         "the processor was stopped at the next heartbeat, not left to finish"
     );
     assert_eq!(r.status, RunStatus::Failed);
-    assert!(r.lease_lost);
+    assert!(r.lease_lost());
     assert!(
         r.error.as_ref().unwrap().contains("while processing"),
         "{:?}",

@@ -10,6 +10,44 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
+/// The exit codes of the `idem` command (and of [`RunReport::exit_code`](crate::RunReport::exit_code)),
+/// defined once.
+pub mod exit {
+    /// Completed or skipped (a skip is a success).
+    pub const OK: u8 = 0;
+    /// The run failed.
+    pub const RUN_FAILED: u8 = 1;
+    /// Bad usage, configuration or input.
+    pub const USAGE: u8 = 2;
+    /// The store is unavailable (strict policy), or a result could not be recorded.
+    pub const STORE_UNAVAILABLE: u8 = 3;
+}
+
+/// `clap::ValueEnum` for a model enum, its values the names stored in the ledger
+/// (`as_str`), without per-value help, so `--help` lists them as `[possible values: …]`.
+#[cfg(feature = "cli")]
+macro_rules! value_enum {
+    ($ty:ty: $($variant:expr),+ $(,)?) => {
+        impl clap::ValueEnum for $ty {
+            fn value_variants<'a>() -> &'a [Self] {
+                &[$($variant),+]
+            }
+            fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+                Some(clap::builder::PossibleValue::new(self.as_str()))
+            }
+        }
+    };
+}
+#[cfg(feature = "cli")]
+pub(crate) use value_enum;
+
+#[cfg(feature = "cli")]
+value_enum!(Trigger: Trigger::Scheduler, Trigger::Manual, Trigger::Pubsub, Trigger::Retry, Trigger::Backfill);
+#[cfg(feature = "cli")]
+value_enum!(Mode: Mode::Enforce, Mode::Shadow, Mode::Off);
+#[cfg(feature = "cli")]
+value_enum!(RunStatus: RunStatus::Completed, RunStatus::Failed, RunStatus::Skipped);
+
 /// Why a run was started. Recorded in the ledger so reports can tell scheduled waste from
 /// manual re-runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -21,12 +21,15 @@ use crate::guard::{
 use crate::key::scope_key;
 use crate::key::HashAlgorithm;
 use crate::model::{
-    micros, KeyKind, KeyRecord, Mode, Outcome, PreviousRun, RunRecord, RunRequest, RunStatus, Skip,
-    SkipReason, Trigger,
+    exit, micros, KeyKind, KeyRecord, Mode, Outcome, PreviousRun, RunRecord, RunRequest, RunStatus,
+    Skip, SkipReason, Trigger,
 };
 use crate::processor::Processor;
 use crate::store::spool::Spool;
 use crate::store::{DynStore, Finish, Lease};
+
+mod cancel;
+pub use cancel::Cancel;
 
 /// What to do when the store cannot be used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
@@ -38,6 +41,19 @@ pub enum StoreFailurePolicy {
     /// The run proceeds unguarded; the failure is logged and counted.
     BestEffort,
 }
+
+impl StoreFailurePolicy {
+    /// The name in job files and on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreFailurePolicy::Strict => "strict",
+            StoreFailurePolicy::BestEffort => "best_effort",
+        }
+    }
+}
+
+#[cfg(feature = "cli")]
+crate::model::value_enum!(StoreFailurePolicy: StoreFailurePolicy::Strict, StoreFailurePolicy::BestEffort);
 
 impl std::str::FromStr for StoreFailurePolicy {
     type Err = Error;
@@ -52,12 +68,48 @@ impl std::str::FromStr for StoreFailurePolicy {
     }
 }
 
+/// Whether and how a run's result reached the ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Recording {
+    /// Not recorded: not attempted yet, or the store failed and the failure was tolerated
+    /// (logged and counted in `store_errors`).
+    #[default]
+    NotRecorded,
+    /// The ledger row (and keys on success) were written.
+    Recorded,
+    /// The run's lease expired and was taken over before it finished: no key was written;
+    /// `recorded` tells whether its ledger row was.
+    LeaseLost {
+        /// The ledger row was written.
+        recorded: bool,
+    },
+    /// The result could not be recorded and went to the local spool instead
+    /// (`best_effort`); the next command that reaches the store records it.
+    Spooled,
+    /// The work ran but its result could not be recorded and the policy made that a
+    /// failure (exit code 3).
+    Failed,
+}
+
+impl Recording {
+    /// True when the ledger row was written.
+    pub fn recorded(self) -> bool {
+        matches!(
+            self,
+            Recording::Recorded | Recording::LeaseLost { recorded: true }
+        )
+    }
+}
+
 /// The result of one run, as printed by `idem run`.
-#[derive(Debug, Clone, Serialize)]
+///
+/// Serialized with the [`Recording`] spelled out as the booleans `recorded`, `lease_lost`,
+/// `recording_failed` and `spooled`.
+#[derive(Debug, Clone)]
 pub struct RunReport {
     /// The run id.
     pub run_id: String,
-    /// Processor (job) name.
+    /// The job's name (the run's `processor_name` in the ledger).
     pub job: String,
     /// Scope.
     pub scope: String,
@@ -85,24 +137,50 @@ pub struct RunReport {
     pub error: Option<String>,
     /// Every evaluated guard's verdict.
     pub guards: Vec<GuardVerdict>,
-    /// True when the ledger row (and keys) were written.
-    pub recorded: bool,
-    /// True when the run's lease expired and was taken over before it finished.
-    pub lease_lost: bool,
+    /// Whether and how the result reached the ledger.
+    pub recording: Recording,
     /// Store failures tolerated under `best_effort` (or while recording).
     pub store_errors: Vec<String>,
-    /// True when the work ran but its result could not be recorded and the policy made
-    /// that a failure (exit code 3).
-    pub recording_failed: bool,
-    /// True when the result could not be recorded and was written to the local spool
-    /// instead (`best_effort`); the next command that reaches the store records it.
-    pub spooled: bool,
     /// Start time.
     pub started_at: DateTime<Utc>,
     /// End time.
     pub finished_at: DateTime<Utc>,
     /// Duration in milliseconds.
     pub duration_ms: i64,
+}
+
+impl Serialize for RunReport {
+    fn serialize<S: serde::Serializer>(
+        &self,
+        serializer: S,
+    ) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut s = serializer.serialize_struct("RunReport", 23)?;
+        s.serialize_field("run_id", &self.run_id)?;
+        s.serialize_field("job", &self.job)?;
+        s.serialize_field("scope", &self.scope)?;
+        s.serialize_field("trigger", &self.trigger)?;
+        s.serialize_field("mode", &self.mode)?;
+        s.serialize_field("status", &self.status)?;
+        s.serialize_field("skip_reason", &self.skip_reason)?;
+        s.serialize_field("would_skip_reason", &self.would_skip_reason)?;
+        s.serialize_field("previous_run", &self.previous_run)?;
+        s.serialize_field("detail", &self.detail)?;
+        s.serialize_field("records_processed", &self.records_processed)?;
+        s.serialize_field("processing_key", &self.processing_key)?;
+        s.serialize_field("output", &self.output)?;
+        s.serialize_field("error", &self.error)?;
+        s.serialize_field("guards", &self.guards)?;
+        s.serialize_field("recorded", &self.recorded())?;
+        s.serialize_field("lease_lost", &self.lease_lost())?;
+        s.serialize_field("store_errors", &self.store_errors)?;
+        s.serialize_field("recording_failed", &self.recording_failed())?;
+        s.serialize_field("spooled", &self.spooled())?;
+        s.serialize_field("started_at", &self.started_at)?;
+        s.serialize_field("finished_at", &self.finished_at)?;
+        s.serialize_field("duration_ms", &self.duration_ms)?;
+        s.end()
+    }
 }
 
 impl RunReport {
@@ -123,11 +201,8 @@ impl RunReport {
             output: None,
             error: None,
             guards: Vec::new(),
-            recorded: false,
-            lease_lost: false,
+            recording: Recording::NotRecorded,
             store_errors: Vec::new(),
-            recording_failed: false,
-            spooled: false,
             started_at,
             finished_at: started_at,
             duration_ms: 0,
@@ -138,10 +213,31 @@ impl RunReport {
     /// result could not be recorded under a strict policy.
     pub fn exit_code(&self) -> u8 {
         match self.status {
-            RunStatus::Completed | RunStatus::Skipped => 0,
-            RunStatus::Failed if self.recording_failed => 3,
-            RunStatus::Failed => 1,
+            RunStatus::Completed | RunStatus::Skipped => exit::OK,
+            RunStatus::Failed if self.recording_failed() => exit::STORE_UNAVAILABLE,
+            RunStatus::Failed => exit::RUN_FAILED,
         }
+    }
+
+    /// True when the ledger row (and keys) were written.
+    pub fn recorded(&self) -> bool {
+        self.recording.recorded()
+    }
+
+    /// True when the run's lease expired and was taken over before it finished.
+    pub fn lease_lost(&self) -> bool {
+        matches!(self.recording, Recording::LeaseLost { .. })
+    }
+
+    /// True when the work ran but its result could not be recorded and the policy made
+    /// that a failure (exit code 3).
+    pub fn recording_failed(&self) -> bool {
+        self.recording == Recording::Failed
+    }
+
+    /// True when the result was written to the local spool instead of the store.
+    pub fn spooled(&self) -> bool {
+        self.recording == Recording::Spooled
     }
 
     fn ledger_row(&self, request: &RunRequest) -> RunRecord {
@@ -257,31 +353,8 @@ pub struct Runner {
     policy: StoreFailurePolicy,
     strict_recording: Option<bool>,
     heartbeat: bool,
-    interruptible: bool,
+    cancel: Option<Cancel>,
     spool: Option<Spool>,
-}
-
-/// Waits for SIGINT or SIGTERM; returns the signal's name.
-async fn shutdown_signal() -> &'static str {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => tokio::select! {
-                _ = tokio::signal::ctrl_c() => "SIGINT",
-                _ = term.recv() => "SIGTERM",
-            },
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-                "SIGINT"
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-        "SIGINT"
-    }
 }
 
 fn now() -> DateTime<Utc> {
@@ -298,7 +371,7 @@ impl Runner {
             policy: StoreFailurePolicy::Strict,
             strict_recording: None,
             heartbeat: true,
-            interruptible: false,
+            cancel: None,
             spool: None,
         }
     }
@@ -323,11 +396,18 @@ impl Runner {
         self
     }
 
-    /// When true, SIGINT or SIGTERM during processing stops the processor, records the
-    /// run as failed ("interrupted") and releases the lease, so the next run need not wait
-    /// for the lease to expire. For command-line use; off by default.
-    pub fn interruptible(mut self, on: bool) -> Self {
-        self.interruptible = on;
+    /// When `cancel` is cancelled during processing, the processor is stopped, the run
+    /// recorded as failed (`interrupted by REASON`) and the lease released, so the next run
+    /// need not wait for the lease to expire. The library installs no signal handler: the
+    /// CLI cancels on SIGINT/SIGTERM. None by default.
+    pub fn cancel_on(mut self, cancel: Cancel) -> Self {
+        self.cancel = Some(cancel);
+        self
+    }
+
+    /// Runs on without a cancellation token (see [`Runner::cancel_on`]).
+    pub fn without_cancel(mut self) -> Self {
+        self.cancel = None;
         self
     }
 
@@ -412,6 +492,10 @@ impl Runner {
     /// Returns `Err` only when the run could not be attempted: a store failure under
     /// `strict` ([`Error::is_store_failure`]) or bad configuration. A failing processor
     /// gives `Ok` with status `failed`.
+    ///
+    /// The steps: [decide](Self::decide) (the guards), then either record a skip, or
+    /// [process](Self::process) and [record](Self::record) the outcome with the keys of a
+    /// success ([`completed_keys`]).
     pub async fn run(&self, processor: &dyn Processor, request: RunRequest) -> Result<RunReport> {
         request.validate()?;
         let started_at = now();
@@ -424,86 +508,22 @@ impl Runner {
             mode = %self.mode,
             "run requested"
         );
-
-        let mut lease_out = None;
         let content = Describe::new(processor, &request, true);
-        let decision = if self.mode == Mode::Off || self.guards.is_empty() {
-            Decision::default()
-        } else {
-            let decided = self
-                .guards
-                .decide(
-                    &request,
-                    &*self.store,
-                    started_at,
-                    &content,
-                    DecideOptions {
-                        stop_at_first_skip: self.mode == Mode::Enforce,
-                        dry_run: false,
-                        shadow: self.mode == Mode::Shadow,
-                    },
-                    &mut lease_out,
-                )
-                .await;
-            match decided {
-                Ok(d) => d,
-                Err(Error::Processor { source, .. }) => {
-                    // Preparing or describing the content failed: a failed run, recorded
-                    // (the lease, if one was taken, is released by the recording).
-                    report.status = RunStatus::Failed;
-                    report.error = Some(format!("describing the content failed: {source}"));
-                    return Ok(self.record(report, &request, lease_out, Vec::new()).await);
-                }
-                Err(e) => {
-                    if let Some(lease) = lease_out {
-                        if let Err(release) = self.store.release(&lease, now()).await {
-                            tracing::warn!(
-                                "could not release the lease after a guard error: {release}"
-                            );
-                        }
-                    }
-                    match (e.is_store_failure(), self.policy) {
-                        (true, StoreFailurePolicy::BestEffort) => {
-                            tracing::warn!(
-                                "store failure while checking guards; running unguarded (best_effort): {e}"
-                            );
-                            report.store_errors.push(e.to_string());
-                            Decision::default()
-                        }
-                        _ => return Err(e),
-                    }
-                }
+        let decision = match self.decide(&request, &content, &mut report).await? {
+            Decided::Go(decision) => decision,
+            Decided::Failed(lease) => {
+                return Ok(self.record(report, &request, lease, Vec::new()).await);
             }
         };
         report.guards = decision.verdicts;
         let lease = decision.lease;
         let entity_count = decision.content.as_ref().and_then(|c| c.entity_count);
         report.processing_key = decision.content.map(|c| c.key);
-
         if let Some(skip) = decision.skip {
-            let Skip {
-                reason,
-                previous_run,
-                detail,
-            } = skip;
-            report.previous_run = previous_run;
-            report.detail = Some(detail);
-            tracing::info!(
-                job = %request.processor,
-                scope = %request.scope,
-                reason = %reason,
-                "{} {}",
-                if self.mode == Mode::Enforce { "skip:" } else { "would skip (shadow):" },
-                report.detail.as_deref().unwrap_or_default()
-            );
-            if self.mode == Mode::Enforce {
-                report.status = RunStatus::Skipped;
-                report.skip_reason = Some(reason);
+            if self.note_skip(skip, &request, &mut report) {
                 return Ok(self.record(report, &request, lease, Vec::new()).await);
             }
-            report.would_skip_reason = Some(reason);
         }
-
         match self
             .process(processor, &request, &content, lease.clone())
             .await
@@ -533,39 +553,98 @@ impl Runner {
                 tracing::warn!(job = %request.processor, scope = %request.scope, "failed: {e}")
             }
         }
-        let mut keys = Vec::new();
-        if report.status == RunStatus::Completed {
-            let metadata = serde_json::json!({
-                "trigger": request.trigger,
-                "records_processed": report.records_processed,
-                "mode": self.mode,
-            });
-            keys.push(KeyRecord {
-                key: scope_key(&request.processor, &request.scope),
-                kind: KeyKind::Scope,
-                processor: request.processor.clone(),
-                scope: request.scope.clone(),
-                scope_date: request.scope_date,
-                processed_at,
-                entity_count,
-                metadata: metadata.clone(),
-                run_id: request.run_id.clone(),
-            });
-            if let Some(key) = &report.processing_key {
-                keys.push(KeyRecord {
-                    key: key.clone(),
-                    kind: KeyKind::Content,
-                    processor: request.processor.clone(),
-                    scope: request.scope.clone(),
-                    scope_date: request.scope_date,
-                    processed_at,
-                    entity_count,
-                    metadata,
-                    run_id: request.run_id.clone(),
-                });
+        let keys = if report.status == RunStatus::Completed {
+            completed_keys(&request, &report, self.mode, processed_at, entity_count)
+        } else {
+            Vec::new()
+        };
+        Ok(self.record(report, &request, lease, keys).await)
+    }
+
+    /// Asks the guards (none in mode `off`). A content that cannot be described fails the
+    /// run (to be recorded, with the lease if one was taken); a store failure fails the
+    /// call under `strict` and runs unguarded under `best_effort`.
+    async fn decide(
+        &self,
+        request: &RunRequest,
+        content: &Describe<'_>,
+        report: &mut RunReport,
+    ) -> Result<Decided> {
+        if self.mode == Mode::Off || self.guards.is_empty() {
+            return Ok(Decided::Go(Decision::default()));
+        }
+        let mut lease_out = None;
+        let decided = self
+            .guards
+            .decide(
+                request,
+                &*self.store,
+                report.started_at,
+                content,
+                DecideOptions {
+                    stop_at_first_skip: self.mode == Mode::Enforce,
+                    dry_run: false,
+                    shadow: self.mode == Mode::Shadow,
+                },
+                &mut lease_out,
+            )
+            .await;
+        match decided {
+            Ok(d) => Ok(Decided::Go(d)),
+            Err(Error::Processor { source, .. }) => {
+                // Preparing or describing the content failed: a failed run, recorded (the
+                // lease, if one was taken, is released by the recording).
+                report.status = RunStatus::Failed;
+                report.error = Some(format!("describing the content failed: {source}"));
+                Ok(Decided::Failed(lease_out))
+            }
+            Err(e) => {
+                if let Some(lease) = lease_out {
+                    if let Err(release) = self.store.release(&lease, now()).await {
+                        tracing::warn!(
+                            "could not release the lease after a guard error: {release}"
+                        );
+                    }
+                }
+                match (e.is_store_failure(), self.policy) {
+                    (true, StoreFailurePolicy::BestEffort) => {
+                        tracing::warn!(
+                            "store failure while checking guards; running unguarded (best_effort): {e}"
+                        );
+                        report.store_errors.push(e.to_string());
+                        Ok(Decided::Go(Decision::default()))
+                    }
+                    _ => Err(e),
+                }
             }
         }
-        Ok(self.record(report, &request, lease, keys).await)
+    }
+
+    /// Notes a guard's skip in the report; true when the run is skipped (enforce mode),
+    /// false when it goes on (shadow: a would-skip).
+    fn note_skip(&self, skip: Skip, request: &RunRequest, report: &mut RunReport) -> bool {
+        let Skip {
+            reason,
+            previous_run,
+            detail,
+        } = skip;
+        report.previous_run = previous_run;
+        report.detail = Some(detail);
+        tracing::info!(
+            job = %request.processor,
+            scope = %request.scope,
+            reason = %reason,
+            "{} {}",
+            if self.mode == Mode::Enforce { "skip:" } else { "would skip (shadow):" },
+            report.detail.as_deref().unwrap_or_default()
+        );
+        if self.mode == Mode::Enforce {
+            report.status = RunStatus::Skipped;
+            report.skip_reason = Some(reason);
+            return true;
+        }
+        report.would_skip_reason = Some(reason);
+        false
     }
 
     async fn process(
@@ -580,12 +659,12 @@ impl Runner {
             processor.process(request).await
         };
         let work = async {
-            if !self.interruptible {
+            let Some(cancel) = &self.cancel else {
                 return work.await;
-            }
+            };
             tokio::select! {
                 result = work => result,
-                signal = shutdown_signal() => {
+                signal = cancel.cancelled() => {
                     tracing::warn!("{signal} received: stopping the processor and releasing the lease");
                     Err(format!("interrupted by {signal}").into())
                 }
@@ -632,7 +711,7 @@ impl Runner {
     }
 
     /// Writes the ledger row (and keys, and the lease release); never fails the caller:
-    /// problems are reflected in the report.
+    /// problems are reflected in the report ([`RunReport::recording`]).
     async fn record(
         &self,
         mut report: RunReport,
@@ -647,92 +726,159 @@ impl Runner {
             keys,
             lease: lease.clone(),
         };
-        let mut result = self.store.finish(&finish).await;
-        if let Err(Error::DuplicateRunId { run_id, .. }) = &result {
-            // A run id names one invocation, but callers may reuse theirs (an
-            // orchestrator's id across retries and jobs): record this run under a derived,
-            // unique id rather than lose it.
-            let derived = crate::model::derive_run_id(run_id);
-            tracing::warn!(
-                "run id {run_id:?} is already recorded; this run is recorded as {derived:?}"
-            );
-            report.run_id = derived.clone();
-            finish.run.run_id = derived.clone();
-            for k in &mut finish.keys {
-                k.run_id = derived.clone();
-            }
-            result = self.store.finish(&finish).await;
-        }
-        match result {
-            Ok(()) => report.recorded = true,
+        match self.finish_unique(&mut finish, &mut report).await {
+            Ok(()) => report.recording = Recording::Recorded,
             Err(e @ Error::LeaseLost { .. }) => {
-                tracing::error!("{e}: this run's result is not recorded over the newer run");
-                report.lease_lost = true;
-                if report.status == RunStatus::Completed {
-                    report.status = RunStatus::Failed;
-                    report.error = Some(format!(
-                        "{e}: the work ran, but its lease expired and was taken over, so its keys were not recorded"
-                    ));
-                }
-                let run = report.ledger_row(request);
-                match self
-                    .store
-                    .finish(&Finish {
-                        run,
-                        keys: Vec::new(),
-                        lease: None,
-                    })
-                    .await
-                {
-                    Ok(()) => report.recorded = true,
-                    Err(e) => report.store_errors.push(e.to_string()),
-                }
+                self.record_lease_lost(e, &mut report, request).await
             }
-            Err(e) => {
-                tracing::warn!("could not record run {}: {e}", report.run_id);
-                report.store_errors.push(e.to_string());
-                // The store just failed: releasing the lease would most likely fail too
-                // (after another timeout). It expires on its own.
-                let locked_until = lease
-                    .as_ref()
-                    .map(|l| {
-                        format!(
-                            "; the scope stays locked until its lease expires at {}",
-                            l.expires_at.format("%Y-%m-%d %H:%M:%S UTC")
-                        )
-                    })
-                    .unwrap_or_default();
-                let strict = self
-                    .strict_recording
-                    .unwrap_or(self.policy == StoreFailurePolicy::Strict);
-                if !strict {
-                    if let Some(spool) = &self.spool {
-                        match spool.push(&finish.run, &finish.keys) {
-                            Ok(()) => {
-                                report.spooled = true;
-                                tracing::warn!(
-                                    "run {} spooled to {}; it is recorded when the store is back",
-                                    report.run_id,
-                                    spool.path().display()
-                                );
-                            }
-                            Err(e) => tracing::error!(
-                                "could not spool run {} to {}: {e}",
-                                report.run_id,
-                                spool.path().display()
-                            ),
-                        }
-                    }
-                }
-                if strict && report.status == RunStatus::Completed {
-                    report.status = RunStatus::Failed;
-                    report.recording_failed = true;
-                    report.error = Some(format!(
-                        "the work completed but its result could not be recorded, so no key was written and the next run will redo it{locked_until}: {e}"
-                    ));
-                }
-            }
+            Err(e) => self.record_store_failure(e, &mut report, &finish, lease.as_ref()),
         }
         report
     }
+
+    /// [`Store::finish`](crate::store::Store::finish); a run id recorded already is
+    /// replaced by a derived one and the finish tried again.
+    async fn finish_unique(&self, finish: &mut Finish, report: &mut RunReport) -> Result<()> {
+        let result = self.store.finish(finish).await;
+        let Err(Error::DuplicateRunId { run_id, .. }) = &result else {
+            return result;
+        };
+        // A run id names one invocation, but callers may reuse theirs (an orchestrator's id
+        // across retries and jobs): record this run under a derived, unique id rather than
+        // lose it.
+        let derived = crate::model::derive_run_id(run_id);
+        tracing::warn!(
+            "run id {run_id:?} is already recorded; this run is recorded as {derived:?}"
+        );
+        report.run_id = derived.clone();
+        finish.run.run_id = derived.clone();
+        for k in &mut finish.keys {
+            k.run_id = derived.clone();
+        }
+        self.store.finish(finish).await
+    }
+
+    /// The lease expired and a newer run took it over: a completed run fails (its keys are
+    /// not written), and the ledger row alone is recorded.
+    async fn record_lease_lost(&self, e: Error, report: &mut RunReport, request: &RunRequest) {
+        tracing::error!("{e}: this run's result is not recorded over the newer run");
+        if report.status == RunStatus::Completed {
+            report.status = RunStatus::Failed;
+            report.error = Some(format!(
+                "{e}: the work ran, but its lease expired and was taken over, so its keys were not recorded"
+            ));
+        }
+        let run = report.ledger_row(request);
+        let recorded = match self
+            .store
+            .finish(&Finish {
+                run,
+                keys: Vec::new(),
+                lease: None,
+            })
+            .await
+        {
+            Ok(()) => true,
+            Err(e) => {
+                report.store_errors.push(e.to_string());
+                false
+            }
+        };
+        report.recording = Recording::LeaseLost { recorded };
+    }
+
+    /// The store could not take the result: under strict recording a completed run fails
+    /// (exit 3); otherwise the result is spooled, when a spool is set.
+    fn record_store_failure(
+        &self,
+        e: Error,
+        report: &mut RunReport,
+        finish: &Finish,
+        lease: Option<&Lease>,
+    ) {
+        tracing::warn!("could not record run {}: {e}", report.run_id);
+        report.store_errors.push(e.to_string());
+        report.recording = Recording::NotRecorded;
+        // The store just failed: releasing the lease would most likely fail too (after
+        // another timeout). It expires on its own.
+        let locked_until = lease
+            .map(|l| {
+                format!(
+                    "; the scope stays locked until its lease expires at {}",
+                    l.expires_at.format("%Y-%m-%d %H:%M:%S UTC")
+                )
+            })
+            .unwrap_or_default();
+        let strict = self
+            .strict_recording
+            .unwrap_or(self.policy == StoreFailurePolicy::Strict);
+        if !strict {
+            if let Some(spool) = &self.spool {
+                match spool.push(&finish.run, &finish.keys) {
+                    Ok(()) => {
+                        report.recording = Recording::Spooled;
+                        tracing::warn!(
+                            "run {} spooled to {}; it is recorded when the store is back",
+                            report.run_id,
+                            spool.path().display()
+                        );
+                    }
+                    Err(e) => tracing::error!(
+                        "could not spool run {} to {}: {e}",
+                        report.run_id,
+                        spool.path().display()
+                    ),
+                }
+            }
+        }
+        if strict && report.status == RunStatus::Completed {
+            report.status = RunStatus::Failed;
+            report.recording = Recording::Failed;
+            report.error = Some(format!(
+                "the work completed but its result could not be recorded, so no key was written and the next run will redo it{locked_until}: {e}"
+            ));
+        }
+    }
+}
+
+/// What [`Runner::decide`] leaves the run with.
+enum Decided {
+    /// Go on with this decision (skip or run).
+    Go(Decision),
+    /// The run failed before processing; record it (releasing this lease).
+    Failed(Option<Lease>),
+}
+
+/// The keys a completed run writes: its scope key, and its content key when it has one.
+fn completed_keys(
+    request: &RunRequest,
+    report: &RunReport,
+    mode: Mode,
+    processed_at: DateTime<Utc>,
+    entity_count: Option<i64>,
+) -> Vec<KeyRecord> {
+    let metadata = serde_json::json!({
+        "trigger": request.trigger,
+        "records_processed": report.records_processed,
+        "mode": mode,
+    });
+    let key = |key: String, kind: KeyKind| KeyRecord {
+        key,
+        kind,
+        processor: request.processor.clone(),
+        scope: request.scope.clone(),
+        scope_date: request.scope_date,
+        processed_at,
+        entity_count,
+        metadata: metadata.clone(),
+        run_id: request.run_id.clone(),
+    };
+    let mut keys = vec![key(
+        scope_key(&request.processor, &request.scope),
+        KeyKind::Scope,
+    )];
+    if let Some(content) = &report.processing_key {
+        keys.push(key(content.clone(), KeyKind::Content));
+    }
+    keys
 }

@@ -93,7 +93,7 @@ impl BackfillSummary {
     /// 0 when no date failed, 1 when one did (3 when a result could not be recorded).
     pub fn exit_code(&self) -> u8 {
         if self.failed > 0 {
-            self.worst_exit.max(1)
+            self.worst_exit.max(crate::model::exit::RUN_FAILED)
         } else {
             self.worst_exit
         }

@@ -1,0 +1,445 @@
+//! All the printing of the CLI: human lines, JSON documents (and the report's markdown
+//! and HTML, rendered by [`crate::report`]). Commands compute; these functions print.
+
+use std::io::Write;
+
+use chrono::NaiveDate;
+
+use crate::error::{Error, Result};
+use crate::job::{Job, JobProblem};
+use crate::model::{Mode, RunRecord, RunStatus};
+use crate::runner::{Explanation, RunReport};
+use crate::schedule::{BackfillSummary, JobPlan};
+use crate::store::{CleanupPolicy, CleanupReport};
+
+/// Output formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// Lines for people.
+    Human,
+    /// One JSON document for machines.
+    Json,
+}
+
+/// Prints `value` as one pretty JSON document on stdout.
+pub(crate) fn print_json<T: serde::Serialize>(value: &T) {
+    let mut out = std::io::stdout().lock();
+    let _ = serde_json::to_writer_pretty(&mut out, value);
+    let _ = writeln!(out);
+}
+
+/// Writes `text` as is on stdout.
+pub(crate) fn print_text(text: &str) {
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+}
+
+/// `error: MESSAGE` on stderr.
+pub(crate) fn print_error_line(message: impl std::fmt::Display) {
+    errln!("error: {message}");
+}
+
+/// A command's error: `error: …` on stderr, and with JSON output also
+/// `{"error", "exit_code"}` on stdout.
+pub(crate) fn print_error(e: &Error, code: u8, format: Format) {
+    if format == Format::Json {
+        let doc = serde_json::json!({"error": e.to_string(), "exit_code": code});
+        outln!("{doc}");
+    }
+    errln!("error: {e}");
+}
+
+/// `idem migrate`.
+pub(crate) fn print_migrated(store: &str, format: Format) {
+    match format {
+        Format::Json => print_json(&serde_json::json!({"store": store, "migrated": true})),
+        Format::Human => outln!("migrated {store}"),
+    }
+}
+
+/// `idem fingerprint`.
+pub(crate) fn print_fingerprint(fingerprint: &str, events: usize, format: Format) {
+    match format {
+        Format::Json => {
+            print_json(&serde_json::json!({"fingerprint": fingerprint, "events": events}))
+        }
+        Format::Human => outln!("{fingerprint}"),
+    }
+}
+
+/// `idem runs`.
+pub(crate) fn print_runs(runs: &[RunRecord], store: &str, format: Format) {
+    if format == Format::Json {
+        print_json(&runs);
+        return;
+    }
+    if runs.is_empty() {
+        outln!("no runs recorded in {store}");
+    }
+    for r in runs {
+        let why = r
+            .skip_reason
+            .as_ref()
+            .map(|s| s.to_string())
+            .or_else(|| {
+                r.would_skip_reason
+                    .as_ref()
+                    .map(|s| format!("would skip: {s}"))
+            })
+            .or_else(|| r.error.clone())
+            .unwrap_or_default();
+        outln!(
+            "{}  {:<9} {} {}  run {}  {} ms  {}",
+            r.started_at.format("%Y-%m-%d %H:%M:%S"),
+            r.status.as_str(),
+            r.processor,
+            r.scope,
+            r.run_id,
+            r.duration_ms,
+            why
+        );
+    }
+}
+
+/// `idem jobs` with invalid files: the valid jobs (human: only if any), every problem
+/// and the summary on stderr.
+pub(crate) fn print_job_problems(
+    jobs: &[Job],
+    problems: &[JobProblem],
+    summary: &str,
+    exit_code: u8,
+    format: Format,
+) -> Result<()> {
+    match format {
+        Format::Json => print_json(&serde_json::json!({
+            "error": summary,
+            "exit_code": exit_code,
+            "problems": problems,
+            "jobs": job_docs(jobs)?,
+        })),
+        Format::Human if !jobs.is_empty() => print_jobs(jobs, format)?,
+        Format::Human => {}
+    }
+    for p in problems {
+        errln!("error: {}", p.error);
+    }
+    errln!("error: {summary}");
+    Ok(())
+}
+
+/// The end of a backfill: the summary line, or one JSON document with every run.
+pub(crate) fn print_backfill(
+    job: &str,
+    (from, to): (NaiveDate, NaiveDate),
+    summary: &BackfillSummary,
+    failure: Option<&Error>,
+    reports: &[RunReport],
+    format: Format,
+) {
+    match format {
+        Format::Json => print_json(&serde_json::json!({
+            "job": job,
+            "from": from,
+            "to": to,
+            "completed": summary.completed,
+            "skipped": summary.skipped,
+            "failed": summary.failed,
+            "failed_dates": summary.failed_dates,
+            "not_run": summary.not_run,
+            "error": failure.map(|e| e.to_string()),
+            "runs": reports,
+        })),
+        Format::Human => outln!("backfill {job} {from}..{to}: {}", summary.line()),
+    }
+}
+
+/// `idem cleanup`: counts per table.
+pub(crate) fn print_cleanup(
+    store: &str,
+    policy: &CleanupPolicy,
+    report: &CleanupReport,
+    format: Format,
+) {
+    let verb = if policy.dry_run {
+        "would delete"
+    } else {
+        "deleted"
+    };
+    match format {
+        Format::Json => print_json(&serde_json::json!({
+            "dry_run": policy.dry_run,
+            "keys_before": policy.keys_before,
+            "runs_before": policy.runs_before,
+            "tables": {
+                "processing_keys": report.keys_deleted,
+                "processing_runs": report.runs_deleted,
+                "processing_leases": report.leases_deleted,
+                "event_keys": report.event_keys_deleted,
+            },
+            "keys_deleted": report.keys_deleted,
+            "runs_deleted": report.runs_deleted,
+            "leases_deleted": report.leases_deleted,
+            "event_keys_deleted": report.event_keys_deleted,
+        })),
+        Format::Human => {
+            let keys = policy.keys_before.format("%Y-%m-%d %H:%M:%S UTC");
+            let runs = policy.runs_before.format("%Y-%m-%d %H:%M:%S UTC");
+            outln!("{verb} from {store}:");
+            outln!(
+                "  processing_keys   {:>10}  processed before {keys}",
+                report.keys_deleted
+            );
+            outln!(
+                "  processing_runs   {:>10}  started before {runs}, no kept key pointing at them",
+                report.runs_deleted
+            );
+            outln!(
+                "  processing_leases {:>10}  expired before {keys}",
+                report.leases_deleted
+            );
+            outln!(
+                "  event_keys        {:>10}  first seen before {keys}",
+                report.event_keys_deleted
+            );
+        }
+    }
+}
+
+/// What `idem purge` did.
+pub(crate) struct Purged<'a> {
+    pub job: &'a str,
+    pub label: &'a str,
+    pub scopes: &'a Option<Vec<String>>,
+    pub what: &'a str,
+    pub deleted: u64,
+    pub run_id: &'a str,
+}
+
+/// `idem purge`.
+pub(crate) fn print_purged(p: &Purged<'_>, format: Format) {
+    match format {
+        Format::Json => print_json(&serde_json::json!({
+            "job": p.job,
+            "scope": p.label,
+            "scopes": p.scopes,
+            "keys_deleted": p.deleted,
+            "run_id": p.run_id,
+        })),
+        Format::Human => {
+            outln!("purged {} processing key(s) of {}", p.deleted, p.what);
+            outln!("  recorded as run {} (skipped: purged)", p.run_id);
+        }
+    }
+}
+
+/// The question `idem purge` asks on a terminal.
+pub(crate) fn ask_purge(what: &str, store: &str) {
+    errln!(
+        "purge the processing keys of {what} in {store}? The next runs of those scopes will \
+         not be skipped and will redo the work. [y/N] "
+    );
+}
+
+/// A line on stderr (`wrote FILE`, `purge cancelled: nothing deleted`).
+pub(crate) fn note(message: impl std::fmt::Display) {
+    errln!("{message}");
+}
+
+pub(crate) fn print_plans(plans: &[JobPlan], format: Format) {
+    if format == Format::Json {
+        print_json(&plans);
+        return;
+    }
+    let mut out = std::io::stdout().lock();
+    if plans.is_empty() {
+        let _ = writeln!(out, "no job has a schedule");
+    }
+    for p in plans {
+        let _ = writeln!(
+            out,
+            "{}  schedule {:?}  timezone {}  date {}",
+            p.job, p.schedule, p.timezone, p.date
+        );
+        if p.next.is_empty() {
+            let _ = writeln!(out, "  never fires again");
+        }
+        for f in &p.next {
+            let _ = writeln!(
+                out,
+                "  {} {} {} = {}  date {}",
+                f.local.format("%Y-%m-%d %H:%M:%S"),
+                f.local.format("%:z"),
+                f.zone_abbreviation,
+                f.utc.format("%Y-%m-%d %H:%M:%S UTC"),
+                f.date
+            );
+        }
+    }
+}
+
+pub(crate) fn print_report(report: &RunReport, format: Format) {
+    if format == Format::Json {
+        print_json(report);
+        return;
+    }
+    outln!("{}", status_line(report, false));
+    outln!("  run id: {}", report.run_id);
+    if let Some(detail) = &report.detail {
+        let label = if report.status == RunStatus::Skipped {
+            "why"
+        } else {
+            "would skip"
+        };
+        let reason = report
+            .would_skip_reason
+            .as_ref()
+            .map(|r| format!("{r}: "))
+            .unwrap_or_default();
+        outln!("  {label}: {reason}{detail}");
+    }
+    if let Some(prev) = &report.previous_run {
+        outln!(
+            "  previous run: {} at {}",
+            prev.run_id,
+            prev.at.format("%Y-%m-%d %H:%M:%S UTC")
+        );
+    }
+    if let Some(key) = &report.processing_key {
+        outln!("  processing key: {key}");
+    }
+    if let Some(error) = &report.error {
+        outln!("  error: {error}");
+    }
+    for e in &report.store_errors {
+        outln!("  store error (tolerated): {e}");
+    }
+    if report.spooled() {
+        outln!("  warning: the store is unreachable; this run is spooled locally and recorded when it is back");
+    } else if !report.recorded() {
+        outln!("  warning: this run is not recorded in the ledger");
+    }
+}
+
+pub(crate) fn print_explanation(e: &Explanation, format: Format) {
+    if format == Format::Json {
+        print_json(e);
+        return;
+    }
+    match (&e.skip_reason, e.decision) {
+        (Some(reason), "skip") => outln!("{} for {} would be skipped ({reason})", e.job, e.scope),
+        (Some(reason), _) => outln!(
+            "{} for {} would run ({} mode; would skip: {reason})",
+            e.job,
+            e.scope,
+            e.mode
+        ),
+        (None, _) => outln!("{} for {} would run", e.job, e.scope),
+    }
+    if let Some(detail) = &e.detail {
+        outln!("  why: {detail}");
+    }
+    if e.mode == Mode::Off {
+        outln!("  mode off: no guard is evaluated");
+    }
+    for v in &e.guards {
+        match &v.verdict {
+            crate::guard::Verdict::Proceed { detail } => {
+                outln!("  {:<13} proceed  {detail}", v.guard)
+            }
+            crate::guard::Verdict::Skip(s) => {
+                outln!("  {:<13} skip     {}: {}", v.guard, s.reason, s.detail)
+            }
+            crate::guard::Verdict::Unknown { detail } => {
+                outln!("  {:<13} unknown  {detail}", v.guard)
+            }
+        }
+    }
+    if let Some(key) = &e.processing_key {
+        outln!("  processing key: {key}");
+    }
+}
+
+pub(crate) fn job_docs(jobs: &[Job]) -> Result<Vec<serde_json::Value>> {
+    jobs.iter()
+        .map(|j| {
+            Ok(serde_json::json!({
+                "name": j.name,
+                "processor": j.processor,
+                "schedule": j.schedule,
+                "mode": j.mode.as_str(),
+                "guards": j.guard_stack()?.names(),
+                "path": j.path,
+                "description": j.description,
+            }))
+        })
+        .collect()
+}
+
+pub(crate) fn print_jobs(jobs: &[Job], format: Format) -> Result<()> {
+    if format == Format::Json {
+        print_json(&job_docs(jobs)?);
+        return Ok(());
+    }
+    if jobs.is_empty() {
+        outln!("no jobs found");
+    }
+    for j in jobs {
+        outln!(
+            "{:<24} processor={:<10} mode={:<8} schedule={:<14} guards=[{}]  {}",
+            j.name,
+            j.processor,
+            j.mode.as_str(),
+            j.schedule.as_deref().unwrap_or("-"),
+            j.guard_stack()?.names().join(", "),
+            j.path.display()
+        );
+    }
+    Ok(())
+}
+
+/// The backfill's progress bar: drawn on stderr when it is a terminal (human output),
+/// hidden otherwise.
+pub(crate) fn backfill_bar(dates: usize, format: Format) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    if format != Format::Human || !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::with_draw_target(
+        Some(dates as u64),
+        indicatif::ProgressDrawTarget::stderr(),
+    );
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} dates  {elapsed_precise}")
+    {
+        bar.set_style(style);
+    }
+    bar
+}
+
+/// `completed JOB for SCOPE: N record(s) in M ms`, `skipped … (reason)`, `failed …` (with
+/// `: error` when `with_error`).
+fn status_line(report: &RunReport, with_error: bool) -> String {
+    let mut line = format!("{} {} for {}", report.status, report.job, report.scope);
+    match report.status {
+        RunStatus::Completed => line.push_str(&format!(
+            ": {} record(s) in {} ms",
+            report.records_processed.unwrap_or(0),
+            report.duration_ms
+        )),
+        RunStatus::Skipped => {
+            if let Some(reason) = &report.skip_reason {
+                line.push_str(&format!(" ({reason})"));
+            }
+        }
+        RunStatus::Failed => {
+            if let Some(error) = report.error.as_ref().filter(|_| with_error) {
+                line.push_str(&format!(": {error}"));
+            }
+        }
+    }
+    line
+}
+
+/// One date of a backfill.
+pub(crate) fn print_backfill_line(report: &RunReport) {
+    outln!("{}", status_line(report, true));
+}

@@ -1,0 +1,129 @@
+//! `idem purge`: forgets the processing keys of a job's scopes, and records it.
+
+use super::output;
+use super::{GlobalOptions, PurgeArgs, EXIT_OK, EXIT_RUN_FAILED};
+use crate::error::{Error, Result};
+use crate::job::find_job;
+use crate::model::{Mode, RunRequest, RunStatus, Trigger};
+use crate::{schedule, store};
+
+/// `idem purge JOB (--date D | --scope S | --from D1 --to D2 | --all) [--yes]`: deletes the
+/// job's processing keys for those scopes, after asking on a terminal, and records the purge
+/// in the ledger as one run of the job: trigger `manual`, status `skipped`, skip reason
+/// `purged`, mode `off`, scope the purged scope (`D1..D2` for a range, `*` for `--all`),
+/// `output.purge` = what was purged and how many keys.
+pub(super) async fn purge(args: PurgeArgs, g: &GlobalOptions) -> Result<u8> {
+    use std::io::IsTerminal;
+    let job = find_job(&args.job, &g.jobs_dir, &g.store)?;
+    let tz = job.scheduled()?.tz()?;
+    let now = chrono::Utc::now();
+    let today = schedule::DateExpr::DaysAgo(0).resolve(tz, now)?;
+    // (the ledger scope, its date, the key scopes to purge: None = all)
+    let (label, scope_date, scopes): (String, chrono::NaiveDate, Option<Vec<String>>) =
+        match (&args.date, &args.scope, &args.from, &args.to) {
+            (Some(d), _, _, _) => {
+                let date = schedule::DateExpr::parse(d)
+                    .and_then(|e| e.resolve(tz, now).map_err(|e| e.to_string()))
+                    .map_err(|e| Error::input(format!("--date: {e}")))?;
+                let scope = date.format("%Y-%m-%d").to_string();
+                (scope.clone(), date, Some(vec![scope]))
+            }
+            (None, Some(scope), _, _) => (scope.clone(), today, Some(vec![scope.clone()])),
+            (None, None, Some(from), Some(to)) => {
+                let dates = schedule::backfill_dates(from, to, tz, now)?;
+                let (first, last) = (dates[0], dates[dates.len() - 1]);
+                (
+                    format!("{first}..{last}"),
+                    first,
+                    Some(
+                        dates
+                            .iter()
+                            .map(|d| d.format("%Y-%m-%d").to_string())
+                            .collect(),
+                    ),
+                )
+            }
+            _ => ("*".to_string(), today, None),
+        };
+    // The ledger row is validated before anything is deleted (a control character in
+    // --scope is refused here).
+    let request = RunRequest::new(job.name.clone(), scope_date)
+        .with_trigger(Trigger::Manual)
+        .with_scope(label.clone());
+    request.validate()?;
+    let what = match &scopes {
+        None => format!("every scope of {}", job.name),
+        Some(s) if s.len() == 1 => format!("{} for {}", job.name, s[0]),
+        Some(s) => format!("{} for {} date(s) {label}", job.name, s.len()),
+    };
+    if !args.yes {
+        if !std::io::stdin().is_terminal() {
+            return Err(Error::input(format!(
+                "purge deletes the processing keys of {what}, and stdin is not a terminal to \
+                 ask on: add --yes to purge without asking"
+            )));
+        }
+        output::ask_purge(&what, &g.store);
+        let mut answer = String::new();
+        let _ = std::io::stdin().read_line(&mut answer);
+        if !matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes") {
+            output::note("purge cancelled: nothing deleted");
+            return Ok(EXIT_RUN_FAILED);
+        }
+    }
+    let store = store::open(&g.store).await?;
+    let started_at = chrono::Utc::now();
+    let mut deleted = 0;
+    match &scopes {
+        None => deleted += store.purge(&job.name, None).await?,
+        Some(list) => {
+            for scope in list {
+                deleted += store.purge(&job.name, Some(scope)).await?;
+            }
+        }
+    }
+    let finished_at = chrono::Utc::now();
+    let run = crate::model::RunRecord {
+        run_id: request.run_id.clone(),
+        processor: job.name.clone(),
+        scope: label.clone(),
+        scope_date,
+        trigger: Trigger::Manual,
+        mode: Mode::Off,
+        started_at,
+        finished_at,
+        duration_ms: (finished_at - started_at).num_milliseconds(),
+        status: RunStatus::Skipped,
+        skip_reason: Some(crate::model::SkipReason::Custom("purged".into())),
+        would_skip_reason: None,
+        previous_run_id: None,
+        records_processed: None,
+        processing_key: None,
+        error: None,
+        output: Some(serde_json::json!({"purge": {
+            "scope": label,
+            "scopes": scopes.as_ref().map_or(0, Vec::len),
+            "all": scopes.is_none(),
+            "keys_deleted": deleted,
+        }})),
+    };
+    store
+        .finish(&store::Finish {
+            run,
+            keys: Vec::new(),
+            lease: None,
+        })
+        .await?;
+    output::print_purged(
+        &output::Purged {
+            job: &job.name,
+            label: &label,
+            scopes: &scopes,
+            what: &what,
+            deleted,
+            run_id: &request.run_id,
+        },
+        g.format,
+    );
+    Ok(EXIT_OK)
+}

@@ -1,0 +1,24 @@
+//! `idem runs`: recent runs from the ledger.
+
+use super::output;
+use super::{GlobalOptions, RunsArgs, EXIT_OK};
+use crate::error::Result;
+use crate::job::replay_spool;
+use crate::store::{self, spool::Spool, RunFilter};
+
+/// `idem runs`: replays the spool first, so the list includes the runs it held.
+pub(super) async fn runs(args: RunsArgs, g: &GlobalOptions) -> Result<u8> {
+    let store = store::open(&g.store).await?;
+    replay_spool(&Spool::from_env(&g.store), &*store).await;
+    let runs = store
+        .runs(&RunFilter {
+            processor: args.job,
+            scope: args.scope,
+            status: args.status,
+            since: None,
+            limit: args.limit as usize,
+        })
+        .await?;
+    output::print_runs(&runs, &store.describe(), g.format);
+    Ok(EXIT_OK)
+}
