@@ -81,7 +81,12 @@ fn module_graph() -> BTreeMap<String, BTreeSet<String>> {
 
 fn top_module(src: &Path, file: &Path) -> String {
     let rel = file.strip_prefix(src).unwrap();
-    let first = rel.components().next().unwrap().as_os_str().to_string_lossy();
+    let first = rel
+        .components()
+        .next()
+        .unwrap()
+        .as_os_str()
+        .to_string_lossy();
     first.trim_end_matches(".rs").to_string()
 }
 
@@ -139,7 +144,10 @@ fn the_flow_runs_from_the_cli_down_to_the_backends() {
     let depends = |a: &str, b: &str| graph.get(a).is_some_and(|e| e.contains(b));
     // Lower layers never name the layers above them.
     let layers: &[(&str, &[&str])] = &[
-        ("backend", &["store", "warehouse", "runner", "guard", "job", "cli"]),
+        (
+            "backend",
+            &["store", "warehouse", "runner", "guard", "job", "cli"],
+        ),
         ("store", &["warehouse", "runner", "guard", "job", "cli"]),
         ("warehouse", &["store", "runner", "guard", "job", "cli"]),
         ("guard", &["runner", "job", "cli", "warehouse"]),
@@ -171,7 +179,10 @@ fn readme_layout_names_every_folder() {
     for entry in fs::read_dir(root.join("src")).unwrap() {
         let path = entry.unwrap().path();
         if path.is_dir() {
-            folders.push(format!("src/{}/", path.file_name().unwrap().to_string_lossy()));
+            folders.push(format!(
+                "src/{}/",
+                path.file_name().unwrap().to_string_lossy()
+            ));
         }
     }
     for top in ["migrations", "reports", "tests", "benches", "jobs"] {
@@ -179,7 +190,10 @@ fn readme_layout_names_every_folder() {
             folders.push(format!("{top}/"));
         }
     }
-    let missing: Vec<&String> = folders.iter().filter(|f| !layout.contains(f.as_str())).collect();
+    let missing: Vec<&String> = folders
+        .iter()
+        .filter(|f| !layout.contains(f.as_str()))
+        .collect();
     assert!(
         missing.is_empty(),
         "README's Layout section does not name {missing:?}"
