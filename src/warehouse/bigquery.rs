@@ -185,7 +185,7 @@ impl Warehouse for BigQueryWarehouse {
         Dialect::BigQuery
     }
 
-    fn describe(&self) -> String {
+    fn location(&self) -> String {
         self.url.clone()
     }
 

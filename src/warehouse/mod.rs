@@ -118,7 +118,7 @@ pub trait Warehouse: Send + Sync + Debug {
     fn dialect(&self) -> Dialect;
 
     /// Its URL without secrets, for messages.
-    fn describe(&self) -> String;
+    fn location(&self) -> String;
 
     /// Runs the statements in order, in one transaction where the warehouse has them;
     /// returns the rows affected by the last statement (the one that usually writes the

@@ -430,7 +430,7 @@ impl Warehouse for PostgresWarehouse {
         Dialect::Postgres
     }
 
-    fn describe(&self) -> String {
+    fn location(&self) -> String {
         self.url.clone()
     }
 

@@ -160,7 +160,7 @@ impl SqlProcessor {
                     .execute(&self.setup, params)
                     .await
                     .map(|_| ())
-                    .map_err(|e| e.into_sql("setup", self.warehouse.describe()))
+                    .map_err(|e| e.into_sql("setup", self.warehouse.location()))
             })
             .await?;
         Ok(())
@@ -211,7 +211,7 @@ impl Processor for SqlProcessor {
             .warehouse
             .query_rows(content, &params)
             .await
-            .map_err(|e| e.into_sql("content", self.warehouse.describe()))?;
+            .map_err(|e| e.into_sql("content", self.warehouse.location()))?;
         Ok(Some(Content::new().rows(rows.canonical())))
     }
 
@@ -222,7 +222,7 @@ impl Processor for SqlProcessor {
             .warehouse
             .execute(&self.process, &params)
             .await
-            .map_err(|e| e.into_sql("process", self.warehouse.describe()))?;
+            .map_err(|e| e.into_sql("process", self.warehouse.location()))?;
         Ok(Outcome::records(affected as i64))
     }
 }

@@ -76,7 +76,7 @@ impl Warehouse for SqliteWarehouse {
         Dialect::Sqlite
     }
 
-    fn describe(&self) -> String {
+    fn location(&self) -> String {
         self.url.clone()
     }
 
