@@ -27,7 +27,8 @@ mod bigquery {
     use idem::backend::bigquery::{ApiError, BigQueryUrl, FaultFuture, FaultHook};
     use idem::guard::{GuardStack, LeaseGuard};
     use idem::store::bigquery::{BigQueryStore, FIND_KEYS_SQL, MIGRATIONS};
-    use idem::store::{ClaimRequest, DynStore, Finish, KeyLookup, Store};
+    use idem::store::prelude::*;
+    use idem::store::{ClaimRequest, DynStore, Finish, KeyLookup};
     use idem::warehouse::{prepare, BigQueryWarehouse, Dialect, Warehouse};
     use idem::{
         async_trait, scope_key, BoxError, Error, KeyKind, KeyRecord, Outcome, Processor,

@@ -41,8 +41,9 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::{
-    lease_expiry, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, Finish,
-    KeyLookup, Lease, LeaseHolder, RunFilter, Store,
+    lease_expiry, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, EventKeyStore,
+    Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore, MaintenanceStore, RunFilter,
+    StoreBase,
 };
 use crate::error::{Error, Result};
 use crate::model::{micros, KeyKind, KeyRecord, Mode, RunRecord, RunStatus, SkipReason};
@@ -546,7 +547,7 @@ impl BigQueryStore {
 }
 
 #[async_trait]
-impl Store for BigQueryStore {
+impl StoreBase for BigQueryStore {
     fn kind(&self) -> &'static str {
         "bigquery"
     }
@@ -556,11 +557,7 @@ impl Store for BigQueryStore {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            atomic_finish: false,
-            durable: true,
-            cross_process: true,
-        }
+        Capabilities::SHARED
     }
 
     async fn migrate(&self) -> Result<()> {
@@ -594,7 +591,10 @@ impl Store for BigQueryStore {
         }
         Ok(())
     }
+}
 
+#[async_trait]
+impl LeaseStore for BigQueryStore {
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claim> {
         let now = micros(request.now);
         let expires_at = lease_expiry(now, request.ttl);
@@ -715,7 +715,10 @@ impl Store for BigQueryStore {
             .await?
             >= 1)
     }
+}
 
+#[async_trait]
+impl LedgerStore for BigQueryStore {
     async fn find_keys(&self, lookups: &[KeyLookup]) -> Result<Vec<Option<KeyRecord>>> {
         let mut out = vec![None; lookups.len()];
         let Some(oldest) = lookups.iter().map(|l| micros(l.since)).min() else {
@@ -930,7 +933,10 @@ impl Store for BigQueryStore {
             .map(|r| run_from_record(&r).map_err(|e| self.bad_row("runs", e)))
             .collect()
     }
+}
 
+#[async_trait]
+impl MaintenanceStore for BigQueryStore {
     async fn purge(&self, processor: &str, scope: Option<&str>) -> Result<u64> {
         self.mutate(
             "purge",
@@ -995,7 +1001,10 @@ impl Store for BigQueryStore {
             event_keys_deleted: counts[3],
         })
     }
+}
 
+#[async_trait]
+impl EventKeyStore for BigQueryStore {
     async fn mark_event_keys(
         &self,
         namespace: &str,

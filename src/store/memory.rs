@@ -11,8 +11,9 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::{
-    lease_expiry, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, Finish,
-    KeyLookup, Lease, LeaseHolder, RunFilter, Store,
+    lease_expiry, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, EventKeyStore,
+    Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore, MaintenanceStore, RunFilter,
+    StoreBase,
 };
 use crate::error::{Error, Result};
 use crate::model::{micros, KeyKind, KeyRecord, RunRecord, RunStatus};
@@ -61,7 +62,7 @@ fn holds(row: Option<&LeaseRow>, lease: &Lease) -> bool {
 }
 
 #[async_trait]
-impl Store for MemoryStore {
+impl StoreBase for MemoryStore {
     fn kind(&self) -> &'static str {
         "memory"
     }
@@ -71,17 +72,16 @@ impl Store for MemoryStore {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            atomic_finish: true,
-            durable: false,
-            cross_process: false,
-        }
+        Capabilities::NONE
     }
 
     async fn migrate(&self) -> Result<()> {
         Ok(())
     }
+}
 
+#[async_trait]
+impl LeaseStore for MemoryStore {
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claim> {
         let now = micros(request.now);
         let mut state = self.lock();
@@ -159,7 +159,10 @@ impl Store for MemoryStore {
         r.expires_at = micros(now);
         Ok(true)
     }
+}
 
+#[async_trait]
+impl LedgerStore for MemoryStore {
     async fn find_keys(&self, lookups: &[KeyLookup]) -> Result<Vec<Option<KeyRecord>>> {
         let state = self.lock();
         Ok(lookups
@@ -240,7 +243,10 @@ impl Store for MemoryStore {
         }
         Ok(rows)
     }
+}
 
+#[async_trait]
+impl MaintenanceStore for MemoryStore {
     async fn purge(&self, processor: &str, scope: Option<&str>) -> Result<u64> {
         let mut state = self.lock();
         let mut deleted = 0u64;
@@ -305,7 +311,10 @@ impl Store for MemoryStore {
         }
         Ok(report)
     }
+}
 
+#[async_trait]
+impl EventKeyStore for MemoryStore {
     async fn mark_event_keys(
         &self,
         namespace: &str,

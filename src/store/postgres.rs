@@ -42,7 +42,8 @@ use sqlx::{Arguments, Connection, Executor, Row};
 
 use super::{
     lease_expiry, redact_url, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport,
-    Finish, KeyLookup, Lease, LeaseHolder, RunFilter, Store,
+    EventKeyStore, Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore,
+    MaintenanceStore, RunFilter, StoreBase,
 };
 use crate::backend::postgres::{connect_options, sqlx_message, ACQUIRE_TIMEOUT};
 use crate::error::{Error, Result};
@@ -120,7 +121,7 @@ impl PostgresStore {
 
     fn err(&self, e: sqlx::Error) -> Error {
         let message = sqlx_message(&e);
-        Error::from_sqlx(&self.url, "a statement", &e, message)
+        Error::from_sqlx(&self.url, "a statement", e, message)
     }
 
     /// The error of the ledger insert: a taken run id is [`Error::DuplicateRunId`].
@@ -291,7 +292,7 @@ const KEY_COLUMNS: &str = "processing_key, kind, processor_name, scope, scope_da
     processed_at, entity_count, metadata, run_id";
 
 #[async_trait]
-impl Store for PostgresStore {
+impl StoreBase for PostgresStore {
     fn kind(&self) -> &'static str {
         "postgres"
     }
@@ -301,11 +302,7 @@ impl Store for PostgresStore {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            atomic_finish: true,
-            durable: true,
-            cross_process: true,
-        }
+        Capabilities::SHARED
     }
 
     async fn migrate(&self) -> Result<()> {
@@ -325,7 +322,10 @@ impl Store for PostgresStore {
         }
         tx.commit().await.map_err(|e| self.err(e))
     }
+}
 
+#[async_trait]
+impl LeaseStore for PostgresStore {
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claim> {
         let now = micros(request.now);
         let expires_at = lease_expiry(now, request.ttl);
@@ -419,7 +419,10 @@ impl Store for PostgresStore {
         .map_err(|e| self.err(e))?;
         Ok(done.rows_affected() == 1)
     }
+}
 
+#[async_trait]
+impl LedgerStore for PostgresStore {
     async fn find_keys(&self, lookups: &[KeyLookup]) -> Result<Vec<Option<KeyRecord>>> {
         let mut out: Vec<Option<KeyRecord>> = vec![None; lookups.len()];
         if lookups.is_empty() {
@@ -560,7 +563,10 @@ impl Store for PostgresStore {
             .map_err(|e| self.err(e))?;
         rows.iter().map(run_from_row).collect()
     }
+}
 
+#[async_trait]
+impl MaintenanceStore for PostgresStore {
     async fn purge(&self, processor: &str, scope: Option<&str>) -> Result<u64> {
         let done = match scope {
             Some(scope) => {
@@ -651,7 +657,10 @@ impl Store for PostgresStore {
             event_keys_deleted: counts[3],
         })
     }
+}
 
+#[async_trait]
+impl EventKeyStore for PostgresStore {
     async fn mark_event_keys(
         &self,
         namespace: &str,

@@ -13,8 +13,9 @@ use sqlx::sqlite::{SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteRow, S
 use sqlx::{Connection, Row};
 
 use super::{
-    lease_expiry, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, Finish,
-    KeyLookup, Lease, LeaseHolder, RunFilter, Store,
+    lease_expiry, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, EventKeyStore,
+    Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore, MaintenanceStore, RunFilter,
+    StoreBase,
 };
 use crate::error::{Error, Result};
 use crate::model::{micros, KeyKind, KeyRecord, Mode, RunRecord, RunStatus, SkipReason};
@@ -68,7 +69,7 @@ impl SqliteStore {
 
     fn err(&self, e: sqlx::Error) -> Error {
         let message = e.to_string();
-        Error::from_sqlx(&self.url, "a statement", &e, message)
+        Error::from_sqlx(&self.url, "a statement", e, message)
     }
 
     /// The error of the ledger insert: a taken run id is [`Error::DuplicateRunId`].
@@ -170,7 +171,7 @@ const RUN_COLUMNS: &str = "run_id, processor_name, scope, scope_date, trigger_so
     previous_run_id, records_processed, processing_key, error, output";
 
 #[async_trait]
-impl Store for SqliteStore {
+impl StoreBase for SqliteStore {
     fn kind(&self) -> &'static str {
         "sqlite"
     }
@@ -180,11 +181,7 @@ impl Store for SqliteStore {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            atomic_finish: true,
-            durable: true,
-            cross_process: true,
-        }
+        Capabilities::SHARED
     }
 
     async fn migrate(&self) -> Result<()> {
@@ -218,7 +215,10 @@ impl Store for SqliteStore {
             }
         }
     }
+}
 
+#[async_trait]
+impl LeaseStore for SqliteStore {
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claim> {
         let now = micros(request.now);
         let expires_at = lease_expiry(now, request.ttl);
@@ -314,7 +314,10 @@ impl Store for SqliteStore {
         .map_err(|e| self.err(e))?;
         Ok(done.rows_affected() == 1)
     }
+}
 
+#[async_trait]
+impl LedgerStore for SqliteStore {
     async fn find_keys(&self, lookups: &[KeyLookup]) -> Result<Vec<Option<KeyRecord>>> {
         let mut out = Vec::with_capacity(lookups.len());
         for l in lookups {
@@ -434,7 +437,10 @@ impl Store for SqliteStore {
             .map_err(|e| self.err(e))?;
         rows.iter().map(run_from_row).collect()
     }
+}
 
+#[async_trait]
+impl MaintenanceStore for SqliteStore {
     async fn purge(&self, processor: &str, scope: Option<&str>) -> Result<u64> {
         let done = sqlx::query(
             "DELETE FROM processing_keys WHERE processor_name = ?1 AND (?2 IS NULL OR scope = ?2)",
@@ -517,7 +523,10 @@ impl Store for SqliteStore {
             event_keys_deleted: counts[3],
         })
     }
+}
 
+#[async_trait]
+impl EventKeyStore for SqliteStore {
     async fn mark_event_keys(
         &self,
         namespace: &str,
