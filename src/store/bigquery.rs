@@ -40,17 +40,21 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
+use super::rows::{
+    key_from_record, lease_from_record, run_from_record, LeaseRow, KEY_COLUMNS, LEASE_COLUMNS,
+    RUN_COLUMNS,
+};
 use super::{
     lease_expiry, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, EventKeyStore,
     Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore, MaintenanceStore, RunFilter,
     StoreBase,
 };
 use crate::error::{Error, Result};
-use crate::model::{micros, KeyKind, KeyRecord, Mode, RunRecord, RunStatus, SkipReason};
+use crate::model::{micros, time, KeyRecord, RunRecord, RunStatus};
 
 use crate::backend::bigquery::{
     date, int64, opt_int64, opt_string, string, string_array, struct_array, timestamp,
-    timestamp_text, ApiError, BigQueryUrl, Connection, FaultHook, Param, QueryOutput, Record,
+    timestamp_text, ApiError, BigQueryUrl, Connection, FaultHook, Param, QueryOutput,
 };
 
 /// Schema migrations, applied in order by [`Store::migrate`] (`{project}` and `{dataset}`
@@ -88,7 +92,7 @@ WHERE k.processed_at >= @oldest_since
 QUALIFY ROW_NUMBER() OVER (PARTITION BY l.pos ORDER BY k.processed_at DESC, k.run_id DESC) = 1";
 
 const LEASE_READ_SQL: &str = "\
-SELECT holder_run_id, token, acquired_at, expires_at FROM {leases}
+SELECT {lease_columns} FROM {leases}
 WHERE processor_name = @processor AND scope = @scope
 ORDER BY token DESC LIMIT 1";
 
@@ -122,10 +126,6 @@ const LEASE_RELEASE_SQL: &str = "\
 UPDATE {leases} SET holder_run_id = NULL, expires_at = @now
 WHERE processor_name = @processor AND scope = @scope AND token = @token AND holder_run_id = @run_id";
 
-const RUN_COLUMNS: &str = "run_id, processor_name, scope, scope_date, trigger_source, mode, \
-started_at, finished_at, duration_ms, status, skip_reason, would_skip_reason, \
-previous_run_id, records_processed, processing_key, error, output";
-
 /// A run id is recorded once: the insert adds nothing when the id is already there.
 /// `wide_number_mode => 'round'`: a JSON number beyond FLOAT64 precision is rounded rather
 /// than failing the insert (BigQuery's default is to reject it).
@@ -138,8 +138,7 @@ FROM UNNEST([1])
 WHERE NOT EXISTS (SELECT 1 FROM {runs} WHERE run_id = @run_id)";
 
 const KEYS_INSERT_SQL: &str = "\
-INSERT INTO {keys} (processing_key, kind, processor_name, scope, scope_date, processed_at, \
-entity_count, metadata, run_id)
+INSERT INTO {keys} ({key_columns})
 SELECT r.processing_key, r.kind, r.processor_name, r.scope, r.scope_date, r.processed_at, \
 r.entity_count, PARSE_JSON(r.metadata, wide_number_mode => 'round'), r.run_id
 FROM UNNEST(@keys) AS r";
@@ -220,6 +219,8 @@ impl Statements {
     fn new(url: &BigQueryUrl) -> Self {
         let render = |sql: &str| {
             sql.replace("{run_columns}", RUN_COLUMNS)
+                .replace("{key_columns}", KEY_COLUMNS)
+                .replace("{lease_columns}", LEASE_COLUMNS)
                 .replace("{keys}", &url.table("processing_keys"))
                 .replace("{runs}", &url.table("processing_runs"))
                 .replace("{leases}", &url.table("processing_leases"))
@@ -258,29 +259,6 @@ pub struct BigQueryStore {
     sql: Statements,
 }
 
-/// The lease row as read.
-#[derive(Debug, Clone)]
-struct LeaseRow {
-    holder: Option<String>,
-    token: i64,
-    acquired_at: DateTime<Utc>,
-    expires_at: DateTime<Utc>,
-}
-
-impl LeaseRow {
-    fn held_at(&self, now: DateTime<Utc>) -> Option<LeaseHolder> {
-        self.holder
-            .as_ref()
-            .filter(|_| self.expires_at > now)
-            .map(|run_id| LeaseHolder {
-                run_id: run_id.clone(),
-                token: self.token,
-                acquired_at: self.acquired_at,
-                expires_at: self.expires_at,
-            })
-    }
-}
-
 /// A short random pause before sending a conflicting statement again.
 async fn backoff(attempt: u32) {
     let jitter = (uuid::Uuid::new_v4().as_u128() % 100) as u64;
@@ -291,45 +269,6 @@ async fn backoff(attempt: u32) {
 fn render_migration(sql: &str, url: &BigQueryUrl) -> String {
     sql.replace("{project}", &url.project)
         .replace("{dataset}", &url.dataset)
-}
-
-fn key_from_record(r: &Record<'_>) -> std::result::Result<KeyRecord, String> {
-    Ok(KeyRecord {
-        key: r.str("processing_key")?,
-        kind: KeyKind::parse(&r.str("kind")?).map_err(|e| e.to_string())?,
-        processor: r.str("processor_name")?,
-        scope: r.str("scope")?,
-        scope_date: r.date("scope_date")?,
-        processed_at: r.timestamp("processed_at")?,
-        entity_count: r.opt_i64("entity_count")?,
-        metadata: r.opt_json("metadata")?.unwrap_or(serde_json::Value::Null),
-        run_id: r.str("run_id")?,
-    })
-}
-
-fn run_from_record(r: &Record<'_>) -> std::result::Result<RunRecord, String> {
-    let text = |e: Error| e.to_string();
-    Ok(RunRecord {
-        run_id: r.str("run_id")?,
-        processor: r.str("processor_name")?,
-        scope: r.str("scope")?,
-        scope_date: r.date("scope_date")?,
-        trigger: r.str("trigger_source")?.parse().map_err(text)?,
-        mode: r.str("mode")?.parse::<Mode>().map_err(text)?,
-        started_at: r.timestamp("started_at")?,
-        finished_at: r.timestamp("finished_at")?,
-        duration_ms: r.i64("duration_ms")?,
-        status: r.str("status")?.parse::<RunStatus>().map_err(text)?,
-        skip_reason: r.opt_str("skip_reason")?.map(|s| SkipReason::parse(&s)),
-        would_skip_reason: r
-            .opt_str("would_skip_reason")?
-            .map(|s| SkipReason::parse(&s)),
-        previous_run_id: r.opt_str("previous_run_id")?,
-        records_processed: r.opt_i64("records_processed")?,
-        processing_key: r.opt_str("processing_key")?,
-        error: r.opt_str("error")?,
-        output: r.opt_json("output")?,
-    })
 }
 
 impl BigQueryStore {
@@ -510,16 +449,9 @@ impl BigQueryStore {
             )
             .await?;
         let row = out.records().next();
-        row.map(|r| {
-            Ok(LeaseRow {
-                holder: r.opt_str("holder_run_id")?,
-                token: r.i64("token")?,
-                acquired_at: r.timestamp("acquired_at")?,
-                expires_at: r.timestamp("expires_at")?,
-            })
-        })
-        .transpose()
-        .map_err(|e| self.bad_row(operation, e))
+        row.map(|r| lease_from_record(&r))
+            .transpose()
+            .map_err(|e| self.bad_row(operation, e))
     }
 
     async fn lease_lost(&self, lease: &Lease) -> Error {
@@ -847,7 +779,7 @@ impl LedgerStore for BigQueryStore {
                         Some(k.kind.as_str().to_string()),
                         Some(k.processor.clone()),
                         Some(k.scope.clone()),
-                        Some(k.scope_date.format("%Y-%m-%d").to_string()),
+                        Some(time::day_text(k.scope_date)),
                         Some(timestamp_text(micros(k.processed_at))),
                         k.entity_count.map(|n| n.to_string()),
                         Some(k.metadata.to_string()),
@@ -896,9 +828,10 @@ impl LedgerStore for BigQueryStore {
                     Err(e) => tracing::warn!(
                         "run {} is recorded, but its lease could not be released; it expires by {}: {e}",
                         run.run_id,
-                        (run.finished_at + chrono::Duration::from_std(FINISH_HOLD).unwrap_or_default())
-                            .max(lease.expires_at)
-                            .format("%Y-%m-%d %H:%M:%S UTC")
+                        time::utc_text(
+                            (run.finished_at + chrono::Duration::from_std(FINISH_HOLD).unwrap_or_default())
+                                .max(lease.expires_at)
+                        )
                     ),
                 }
             }

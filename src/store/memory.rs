@@ -10,6 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
+use super::rows::LeaseRow;
 use super::{
     lease_expiry, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, EventKeyStore,
     Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore, MaintenanceStore, RunFilter,
@@ -17,14 +18,6 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::model::{micros, KeyKind, KeyRecord, RunRecord, RunStatus};
-
-#[derive(Debug, Clone)]
-struct LeaseRow {
-    holder: Option<String>,
-    token: i64,
-    acquired_at: DateTime<Utc>,
-    expires_at: DateTime<Utc>,
-}
 
 #[derive(Debug, Default)]
 struct State {
@@ -87,15 +80,8 @@ impl LeaseStore for MemoryStore {
         let mut state = self.lock();
         let id = (request.processor.to_string(), request.scope.to_string());
         let row = state.leases.get(&id);
-        if let Some(r) = row {
-            if r.holder.is_some() && r.expires_at > now {
-                return Ok(Claim::Held(LeaseHolder {
-                    run_id: r.holder.clone().unwrap_or_default(),
-                    token: r.token,
-                    acquired_at: r.acquired_at,
-                    expires_at: r.expires_at,
-                }));
-            }
+        if let Some(holder) = row.and_then(|r| r.held_at(now)) {
+            return Ok(Claim::Held(holder));
         }
         let token = row.map(|r| r.token + 1).unwrap_or(1);
         let expires_at = lease_expiry(now, request.ttl);
@@ -121,15 +107,7 @@ impl LeaseStore for MemoryStore {
         Ok(state
             .leases
             .get(&(processor.to_string(), scope.to_string()))
-            .filter(|r| r.expires_at > now)
-            .and_then(|r| {
-                r.holder.clone().map(|run_id| LeaseHolder {
-                    run_id,
-                    token: r.token,
-                    acquired_at: r.acquired_at,
-                    expires_at: r.expires_at,
-                })
-            }))
+            .and_then(|r| r.held_at(now)))
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration, now: DateTime<Utc>) -> Result<Lease> {

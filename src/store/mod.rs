@@ -33,6 +33,7 @@ pub mod memory;
 mod open;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+pub mod rows;
 pub mod spool;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;

@@ -34,12 +34,15 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, NaiveDate, Utc};
 use serde_json::Value;
 use sqlx::error::BoxDynError;
-use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow};
-use sqlx::{Arguments, Connection, Executor, Row};
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
+use sqlx::{Arguments, Connection, Executor, FromRow, Row};
 
+use super::rows::{
+    KeyRow, LeaseColumns, LeaseRow, RunRow, KEY_COLUMNS, LEASE_COLUMNS, RUN_COLUMNS,
+};
 use super::{
     lease_expiry, redact_url, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport,
     EventKeyStore, Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore,
@@ -47,7 +50,7 @@ use super::{
 };
 use crate::backend::postgres::{connect_options, sqlx_message, ACQUIRE_TIMEOUT};
 use crate::error::{Error, Result};
-use crate::model::{micros, KeyKind, KeyRecord, Mode, RunRecord, RunStatus, SkipReason};
+use crate::model::{micros, KeyRecord, RunRecord, RunStatus};
 
 /// Schema migrations, applied in order: (version, name, SQL).
 const MIGRATIONS: &[(i32, &str, &str)] = &[(
@@ -168,34 +171,25 @@ impl PostgresStore {
         }
     }
 
-    async fn current_holder(&self, processor: &str, scope: &str) -> Result<Option<LeaseHolder>> {
-        let row = sqlx::query(
-            "SELECT holder_run_id, token, acquired_at, expires_at FROM processing_leases \
-             WHERE processor_name = $1 AND scope = $2",
-        )
+    async fn lease_row(&self, processor: &str, scope: &str) -> Result<Option<LeaseRow>> {
+        let row: Option<LeaseCols> = sqlx::query_as(&format!(
+            "SELECT {LEASE_COLUMNS} FROM processing_leases WHERE processor_name = $1 AND scope = $2"
+        ))
         .bind(processor)
         .bind(scope)
         .fetch_optional(&self.pool)
         .await
         .map_err(|e| self.err(e))?;
-        Ok(row.and_then(|r| {
-            let holder: Option<String> = r.get(0);
-            holder.map(|run_id| LeaseHolder {
-                run_id,
-                token: r.get(1),
-                acquired_at: r.get(2),
-                expires_at: r.get(3),
-            })
-        }))
+        Ok(row.map(|r| r.0))
     }
 
     async fn lease_lost(&self, lease: &Lease) -> Error {
-        let holder = self
-            .current_holder(&lease.processor, &lease.scope)
+        let row = self
+            .lease_row(&lease.processor, &lease.scope)
             .await
             .ok()
             .flatten();
-        lease.lost(holder.map(|h| h.run_id))
+        lease.lost(row.and_then(|r| r.holder))
     }
 
     async fn schema_version(&self) -> std::result::Result<i32, sqlx::Error> {
@@ -244,52 +238,10 @@ async fn apply_migrations(conn: &mut PgConnection) -> std::result::Result<(), sq
     Ok(())
 }
 
-fn run_from_row(r: &PgRow) -> Result<RunRecord> {
-    Ok(RunRecord {
-        run_id: r.get("run_id"),
-        processor: r.get("processor_name"),
-        scope: r.get("scope"),
-        scope_date: r.get("scope_date"),
-        trigger: r.get::<String, _>("trigger_source").parse()?,
-        mode: r.get::<String, _>("mode").parse::<Mode>()?,
-        started_at: r.get("started_at"),
-        finished_at: r.get("finished_at"),
-        duration_ms: r.get("duration_ms"),
-        status: r.get::<String, _>("status").parse::<RunStatus>()?,
-        skip_reason: r
-            .get::<Option<String>, _>("skip_reason")
-            .map(|s| SkipReason::parse(&s)),
-        would_skip_reason: r
-            .get::<Option<String>, _>("would_skip_reason")
-            .map(|s| SkipReason::parse(&s)),
-        previous_run_id: r.get("previous_run_id"),
-        records_processed: r.get("records_processed"),
-        processing_key: r.get("processing_key"),
-        error: r.get("error"),
-        output: r.get("output"),
-    })
-}
-
-fn key_from_row(r: &PgRow) -> Result<KeyRecord> {
-    Ok(KeyRecord {
-        key: r.get("processing_key"),
-        kind: KeyKind::parse(r.get("kind"))?,
-        processor: r.get("processor_name"),
-        scope: r.get("scope"),
-        scope_date: r.get("scope_date"),
-        processed_at: r.get("processed_at"),
-        entity_count: r.get("entity_count"),
-        metadata: r.get::<Option<Value>, _>("metadata").unwrap_or(Value::Null),
-        run_id: r.get("run_id"),
-    })
-}
-
-const RUN_COLUMNS: &str = "run_id, processor_name, scope, scope_date, trigger_source, mode, \
-    started_at, finished_at, duration_ms, status, skip_reason, would_skip_reason, \
-    previous_run_id, records_processed, processing_key, error, output";
-
-const KEY_COLUMNS: &str = "processing_key, kind, processor_name, scope, scope_date, \
-    processed_at, entity_count, metadata, run_id";
+// How Postgres stores instants, days and JSON: natively.
+type Run = RunRow<DateTime<Utc>, NaiveDate, Value>;
+type Key = KeyRow<DateTime<Utc>, NaiveDate, Value>;
+type LeaseCols = LeaseColumns<DateTime<Utc>>;
 
 #[async_trait]
 impl StoreBase for PostgresStore {
@@ -354,13 +306,9 @@ impl LeaseStore for PostgresStore {
                 return Ok(request.acquired(token, now, expires_at));
             }
             // Held: say by whom. It may have been released in between; then claim again.
-            if let Some(holder) = self
-                .current_holder(request.processor, request.scope)
-                .await?
-            {
-                if holder.expires_at > now {
-                    return Ok(Claim::Held(holder));
-                }
+            let row = self.lease_row(request.processor, request.scope).await?;
+            if let Some(holder) = row.and_then(|r| r.held_at(now)) {
+                return Ok(Claim::Held(holder));
             }
         }
         Err(Error::store(
@@ -375,10 +323,8 @@ impl LeaseStore for PostgresStore {
         scope: &str,
         now: DateTime<Utc>,
     ) -> Result<Option<LeaseHolder>> {
-        Ok(self
-            .current_holder(processor, scope)
-            .await?
-            .filter(|h| h.expires_at > now))
+        let row = self.lease_row(processor, scope).await?;
+        Ok(row.and_then(|r| r.held_at(now)))
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration, now: DateTime<Utc>) -> Result<Lease> {
@@ -451,7 +397,7 @@ impl LedgerStore for PostgresStore {
         for row in &rows {
             let ord: i64 = row.get("ord");
             if let Some(slot) = usize::try_from(ord - 1).ok().and_then(|i| out.get_mut(i)) {
-                *slot = Some(key_from_row(row)?);
+                *slot = Some(Key::from_row(row).map_err(|e| self.err(e))?.0);
             }
         }
         Ok(out)
@@ -557,11 +503,11 @@ impl LedgerStore for PostgresStore {
             args.add(filter.limit as i64).map_err(bind_err)?;
             let _ = write!(sql, " LIMIT ${}", args.len());
         }
-        let rows = sqlx::query_with(&sql, args)
+        let rows: Vec<Run> = sqlx::query_as_with(&sql, args)
             .fetch_all(&self.pool)
             .await
             .map_err(|e| self.err(e))?;
-        rows.iter().map(run_from_row).collect()
+        Ok(rows.into_iter().map(|r| r.0).collect())
     }
 }
 

@@ -8,17 +8,20 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use chrono::{DateTime, NaiveDate, Utc};
-use sqlx::sqlite::{SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
-use sqlx::{Connection, Row};
+use chrono::{DateTime, Utc};
+use sqlx::sqlite::{SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::Connection;
 
+use super::rows::{
+    KeyRow, LeaseColumns, LeaseRow, RunRow, KEY_COLUMNS, LEASE_COLUMNS, RUN_COLUMNS,
+};
 use super::{
     lease_expiry, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, EventKeyStore,
     Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore, MaintenanceStore, RunFilter,
     StoreBase,
 };
 use crate::error::{Error, Result};
-use crate::model::{micros, KeyKind, KeyRecord, Mode, RunRecord, RunStatus, SkipReason};
+use crate::model::{micros, time, KeyRecord, RunRecord, RunStatus};
 
 /// Schema migrations, applied in order; `PRAGMA user_version` records the last applied.
 const MIGRATIONS: &[&str] = &[include_str!("../../migrations/sqlite/0001_init.sql")];
@@ -34,13 +37,10 @@ fn ts(t: DateTime<Utc>) -> i64 {
     t.timestamp_micros()
 }
 
-fn from_ts(v: i64) -> DateTime<Utc> {
-    DateTime::from_timestamp_micros(v).unwrap_or_default()
-}
-
-fn date(s: &str) -> NaiveDate {
-    NaiveDate::parse_from_str(s, "%Y-%m-%d").unwrap_or_default()
-}
+// How SQLite stores instants (microseconds), days (text) and JSON (text).
+type Run = RunRow<i64, String, String>;
+type Key = KeyRow<i64, String, String>;
+type LeaseCols = LeaseColumns<i64>;
 
 impl SqliteStore {
     /// Opens `sqlite://PATH` (or `sqlite::memory:`), creating and migrating the file.
@@ -83,25 +83,22 @@ impl SqliteStore {
         }
     }
 
-    async fn current_holder(&self, processor: &str, scope: &str) -> Result<Option<LeaseHolder>> {
-        let row = sqlx::query(
-            "SELECT holder_run_id, token, acquired_at, expires_at FROM processing_leases \
-             WHERE processor_name = ?1 AND scope = ?2",
-        )
+    async fn lease_row(&self, processor: &str, scope: &str) -> Result<Option<LeaseRow>> {
+        let row: Option<LeaseCols> = sqlx::query_as(&format!(
+            "SELECT {LEASE_COLUMNS} FROM processing_leases WHERE processor_name = ?1 AND scope = ?2"
+        ))
         .bind(processor)
         .bind(scope)
         .fetch_optional(&self.pool)
         .await
         .map_err(|e| self.err(e))?;
-        Ok(row.and_then(|r| {
-            let holder: Option<String> = r.get(0);
-            holder.map(|run_id| LeaseHolder {
-                run_id,
-                token: r.get(1),
-                acquired_at: from_ts(r.get(2)),
-                expires_at: from_ts(r.get(3)),
-            })
-        }))
+        Ok(row.map(|r| r.0))
+    }
+
+    /// The error of a fenced operation on a lease that is no longer held with its token.
+    async fn lease_lost(&self, lease: &Lease) -> Result<Error> {
+        let row = self.lease_row(&lease.processor, &lease.scope).await?;
+        Ok(lease.lost(row.and_then(|r| r.holder)))
     }
 }
 
@@ -121,54 +118,6 @@ async fn apply_migrations(conn: &mut SqliteConnection) -> std::result::Result<()
     }
     Ok(())
 }
-
-fn run_from_row(r: &SqliteRow) -> Result<RunRecord> {
-    let output: Option<String> = r.get("output");
-    Ok(RunRecord {
-        run_id: r.get("run_id"),
-        processor: r.get("processor_name"),
-        scope: r.get("scope"),
-        scope_date: date(r.get("scope_date")),
-        trigger: r.get::<String, _>("trigger_source").parse()?,
-        mode: r.get::<String, _>("mode").parse::<Mode>()?,
-        started_at: from_ts(r.get("started_at")),
-        finished_at: from_ts(r.get("finished_at")),
-        duration_ms: r.get("duration_ms"),
-        status: r.get::<String, _>("status").parse::<RunStatus>()?,
-        skip_reason: r
-            .get::<Option<String>, _>("skip_reason")
-            .map(|s| SkipReason::parse(&s)),
-        would_skip_reason: r
-            .get::<Option<String>, _>("would_skip_reason")
-            .map(|s| SkipReason::parse(&s)),
-        previous_run_id: r.get("previous_run_id"),
-        records_processed: r.get("records_processed"),
-        processing_key: r.get("processing_key"),
-        error: r.get("error"),
-        output: output.and_then(|s| serde_json::from_str(&s).ok()),
-    })
-}
-
-fn key_from_row(r: &SqliteRow) -> Result<KeyRecord> {
-    let metadata: Option<String> = r.get("metadata");
-    Ok(KeyRecord {
-        key: r.get("processing_key"),
-        kind: KeyKind::parse(r.get("kind"))?,
-        processor: r.get("processor_name"),
-        scope: r.get("scope"),
-        scope_date: date(r.get("scope_date")),
-        processed_at: from_ts(r.get("processed_at")),
-        entity_count: r.get("entity_count"),
-        metadata: metadata
-            .and_then(|s| serde_json::from_str(&s).ok())
-            .unwrap_or(serde_json::Value::Null),
-        run_id: r.get("run_id"),
-    })
-}
-
-const RUN_COLUMNS: &str = "run_id, processor_name, scope, scope_date, trigger_source, mode, \
-    started_at, finished_at, duration_ms, status, skip_reason, would_skip_reason, \
-    previous_run_id, records_processed, processing_key, error, output";
 
 #[async_trait]
 impl StoreBase for SqliteStore {
@@ -248,13 +197,9 @@ impl LeaseStore for SqliteStore {
                 return Ok(request.acquired(token, now, expires_at));
             }
             // Held: say by whom. It may have been released in between; then claim again.
-            if let Some(holder) = self
-                .current_holder(request.processor, request.scope)
-                .await?
-            {
-                if holder.expires_at > now {
-                    return Ok(Claim::Held(holder));
-                }
+            let row = self.lease_row(request.processor, request.scope).await?;
+            if let Some(holder) = row.and_then(|r| r.held_at(now)) {
+                return Ok(Claim::Held(holder));
             }
         }
         Err(Error::store(
@@ -269,10 +214,8 @@ impl LeaseStore for SqliteStore {
         scope: &str,
         now: DateTime<Utc>,
     ) -> Result<Option<LeaseHolder>> {
-        Ok(self
-            .current_holder(processor, scope)
-            .await?
-            .filter(|h| h.expires_at > now))
+        let row = self.lease_row(processor, scope).await?;
+        Ok(row.and_then(|r| r.held_at(now)))
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration, now: DateTime<Utc>) -> Result<Lease> {
@@ -295,8 +238,7 @@ impl LeaseStore for SqliteStore {
                 ..lease.clone()
             });
         }
-        let holder = self.current_holder(&lease.processor, &lease.scope).await?;
-        Err(lease.lost(holder.map(|h| h.run_id)))
+        Err(self.lease_lost(lease).await?)
     }
 
     async fn release(&self, lease: &Lease, now: DateTime<Utc>) -> Result<bool> {
@@ -321,20 +263,18 @@ impl LedgerStore for SqliteStore {
     async fn find_keys(&self, lookups: &[KeyLookup]) -> Result<Vec<Option<KeyRecord>>> {
         let mut out = Vec::with_capacity(lookups.len());
         for l in lookups {
-            let row = sqlx::query(
-                "SELECT processing_key, kind, processor_name, scope, scope_date, processed_at, \
-                        entity_count, metadata, run_id \
-                 FROM processing_keys \
+            let row: Option<Key> = sqlx::query_as(&format!(
+                "SELECT {KEY_COLUMNS} FROM processing_keys \
                  WHERE processing_key = ?1 AND kind = ?2 AND processed_at >= ?3 \
-                 ORDER BY processed_at DESC, id DESC LIMIT 1",
-            )
+                 ORDER BY processed_at DESC, id DESC LIMIT 1"
+            ))
             .bind(&l.key)
             .bind(l.kind.as_str())
             .bind(ts(l.since))
             .fetch_optional(&self.pool)
             .await
             .map_err(|e| self.err(e))?;
-            out.push(row.as_ref().map(key_from_row).transpose()?);
+            out.push(row.map(|r| r.0));
         }
         Ok(out)
     }
@@ -356,8 +296,7 @@ impl LedgerStore for SqliteStore {
             .map_err(|e| self.err(e))?;
             if done.rows_affected() != 1 {
                 tx.rollback().await.map_err(|e| self.err(e))?;
-                let holder = self.current_holder(&lease.processor, &lease.scope).await?;
-                return Err(lease.lost(holder.map(|h| h.run_id)));
+                return Err(self.lease_lost(lease).await?);
             }
         }
         let run = &finish.run;
@@ -368,7 +307,7 @@ impl LedgerStore for SqliteStore {
         .bind(&run.run_id)
         .bind(&run.processor)
         .bind(&run.scope)
-        .bind(run.scope_date.format("%Y-%m-%d").to_string())
+        .bind(time::day_text(run.scope_date))
         .bind(run.trigger.as_str())
         .bind(run.mode.as_str())
         .bind(ts(run.started_at))
@@ -391,16 +330,15 @@ impl LedgerStore for SqliteStore {
         .map_err(|e| self.run_insert_err(e, &run.run_id))?;
         if run.status == RunStatus::Completed {
             for k in &finish.keys {
-                sqlx::query(
-                    "INSERT INTO processing_keys (processing_key, kind, processor_name, scope, \
-                       scope_date, processed_at, entity_count, metadata, run_id) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                )
+                sqlx::query(&format!(
+                    "INSERT INTO processing_keys ({KEY_COLUMNS}) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+                ))
                 .bind(&k.key)
                 .bind(k.kind.as_str())
                 .bind(&k.processor)
                 .bind(&k.scope)
-                .bind(k.scope_date.format("%Y-%m-%d").to_string())
+                .bind(time::day_text(k.scope_date))
                 .bind(ts(k.processed_at))
                 .bind(k.entity_count)
                 .bind(k.metadata.to_string())
@@ -422,7 +360,7 @@ impl LedgerStore for SqliteStore {
                AND (?3 IS NULL OR status = ?3) AND (?4 IS NULL OR started_at >= ?4) \
              ORDER BY started_at DESC, run_id DESC LIMIT ?5"
         );
-        let rows = sqlx::query(&sql)
+        let rows: Vec<Run> = sqlx::query_as(&sql)
             .bind(&filter.processor)
             .bind(&filter.scope)
             .bind(filter.status.map(|s| s.as_str()))
@@ -435,7 +373,7 @@ impl LedgerStore for SqliteStore {
             .fetch_all(&self.pool)
             .await
             .map_err(|e| self.err(e))?;
-        rows.iter().map(run_from_row).collect()
+        Ok(rows.into_iter().map(|r| r.0).collect())
     }
 }
 
