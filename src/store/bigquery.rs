@@ -40,6 +40,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
+use super::common::cleanup_tables;
+use super::retry::{retry, Backoff, Retry};
 use super::rows::{
     key_from_record, lease_from_record, run_from_record, LeaseRow, KEY_COLUMNS, LEASE_COLUMNS,
     RUN_COLUMNS,
@@ -184,11 +186,22 @@ WHERE namespace = @namespace AND event_key IN UNNEST(@keys)
 QUALIFY ROW_NUMBER() OVER (PARTITION BY event_key ORDER BY first_seen, batch_id) = 1
   AND batch_id = @batch_id";
 
-/// How often a mutating statement that lost a concurrent-update conflict is sent again
-/// (BigQuery itself already retried it up to three times).
-const CONFLICT_RETRIES: u32 = 4;
-/// Claim rounds (read, then compare-and-set) before giving up.
+/// A mutating statement that lost a concurrent-update conflict is sent again, 4 times at
+/// most (BigQuery itself already retried it up to three times), after a short random
+/// pause.
+const CONFLICT_RETRIES: Backoff = Backoff {
+    attempts: 5,
+    base: Duration::from_millis(50),
+    jitter: Duration::from_millis(100),
+};
+/// Claim rounds (read, then compare-and-set) before giving up; a round that lost a
+/// concurrent-update conflict pauses as [`CONFLICT_RETRIES`] does before the next (one
+/// whose compare-and-set merely found the row changed reads it again at once).
 const CLAIM_ATTEMPTS: u32 = 4;
+const CLAIM_ROUNDS: Backoff = Backoff {
+    attempts: CLAIM_ATTEMPTS,
+    ..CONFLICT_RETRIES
+};
 
 /// How long a finishing run keeps its lease at least while its ledger row and keys are
 /// written (a crash right then blocks the scope this long, or until the lease's own expiry).
@@ -257,13 +270,6 @@ pub struct BigQueryStore {
     url: String,
     config: BigQueryUrl,
     sql: Statements,
-}
-
-/// A short random pause before sending a conflicting statement again.
-async fn backoff(attempt: u32) {
-    let jitter = (uuid::Uuid::new_v4().as_u128() % 100) as u64;
-    let base = 50u64 << attempt.min(5);
-    tokio::time::sleep(Duration::from_millis(base + jitter)).await;
 }
 
 fn render_migration(sql: &str, url: &BigQueryUrl) -> String {
@@ -352,18 +358,22 @@ impl BigQueryStore {
     /// A mutating statement (UPDATE/DELETE) whose effect does not depend on what it lost
     /// to: sent again after a concurrent-update conflict. Returns the rows affected.
     async fn mutate(&self, operation: &str, sql: &str, params: Vec<Param>) -> Result<u64> {
-        let mut attempt = 0;
-        loop {
+        let params = &params;
+        let out = retry(CONFLICT_RETRIES, |attempt| async move {
             match self.conn.query(operation, sql, params.clone()).await {
-                Ok(out) => return out.affected(operation).map_err(|e| self.err(e)),
-                Err(e) if e.is_concurrent_update() && attempt < CONFLICT_RETRIES => {
-                    tracing::info!("{e}; sending it again");
-                    backoff(attempt).await;
-                    attempt += 1;
+                Ok(out) => Ok(out),
+                Err(e) if e.is_concurrent_update() => {
+                    if attempt + 1 < CONFLICT_RETRIES.attempts {
+                        tracing::info!("{e}; sending it again");
+                    }
+                    Err(Retry::Again(e))
                 }
-                Err(e) => return Err(self.err(e)),
+                Err(e) => Err(Retry::Stop(e)),
             }
-        }
+        })
+        .await
+        .map_err(|e| self.err(e))?;
+        out.affected(operation).map_err(|e| self.err(e))
     }
 
     async fn tables_exist(&self) -> Result<bool> {
@@ -584,7 +594,7 @@ impl LeaseStore for BigQueryStore {
                     tracing::info!("{e}: the claim lost a concurrent update");
                     conflicts += 1;
                     if attempt + 1 < CLAIM_ATTEMPTS {
-                        backoff(attempt).await;
+                        tokio::time::sleep(CLAIM_ROUNDS.pause(attempt)).await;
                     }
                 }
                 Err(e) => return Err(self.err(e)),
@@ -882,38 +892,27 @@ impl MaintenanceStore for BigQueryStore {
     async fn cleanup(&self, policy: &CleanupPolicy) -> Result<CleanupReport> {
         // BigQuery deletes each table's rows in one DML statement (no LIMIT in DML; its
         // DML does not lock out the runs' inserts), so `batch` does not apply.
-        let cutoffs = [
-            policy.keys_before,
-            policy.runs_before,
-            policy.leases_before,
-            policy.keys_before,
+        const OPERATIONS: [&str; 4] = [
+            "cleanup.keys",
+            "cleanup.runs",
+            "cleanup.leases",
+            "cleanup.event_keys",
         ];
-        let mut counts = [0u64; 4];
-        for (i, (rows, operation)) in self
-            .sql
-            .cleanup
-            .iter()
-            .zip([
-                "cleanup.keys",
-                "cleanup.runs",
-                "cleanup.leases",
-                "cleanup.event_keys",
-            ])
-            .enumerate()
-        {
-            let params = vec![
-                timestamp("before", micros(cutoffs[i])),
+        let params = |cutoff: DateTime<Utc>| {
+            vec![
+                timestamp("before", micros(cutoff)),
                 opt_string("processor", policy.processor.as_deref()),
                 timestamp("keys_before", micros(policy.keys_before)),
-            ];
-            counts[i] = if policy.dry_run {
-                let out = self
-                    .query(
-                        operation,
-                        &format!("SELECT COUNT(*) AS n FROM {rows}"),
-                        params,
-                    )
-                    .await?;
+            ]
+        };
+        let params = &params;
+        cleanup_tables(
+            policy,
+            false,
+            |i, cutoff| async move {
+                let (rows, operation) = (&self.sql.cleanup[i], OPERATIONS[i]);
+                let sql = format!("SELECT COUNT(*) AS n FROM {rows}");
+                let out = self.query(operation, &sql, params(cutoff)).await?;
                 let n = out
                     .records()
                     .next()
@@ -921,18 +920,15 @@ impl MaintenanceStore for BigQueryStore {
                     .transpose()
                     .map_err(|e| self.bad_row(operation, e))?
                     .unwrap_or(0);
-                u64::try_from(n).unwrap_or(0)
-            } else {
-                self.mutate(operation, &format!("DELETE FROM {rows}"), params)
-                    .await?
-            };
-        }
-        Ok(CleanupReport {
-            keys_deleted: counts[0],
-            runs_deleted: counts[1],
-            leases_deleted: counts[2],
-            event_keys_deleted: counts[3],
-        })
+                Ok(u64::try_from(n).unwrap_or(0))
+            },
+            |i, cutoff| async move {
+                let (rows, operation) = (&self.sql.cleanup[i], OPERATIONS[i]);
+                let sql = format!("DELETE FROM {rows}");
+                self.mutate(operation, &sql, params(cutoff)).await
+            },
+        )
+        .await
     }
 }
 

@@ -28,11 +28,13 @@ use crate::model::{KeyKind, KeyRecord, RunRecord, RunStatus};
 #[cfg(feature = "bigquery")]
 pub mod bigquery;
 pub mod breaker;
+mod common;
 pub mod conformance;
 pub mod memory;
 mod open;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+pub mod retry;
 pub mod rows;
 pub mod spool;
 #[cfg(feature = "sqlite")]

@@ -40,6 +40,7 @@ use sqlx::error::BoxDynError;
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{Arguments, Connection, Executor, FromRow, Row};
 
+use super::common::{cleanup_tables, upsert_claim, CLEANUP_TABLES};
 use super::rows::{
     KeyRow, LeaseColumns, LeaseRow, RunRow, KEY_COLUMNS, LEASE_COLUMNS, RUN_COLUMNS,
 };
@@ -281,40 +282,36 @@ impl LeaseStore for PostgresStore {
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claim> {
         let now = micros(request.now);
         let expires_at = lease_expiry(now, request.ttl);
-        for _ in 0..3 {
-            let token: Option<i64> = sqlx::query_scalar(
-                "INSERT INTO processing_leases AS l \
-                   (processor_name, scope, holder_run_id, token, acquired_at, expires_at) \
-                 VALUES ($1, $2, $3, 1, $4, $5) \
-                 ON CONFLICT (processor_name, scope) DO UPDATE SET \
-                   holder_run_id = EXCLUDED.holder_run_id, \
-                   token = l.token + 1, \
-                   acquired_at = EXCLUDED.acquired_at, \
-                   expires_at = EXCLUDED.expires_at \
-                 WHERE l.holder_run_id IS NULL OR l.expires_at <= EXCLUDED.acquired_at \
-                 RETURNING token",
-            )
-            .bind(request.processor)
-            .bind(request.scope)
-            .bind(request.run_id)
-            .bind(now)
-            .bind(expires_at)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-            if let Some(token) = token {
-                return Ok(request.acquired(token, now, expires_at));
-            }
-            // Held: say by whom. It may have been released in between; then claim again.
-            let row = self.lease_row(request.processor, request.scope).await?;
-            if let Some(holder) = row.and_then(|r| r.held_at(now)) {
-                return Ok(Claim::Held(holder));
-            }
-        }
-        Err(Error::store(
+        upsert_claim(
             &self.url,
-            "lease claim did not settle after 3 attempts",
-        ))
+            request,
+            now,
+            expires_at,
+            || async {
+                sqlx::query_scalar(
+                    "INSERT INTO processing_leases AS l \
+               (processor_name, scope, holder_run_id, token, acquired_at, expires_at) \
+             VALUES ($1, $2, $3, 1, $4, $5) \
+             ON CONFLICT (processor_name, scope) DO UPDATE SET \
+               holder_run_id = EXCLUDED.holder_run_id, \
+               token = l.token + 1, \
+               acquired_at = EXCLUDED.acquired_at, \
+               expires_at = EXCLUDED.expires_at \
+             WHERE l.holder_run_id IS NULL OR l.expires_at <= EXCLUDED.acquired_at \
+             RETURNING token",
+                )
+                .bind(request.processor)
+                .bind(request.scope)
+                .bind(request.run_id)
+                .bind(now)
+                .bind(expires_at)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| self.err(e))
+            },
+            || self.lease_row(request.processor, request.scope),
+        )
+        .await
     }
 
     async fn lease_holder(
@@ -537,71 +534,48 @@ impl MaintenanceStore for PostgresStore {
         // $1 the table's cut-off, $2 the processor (or NULL = all), $3 the keys' cut-off
         // (a ledger row a kept key points at stays: a NOT IN over the kept keys' run
         // ids, evaluated once per statement rather than once per row), $4 the batch size.
-        const TABLES: [(&str, &str); 4] = [
-            (
-                "processing_keys",
-                "processed_at < $1 AND ($2::text IS NULL OR processor_name = $2) AND $3::timestamptz IS NOT NULL",
-            ),
-            (
-                "processing_runs",
-                "started_at < $1 AND ($2::text IS NULL OR processor_name = $2) AND run_id NOT IN \
+        const CONDITIONS: [&str; 4] = [
+            "processed_at < $1 AND ($2::text IS NULL OR processor_name = $2) AND $3::timestamptz IS NOT NULL",
+            "started_at < $1 AND ($2::text IS NULL OR processor_name = $2) AND run_id NOT IN \
                  (SELECT run_id FROM processing_keys WHERE processed_at >= $3)",
-            ),
-            (
-                "processing_leases",
-                "expires_at < $1 AND ($2::text IS NULL OR processor_name = $2) AND $3::timestamptz IS NOT NULL",
-            ),
-            (
-                "event_keys",
-                "first_seen < $1 AND $2::text IS NULL AND $3::timestamptz IS NOT NULL",
-            ),
+            "expires_at < $1 AND ($2::text IS NULL OR processor_name = $2) AND $3::timestamptz IS NOT NULL",
+            "first_seen < $1 AND $2::text IS NULL AND $3::timestamptz IS NOT NULL",
         ];
-        let cutoffs = [
-            policy.keys_before,
-            policy.runs_before,
-            policy.leases_before,
-            policy.keys_before,
-        ];
-        let mut counts = [0u64; 4];
-        for (i, (table, condition)) in TABLES.iter().enumerate() {
-            if policy.dry_run {
-                let sql = format!("SELECT count(*) FROM {table} WHERE {condition}");
-                let n: i64 = sqlx::query_scalar::<_, i64>(&sql)
-                    .bind(cutoffs[i])
+        cleanup_tables(
+            policy,
+            true,
+            |i, cutoff| async move {
+                let sql = format!(
+                    "SELECT count(*) FROM {} WHERE {}",
+                    CLEANUP_TABLES[i], CONDITIONS[i]
+                );
+                let n: i64 = sqlx::query_scalar(&sql)
+                    .bind(cutoff)
                     .bind(policy.processor.as_deref())
                     .bind(policy.keys_before)
                     .fetch_one(&self.pool)
                     .await
                     .map_err(|e| self.err(e))?;
-                counts[i] = n as u64;
-                continue;
-            }
+                Ok(n as u64)
+            },
             // One bounded batch per statement, each its own transaction.
-            let sql = format!(
-                "DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} WHERE {condition} LIMIT $4))"
-            );
-            loop {
-                let done = sqlx::query(&sql)
-                    .bind(cutoffs[i])
+            |i, cutoff| async move {
+                let (table, condition) = (CLEANUP_TABLES[i], CONDITIONS[i]);
+                let sql = format!(
+                    "DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} WHERE {condition} LIMIT $4))"
+                );
+                Ok(sqlx::query(&sql)
+                    .bind(cutoff)
                     .bind(policy.processor.as_deref())
                     .bind(policy.keys_before)
                     .bind(policy.limit())
                     .execute(&self.pool)
                     .await
                     .map_err(|e| self.err(e))?
-                    .rows_affected();
-                counts[i] += done;
-                if done < policy.limit() as u64 {
-                    break;
-                }
-            }
-        }
-        Ok(CleanupReport {
-            keys_deleted: counts[0],
-            runs_deleted: counts[1],
-            leases_deleted: counts[2],
-            event_keys_deleted: counts[3],
-        })
+                    .rows_affected())
+            },
+        )
+        .await
     }
 }
 

@@ -1,0 +1,101 @@
+//! What the backends share beyond the traits: the claim rounds of a store whose claim is
+//! one conditional upsert, and the cleanup walk over the four tables.
+
+use std::future::Future;
+
+use chrono::{DateTime, Utc};
+
+use super::retry::{retry, Backoff, Retry};
+use super::rows::LeaseRow;
+use super::{Claim, ClaimRequest, CleanupPolicy, CleanupReport};
+use crate::error::{Error, Result};
+
+/// Claim rounds of an upsert claim: a lease released between the upsert and the read of
+/// its holder is claimed again.
+const UPSERT_CLAIM: Backoff = Backoff::immediate(3);
+
+/// The claim of a store whose take is one statement (`INSERT … ON CONFLICT DO UPDATE …
+/// WHERE free or expired RETURNING token`): `take()` runs it and gives the new token when
+/// it won; otherwise `read()` says who holds the lease. `now` and `expires_at` are the
+/// claim's times as stored.
+pub(crate) async fn upsert_claim<T, R>(
+    store: &str,
+    request: &ClaimRequest<'_>,
+    now: DateTime<Utc>,
+    expires_at: DateTime<Utc>,
+    take: impl Fn() -> T,
+    read: impl Fn() -> R,
+) -> Result<Claim>
+where
+    T: Future<Output = Result<Option<i64>>>,
+    R: Future<Output = Result<Option<LeaseRow>>>,
+{
+    let (take, read) = (&take, &read);
+    retry(UPSERT_CLAIM, |_| async move {
+        if let Some(token) = take().await? {
+            return Ok(request.acquired(token, now, expires_at));
+        }
+        // Held: say by whom. It may have been released in between; then claim again.
+        match read().await?.and_then(|r| r.held_at(now)) {
+            Some(holder) => Ok(Claim::Held(holder)),
+            None => Err(Retry::Again(Error::store(
+                store,
+                format!(
+                    "lease claim did not settle after {} attempts",
+                    UPSERT_CLAIM.attempts
+                ),
+            ))),
+        }
+    })
+    .await
+}
+
+/// The tables a cleanup walks, in order, with what [`CleanupReport`] calls them.
+pub(crate) const CLEANUP_TABLES: [&str; 4] = [
+    "processing_keys",
+    "processing_runs",
+    "processing_leases",
+    "event_keys",
+];
+
+/// Walks the four tables of a cleanup ([`CLEANUP_TABLES`]): for each, `count(i, cutoff)`
+/// under `dry_run`, else `delete(i, cutoff)` — once, or (`batched`) again while a batch
+/// came back full, each batch its own statement. `cutoff` is the table's cut-off.
+pub(crate) async fn cleanup_tables<C, D>(
+    policy: &CleanupPolicy,
+    batched: bool,
+    mut count: impl FnMut(usize, DateTime<Utc>) -> C,
+    mut delete: impl FnMut(usize, DateTime<Utc>) -> D,
+) -> Result<CleanupReport>
+where
+    C: Future<Output = Result<u64>>,
+    D: Future<Output = Result<u64>>,
+{
+    let cutoffs = [
+        policy.keys_before,
+        policy.runs_before,
+        policy.leases_before,
+        policy.keys_before,
+    ];
+    let batch = u64::try_from(policy.limit()).unwrap_or(u64::MAX);
+    let mut counts = [0u64; 4];
+    for (i, cutoff) in cutoffs.into_iter().enumerate() {
+        if policy.dry_run {
+            counts[i] = count(i, cutoff).await?;
+            continue;
+        }
+        loop {
+            let done = delete(i, cutoff).await?;
+            counts[i] += done;
+            if !batched || done < batch {
+                break;
+            }
+        }
+    }
+    Ok(CleanupReport {
+        keys_deleted: counts[0],
+        runs_deleted: counts[1],
+        leases_deleted: counts[2],
+        event_keys_deleted: counts[3],
+    })
+}
