@@ -41,6 +41,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::common::cleanup_tables;
+use super::migrations::{self, Migration, Schema};
 use super::retry::{retry, Backoff, Retry};
 use super::rows::{
     key_from_record, lease_from_record, run_from_record, LeaseRow, KEY_COLUMNS, LEASE_COLUMNS,
@@ -59,13 +60,10 @@ use crate::backend::bigquery::{
     timestamp_text, ApiError, BigQueryUrl, Connection, FaultHook, Param, QueryOutput,
 };
 
-/// Schema migrations, applied in order by [`Store::migrate`] (`{project}` and `{dataset}`
-/// are replaced by the validated ids).
-pub const MIGRATIONS: &[&str] = &[include_str!("../../migrations/bigquery/0001_init.sql")];
-
-/// The tables the migrations create; [`BigQueryStore::connect`] checks they all exist
-/// (one `tables.list` call, not billed) before deciding to migrate. A migration that only
-/// alters a table must add a marker to this check.
+/// The tables the migrations ([`migrations::BIGQUERY`]) create. BigQuery keeps no version
+/// record: a dataset holding them all is at the latest version, which one `tables.list`
+/// call (not billed) tells. A migration that only alters a table must add a marker to
+/// this check.
 pub const TABLES: &[&str] = &[
     "processing_keys",
     "processing_runs",
@@ -283,9 +281,7 @@ impl BigQueryStore {
     /// created ([`Store::migrate`]).
     pub async fn connect(url: &str) -> Result<Self> {
         let store = Self::connect_lazy(url).await?;
-        if !store.tables_exist().await? {
-            store.migrate().await?;
-        }
+        migrations::run(&store).await?;
         Ok(store)
     }
 
@@ -488,24 +484,27 @@ impl BigQueryStore {
     }
 }
 
+/// No version record: the tables all there is the latest version; no lock either: every
+/// statement is idempotent, and a table created meanwhile by another process is fine.
 #[async_trait]
-impl StoreBase for BigQueryStore {
-    fn kind(&self) -> &'static str {
-        "bigquery"
+impl Schema for BigQueryStore {
+    fn migrations(&self) -> &'static [Migration] {
+        migrations::BIGQUERY
     }
 
-    fn describe(&self) -> String {
-        self.url.clone()
+    async fn version(&self) -> Result<i64> {
+        Ok(if self.tables_exist().await? {
+            migrations::latest(migrations::BIGQUERY)
+        } else {
+            0
+        })
     }
 
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::SHARED
-    }
-
-    async fn migrate(&self) -> Result<()> {
+    async fn apply(&self) -> Result<()> {
         self.ensure_dataset().await?;
-        for migration in MIGRATIONS {
-            let script = render_migration(migration, &self.config);
+        // Every migration, every time: the DDL is idempotent (`IF NOT EXISTS`).
+        for migration in migrations::pending(migrations::BIGQUERY, 0) {
+            let script = render_migration(migration.sql, &self.config);
             for statement in crate::backend::prepare(&script, crate::backend::Dialect::BigQuery)? {
                 match self
                     .conn
@@ -532,6 +531,27 @@ impl StoreBase for BigQueryStore {
             }
         }
         Ok(())
+    }
+}
+
+#[async_trait]
+impl StoreBase for BigQueryStore {
+    fn kind(&self) -> &'static str {
+        "bigquery"
+    }
+
+    fn describe(&self) -> String {
+        self.url.clone()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::SHARED
+    }
+
+    /// Creates what is missing and sets the partition expiration, even when the tables
+    /// exist (the DDL is idempotent), so a changed `partition_expiration_days` applies.
+    async fn migrate(&self) -> Result<()> {
+        self.apply().await
     }
 }
 
@@ -999,7 +1019,7 @@ mod tests {
         for s in [&sql.find_keys, &sql.run_insert, &sql.runs, &sql.lease_take] {
             assert!(!s.contains('{'), "unrendered placeholder in {s}");
         }
-        let ddl = render_migration(MIGRATIONS[0], &url);
+        let ddl = render_migration(migrations::BIGQUERY[0].sql, &url);
         assert!(ddl.contains("`proj-1.ds_1.processing_keys`"));
         assert!(ddl.contains(
             "PARTITION BY DATE(processed_at)\nCLUSTER BY processing_key, processor_name"

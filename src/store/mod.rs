@@ -31,6 +31,7 @@ pub mod breaker;
 mod common;
 pub mod conformance;
 pub mod memory;
+pub mod migrations;
 mod open;
 #[cfg(feature = "postgres")]
 pub mod postgres;

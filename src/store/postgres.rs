@@ -41,6 +41,7 @@ use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPool, PgPool
 use sqlx::{Arguments, Connection, Executor, FromRow, Row};
 
 use super::common::{cleanup_tables, upsert_claim, CLEANUP_TABLES};
+use super::migrations::{self, Migration, Schema};
 use super::rows::{
     KeyRow, LeaseColumns, LeaseRow, RunRow, KEY_COLUMNS, LEASE_COLUMNS, RUN_COLUMNS,
 };
@@ -52,13 +53,6 @@ use super::{
 use crate::backend::postgres::{connect_options, sqlx_message, ACQUIRE_TIMEOUT};
 use crate::error::{Error, Result};
 use crate::model::{micros, KeyRecord, RunRecord, RunStatus};
-
-/// Schema migrations, applied in order: (version, name, SQL).
-const MIGRATIONS: &[(i32, &str, &str)] = &[(
-    1,
-    "0001_init",
-    include_str!("../../migrations/postgres/0001_init.sql"),
-)];
 
 /// Advisory lock key taken while migrating (`idem` in ASCII, then `mig`).
 const MIGRATION_LOCK: i64 = 0x6964_656d_006d_6967;
@@ -228,11 +222,11 @@ async fn apply_migrations(conn: &mut PgConnection) -> std::result::Result<(), sq
         sqlx::query_scalar("SELECT COALESCE(max(version), 0) FROM idem_schema_migrations")
             .fetch_one(&mut *conn)
             .await?;
-    for (version, name, sql) in MIGRATIONS.iter().filter(|(v, _, _)| *v > current) {
-        (&mut *conn).execute(*sql).await?;
+    for migration in migrations::pending(migrations::POSTGRES, current.into()) {
+        (&mut *conn).execute(migration.sql).await?;
         sqlx::query("INSERT INTO idem_schema_migrations (version, name) VALUES ($1, $2)")
-            .bind(version)
-            .bind(name)
+            .bind(i32::try_from(migration.version).unwrap_or(i32::MAX))
+            .bind(migration.name)
             .execute(&mut *conn)
             .await?;
     }
@@ -243,6 +237,34 @@ async fn apply_migrations(conn: &mut PgConnection) -> std::result::Result<(), sq
 type Run = RunRow<DateTime<Utc>, NaiveDate, Value>;
 type Key = KeyRow<DateTime<Utc>, NaiveDate, Value>;
 type LeaseCols = LeaseColumns<DateTime<Utc>>;
+
+/// `idem_schema_migrations` records the migrations applied; `pg_advisory_xact_lock` is the
+/// lock.
+#[async_trait]
+impl Schema for PostgresStore {
+    fn migrations(&self) -> &'static [Migration] {
+        migrations::POSTGRES
+    }
+
+    async fn version(&self) -> Result<i64> {
+        match self.schema_version().await {
+            Ok(v) => Ok(v.into()),
+            Err(e) => Err(self.diagnose(e).await),
+        }
+    }
+
+    async fn apply(&self) -> Result<()> {
+        let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
+        if let Err(e) = apply_migrations(&mut tx).await {
+            let _ = tx.rollback().await;
+            return Err(Error::store(
+                &self.url,
+                format!("migration failed: {}", sqlx_message(&e)),
+            ));
+        }
+        tx.commit().await.map_err(|e| self.err(e))
+    }
+}
 
 #[async_trait]
 impl StoreBase for PostgresStore {
@@ -259,21 +281,7 @@ impl StoreBase for PostgresStore {
     }
 
     async fn migrate(&self) -> Result<()> {
-        let target = MIGRATIONS.last().map(|(v, _, _)| *v).unwrap_or(0);
-        match self.schema_version().await {
-            Ok(v) if v >= target => return Ok(()),
-            Ok(_) => {}
-            Err(e) => return Err(self.diagnose(e).await),
-        }
-        let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
-        if let Err(e) = apply_migrations(&mut tx).await {
-            let _ = tx.rollback().await;
-            return Err(Error::store(
-                &self.url,
-                format!("migration failed: {}", sqlx_message(&e)),
-            ));
-        }
-        tx.commit().await.map_err(|e| self.err(e))
+        migrations::run(self).await
     }
 }
 

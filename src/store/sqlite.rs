@@ -13,6 +13,7 @@ use sqlx::sqlite::{SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteSynchr
 use sqlx::Connection;
 
 use super::common::{cleanup_tables, upsert_claim, CLEANUP_TABLES};
+use super::migrations::{self, Migration, Schema};
 use super::rows::{
     KeyRow, LeaseColumns, LeaseRow, RunRow, KEY_COLUMNS, LEASE_COLUMNS, RUN_COLUMNS,
 };
@@ -23,9 +24,6 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::model::{micros, time, KeyRecord, RunRecord, RunStatus};
-
-/// Schema migrations, applied in order; `PRAGMA user_version` records the last applied.
-const MIGRATIONS: &[&str] = &[include_str!("../../migrations/sqlite/0001_init.sql")];
 
 /// The SQLite store.
 #[derive(Debug, Clone)]
@@ -107,42 +105,34 @@ async fn apply_migrations(conn: &mut SqliteConnection) -> std::result::Result<()
     let version: i64 = sqlx::query_scalar("PRAGMA user_version")
         .fetch_one(&mut *conn)
         .await?;
-    for (i, sql) in MIGRATIONS.iter().enumerate().skip(version.max(0) as usize) {
-        let statements = crate::backend::prepare(sql, crate::backend::Dialect::Sqlite)
+    for migration in migrations::pending(migrations::SQLITE, version) {
+        let statements = crate::backend::prepare(migration.sql, crate::backend::Dialect::Sqlite)
             .map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
         for statement in &statements {
             sqlx::query(&statement.sql).execute(&mut *conn).await?;
         }
         // PRAGMA takes no bound parameter; the value is our own constant.
-        let pragma = format!("PRAGMA user_version = {}", i + 1);
+        let pragma = format!("PRAGMA user_version = {}", migration.version);
         sqlx::query(&pragma).execute(&mut *conn).await?;
     }
     Ok(())
 }
 
+/// `PRAGMA user_version` records the last migration applied; `BEGIN IMMEDIATE` is the lock.
 #[async_trait]
-impl StoreBase for SqliteStore {
-    fn kind(&self) -> &'static str {
-        "sqlite"
+impl Schema for SqliteStore {
+    fn migrations(&self) -> &'static [Migration] {
+        migrations::SQLITE
     }
 
-    fn describe(&self) -> String {
-        self.url.clone()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::SHARED
-    }
-
-    async fn migrate(&self) -> Result<()> {
-        let target = MIGRATIONS.len() as i64;
-        let version: i64 = sqlx::query_scalar("PRAGMA user_version")
+    async fn version(&self) -> Result<i64> {
+        sqlx::query_scalar("PRAGMA user_version")
             .fetch_one(&self.pool)
             .await
-            .map_err(|e| self.err(e))?;
-        if version >= target {
-            return Ok(());
-        }
+            .map_err(|e| self.err(e))
+    }
+
+    async fn apply(&self) -> Result<()> {
         let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
         // BEGIN IMMEDIATE takes the write lock first, so concurrent first uses of a new
         // file migrate once; the version is read again under the lock.
@@ -164,6 +154,25 @@ impl StoreBase for SqliteStore {
                 Err(Error::store(&self.url, format!("migration failed: {e}")))
             }
         }
+    }
+}
+
+#[async_trait]
+impl StoreBase for SqliteStore {
+    fn kind(&self) -> &'static str {
+        "sqlite"
+    }
+
+    fn describe(&self) -> String {
+        self.url.clone()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::SHARED
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        migrations::run(self).await
     }
 }
 
