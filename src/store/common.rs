@@ -99,3 +99,44 @@ where
         event_keys_deleted: counts[3],
     })
 }
+
+/// The fenced lease updates of the sqlx stores: the same statement text for SQLite and
+/// Postgres (SQLite reads `$n` as the n-th parameter too).
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) mod fenced {
+    use sqlx::query::Query;
+    use sqlx::{Database, Encode, IntoArguments, Type};
+
+    use crate::store::Lease;
+
+    /// Extends the lease to `$1`.
+    pub(crate) const RENEW: &str = "UPDATE processing_leases SET expires_at = $1 \
+        WHERE processor_name = $2 AND scope = $3 AND token = $4 AND holder_run_id = $5";
+
+    /// Releases the lease at `$1`.
+    pub(crate) const RELEASE: &str =
+        "UPDATE processing_leases SET holder_run_id = NULL, expires_at = $1 \
+        WHERE processor_name = $2 AND scope = $3 AND token = $4 AND holder_run_id = $5";
+
+    /// `sql` ([`RENEW`] or [`RELEASE`]) for `lease` at `at` (as the store keeps instants):
+    /// it changes one row when the lease is still held with its token, none otherwise.
+    pub(crate) fn update<'q, DB, T>(
+        sql: &'q str,
+        at: T,
+        lease: &'q Lease,
+    ) -> Query<'q, DB, <DB as Database>::Arguments<'q>>
+    where
+        DB: Database,
+        T: 'q + Encode<'q, DB> + Type<DB>,
+        &'q String: Encode<'q, DB> + Type<DB>,
+        i64: Encode<'q, DB> + Type<DB>,
+        <DB as Database>::Arguments<'q>: IntoArguments<'q, DB>,
+    {
+        sqlx::query(sql)
+            .bind(at)
+            .bind(&lease.processor)
+            .bind(&lease.scope)
+            .bind(lease.token)
+            .bind(&lease.run_id)
+    }
+}

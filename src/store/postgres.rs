@@ -40,7 +40,7 @@ use sqlx::error::BoxDynError;
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{Arguments, Connection, Executor, FromRow, Row};
 
-use super::common::{cleanup_tables, upsert_claim, CLEANUP_TABLES};
+use super::common::{cleanup_tables, fenced, upsert_claim, CLEANUP_TABLES};
 use super::migrations::{self, Migration, Schema};
 use super::rows::{
     KeyRow, LeaseColumns, LeaseRow, RunRow, KEY_COLUMNS, LEASE_COLUMNS, RUN_COLUMNS,
@@ -334,18 +334,10 @@ impl LeaseStore for PostgresStore {
 
     async fn renew(&self, lease: &Lease, ttl: Duration, now: DateTime<Utc>) -> Result<Lease> {
         let expires_at = lease_expiry(micros(now), ttl);
-        let done = sqlx::query(
-            "UPDATE processing_leases SET expires_at = $1 \
-             WHERE processor_name = $2 AND scope = $3 AND token = $4 AND holder_run_id = $5",
-        )
-        .bind(expires_at)
-        .bind(&lease.processor)
-        .bind(&lease.scope)
-        .bind(lease.token)
-        .bind(&lease.run_id)
-        .execute(&self.pool)
-        .await
-        .map_err(|e| self.err(e))?;
+        let done = fenced::update(fenced::RENEW, expires_at, lease)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
         if done.rows_affected() == 1 {
             return Ok(Lease {
                 expires_at,
@@ -356,18 +348,10 @@ impl LeaseStore for PostgresStore {
     }
 
     async fn release(&self, lease: &Lease, now: DateTime<Utc>) -> Result<bool> {
-        let done = sqlx::query(
-            "UPDATE processing_leases SET holder_run_id = NULL, expires_at = $1 \
-             WHERE processor_name = $2 AND scope = $3 AND token = $4 AND holder_run_id = $5",
-        )
-        .bind(micros(now))
-        .bind(&lease.processor)
-        .bind(&lease.scope)
-        .bind(lease.token)
-        .bind(&lease.run_id)
-        .execute(&self.pool)
-        .await
-        .map_err(|e| self.err(e))?;
+        let done = fenced::update(fenced::RELEASE, micros(now), lease)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
         Ok(done.rows_affected() == 1)
     }
 }
@@ -411,18 +395,10 @@ impl LedgerStore for PostgresStore {
     async fn finish(&self, finish: &Finish) -> Result<()> {
         let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
         if let Some(lease) = &finish.lease {
-            let done = sqlx::query(
-                "UPDATE processing_leases SET holder_run_id = NULL, expires_at = $1 \
-                 WHERE processor_name = $2 AND scope = $3 AND token = $4 AND holder_run_id = $5",
-            )
-            .bind(micros(finish.run.finished_at))
-            .bind(&lease.processor)
-            .bind(&lease.scope)
-            .bind(lease.token)
-            .bind(&lease.run_id)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| self.err(e))?;
+            let done = fenced::update(fenced::RELEASE, micros(finish.run.finished_at), lease)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?;
             if done.rows_affected() != 1 {
                 tx.rollback().await.map_err(|e| self.err(e))?;
                 return Err(self.lease_lost(lease).await);

@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use sqlx::sqlite::{SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::Connection;
 
-use super::common::{cleanup_tables, upsert_claim, CLEANUP_TABLES};
+use super::common::{cleanup_tables, fenced, upsert_claim, CLEANUP_TABLES};
 use super::migrations::{self, Migration, Schema};
 use super::rows::{
     KeyRow, LeaseColumns, LeaseRow, RunRow, KEY_COLUMNS, LEASE_COLUMNS, RUN_COLUMNS,
@@ -226,18 +226,10 @@ impl LeaseStore for SqliteStore {
 
     async fn renew(&self, lease: &Lease, ttl: Duration, now: DateTime<Utc>) -> Result<Lease> {
         let expires_at = lease_expiry(now, ttl);
-        let done = sqlx::query(
-            "UPDATE processing_leases SET expires_at = ?1 \
-             WHERE processor_name = ?2 AND scope = ?3 AND token = ?4 AND holder_run_id = ?5",
-        )
-        .bind(ts(expires_at))
-        .bind(&lease.processor)
-        .bind(&lease.scope)
-        .bind(lease.token)
-        .bind(&lease.run_id)
-        .execute(&self.pool)
-        .await
-        .map_err(|e| self.err(e))?;
+        let done = fenced::update(fenced::RENEW, ts(expires_at), lease)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
         if done.rows_affected() == 1 {
             return Ok(Lease {
                 expires_at,
@@ -248,18 +240,10 @@ impl LeaseStore for SqliteStore {
     }
 
     async fn release(&self, lease: &Lease, now: DateTime<Utc>) -> Result<bool> {
-        let done = sqlx::query(
-            "UPDATE processing_leases SET holder_run_id = NULL, expires_at = ?1 \
-             WHERE processor_name = ?2 AND scope = ?3 AND token = ?4 AND holder_run_id = ?5",
-        )
-        .bind(ts(micros(now)))
-        .bind(&lease.processor)
-        .bind(&lease.scope)
-        .bind(lease.token)
-        .bind(&lease.run_id)
-        .execute(&self.pool)
-        .await
-        .map_err(|e| self.err(e))?;
+        let done = fenced::update(fenced::RELEASE, ts(micros(now)), lease)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
         Ok(done.rows_affected() == 1)
     }
 }
@@ -288,18 +272,10 @@ impl LedgerStore for SqliteStore {
     async fn finish(&self, finish: &Finish) -> Result<()> {
         let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
         if let Some(lease) = &finish.lease {
-            let done = sqlx::query(
-                "UPDATE processing_leases SET holder_run_id = NULL, expires_at = ?1 \
-                 WHERE processor_name = ?2 AND scope = ?3 AND token = ?4 AND holder_run_id = ?5",
-            )
-            .bind(ts(micros(finish.run.finished_at)))
-            .bind(&lease.processor)
-            .bind(&lease.scope)
-            .bind(lease.token)
-            .bind(&lease.run_id)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| self.err(e))?;
+            let done = fenced::update(fenced::RELEASE, ts(micros(finish.run.finished_at)), lease)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?;
             if done.rows_affected() != 1 {
                 tx.rollback().await.map_err(|e| self.err(e))?;
                 return Err(self.lease_lost(lease).await?);
