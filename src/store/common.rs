@@ -107,7 +107,29 @@ pub(crate) mod fenced {
     use sqlx::query::Query;
     use sqlx::{Database, Encode, IntoArguments, Type};
 
+    use crate::error::Error;
     use crate::store::Lease;
+
+    /// The error of a ledger insert: a taken run id is [`Error::DuplicateRunId`], anything
+    /// else what `other` makes of it.
+    pub(crate) fn run_insert_error(
+        store: &str,
+        run_id: &str,
+        e: sqlx::Error,
+        other: impl FnOnce(sqlx::Error) -> Error,
+    ) -> Error {
+        match &e {
+            sqlx::Error::Database(db) if db.is_unique_violation() => Error::DuplicateRunId {
+                store: store.to_string(),
+                run_id: run_id.to_string(),
+            },
+            _ => other(e),
+        }
+    }
+
+    /// Reads the lease on (`$1`, `$2`): [`LEASE_COLUMNS`](crate::store::rows::LEASE_COLUMNS).
+    pub(crate) const READ: &str = "SELECT holder_run_id, token, acquired_at, expires_at \
+        FROM processing_leases WHERE processor_name = $1 AND scope = $2";
 
     /// Extends the lease to `$1`.
     pub(crate) const RENEW: &str = "UPDATE processing_leases SET expires_at = $1 \

@@ -14,9 +14,7 @@ use sqlx::Connection;
 
 use super::common::{cleanup_tables, fenced, upsert_claim, CLEANUP_TABLES};
 use super::migrations::{self, Migration, Schema};
-use super::rows::{
-    KeyRow, LeaseColumns, LeaseRow, RunRow, KEY_COLUMNS, LEASE_COLUMNS, RUN_COLUMNS,
-};
+use super::rows::{KeyRow, LeaseColumns, LeaseRow, RunRow, KEY_COLUMNS, RUN_COLUMNS};
 use super::{
     lease_expiry, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, EventKeyStore,
     Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore, MaintenanceStore, RunFilter,
@@ -71,26 +69,13 @@ impl SqliteStore {
         Error::from_sqlx(&self.url, "a statement", e, message)
     }
 
-    /// The error of the ledger insert: a taken run id is [`Error::DuplicateRunId`].
-    fn run_insert_err(&self, e: sqlx::Error, run_id: &str) -> Error {
-        match &e {
-            sqlx::Error::Database(db) if db.is_unique_violation() => Error::DuplicateRunId {
-                store: self.url.clone(),
-                run_id: run_id.to_string(),
-            },
-            _ => self.err(e),
-        }
-    }
-
     async fn lease_row(&self, processor: &str, scope: &str) -> Result<Option<LeaseRow>> {
-        let row: Option<LeaseCols> = sqlx::query_as(&format!(
-            "SELECT {LEASE_COLUMNS} FROM processing_leases WHERE processor_name = ?1 AND scope = ?2"
-        ))
-        .bind(processor)
-        .bind(scope)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(|e| self.err(e))?;
+        let row: Option<LeaseCols> = sqlx::query_as(fenced::READ)
+            .bind(processor)
+            .bind(scope)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
         Ok(row.map(|r| r.0))
     }
 
@@ -309,7 +294,7 @@ impl LedgerStore for SqliteStore {
         .bind(run.output.as_ref().map(|v| v.to_string()))
         .execute(&mut *tx)
         .await
-        .map_err(|e| self.run_insert_err(e, &run.run_id))?;
+        .map_err(|e| fenced::run_insert_error(&self.url, &run.run_id, e, |e| self.err(e)))?;
         if run.status == RunStatus::Completed {
             for k in &finish.keys {
                 sqlx::query(&format!(
