@@ -5,15 +5,24 @@ use std::future::Future;
 
 use chrono::{DateTime, Utc};
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 use super::retry::{retry, Backoff, Retry};
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 use super::rows::LeaseRow;
-use super::{Claim, ClaimRequest, CleanupPolicy, CleanupReport};
-use crate::error::{Error, Result};
+use super::CleanupPolicy;
+use super::CleanupReport;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+use super::{Claim, ClaimRequest};
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+use crate::error::Error;
+use crate::error::Result;
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 /// Claim rounds of an upsert claim: a lease released between the upsert and the read of
 /// its holder is claimed again.
 const UPSERT_CLAIM: Backoff = Backoff::immediate(3);
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 /// The claim of a store whose take is one statement (`INSERT … ON CONFLICT DO UPDATE …
 /// WHERE free or expired RETURNING token`): `take()` runs it and gives the new token when
 /// it won; otherwise `read()` says who holds the lease. `now` and `expires_at` are the
