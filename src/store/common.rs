@@ -1,5 +1,6 @@
 //! What the backends share beyond the traits: the claim rounds of a store whose claim is
-//! one conditional upsert, and the cleanup walk over the four tables.
+//! one conditional upsert, the cleanup walk over the four tables, and the statements the
+//! sqlx stores share.
 
 use std::future::Future;
 
@@ -109,10 +110,11 @@ where
     })
 }
 
-/// The fenced lease updates of the sqlx stores: the same statement text for SQLite and
-/// Postgres (SQLite reads `$n` as the n-th parameter too).
+/// Statements the sqlx stores share — the lease read, the fenced lease updates, the
+/// cleanup binds — as one text for SQLite and Postgres (SQLite reads `$n` as the n-th
+/// parameter too), and the ledger insert's error.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) mod fenced {
+pub(crate) mod statements {
     use sqlx::query::Query;
     use sqlx::{Database, Encode, IntoArguments, Type};
 
@@ -148,6 +150,27 @@ pub(crate) mod fenced {
     pub(crate) const RELEASE: &str =
         "UPDATE processing_leases SET holder_run_id = NULL, expires_at = $1 \
         WHERE processor_name = $2 AND scope = $3 AND token = $4 AND holder_run_id = $5";
+
+    /// A cleanup statement over one table ([`super::cleanup_tables`]): `$1` the table's
+    /// cut-off, `$2` the processor (or NULL = all), `$3` the keys' cut-off (instants as the
+    /// store keeps them); a delete binds its batch size as `$4` after these.
+    pub(crate) fn cleanup<'q, DB, T>(
+        sql: &'q str,
+        cutoff: T,
+        processor: Option<&'q str>,
+        keys_before: T,
+    ) -> Query<'q, DB, <DB as Database>::Arguments<'q>>
+    where
+        DB: Database,
+        T: 'q + Encode<'q, DB> + Type<DB>,
+        Option<&'q str>: Encode<'q, DB> + Type<DB>,
+        <DB as Database>::Arguments<'q>: IntoArguments<'q, DB>,
+    {
+        sqlx::query(sql)
+            .bind(cutoff)
+            .bind(processor)
+            .bind(keys_before)
+    }
 
     /// `sql` ([`RENEW`] or [`RELEASE`]) for `lease` at `at` (as the store keeps instants):
     /// it changes one row when the lease is still held with its token, none otherwise.

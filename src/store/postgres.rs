@@ -40,7 +40,7 @@ use sqlx::error::BoxDynError;
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{Arguments, Connection, Executor, FromRow, Row};
 
-use super::common::{cleanup_tables, fenced, upsert_claim, CLEANUP_TABLES};
+use super::common::{cleanup_tables, statements, upsert_claim, CLEANUP_TABLES};
 use super::migrations::{self, Migration, Schema};
 use super::rows::{KeyRow, LeaseColumns, LeaseRow, RunRow, KEY_COLUMNS, RUN_COLUMNS};
 use super::{
@@ -154,7 +154,7 @@ impl PostgresStore {
     }
 
     async fn lease_row(&self, processor: &str, scope: &str) -> Result<Option<LeaseRow>> {
-        let row: Option<LeaseCols> = sqlx::query_as(fenced::READ)
+        let row: Option<LeaseCols> = sqlx::query_as(statements::READ)
             .bind(processor)
             .bind(scope)
             .fetch_optional(&self.pool)
@@ -319,7 +319,7 @@ impl LeaseStore for PostgresStore {
 
     async fn renew(&self, lease: &Lease, ttl: Duration, now: DateTime<Utc>) -> Result<Lease> {
         let expires_at = lease_expiry(micros(now), ttl);
-        let done = fenced::update(fenced::RENEW, expires_at, lease)
+        let done = statements::update(statements::RENEW, expires_at, lease)
             .execute(&self.pool)
             .await
             .map_err(|e| self.err(e))?;
@@ -333,7 +333,7 @@ impl LeaseStore for PostgresStore {
     }
 
     async fn release(&self, lease: &Lease, now: DateTime<Utc>) -> Result<bool> {
-        let done = fenced::update(fenced::RELEASE, micros(now), lease)
+        let done = statements::update(statements::RELEASE, micros(now), lease)
             .execute(&self.pool)
             .await
             .map_err(|e| self.err(e))?;
@@ -380,10 +380,11 @@ impl LedgerStore for PostgresStore {
     async fn finish(&self, finish: &Finish) -> Result<()> {
         let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
         if let Some(lease) = &finish.lease {
-            let done = fenced::update(fenced::RELEASE, micros(finish.run.finished_at), lease)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| self.err(e))?;
+            let done =
+                statements::update(statements::RELEASE, micros(finish.run.finished_at), lease)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| self.err(e))?;
             if done.rows_affected() != 1 {
                 tx.rollback().await.map_err(|e| self.err(e))?;
                 return Err(self.lease_lost(lease).await);
@@ -413,7 +414,7 @@ impl LedgerStore for PostgresStore {
         .bind(&run.output)
         .execute(&mut *tx)
         .await
-        .map_err(|e| fenced::run_insert_error(&self.url, &run.run_id, e, |e| self.err(e)))?;
+        .map_err(|e| statements::run_insert_error(&self.url, &run.run_id, e, |e| self.err(e)))?;
         if run.status == RunStatus::Completed && !finish.keys.is_empty() {
             let k = &finish.keys;
             sqlx::query(&format!(
@@ -518,12 +519,10 @@ impl MaintenanceStore for PostgresStore {
                     "SELECT count(*) FROM {} WHERE {}",
                     CLEANUP_TABLES[i], CONDITIONS[i]
                 );
-                let n: i64 = sqlx::query_scalar(&sql)
-                    .bind(cutoff)
-                    .bind(policy.processor.as_deref())
-                    .bind(policy.keys_before)
+                let n: i64 = statements::cleanup(&sql, cutoff, policy.processor.as_deref(), policy.keys_before)
                     .fetch_one(&self.pool)
                     .await
+                    .and_then(|row| row.try_get(0))
                     .map_err(|e| self.err(e))?;
                 Ok(n as u64)
             },
@@ -533,10 +532,7 @@ impl MaintenanceStore for PostgresStore {
                 let sql = format!(
                     "DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} WHERE {condition} LIMIT $4))"
                 );
-                Ok(sqlx::query(&sql)
-                    .bind(cutoff)
-                    .bind(policy.processor.as_deref())
-                    .bind(policy.keys_before)
+                Ok(statements::cleanup(&sql, cutoff, policy.processor.as_deref(), policy.keys_before)
                     .bind(policy.limit())
                     .execute(&self.pool)
                     .await

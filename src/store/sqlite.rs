@@ -10,9 +10,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::sqlite::{SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::Connection;
+use sqlx::{Connection, Row};
 
-use super::common::{cleanup_tables, fenced, upsert_claim, CLEANUP_TABLES};
+use super::common::{cleanup_tables, statements, upsert_claim, CLEANUP_TABLES};
 use super::migrations::{self, Migration, Schema};
 use super::rows::{KeyRow, LeaseColumns, LeaseRow, RunRow, KEY_COLUMNS, RUN_COLUMNS};
 use super::{
@@ -70,7 +70,7 @@ impl SqliteStore {
     }
 
     async fn lease_row(&self, processor: &str, scope: &str) -> Result<Option<LeaseRow>> {
-        let row: Option<LeaseCols> = sqlx::query_as(fenced::READ)
+        let row: Option<LeaseCols> = sqlx::query_as(statements::READ)
             .bind(processor)
             .bind(scope)
             .fetch_optional(&self.pool)
@@ -211,7 +211,7 @@ impl LeaseStore for SqliteStore {
 
     async fn renew(&self, lease: &Lease, ttl: Duration, now: DateTime<Utc>) -> Result<Lease> {
         let expires_at = lease_expiry(now, ttl);
-        let done = fenced::update(fenced::RENEW, ts(expires_at), lease)
+        let done = statements::update(statements::RENEW, ts(expires_at), lease)
             .execute(&self.pool)
             .await
             .map_err(|e| self.err(e))?;
@@ -225,7 +225,7 @@ impl LeaseStore for SqliteStore {
     }
 
     async fn release(&self, lease: &Lease, now: DateTime<Utc>) -> Result<bool> {
-        let done = fenced::update(fenced::RELEASE, ts(micros(now)), lease)
+        let done = statements::update(statements::RELEASE, ts(micros(now)), lease)
             .execute(&self.pool)
             .await
             .map_err(|e| self.err(e))?;
@@ -257,10 +257,14 @@ impl LedgerStore for SqliteStore {
     async fn finish(&self, finish: &Finish) -> Result<()> {
         let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
         if let Some(lease) = &finish.lease {
-            let done = fenced::update(fenced::RELEASE, ts(micros(finish.run.finished_at)), lease)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| self.err(e))?;
+            let done = statements::update(
+                statements::RELEASE,
+                ts(micros(finish.run.finished_at)),
+                lease,
+            )
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| self.err(e))?;
             if done.rows_affected() != 1 {
                 tx.rollback().await.map_err(|e| self.err(e))?;
                 return Err(self.lease_lost(lease).await?);
@@ -294,7 +298,7 @@ impl LedgerStore for SqliteStore {
         .bind(run.output.as_ref().map(|v| v.to_string()))
         .execute(&mut *tx)
         .await
-        .map_err(|e| fenced::run_insert_error(&self.url, &run.run_id, e, |e| self.err(e)))?;
+        .map_err(|e| statements::run_insert_error(&self.url, &run.run_id, e, |e| self.err(e)))?;
         if run.status == RunStatus::Completed {
             for k in &finish.keys {
                 sqlx::query(&format!(
@@ -377,12 +381,10 @@ impl MaintenanceStore for SqliteStore {
                     "SELECT count(*) FROM {} WHERE {}",
                     CLEANUP_TABLES[i], CONDITIONS[i]
                 );
-                let n: i64 = sqlx::query_scalar(&sql)
-                    .bind(ts(cutoff))
-                    .bind(policy.processor.as_deref())
-                    .bind(ts(policy.keys_before))
+                let n: i64 = statements::cleanup(&sql, ts(cutoff), policy.processor.as_deref(), ts(policy.keys_before))
                     .fetch_one(&self.pool)
                     .await
+                    .and_then(|row| row.try_get(0))
                     .map_err(|e| self.err(e))?;
                 Ok(n as u64)
             },
@@ -392,10 +394,7 @@ impl MaintenanceStore for SqliteStore {
                 let sql = format!(
                     "DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} WHERE {condition} LIMIT ?4)"
                 );
-                Ok(sqlx::query(&sql)
-                    .bind(ts(cutoff))
-                    .bind(policy.processor.as_deref())
-                    .bind(ts(policy.keys_before))
+                Ok(statements::cleanup(&sql, ts(cutoff), policy.processor.as_deref(), ts(policy.keys_before))
                     .bind(policy.limit())
                     .execute(&self.pool)
                     .await
