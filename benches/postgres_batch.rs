@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use idem::store::postgres::PostgresStore;
-use idem::store::Store;
+use idem::store::prelude::*;
 use sqlx::{Connection, PgConnection};
 
 const RAW: &str = "INSERT INTO event_keys (namespace, event_key, first_seen) \

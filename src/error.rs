@@ -220,15 +220,10 @@ impl Error {
 
     /// Classifies a sqlx error of `store` during `operation`: connection problems are
     /// [`Error::StoreUnavailable`], anything the server answered is
-    /// [`Error::StoreRejected`].
+    /// [`Error::StoreRejected`]; either keeps `e` as its source.
     #[cfg(any(feature = "sqlite", feature = "postgres"))]
-    pub(crate) fn from_sqlx(
-        store: &str,
-        operation: &str,
-        e: &sqlx::Error,
-        message: String,
-    ) -> Self {
-        let outage = match e {
+    pub(crate) fn from_sqlx(store: &str, operation: &str, e: sqlx::Error, message: String) -> Self {
+        let outage = match &e {
             sqlx::Error::Io(_)
             | sqlx::Error::Tls(_)
             | sqlx::Error::PoolTimedOut
@@ -245,13 +240,13 @@ impl Error {
             _ => false,
         };
         if outage {
-            Error::store(store, message)
+            Error::store_source(store, message, e)
         } else {
             Error::StoreRejected {
                 store: store.to_string(),
                 operation: operation.to_string(),
                 message,
-                source: None,
+                source: Some(Box::new(e)),
             }
         }
     }

@@ -27,8 +27,10 @@ mod bigquery {
     use chrono::Utc;
     use idem::backend::bigquery::{ApiError, BigQueryUrl, FaultFuture, FaultHook};
     use idem::guard::{GuardStack, LeaseGuard};
-    use idem::store::bigquery::{BigQueryStore, FIND_KEYS_SQL, MIGRATIONS};
-    use idem::store::{ClaimRequest, DynStore, Finish, KeyLookup, Store};
+    use idem::store::bigquery::{BigQueryStore, FIND_KEYS_SQL};
+    use idem::store::migrations::BIGQUERY as MIGRATIONS;
+    use idem::store::prelude::*;
+    use idem::store::{ClaimRequest, DynStore, Finish, KeyLookup};
     use idem::warehouse::{prepare, BigQueryWarehouse, Dialect, Warehouse};
     use idem::{
         async_trait, scope_key, BoxError, Error, KeyKind, Outcome, Processor, RunRequest,
@@ -88,7 +90,7 @@ mod bigquery {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_check_query_prunes_partitions_and_is_one_round_trip() {
         // The SQL, checked against the schema (no emulator needed for this part).
-        let ddl = MIGRATIONS[0];
+        let ddl = MIGRATIONS[0].sql;
         let keys_table = &ddl[ddl.find("processing_keys` (").unwrap()..];
         let keys_table = &keys_table[..keys_table.find(';').unwrap()];
         let partition = keys_table

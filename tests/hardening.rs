@@ -16,7 +16,8 @@ use idem::guard::{GuardStack, LeaseGuard, TimeWindowGuard, Verdict};
 use idem::store::breaker::BreakerPhase;
 use idem::store::{
     BreakerConfig, Capabilities, CircuitBreakerStore, Claim, ClaimRequest, CleanupPolicy,
-    CleanupReport, DynStore, Finish, KeyLookup, Lease, LeaseHolder, RunFilter, Store,
+    CleanupReport, DynStore, EventKeyStore, Finish, KeyLookup, Lease, LeaseHolder, LeaseStore,
+    LedgerStore, MaintenanceStore, RunFilter, StoreBase,
 };
 use idem::{
     async_trait, parse_date, BoxError, Content, Error, KeyRecord, Outcome, Processor, RunRecord,
@@ -53,24 +54,32 @@ impl Outage {
 }
 
 #[async_trait]
-impl Store for Outage {
+impl StoreBase for Outage {
     fn kind(&self) -> &'static str {
         self.inner.kind()
     }
+
     fn describe(&self) -> String {
         self.inner.describe()
     }
+
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
+
     async fn migrate(&self) -> idem::Result<()> {
         self.check()?;
         self.inner.migrate().await
     }
+}
+
+#[async_trait]
+impl LeaseStore for Outage {
     async fn claim(&self, r: &ClaimRequest<'_>) -> idem::Result<Claim> {
         self.check()?;
         self.inner.claim(r).await
     }
+
     async fn lease_holder(
         &self,
         p: &str,
@@ -80,34 +89,51 @@ impl Store for Outage {
         self.check()?;
         self.inner.lease_holder(p, s, now).await
     }
+
     async fn renew(&self, l: &Lease, ttl: Duration, now: DateTime<Utc>) -> idem::Result<Lease> {
         self.check()?;
         self.inner.renew(l, ttl, now).await
     }
+
     async fn release(&self, l: &Lease, now: DateTime<Utc>) -> idem::Result<bool> {
         self.check()?;
         self.inner.release(l, now).await
     }
+}
+
+#[async_trait]
+impl LedgerStore for Outage {
     async fn find_keys(&self, l: &[KeyLookup]) -> idem::Result<Vec<Option<KeyRecord>>> {
         self.check()?;
         self.inner.find_keys(l).await
     }
+
     async fn finish(&self, f: &Finish) -> idem::Result<()> {
         self.check()?;
         self.inner.finish(f).await
     }
+
     async fn runs(&self, f: &RunFilter) -> idem::Result<Vec<RunRecord>> {
         self.check()?;
         self.inner.runs(f).await
     }
+}
+
+#[async_trait]
+impl MaintenanceStore for Outage {
     async fn purge(&self, p: &str, s: Option<&str>) -> idem::Result<u64> {
         self.check()?;
         self.inner.purge(p, s).await
     }
+
     async fn cleanup(&self, policy: &CleanupPolicy) -> idem::Result<CleanupReport> {
         self.check()?;
         self.inner.cleanup(policy).await
     }
+}
+
+#[async_trait]
+impl EventKeyStore for Outage {
     async fn mark_event_keys(
         &self,
         ns: &str,

@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use idem::store::postgres::PostgresStore;
-use idem::store::{Claim, ClaimRequest, Store};
+use idem::store::prelude::*;
+use idem::store::{Claim, ClaimRequest};
 use idem::warehouse::postgres::PostgresWarehouse;
 use idem::warehouse::{prepare, Dialect, Params, Warehouse};
 use serde_json::{json, Value};

@@ -1,6 +1,7 @@
 //! The values that flow through idem: run requests, outcomes, verdicts and ledger rows.
 
 pub mod duration;
+pub mod time;
 
 use std::fmt;
 use std::str::FromStr;

@@ -645,7 +645,7 @@ async fn query(conn: &Conn, url: &str, name: &str, options: &ReportOptions) -> R
         Error::from_sqlx(
             &redact_url(url),
             &format!("the report query {name}"),
-            &e,
+            e,
             message,
         )
     };

@@ -40,25 +40,30 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
+use super::common::cleanup_tables;
+use super::migrations::{self, Migration, Schema};
+use super::retry::{retry, Backoff, Retry};
+use super::rows::{
+    key_from_record, lease_from_record, run_from_record, LeaseRow, KEY_COLUMNS, LEASE_COLUMNS,
+    RUN_COLUMNS,
+};
 use super::{
-    lease_expiry, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, Finish,
-    KeyLookup, Lease, LeaseHolder, RunFilter, Store,
+    lease_expiry, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, EventKeyStore,
+    Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore, MaintenanceStore, RunFilter,
+    StoreBase,
 };
 use crate::error::{Error, Result};
-use crate::model::{micros, KeyKind, KeyRecord, Mode, RunRecord, RunStatus, SkipReason};
+use crate::model::{micros, time, KeyRecord, RunRecord, RunStatus};
 
 use crate::backend::bigquery::{
     date, int64, opt_int64, opt_string, string, string_array, struct_array, timestamp,
-    timestamp_text, ApiError, BigQueryUrl, Connection, FaultHook, Param, QueryOutput, Record,
+    timestamp_text, ApiError, BigQueryUrl, Connection, FaultHook, Param, QueryOutput,
 };
 
-/// Schema migrations, applied in order by [`Store::migrate`] (`{project}` and `{dataset}`
-/// are replaced by the validated ids).
-pub const MIGRATIONS: &[&str] = &[include_str!("../../migrations/bigquery/0001_init.sql")];
-
-/// The tables the migrations create; [`BigQueryStore::connect`] checks they all exist
-/// (one `tables.list` call, not billed) before deciding to migrate. A migration that only
-/// alters a table must add a marker to this check.
+/// The tables the migrations ([`migrations::BIGQUERY`]) create. BigQuery keeps no version
+/// record: a dataset holding them all is at the latest version, which one `tables.list`
+/// call (not billed) tells. A migration that only alters a table must add a marker to
+/// this check.
 pub const TABLES: &[&str] = &[
     "processing_keys",
     "processing_runs",
@@ -87,7 +92,7 @@ WHERE k.processed_at >= @oldest_since
 QUALIFY ROW_NUMBER() OVER (PARTITION BY l.pos ORDER BY k.processed_at DESC, k.run_id DESC) = 1";
 
 const LEASE_READ_SQL: &str = "\
-SELECT holder_run_id, token, acquired_at, expires_at FROM {leases}
+SELECT {lease_columns} FROM {leases}
 WHERE processor_name = @processor AND scope = @scope
 ORDER BY token DESC LIMIT 1";
 
@@ -121,10 +126,6 @@ const LEASE_RELEASE_SQL: &str = "\
 UPDATE {leases} SET holder_run_id = NULL, expires_at = @now
 WHERE processor_name = @processor AND scope = @scope AND token = @token AND holder_run_id = @run_id";
 
-const RUN_COLUMNS: &str = "run_id, processor_name, scope, scope_date, trigger_source, mode, \
-started_at, finished_at, duration_ms, status, skip_reason, would_skip_reason, \
-previous_run_id, records_processed, processing_key, error, output";
-
 /// A run id is recorded once: the insert adds nothing when the id is already there.
 /// `wide_number_mode => 'round'`: a JSON number beyond FLOAT64 precision is rounded rather
 /// than failing the insert (BigQuery's default is to reject it).
@@ -137,8 +138,7 @@ FROM UNNEST([1])
 WHERE NOT EXISTS (SELECT 1 FROM {runs} WHERE run_id = @run_id)";
 
 const KEYS_INSERT_SQL: &str = "\
-INSERT INTO {keys} (processing_key, kind, processor_name, scope, scope_date, processed_at, \
-entity_count, metadata, run_id)
+INSERT INTO {keys} ({key_columns})
 SELECT r.processing_key, r.kind, r.processor_name, r.scope, r.scope_date, r.processed_at, \
 r.entity_count, PARSE_JSON(r.metadata, wide_number_mode => 'round'), r.run_id
 FROM UNNEST(@keys) AS r";
@@ -184,11 +184,22 @@ WHERE namespace = @namespace AND event_key IN UNNEST(@keys)
 QUALIFY ROW_NUMBER() OVER (PARTITION BY event_key ORDER BY first_seen, batch_id) = 1
   AND batch_id = @batch_id";
 
-/// How often a mutating statement that lost a concurrent-update conflict is sent again
-/// (BigQuery itself already retried it up to three times).
-const CONFLICT_RETRIES: u32 = 4;
-/// Claim rounds (read, then compare-and-set) before giving up.
+/// A mutating statement that lost a concurrent-update conflict is sent again, 4 times at
+/// most (BigQuery itself already retried it up to three times), after a short random
+/// pause.
+const CONFLICT_RETRIES: Backoff = Backoff {
+    attempts: 5,
+    base: Duration::from_millis(50),
+    jitter: Duration::from_millis(100),
+};
+/// Claim rounds (read, then compare-and-set) before giving up; a round that lost a
+/// concurrent-update conflict pauses as [`CONFLICT_RETRIES`] does before the next (one
+/// whose compare-and-set merely found the row changed reads it again at once).
 const CLAIM_ATTEMPTS: u32 = 4;
+const CLAIM_ROUNDS: Backoff = Backoff {
+    attempts: CLAIM_ATTEMPTS,
+    ..CONFLICT_RETRIES
+};
 
 /// How long a finishing run keeps its lease at least while its ledger row and keys are
 /// written (a crash right then blocks the scope this long, or until the lease's own expiry).
@@ -219,6 +230,8 @@ impl Statements {
     fn new(url: &BigQueryUrl) -> Self {
         let render = |sql: &str| {
             sql.replace("{run_columns}", RUN_COLUMNS)
+                .replace("{key_columns}", KEY_COLUMNS)
+                .replace("{lease_columns}", LEASE_COLUMNS)
                 .replace("{keys}", &url.table("processing_keys"))
                 .replace("{runs}", &url.table("processing_runs"))
                 .replace("{leases}", &url.table("processing_leases"))
@@ -257,78 +270,9 @@ pub struct BigQueryStore {
     sql: Statements,
 }
 
-/// The lease row as read.
-#[derive(Debug, Clone)]
-struct LeaseRow {
-    holder: Option<String>,
-    token: i64,
-    acquired_at: DateTime<Utc>,
-    expires_at: DateTime<Utc>,
-}
-
-impl LeaseRow {
-    fn held_at(&self, now: DateTime<Utc>) -> Option<LeaseHolder> {
-        self.holder
-            .as_ref()
-            .filter(|_| self.expires_at > now)
-            .map(|run_id| LeaseHolder {
-                run_id: run_id.clone(),
-                token: self.token,
-                acquired_at: self.acquired_at,
-                expires_at: self.expires_at,
-            })
-    }
-}
-
-/// A short random pause before sending a conflicting statement again.
-async fn backoff(attempt: u32) {
-    let jitter = (uuid::Uuid::new_v4().as_u128() % 100) as u64;
-    let base = 50u64 << attempt.min(5);
-    tokio::time::sleep(Duration::from_millis(base + jitter)).await;
-}
-
 fn render_migration(sql: &str, url: &BigQueryUrl) -> String {
     sql.replace("{project}", &url.project)
         .replace("{dataset}", &url.dataset)
-}
-
-fn key_from_record(r: &Record<'_>) -> std::result::Result<KeyRecord, String> {
-    Ok(KeyRecord {
-        key: r.str("processing_key")?,
-        kind: KeyKind::parse(&r.str("kind")?).map_err(|e| e.to_string())?,
-        processor: r.str("processor_name")?,
-        scope: r.str("scope")?,
-        scope_date: r.date("scope_date")?,
-        processed_at: r.timestamp("processed_at")?,
-        entity_count: r.opt_i64("entity_count")?,
-        metadata: r.opt_json("metadata")?.unwrap_or(serde_json::Value::Null),
-        run_id: r.str("run_id")?,
-    })
-}
-
-fn run_from_record(r: &Record<'_>) -> std::result::Result<RunRecord, String> {
-    let text = |e: Error| e.to_string();
-    Ok(RunRecord {
-        run_id: r.str("run_id")?,
-        processor: r.str("processor_name")?,
-        scope: r.str("scope")?,
-        scope_date: r.date("scope_date")?,
-        trigger: r.str("trigger_source")?.parse().map_err(text)?,
-        mode: r.str("mode")?.parse::<Mode>().map_err(text)?,
-        started_at: r.timestamp("started_at")?,
-        finished_at: r.timestamp("finished_at")?,
-        duration_ms: r.i64("duration_ms")?,
-        status: r.str("status")?.parse::<RunStatus>().map_err(text)?,
-        skip_reason: r.opt_str("skip_reason")?.map(|s| SkipReason::parse(&s)),
-        would_skip_reason: r
-            .opt_str("would_skip_reason")?
-            .map(|s| SkipReason::parse(&s)),
-        previous_run_id: r.opt_str("previous_run_id")?,
-        records_processed: r.opt_i64("records_processed")?,
-        processing_key: r.opt_str("processing_key")?,
-        error: r.opt_str("error")?,
-        output: r.opt_json("output")?,
-    })
 }
 
 impl BigQueryStore {
@@ -337,9 +281,7 @@ impl BigQueryStore {
     /// created ([`Store::migrate`]).
     pub async fn connect(url: &str) -> Result<Self> {
         let store = Self::connect_lazy(url).await?;
-        if !store.tables_exist().await? {
-            store.migrate().await?;
-        }
+        migrations::run(&store).await?;
         Ok(store)
     }
 
@@ -412,18 +354,22 @@ impl BigQueryStore {
     /// A mutating statement (UPDATE/DELETE) whose effect does not depend on what it lost
     /// to: sent again after a concurrent-update conflict. Returns the rows affected.
     async fn mutate(&self, operation: &str, sql: &str, params: Vec<Param>) -> Result<u64> {
-        let mut attempt = 0;
-        loop {
+        let params = &params;
+        let out = retry(CONFLICT_RETRIES, |attempt| async move {
             match self.conn.query(operation, sql, params.clone()).await {
-                Ok(out) => return out.affected(operation).map_err(|e| self.err(e)),
-                Err(e) if e.is_concurrent_update() && attempt < CONFLICT_RETRIES => {
-                    tracing::info!("{e}; sending it again");
-                    backoff(attempt).await;
-                    attempt += 1;
+                Ok(out) => Ok(out),
+                Err(e) if e.is_concurrent_update() => {
+                    if attempt + 1 < CONFLICT_RETRIES.attempts {
+                        tracing::info!("{e}; sending it again");
+                    }
+                    Err(Retry::Again(e))
                 }
-                Err(e) => return Err(self.err(e)),
+                Err(e) => Err(Retry::Stop(e)),
             }
-        }
+        })
+        .await
+        .map_err(|e| self.err(e))?;
+        out.affected(operation).map_err(|e| self.err(e))
     }
 
     async fn tables_exist(&self) -> Result<bool> {
@@ -509,16 +455,9 @@ impl BigQueryStore {
             )
             .await?;
         let row = out.records().next();
-        row.map(|r| {
-            Ok(LeaseRow {
-                holder: r.opt_str("holder_run_id")?,
-                token: r.i64("token")?,
-                acquired_at: r.timestamp("acquired_at")?,
-                expires_at: r.timestamp("expires_at")?,
-            })
-        })
-        .transpose()
-        .map_err(|e| self.bad_row(operation, e))
+        row.map(|r| lease_from_record(&r))
+            .transpose()
+            .map_err(|e| self.bad_row(operation, e))
     }
 
     async fn lease_lost(&self, lease: &Lease) -> Error {
@@ -545,28 +484,27 @@ impl BigQueryStore {
     }
 }
 
+/// No version record: the tables all there is the latest version; no lock either: every
+/// statement is idempotent, and a table created meanwhile by another process is fine.
 #[async_trait]
-impl Store for BigQueryStore {
-    fn kind(&self) -> &'static str {
-        "bigquery"
+impl Schema for BigQueryStore {
+    fn migrations(&self) -> &'static [Migration] {
+        migrations::BIGQUERY
     }
 
-    fn describe(&self) -> String {
-        self.url.clone()
+    async fn version(&self) -> Result<i64> {
+        Ok(if self.tables_exist().await? {
+            migrations::latest(migrations::BIGQUERY)
+        } else {
+            0
+        })
     }
 
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            atomic_finish: false,
-            durable: true,
-            cross_process: true,
-        }
-    }
-
-    async fn migrate(&self) -> Result<()> {
+    async fn apply(&self) -> Result<()> {
         self.ensure_dataset().await?;
-        for migration in MIGRATIONS {
-            let script = render_migration(migration, &self.config);
+        // Every migration, every time: the DDL is idempotent (`IF NOT EXISTS`).
+        for migration in migrations::pending(migrations::BIGQUERY, 0) {
+            let script = render_migration(migration.sql, &self.config);
             for statement in crate::backend::prepare(&script, crate::backend::Dialect::BigQuery)? {
                 match self
                     .conn
@@ -594,7 +532,31 @@ impl Store for BigQueryStore {
         }
         Ok(())
     }
+}
 
+#[async_trait]
+impl StoreBase for BigQueryStore {
+    fn kind(&self) -> &'static str {
+        "bigquery"
+    }
+
+    fn describe(&self) -> String {
+        self.url.clone()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::SHARED
+    }
+
+    /// Creates what is missing and sets the partition expiration, even when the tables
+    /// exist (the DDL is idempotent), so a changed `partition_expiration_days` applies.
+    async fn migrate(&self) -> Result<()> {
+        self.apply().await
+    }
+}
+
+#[async_trait]
+impl LeaseStore for BigQueryStore {
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claim> {
         let now = micros(request.now);
         let expires_at = lease_expiry(now, request.ttl);
@@ -652,7 +614,7 @@ impl Store for BigQueryStore {
                     tracing::info!("{e}: the claim lost a concurrent update");
                     conflicts += 1;
                     if attempt + 1 < CLAIM_ATTEMPTS {
-                        backoff(attempt).await;
+                        tokio::time::sleep(CLAIM_ROUNDS.pause(attempt)).await;
                     }
                 }
                 Err(e) => return Err(self.err(e)),
@@ -715,7 +677,10 @@ impl Store for BigQueryStore {
             .await?
             >= 1)
     }
+}
 
+#[async_trait]
+impl LedgerStore for BigQueryStore {
     async fn find_keys(&self, lookups: &[KeyLookup]) -> Result<Vec<Option<KeyRecord>>> {
         let mut out = vec![None; lookups.len()];
         let Some(oldest) = lookups.iter().map(|l| micros(l.since)).min() else {
@@ -844,7 +809,7 @@ impl Store for BigQueryStore {
                         Some(k.kind.as_str().to_string()),
                         Some(k.processor.clone()),
                         Some(k.scope.clone()),
-                        Some(k.scope_date.format("%Y-%m-%d").to_string()),
+                        Some(time::day_text(k.scope_date)),
                         Some(timestamp_text(micros(k.processed_at))),
                         k.entity_count.map(|n| n.to_string()),
                         Some(k.metadata.to_string()),
@@ -893,9 +858,10 @@ impl Store for BigQueryStore {
                     Err(e) => tracing::warn!(
                         "run {} is recorded, but its lease could not be released; it expires by {}: {e}",
                         run.run_id,
-                        (run.finished_at + chrono::Duration::from_std(FINISH_HOLD).unwrap_or_default())
-                            .max(lease.expires_at)
-                            .format("%Y-%m-%d %H:%M:%S UTC")
+                        time::utc_text(
+                            (run.finished_at + chrono::Duration::from_std(FINISH_HOLD).unwrap_or_default())
+                                .max(lease.expires_at)
+                        )
                     ),
                 }
             }
@@ -930,7 +896,10 @@ impl Store for BigQueryStore {
             .map(|r| run_from_record(&r).map_err(|e| self.bad_row("runs", e)))
             .collect()
     }
+}
 
+#[async_trait]
+impl MaintenanceStore for BigQueryStore {
     async fn purge(&self, processor: &str, scope: Option<&str>) -> Result<u64> {
         self.mutate(
             "purge",
@@ -943,38 +912,27 @@ impl Store for BigQueryStore {
     async fn cleanup(&self, policy: &CleanupPolicy) -> Result<CleanupReport> {
         // BigQuery deletes each table's rows in one DML statement (no LIMIT in DML; its
         // DML does not lock out the runs' inserts), so `batch` does not apply.
-        let cutoffs = [
-            policy.keys_before,
-            policy.runs_before,
-            policy.leases_before,
-            policy.keys_before,
+        const OPERATIONS: [&str; 4] = [
+            "cleanup.keys",
+            "cleanup.runs",
+            "cleanup.leases",
+            "cleanup.event_keys",
         ];
-        let mut counts = [0u64; 4];
-        for (i, (rows, operation)) in self
-            .sql
-            .cleanup
-            .iter()
-            .zip([
-                "cleanup.keys",
-                "cleanup.runs",
-                "cleanup.leases",
-                "cleanup.event_keys",
-            ])
-            .enumerate()
-        {
-            let params = vec![
-                timestamp("before", micros(cutoffs[i])),
+        let params = |cutoff: DateTime<Utc>| {
+            vec![
+                timestamp("before", micros(cutoff)),
                 opt_string("processor", policy.processor.as_deref()),
                 timestamp("keys_before", micros(policy.keys_before)),
-            ];
-            counts[i] = if policy.dry_run {
-                let out = self
-                    .query(
-                        operation,
-                        &format!("SELECT COUNT(*) AS n FROM {rows}"),
-                        params,
-                    )
-                    .await?;
+            ]
+        };
+        let params = &params;
+        cleanup_tables(
+            policy,
+            false,
+            |i, cutoff| async move {
+                let (rows, operation) = (&self.sql.cleanup[i], OPERATIONS[i]);
+                let sql = format!("SELECT COUNT(*) AS n FROM {rows}");
+                let out = self.query(operation, &sql, params(cutoff)).await?;
                 let n = out
                     .records()
                     .next()
@@ -982,20 +940,20 @@ impl Store for BigQueryStore {
                     .transpose()
                     .map_err(|e| self.bad_row(operation, e))?
                     .unwrap_or(0);
-                u64::try_from(n).unwrap_or(0)
-            } else {
-                self.mutate(operation, &format!("DELETE FROM {rows}"), params)
-                    .await?
-            };
-        }
-        Ok(CleanupReport {
-            keys_deleted: counts[0],
-            runs_deleted: counts[1],
-            leases_deleted: counts[2],
-            event_keys_deleted: counts[3],
-        })
+                Ok(u64::try_from(n).unwrap_or(0))
+            },
+            |i, cutoff| async move {
+                let (rows, operation) = (&self.sql.cleanup[i], OPERATIONS[i]);
+                let sql = format!("DELETE FROM {rows}");
+                self.mutate(operation, &sql, params(cutoff)).await
+            },
+        )
+        .await
     }
+}
 
+#[async_trait]
+impl EventKeyStore for BigQueryStore {
     async fn mark_event_keys(
         &self,
         namespace: &str,
@@ -1061,7 +1019,7 @@ mod tests {
         for s in [&sql.find_keys, &sql.run_insert, &sql.runs, &sql.lease_take] {
             assert!(!s.contains('{'), "unrendered placeholder in {s}");
         }
-        let ddl = render_migration(MIGRATIONS[0], &url);
+        let ddl = render_migration(migrations::BIGQUERY[0].sql, &url);
         assert!(ddl.contains("`proj-1.ds_1.processing_keys`"));
         assert!(ddl.contains(
             "PARTITION BY DATE(processed_at)\nCLUSTER BY processing_key, processor_name"

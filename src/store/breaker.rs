@@ -11,6 +11,7 @@
 //! success closes it. Failing them fast would let a finished run's lease expire while
 //! the store is healthy again, and the next run would redo the work.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -18,8 +19,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::{
-    Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, Finish, KeyLookup, Lease,
-    LeaseHolder, RunFilter, Store,
+    Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, EventKeyStore, Finish,
+    KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore, MaintenanceStore, RunFilter, StoreBase,
 };
 use crate::error::{Error, Result};
 use crate::model::{KeyRecord, RunRecord};
@@ -64,13 +65,13 @@ pub enum BreakerPhase {
 
 /// A store wrapped in a circuit breaker.
 #[derive(Debug)]
-pub struct CircuitBreakerStore<S: Store + ?Sized> {
+pub struct CircuitBreakerStore<S: StoreBase + ?Sized> {
     inner: Arc<S>,
     config: BreakerConfig,
     state: Mutex<BreakerState>,
 }
 
-impl<S: Store + ?Sized> CircuitBreakerStore<S> {
+impl<S: StoreBase + ?Sized> CircuitBreakerStore<S> {
     /// Wraps `inner`.
     pub fn new(inner: Arc<S>, config: BreakerConfig) -> Self {
         CircuitBreakerStore {
@@ -143,83 +144,100 @@ impl<S: Store + ?Sized> CircuitBreakerStore<S> {
         }
         result
     }
+
+    /// A call that the open breaker refuses: `call` runs only when the breaker lets it.
+    async fn guarded<T>(&self, call: impl Future<Output = Result<T>>) -> Result<T> {
+        self.before()?;
+        self.after(call.await)
+    }
+
+    /// A call that is always tried, even while the breaker is open (see the module docs);
+    /// its outcome still counts.
+    async fn always<T>(&self, call: impl Future<Output = Result<T>>) -> Result<T> {
+        self.after(call.await)
+    }
 }
 
 #[async_trait]
-impl<S: Store + ?Sized> Store for CircuitBreakerStore<S> {
+impl<S: StoreBase + ?Sized> StoreBase for CircuitBreakerStore<S> {
     fn kind(&self) -> &'static str {
         self.inner.kind()
     }
+
     fn describe(&self) -> String {
         self.inner.describe()
     }
+
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
+
     async fn migrate(&self) -> Result<()> {
-        self.before()?;
-        let r = self.inner.migrate().await;
-        self.after(r)
+        self.guarded(self.inner.migrate()).await
     }
+}
+
+#[async_trait]
+impl<S: LeaseStore + ?Sized> LeaseStore for CircuitBreakerStore<S> {
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claim> {
-        self.before()?;
-        let r = self.inner.claim(request).await;
-        self.after(r)
+        self.guarded(self.inner.claim(request)).await
     }
+
     async fn lease_holder(
         &self,
         processor: &str,
         scope: &str,
         now: DateTime<Utc>,
     ) -> Result<Option<LeaseHolder>> {
-        self.before()?;
-        let r = self.inner.lease_holder(processor, scope, now).await;
-        self.after(r)
+        self.guarded(self.inner.lease_holder(processor, scope, now))
+            .await
     }
+
     async fn renew(&self, lease: &Lease, ttl: Duration, now: DateTime<Utc>) -> Result<Lease> {
-        // Always tried: see the module docs.
-        let r = self.inner.renew(lease, ttl, now).await;
-        self.after(r)
+        self.always(self.inner.renew(lease, ttl, now)).await
     }
+
     async fn release(&self, lease: &Lease, now: DateTime<Utc>) -> Result<bool> {
-        // Always tried: see the module docs.
-        let r = self.inner.release(lease, now).await;
-        self.after(r)
+        self.always(self.inner.release(lease, now)).await
     }
+}
+
+#[async_trait]
+impl<S: LedgerStore + ?Sized> LedgerStore for CircuitBreakerStore<S> {
     async fn find_keys(&self, lookups: &[KeyLookup]) -> Result<Vec<Option<KeyRecord>>> {
-        self.before()?;
-        let r = self.inner.find_keys(lookups).await;
-        self.after(r)
+        self.guarded(self.inner.find_keys(lookups)).await
     }
+
     async fn finish(&self, finish: &Finish) -> Result<()> {
-        // Always tried: see the module docs.
-        let r = self.inner.finish(finish).await;
-        self.after(r)
+        self.always(self.inner.finish(finish)).await
     }
+
     async fn runs(&self, filter: &RunFilter) -> Result<Vec<RunRecord>> {
-        self.before()?;
-        let r = self.inner.runs(filter).await;
-        self.after(r)
+        self.guarded(self.inner.runs(filter)).await
     }
+}
+
+#[async_trait]
+impl<S: MaintenanceStore + ?Sized> MaintenanceStore for CircuitBreakerStore<S> {
     async fn purge(&self, processor: &str, scope: Option<&str>) -> Result<u64> {
-        self.before()?;
-        let r = self.inner.purge(processor, scope).await;
-        self.after(r)
+        self.guarded(self.inner.purge(processor, scope)).await
     }
+
     async fn cleanup(&self, policy: &CleanupPolicy) -> Result<CleanupReport> {
-        self.before()?;
-        let r = self.inner.cleanup(policy).await;
-        self.after(r)
+        self.guarded(self.inner.cleanup(policy)).await
     }
+}
+
+#[async_trait]
+impl<S: EventKeyStore + ?Sized> EventKeyStore for CircuitBreakerStore<S> {
     async fn mark_event_keys(
         &self,
         namespace: &str,
         keys: &[String],
         now: DateTime<Utc>,
     ) -> Result<Vec<bool>> {
-        self.before()?;
-        let r = self.inner.mark_event_keys(namespace, keys, now).await;
-        self.after(r)
+        self.guarded(self.inner.mark_event_keys(namespace, keys, now))
+            .await
     }
 }
 

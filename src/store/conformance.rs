@@ -1,7 +1,10 @@
 //! The conformance suite every store must pass.
 //!
-//! Plain `pub async fn`s taking a store; each backend's tests call every one of them (see
-//! `tests/conformance.rs`). Each check uses its own processor names, so the checks can
+//! Plain `pub async fn`s, each taking the capability it tests (`&dyn LeaseStore`,
+//! `&dyn LedgerStore`, `&dyn EventKeyStore`, or the whole `&dyn Store`); each backend's
+//! tests call every one of them directly (see `tests/conformance.rs`). What a backend
+//! guarantees beyond one instance ([`Capabilities`](super::Capabilities)) decides what
+//! [`capabilities_hold_across_instances`] asserts. Each check uses its own processor names, so the checks can
 //! share one database and run in any order. Times are passed explicitly (`now`), so
 //! expiry is tested without sleeping.
 
@@ -12,29 +15,13 @@ use chrono::{DateTime, NaiveDate, Utc};
 use serde_json::json;
 
 use super::{
-    Claim, ClaimRequest, CleanupPolicy, CleanupReport, DynStore, Finish, KeyLookup, Lease,
-    RunFilter,
+    Claim, ClaimRequest, CleanupPolicy, CleanupReport, EventKeyStore, Finish, KeyLookup, Lease,
+    LeaseStore, LedgerStore, RunFilter, Store,
 };
 use crate::error::Error;
 use crate::model::{
     micros, new_run_id, KeyKind, KeyRecord, Mode, RunRecord, RunStatus, SkipReason, Trigger,
 };
-
-/// Every check, by name, for backends that want one test per check.
-pub const CHECKS: &[&str] = &[
-    "claim_excludes_and_release_frees",
-    "expired_lease_is_taken_over_and_fenced",
-    "concurrent_claims_have_one_winner",
-    "keys_only_on_success",
-    "key_windows_and_latest_row",
-    "ledger_queries",
-    "strings_round_trip",
-    "purge_and_cleanup",
-    "event_keys_batch",
-    "renew_extends_lease",
-    "taken_run_id_is_refused_and_changes_nothing",
-    "cleanup_deletes_exactly_what_is_past_retention",
-];
 
 fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", &new_run_id()[..8])
@@ -126,7 +113,7 @@ fn acquired(claim: Claim) -> Lease {
 }
 
 async fn finish_completed(
-    store: &DynStore,
+    store: &dyn LedgerStore,
     lease: &Lease,
     keys: Vec<KeyRecord>,
     at: DateTime<Utc>,
@@ -148,7 +135,7 @@ async fn finish_completed(
 
 /// A claim excludes other runs until the holder finishes; then the lease is free and the
 /// next claim gets a larger token.
-pub async fn claim_excludes_and_release_frees(store: Arc<DynStore>) {
+pub async fn claim_excludes_and_release_frees(store: &dyn Store) {
     let p = unique("claim");
     let t = now();
     let (a, b, c) = (new_run_id(), new_run_id(), new_run_id());
@@ -191,9 +178,7 @@ pub async fn claim_excludes_and_release_frees(store: Arc<DynStore>) {
             .unwrap(),
     );
 
-    finish_completed(&*store, &lease_a, vec![], t)
-        .await
-        .unwrap();
+    finish_completed(store, &lease_a, vec![], t).await.unwrap();
     assert!(store
         .lease_holder(&p, "2025-11-18", t)
         .await
@@ -220,7 +205,7 @@ pub async fn claim_excludes_and_release_frees(store: Arc<DynStore>) {
 
 /// A lease past its expiry is taken over; the late holder can neither finish nor release
 /// over the new one, and its late finish writes nothing.
-pub async fn expired_lease_is_taken_over_and_fenced(store: Arc<DynStore>) {
+pub async fn expired_lease_is_taken_over_and_fenced(store: &dyn Store) {
     let p = unique("expiry");
     let t0 = now();
     let (slow, fresh) = (new_run_id(), new_run_id());
@@ -246,7 +231,7 @@ pub async fn expired_lease_is_taken_over_and_fenced(store: Arc<DynStore>) {
 
     let key = unique("key");
     let late = finish_completed(
-        &*store,
+        store,
         &old,
         vec![key_record(&key, KeyKind::Content, &p, "s", &slow, t2)],
         t2,
@@ -286,7 +271,7 @@ pub async fn expired_lease_is_taken_over_and_fenced(store: Arc<DynStore>) {
     assert!(runs.is_empty(), "a fenced finish writes no run row");
     // The new holder still finishes normally.
     finish_completed(
-        &*store,
+        store,
         &new,
         vec![key_record(&key, KeyKind::Content, &p, "s", &fresh, t2)],
         t2,
@@ -296,7 +281,7 @@ pub async fn expired_lease_is_taken_over_and_fenced(store: Arc<DynStore>) {
 }
 
 /// Many runs claiming one scope at once: exactly one wins.
-pub async fn concurrent_claims_have_one_winner(store: Arc<DynStore>) {
+pub async fn concurrent_claims_have_one_winner(store: Arc<dyn LeaseStore>) {
     let p = unique("race");
     let t = now();
     let mut tasks = Vec::new();
@@ -334,7 +319,7 @@ pub async fn concurrent_claims_have_one_winner(store: Arc<DynStore>) {
 }
 
 /// A failed or skipped run is recorded in the ledger, writes no key, and frees the lease.
-pub async fn keys_only_on_success(store: Arc<DynStore>) {
+pub async fn keys_only_on_success(store: &dyn Store) {
     let p = unique("fail");
     let t = now();
     let run = new_run_id();
@@ -398,7 +383,7 @@ pub async fn keys_only_on_success(store: Arc<DynStore>) {
 }
 
 /// Lookups honour `since`, kind, and return the latest row per key, in request order.
-pub async fn key_windows_and_latest_row(store: Arc<DynStore>) {
+pub async fn key_windows_and_latest_row(store: &dyn Store) {
     let p = unique("window");
     let t0 = now() - chrono::Duration::hours(2);
     let t1 = t0 + chrono::Duration::minutes(90);
@@ -406,7 +391,7 @@ pub async fn key_windows_and_latest_row(store: Arc<DynStore>) {
     for (at, run) in [(t0, new_run_id()), (t1, new_run_id())] {
         let lease = acquired(store.claim(&request(&p, "s", &run, 60, at)).await.unwrap());
         finish_completed(
-            &*store,
+            store,
             &lease,
             vec![
                 key_record(&scope_key, KeyKind::Scope, &p, "s", &run, at),
@@ -457,7 +442,7 @@ pub async fn key_windows_and_latest_row(store: Arc<DynStore>) {
 }
 
 /// The ledger keeps every field and filters, orders and limits.
-pub async fn ledger_queries(store: Arc<DynStore>) {
+pub async fn ledger_queries(store: &dyn LedgerStore) {
     let p = unique("ledger");
     let t = now();
     let mut ids: Vec<String> = Vec::new();
@@ -561,7 +546,7 @@ pub async fn ledger_queries(store: Arc<DynStore>) {
 }
 
 /// Names and scopes with quotes, semicolons, SQL comments and unicode round-trip.
-pub async fn strings_round_trip(store: Arc<DynStore>) {
+pub async fn strings_round_trip(store: &dyn Store) {
     let p = format!(
         "it's; \"x\" -- DROP TABLE processing_runs; — ünïcødé 🎉 {}",
         unique("q")
@@ -574,7 +559,7 @@ pub async fn strings_round_trip(store: Arc<DynStore>) {
     let key = unique("key'\"");
     let mut k = key_record(&key, KeyKind::Content, &p, scope, &run, t);
     k.metadata = json!({"quote": "it's \"fine\"", "emoji": "🎉", "nested": {"b": [1, 2]}});
-    finish_completed(&*store, &lease, vec![k.clone()], t)
+    finish_completed(store, &lease, vec![k.clone()], t)
         .await
         .unwrap();
     let found = store
@@ -600,7 +585,7 @@ pub async fn strings_round_trip(store: Arc<DynStore>) {
 }
 
 /// Purge forgets a processor's keys on purpose; cleanup deletes what is old.
-pub async fn purge_and_cleanup(store: Arc<DynStore>) {
+pub async fn purge_and_cleanup(store: &dyn Store) {
     let p = unique("purge");
     let t = now();
     let k1 = unique("k1");
@@ -609,7 +594,7 @@ pub async fn purge_and_cleanup(store: Arc<DynStore>) {
         let run = new_run_id();
         let lease = acquired(store.claim(&request(&p, scope, &run, 60, t)).await.unwrap());
         finish_completed(
-            &*store,
+            store,
             &lease,
             vec![key_record(key, KeyKind::Scope, &p, scope, &run, t)],
             t,
@@ -684,7 +669,7 @@ pub async fn purge_and_cleanup(store: Arc<DynStore>) {
 }
 
 /// Event keys: first sighting true, later (and in-batch repeats) false, per namespace.
-pub async fn event_keys_batch(store: Arc<DynStore>) {
+pub async fn event_keys_batch(store: &dyn EventKeyStore) {
     let ns = unique("events");
     let t = now();
     let keys: Vec<String> = ["a", "b", "a", "c'; --", "ü"]
@@ -708,7 +693,7 @@ pub async fn event_keys_batch(store: Arc<DynStore>) {
 }
 
 /// Renewal extends a held lease; a taken-over lease cannot be renewed.
-pub async fn renew_extends_lease(store: Arc<DynStore>) {
+pub async fn renew_extends_lease(store: &dyn LeaseStore) {
     let p = unique("renew");
     let t0 = now();
     let run = new_run_id();
@@ -751,7 +736,7 @@ pub async fn renew_extends_lease(store: Arc<DynStore>) {
 /// A finish whose run id is already in the ledger is refused with
 /// [`Error::DuplicateRunId`] (not a store failure), writes no key and keeps the lease; the
 /// same finish under another run id then succeeds with the same lease.
-pub async fn taken_run_id_is_refused_and_changes_nothing(store: Arc<DynStore>) {
+pub async fn taken_run_id_is_refused_and_changes_nothing(store: &dyn Store) {
     let (first, second) = (unique("first"), unique("second"));
     let run_id = unique("orchestrator-run");
     let at = now();
@@ -839,13 +824,12 @@ pub async fn taken_run_id_is_refused_and_changes_nothing(store: Arc<DynStore>) {
 /// expired before the keys' cut-off, ledger rows started before the runs' cut-off unless a
 /// kept key points at them, event keys first seen before the keys' cut-off; `dry_run`
 /// reports the same counts and deletes nothing; a second cleanup finds nothing.
-pub async fn cleanup_deletes_exactly_what_is_past_retention(store: Arc<DynStore>) {
+pub async fn cleanup_deletes_exactly_what_is_past_retention(store: &dyn Store) {
     let p = unique("retain");
     let t = now();
     let ago = |days: i64| t - chrono::Duration::days(days);
     let record = |run: &str, status: RunStatus, keys: Vec<&str>, at: DateTime<Utc>| {
         let run = run.to_string();
-        let store = store.clone();
         let p = p.clone();
         let keys: Vec<String> = keys.into_iter().map(str::to_string).collect();
         async move {
@@ -927,7 +911,6 @@ pub async fn cleanup_deletes_exactly_what_is_past_retention(store: Arc<DynStore>
     };
     let all_keys = [&key_a, &key_b, &key_d, &key_e[0], &key_e[1], &key_e[2]];
     let ledger = || {
-        let store = store.clone();
         let p = p.clone();
         async move {
             let mut ids: Vec<String> = store
@@ -1031,27 +1014,46 @@ pub async fn cleanup_deletes_exactly_what_is_past_retention(store: Arc<DynStore>
     );
 }
 
-/// Runs the check named `name` (one of [`CHECKS`]).
-pub async fn run_check(name: &str, store: Arc<DynStore>) {
-    match name {
-        "claim_excludes_and_release_frees" => claim_excludes_and_release_frees(store).await,
-        "expired_lease_is_taken_over_and_fenced" => {
-            expired_lease_is_taken_over_and_fenced(store).await
+/// What the backend's [`Capabilities`](super::Capabilities) promise, across instances
+/// opened on the same `url`: with `cross_process`, a lease claimed through one instance is
+/// held for the other; with `durable`, a run recorded through an instance that is then
+/// dropped is in the ledger of one opened afterwards. A backend promising neither (the
+/// memory store) is not held to either.
+pub async fn capabilities_hold_across_instances(url: &str) {
+    let first = super::open(url).await.expect("open the store");
+    let second = super::open(url).await.expect("open the store again");
+    let capabilities = first.capabilities();
+    assert_eq!(capabilities, second.capabilities());
+    let p = unique("instances");
+    let t = now();
+    let run = new_run_id();
+    let lease = acquired(first.claim(&request(&p, "s", &run, 60, t)).await.unwrap());
+    if capabilities.cross_process {
+        match second
+            .claim(&request(&p, "s", &new_run_id(), 60, t))
+            .await
+            .unwrap()
+        {
+            Claim::Held(h) => assert_eq!(h.run_id, run, "the other instance sees the holder"),
+            Claim::Acquired(_) => panic!("two instances on one url both acquired a lease"),
         }
-        "concurrent_claims_have_one_winner" => concurrent_claims_have_one_winner(store).await,
-        "keys_only_on_success" => keys_only_on_success(store).await,
-        "key_windows_and_latest_row" => key_windows_and_latest_row(store).await,
-        "ledger_queries" => ledger_queries(store).await,
-        "strings_round_trip" => strings_round_trip(store).await,
-        "purge_and_cleanup" => purge_and_cleanup(store).await,
-        "event_keys_batch" => event_keys_batch(store).await,
-        "renew_extends_lease" => renew_extends_lease(store).await,
-        "taken_run_id_is_refused_and_changes_nothing" => {
-            taken_run_id_is_refused_and_changes_nothing(store).await
-        }
-        "cleanup_deletes_exactly_what_is_past_retention" => {
-            cleanup_deletes_exactly_what_is_past_retention(store).await
-        }
-        other => panic!("unknown conformance check {other:?}"),
+    }
+    finish_completed(&*first, &lease, vec![], t).await.unwrap();
+    drop(first);
+    drop(second);
+    if capabilities.durable {
+        let third = super::open(url).await.expect("open the store once more");
+        let runs = third
+            .runs(&RunFilter {
+                processor: Some(p.clone()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            runs.iter().map(|r| r.run_id.as_str()).collect::<Vec<_>>(),
+            [run.as_str()],
+            "a recorded run outlives the instance that recorded it"
+        );
     }
 }

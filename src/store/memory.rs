@@ -10,20 +10,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
+use super::rows::LeaseRow;
 use super::{
-    lease_expiry, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, Finish,
-    KeyLookup, Lease, LeaseHolder, RunFilter, Store,
+    lease_expiry, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, EventKeyStore,
+    Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore, MaintenanceStore, RunFilter,
+    StoreBase,
 };
 use crate::error::{Error, Result};
 use crate::model::{micros, KeyKind, KeyRecord, RunRecord, RunStatus};
-
-#[derive(Debug, Clone)]
-struct LeaseRow {
-    holder: Option<String>,
-    token: i64,
-    acquired_at: DateTime<Utc>,
-    expires_at: DateTime<Utc>,
-}
 
 #[derive(Debug, Default)]
 struct State {
@@ -61,7 +55,7 @@ fn holds(row: Option<&LeaseRow>, lease: &Lease) -> bool {
 }
 
 #[async_trait]
-impl Store for MemoryStore {
+impl StoreBase for MemoryStore {
     fn kind(&self) -> &'static str {
         "memory"
     }
@@ -71,31 +65,23 @@ impl Store for MemoryStore {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            atomic_finish: true,
-            durable: false,
-            cross_process: false,
-        }
+        Capabilities::NONE
     }
 
     async fn migrate(&self) -> Result<()> {
         Ok(())
     }
+}
 
+#[async_trait]
+impl LeaseStore for MemoryStore {
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claim> {
         let now = micros(request.now);
         let mut state = self.lock();
         let id = (request.processor.to_string(), request.scope.to_string());
         let row = state.leases.get(&id);
-        if let Some(r) = row {
-            if r.holder.is_some() && r.expires_at > now {
-                return Ok(Claim::Held(LeaseHolder {
-                    run_id: r.holder.clone().unwrap_or_default(),
-                    token: r.token,
-                    acquired_at: r.acquired_at,
-                    expires_at: r.expires_at,
-                }));
-            }
+        if let Some(holder) = row.and_then(|r| r.held_at(now)) {
+            return Ok(Claim::Held(holder));
         }
         let token = row.map(|r| r.token + 1).unwrap_or(1);
         let expires_at = lease_expiry(now, request.ttl);
@@ -121,15 +107,7 @@ impl Store for MemoryStore {
         Ok(state
             .leases
             .get(&(processor.to_string(), scope.to_string()))
-            .filter(|r| r.expires_at > now)
-            .and_then(|r| {
-                r.holder.clone().map(|run_id| LeaseHolder {
-                    run_id,
-                    token: r.token,
-                    acquired_at: r.acquired_at,
-                    expires_at: r.expires_at,
-                })
-            }))
+            .and_then(|r| r.held_at(now)))
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration, now: DateTime<Utc>) -> Result<Lease> {
@@ -159,7 +137,10 @@ impl Store for MemoryStore {
         r.expires_at = micros(now);
         Ok(true)
     }
+}
 
+#[async_trait]
+impl LedgerStore for MemoryStore {
     async fn find_keys(&self, lookups: &[KeyLookup]) -> Result<Vec<Option<KeyRecord>>> {
         let state = self.lock();
         Ok(lookups
@@ -240,7 +221,10 @@ impl Store for MemoryStore {
         }
         Ok(rows)
     }
+}
 
+#[async_trait]
+impl MaintenanceStore for MemoryStore {
     async fn purge(&self, processor: &str, scope: Option<&str>) -> Result<u64> {
         let mut state = self.lock();
         let mut deleted = 0u64;
@@ -305,7 +289,10 @@ impl Store for MemoryStore {
         }
         Ok(report)
     }
+}
 
+#[async_trait]
+impl EventKeyStore for MemoryStore {
     async fn mark_event_keys(
         &self,
         namespace: &str,

@@ -1,19 +1,20 @@
 //! The store abstraction: where leases, processing keys and the run ledger live.
 //!
-//! One object-safe trait, [`Store`], with one module per backend. A backend is chosen at
+//! Capability traits — [`LeaseStore`], [`LedgerStore`], [`MaintenanceStore`],
+//! [`EventKeyStore`], each on top of [`StoreBase`] — and [`Store`], their union (the
+//! batch-job store), with one module per backend. A backend is chosen at
 //! run time from a URL ([`open`]): `sqlite://path` (the embedded default), `postgres://…`,
 //! `bigquery://project/dataset`, `memory://`. Every backend passes the same
 //! [`conformance`] suite.
 //!
 //! Why these operations: a run first *looks up* the keys its guards need (one round trip,
-//! [`Store::find_keys`]), *claims* a lease on (processor, scope) with an expiry and a
-//! fencing token ([`Store::claim`]), and ends with [`Store::finish`], which records the
+//! [`LedgerStore::find_keys`]), *claims* a lease on (processor, scope) with an expiry and a
+//! fencing token ([`LeaseStore::claim`]), and ends with [`LedgerStore::finish`], which records the
 //! run, writes the keys only when it completed, and releases the lease — atomically where
 //! the backend allows, and only if the lease's token is still current, so a run whose
 //! lease expired and was taken over cannot record over the newer holder.
 
 use std::fmt::Debug;
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -21,23 +22,34 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 pub use crate::backend::redact_url;
-use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::model::{KeyKind, KeyRecord, RunRecord, RunStatus};
 
 #[cfg(feature = "bigquery")]
 pub mod bigquery;
 pub mod breaker;
+mod common;
 pub mod conformance;
 pub mod memory;
+pub mod migrations;
+mod open;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+pub mod retry;
+pub mod rows;
 pub mod spool;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
 pub use breaker::{BreakerConfig, CircuitBreakerStore};
 pub use memory::MemoryStore;
+pub use open::{open, UnavailableStore, DEFAULT_STORE_URL};
+
+/// Every store trait, for calling store methods on a concrete store type:
+/// `use idem::store::prelude::*;`.
+pub mod prelude {
+    pub use super::{EventKeyStore, LeaseStore, LedgerStore, MaintenanceStore, Store, StoreBase};
+}
 
 /// A store chosen at run time.
 pub type DynStore = dyn Store;
@@ -149,7 +161,7 @@ pub struct KeyLookup {
     pub since: DateTime<Utc>,
 }
 
-/// The end of a run, recorded by [`Store::finish`].
+/// The end of a run, recorded by [`LedgerStore::finish`].
 #[derive(Debug, Clone)]
 pub struct Finish {
     /// The ledger row.
@@ -161,7 +173,7 @@ pub struct Finish {
     pub lease: Option<Lease>,
 }
 
-/// Filter for [`Store::runs`].
+/// Filter for [`LedgerStore::runs`].
 #[derive(Debug, Clone, Default)]
 pub struct RunFilter {
     /// Only this processor.
@@ -179,7 +191,7 @@ pub struct RunFilter {
 /// Rows per delete statement in a cleanup, by default.
 pub const DEFAULT_CLEANUP_BATCH: usize = 10_000;
 
-/// What [`Store::cleanup`] deletes.
+/// What [`MaintenanceStore::cleanup`] deletes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CleanupPolicy {
     /// Processing keys processed before this instant are deleted, and event keys first
@@ -220,7 +232,7 @@ impl CleanupPolicy {
     }
 }
 
-/// What [`Store::cleanup`] removed (or, under `dry_run`, would remove).
+/// What [`MaintenanceStore::cleanup`] removed (or, under `dry_run`, would remove).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct CleanupReport {
     /// Processing keys deleted.
@@ -233,20 +245,34 @@ pub struct CleanupReport {
     pub event_keys_deleted: u64,
 }
 
-/// What a backend can and cannot do; conformance checks read these instead of guessing.
+/// What a backend guarantees beyond one instance in one process. The conformance suite
+/// reads these: [`conformance::capabilities_hold_across_instances`] holds a backend to
+/// exactly what it claims here.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Capabilities {
-    /// `finish` writes the run, the keys and the lease release in one transaction.
-    pub atomic_finish: bool,
     /// Data survives the process.
     pub durable: bool,
     /// Claims stay correct across processes (not only across tasks of one process).
     pub cross_process: bool,
 }
 
-/// Where leases, keys and the ledger live. Object-safe: use `Arc<dyn Store>`.
+impl Capabilities {
+    /// A database shared by processes that keeps what it is given (SQLite, Postgres,
+    /// BigQuery).
+    pub const SHARED: Capabilities = Capabilities {
+        durable: true,
+        cross_process: true,
+    };
+    /// Nothing beyond one instance (memory; a store that cannot be reached).
+    pub const NONE: Capabilities = Capabilities {
+        durable: false,
+        cross_process: false,
+    };
+}
+
+/// What every store has: a name, a URL for messages, its guarantees and its schema.
 #[async_trait]
-pub trait Store: Send + Sync + Debug + 'static {
+pub trait StoreBase: Send + Sync + Debug + 'static {
     /// Short backend name (`sqlite`, `postgres`, `bigquery`, `memory`).
     fn kind(&self) -> &'static str;
 
@@ -258,7 +284,11 @@ pub trait Store: Send + Sync + Debug + 'static {
 
     /// Creates or upgrades the schema. Idempotent; safe to call from several processes.
     async fn migrate(&self) -> Result<()>;
+}
 
+/// Leases on (processor, scope) with fencing tokens.
+#[async_trait]
+pub trait LeaseStore: StoreBase {
     /// Claims the lease on (processor, scope), taking over an expired one.
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claim>;
 
@@ -277,7 +307,11 @@ pub trait Store: Send + Sync + Debug + 'static {
     /// Releases a lease without recording anything. Returns false when the lease was no
     /// longer held with this token (expired and taken over): nothing is changed then.
     async fn release(&self, lease: &Lease, now: DateTime<Utc>) -> Result<bool>;
+}
 
+/// Processing keys and the run ledger.
+#[async_trait]
+pub trait LedgerStore: StoreBase {
     /// The latest key record per lookup (same order), or `None`.
     async fn find_keys(&self, lookups: &[KeyLookup]) -> Result<Vec<Option<KeyRecord>>>;
 
@@ -285,14 +319,18 @@ pub trait Store: Send + Sync + Debug + 'static {
     /// release. See [`Finish`].
     ///
     /// `Ok` means the run is recorded. An error means the ledger row and keys were *not*
-    /// recorded: atomic stores roll back; stores without `atomic_finish` must return `Ok`
-    /// once the row and keys are written even if releasing the lease then fails (the lease
+    /// recorded: transactional stores roll back; a store that cannot write them in one
+    /// transaction (BigQuery) must return `Ok` once the row and keys are written even if releasing the lease then fails (the lease
     /// expires), so the runner never reports a recorded run as unrecorded.
     async fn finish(&self, finish: &Finish) -> Result<()>;
 
     /// Ledger rows, newest first.
     async fn runs(&self, filter: &RunFilter) -> Result<Vec<RunRecord>>;
+}
 
+/// Deleting on purpose (purge) and past retention (cleanup).
+#[async_trait]
+pub trait MaintenanceStore: StoreBase {
     /// Deletes the processing keys of a processor (and scope, when given) on purpose, so
     /// the next run is not skipped. Returns the rows deleted.
     async fn purge(&self, processor: &str, scope: Option<&str>) -> Result<u64>;
@@ -300,7 +338,12 @@ pub trait Store: Send + Sync + Debug + 'static {
     /// Deletes (or under `dry_run` counts) keys, ledger rows, leases and event keys past
     /// retention, as [`CleanupPolicy`] says, in bounded batches.
     async fn cleanup(&self, policy: &CleanupPolicy) -> Result<CleanupReport>;
+}
 
+/// Event-level dedup: which event keys of a namespace were seen. A backend may implement
+/// this (and [`StoreBase`]) alone, without leases or a ledger.
+#[async_trait]
+pub trait EventKeyStore: StoreBase {
     /// Marks event keys of a namespace as seen, in one round trip; `true` at position `i`
     /// means `keys[i]` was new (first sighting), `false` that it was seen before (or
     /// earlier in the same batch).
@@ -312,104 +355,9 @@ pub trait Store: Send + Sync + Debug + 'static {
     ) -> Result<Vec<bool>>;
 }
 
-/// A store that could not be opened: every call fails with
-/// [`Error::StoreUnavailable`]. Used under the `best_effort` policy so a run can go on
-/// unguarded, with every store failure counted.
-#[derive(Debug, Clone)]
-pub struct UnavailableStore {
-    url: String,
-    message: String,
-}
+/// The batch-job store: leases, keys and ledger, maintenance and event keys. Implemented
+/// by every type that implements the capability traits; object-safe: use
+/// `Arc<dyn Store>` ([`DynStore`]).
+pub trait Store: LeaseStore + LedgerStore + MaintenanceStore + EventKeyStore {}
 
-impl UnavailableStore {
-    /// A store at `url` that fails with `message`.
-    pub fn new(url: &str, message: impl Into<String>) -> Self {
-        UnavailableStore {
-            url: redact_url(url),
-            message: message.into(),
-        }
-    }
-
-    fn fail<T>(&self) -> Result<T> {
-        Err(Error::store(&self.url, &self.message))
-    }
-}
-
-#[async_trait]
-impl Store for UnavailableStore {
-    fn kind(&self) -> &'static str {
-        "unavailable"
-    }
-    fn describe(&self) -> String {
-        self.url.clone()
-    }
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            atomic_finish: false,
-            durable: false,
-            cross_process: false,
-        }
-    }
-    async fn migrate(&self) -> Result<()> {
-        self.fail()
-    }
-    async fn claim(&self, _: &ClaimRequest<'_>) -> Result<Claim> {
-        self.fail()
-    }
-    async fn lease_holder(
-        &self,
-        _: &str,
-        _: &str,
-        _: DateTime<Utc>,
-    ) -> Result<Option<LeaseHolder>> {
-        self.fail()
-    }
-    async fn renew(&self, _: &Lease, _: Duration, _: DateTime<Utc>) -> Result<Lease> {
-        self.fail()
-    }
-    async fn release(&self, _: &Lease, _: DateTime<Utc>) -> Result<bool> {
-        self.fail()
-    }
-    async fn find_keys(&self, _: &[KeyLookup]) -> Result<Vec<Option<KeyRecord>>> {
-        self.fail()
-    }
-    async fn finish(&self, _: &Finish) -> Result<()> {
-        self.fail()
-    }
-    async fn runs(&self, _: &RunFilter) -> Result<Vec<RunRecord>> {
-        self.fail()
-    }
-    async fn purge(&self, _: &str, _: Option<&str>) -> Result<u64> {
-        self.fail()
-    }
-    async fn cleanup(&self, _: &CleanupPolicy) -> Result<CleanupReport> {
-        self.fail()
-    }
-    async fn mark_event_keys(&self, _: &str, _: &[String], _: DateTime<Utc>) -> Result<Vec<bool>> {
-        self.fail()
-    }
-}
-
-/// The default store URL: a SQLite file in the current directory.
-pub const DEFAULT_STORE_URL: &str = "sqlite://idem.db";
-
-/// Opens (and migrates) the store a URL names.
-pub async fn open(url: &str) -> Result<Arc<DynStore>> {
-    let store: Arc<DynStore> = match Backend::of(url) {
-        Some(Backend::Memory) => Arc::new(MemoryStore::new()),
-        #[cfg(feature = "sqlite")]
-        Some(Backend::Sqlite) => Arc::new(sqlite::SqliteStore::connect(url).await?),
-        #[cfg(feature = "bigquery")]
-        Some(Backend::BigQuery) => Arc::new(bigquery::BigQueryStore::connect(url).await?),
-        #[cfg(feature = "postgres")]
-        Some(Backend::Postgres) => Arc::new(postgres::PostgresStore::connect(url).await?),
-        #[allow(unreachable_patterns)]
-        _ => {
-            return Err(Error::config(format!(
-                "unsupported store url {:?}: expected sqlite://PATH, postgres://…, bigquery://PROJECT/DATASET or memory://",
-                redact_url(url)
-            )))
-        }
-    };
-    Ok(store)
-}
+impl<T: LeaseStore + LedgerStore + MaintenanceStore + EventKeyStore + ?Sized> Store for T {}

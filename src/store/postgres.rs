@@ -34,26 +34,23 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, NaiveDate, Utc};
 use serde_json::Value;
 use sqlx::error::BoxDynError;
-use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow};
-use sqlx::{Arguments, Connection, Executor, Row};
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
+use sqlx::{Arguments, Connection, Executor, FromRow, Row};
 
+use super::common::{cleanup_tables, statements, upsert_claim, CLEANUP_TABLES};
+use super::migrations::{self, Migration, Schema};
+use super::rows::{KeyRow, LeaseColumns, LeaseRow, RunRow, KEY_COLUMNS, RUN_COLUMNS};
 use super::{
     lease_expiry, redact_url, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport,
-    Finish, KeyLookup, Lease, LeaseHolder, RunFilter, Store,
+    EventKeyStore, Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore,
+    MaintenanceStore, RunFilter, StoreBase,
 };
 use crate::backend::postgres::{connect_options, sqlx_message, ACQUIRE_TIMEOUT};
 use crate::error::{Error, Result};
-use crate::model::{micros, KeyKind, KeyRecord, Mode, RunRecord, RunStatus, SkipReason};
-
-/// Schema migrations, applied in order: (version, name, SQL).
-const MIGRATIONS: &[(i32, &str, &str)] = &[(
-    1,
-    "0001_init",
-    include_str!("../../migrations/postgres/0001_init.sql"),
-)];
+use crate::model::{micros, KeyRecord, RunRecord, RunStatus};
 
 /// Advisory lock key taken while migrating (`idem` in ASCII, then `mig`).
 const MIGRATION_LOCK: i64 = 0x6964_656d_006d_6967;
@@ -120,18 +117,7 @@ impl PostgresStore {
 
     fn err(&self, e: sqlx::Error) -> Error {
         let message = sqlx_message(&e);
-        Error::from_sqlx(&self.url, "a statement", &e, message)
-    }
-
-    /// The error of the ledger insert: a taken run id is [`Error::DuplicateRunId`].
-    fn run_insert_err(&self, e: sqlx::Error, run_id: &str) -> Error {
-        match &e {
-            sqlx::Error::Database(db) if db.is_unique_violation() => Error::DuplicateRunId {
-                store: self.url.clone(),
-                run_id: run_id.to_string(),
-            },
-            _ => self.err(e),
-        }
+        Error::from_sqlx(&self.url, "a statement", e, message)
     }
 
     /// After a pool timeout, one direct connection attempt says why (refused, unknown
@@ -167,34 +153,23 @@ impl PostgresStore {
         }
     }
 
-    async fn current_holder(&self, processor: &str, scope: &str) -> Result<Option<LeaseHolder>> {
-        let row = sqlx::query(
-            "SELECT holder_run_id, token, acquired_at, expires_at FROM processing_leases \
-             WHERE processor_name = $1 AND scope = $2",
-        )
-        .bind(processor)
-        .bind(scope)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(|e| self.err(e))?;
-        Ok(row.and_then(|r| {
-            let holder: Option<String> = r.get(0);
-            holder.map(|run_id| LeaseHolder {
-                run_id,
-                token: r.get(1),
-                acquired_at: r.get(2),
-                expires_at: r.get(3),
-            })
-        }))
+    async fn lease_row(&self, processor: &str, scope: &str) -> Result<Option<LeaseRow>> {
+        let row: Option<LeaseCols> = sqlx::query_as(statements::READ)
+            .bind(processor)
+            .bind(scope)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(row.map(|r| r.0))
     }
 
     async fn lease_lost(&self, lease: &Lease) -> Error {
-        let holder = self
-            .current_holder(&lease.processor, &lease.scope)
+        let row = self
+            .lease_row(&lease.processor, &lease.scope)
             .await
             .ok()
             .flatten();
-        lease.lost(holder.map(|h| h.run_id))
+        lease.lost(row.and_then(|r| r.holder))
     }
 
     async fn schema_version(&self) -> std::result::Result<i32, sqlx::Error> {
@@ -232,89 +207,38 @@ async fn apply_migrations(conn: &mut PgConnection) -> std::result::Result<(), sq
         sqlx::query_scalar("SELECT COALESCE(max(version), 0) FROM idem_schema_migrations")
             .fetch_one(&mut *conn)
             .await?;
-    for (version, name, sql) in MIGRATIONS.iter().filter(|(v, _, _)| *v > current) {
-        (&mut *conn).execute(*sql).await?;
+    for migration in migrations::pending(migrations::POSTGRES, current.into()) {
+        (&mut *conn).execute(migration.sql).await?;
         sqlx::query("INSERT INTO idem_schema_migrations (version, name) VALUES ($1, $2)")
-            .bind(version)
-            .bind(name)
+            .bind(i32::try_from(migration.version).unwrap_or(i32::MAX))
+            .bind(migration.name)
             .execute(&mut *conn)
             .await?;
     }
     Ok(())
 }
 
-fn run_from_row(r: &PgRow) -> Result<RunRecord> {
-    Ok(RunRecord {
-        run_id: r.get("run_id"),
-        processor: r.get("processor_name"),
-        scope: r.get("scope"),
-        scope_date: r.get("scope_date"),
-        trigger: r.get::<String, _>("trigger_source").parse()?,
-        mode: r.get::<String, _>("mode").parse::<Mode>()?,
-        started_at: r.get("started_at"),
-        finished_at: r.get("finished_at"),
-        duration_ms: r.get("duration_ms"),
-        status: r.get::<String, _>("status").parse::<RunStatus>()?,
-        skip_reason: r
-            .get::<Option<String>, _>("skip_reason")
-            .map(|s| SkipReason::parse(&s)),
-        would_skip_reason: r
-            .get::<Option<String>, _>("would_skip_reason")
-            .map(|s| SkipReason::parse(&s)),
-        previous_run_id: r.get("previous_run_id"),
-        records_processed: r.get("records_processed"),
-        processing_key: r.get("processing_key"),
-        error: r.get("error"),
-        output: r.get("output"),
-    })
-}
+// How Postgres stores instants, days and JSON: natively.
+type Run = RunRow<DateTime<Utc>, NaiveDate, Value>;
+type Key = KeyRow<DateTime<Utc>, NaiveDate, Value>;
+type LeaseCols = LeaseColumns<DateTime<Utc>>;
 
-fn key_from_row(r: &PgRow) -> Result<KeyRecord> {
-    Ok(KeyRecord {
-        key: r.get("processing_key"),
-        kind: KeyKind::parse(r.get("kind"))?,
-        processor: r.get("processor_name"),
-        scope: r.get("scope"),
-        scope_date: r.get("scope_date"),
-        processed_at: r.get("processed_at"),
-        entity_count: r.get("entity_count"),
-        metadata: r.get::<Option<Value>, _>("metadata").unwrap_or(Value::Null),
-        run_id: r.get("run_id"),
-    })
-}
-
-const RUN_COLUMNS: &str = "run_id, processor_name, scope, scope_date, trigger_source, mode, \
-    started_at, finished_at, duration_ms, status, skip_reason, would_skip_reason, \
-    previous_run_id, records_processed, processing_key, error, output";
-
-const KEY_COLUMNS: &str = "processing_key, kind, processor_name, scope, scope_date, \
-    processed_at, entity_count, metadata, run_id";
-
+/// `idem_schema_migrations` records the migrations applied; `pg_advisory_xact_lock` is the
+/// lock.
 #[async_trait]
-impl Store for PostgresStore {
-    fn kind(&self) -> &'static str {
-        "postgres"
+impl Schema for PostgresStore {
+    fn migrations(&self) -> &'static [Migration] {
+        migrations::POSTGRES
     }
 
-    fn describe(&self) -> String {
-        self.url.clone()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            atomic_finish: true,
-            durable: true,
-            cross_process: true,
-        }
-    }
-
-    async fn migrate(&self) -> Result<()> {
-        let target = MIGRATIONS.last().map(|(v, _, _)| *v).unwrap_or(0);
+    async fn version(&self) -> Result<i64> {
         match self.schema_version().await {
-            Ok(v) if v >= target => return Ok(()),
-            Ok(_) => {}
-            Err(e) => return Err(self.diagnose(e).await),
+            Ok(v) => Ok(v.into()),
+            Err(e) => Err(self.diagnose(e).await),
         }
+    }
+
+    async fn apply(&self) -> Result<()> {
         let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
         if let Err(e) = apply_migrations(&mut tx).await {
             let _ = tx.rollback().await;
@@ -325,48 +249,62 @@ impl Store for PostgresStore {
         }
         tx.commit().await.map_err(|e| self.err(e))
     }
+}
 
+#[async_trait]
+impl StoreBase for PostgresStore {
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn describe(&self) -> String {
+        self.url.clone()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::SHARED
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        migrations::run(self).await
+    }
+}
+
+#[async_trait]
+impl LeaseStore for PostgresStore {
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claim> {
         let now = micros(request.now);
         let expires_at = lease_expiry(now, request.ttl);
-        for _ in 0..3 {
-            let token: Option<i64> = sqlx::query_scalar(
-                "INSERT INTO processing_leases AS l \
-                   (processor_name, scope, holder_run_id, token, acquired_at, expires_at) \
-                 VALUES ($1, $2, $3, 1, $4, $5) \
-                 ON CONFLICT (processor_name, scope) DO UPDATE SET \
-                   holder_run_id = EXCLUDED.holder_run_id, \
-                   token = l.token + 1, \
-                   acquired_at = EXCLUDED.acquired_at, \
-                   expires_at = EXCLUDED.expires_at \
-                 WHERE l.holder_run_id IS NULL OR l.expires_at <= EXCLUDED.acquired_at \
-                 RETURNING token",
-            )
-            .bind(request.processor)
-            .bind(request.scope)
-            .bind(request.run_id)
-            .bind(now)
-            .bind(expires_at)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-            if let Some(token) = token {
-                return Ok(request.acquired(token, now, expires_at));
-            }
-            // Held: say by whom. It may have been released in between; then claim again.
-            if let Some(holder) = self
-                .current_holder(request.processor, request.scope)
-                .await?
-            {
-                if holder.expires_at > now {
-                    return Ok(Claim::Held(holder));
-                }
-            }
-        }
-        Err(Error::store(
+        upsert_claim(
             &self.url,
-            "lease claim did not settle after 3 attempts",
-        ))
+            request,
+            now,
+            expires_at,
+            || async {
+                sqlx::query_scalar(
+                    "INSERT INTO processing_leases AS l \
+               (processor_name, scope, holder_run_id, token, acquired_at, expires_at) \
+             VALUES ($1, $2, $3, 1, $4, $5) \
+             ON CONFLICT (processor_name, scope) DO UPDATE SET \
+               holder_run_id = EXCLUDED.holder_run_id, \
+               token = l.token + 1, \
+               acquired_at = EXCLUDED.acquired_at, \
+               expires_at = EXCLUDED.expires_at \
+             WHERE l.holder_run_id IS NULL OR l.expires_at <= EXCLUDED.acquired_at \
+             RETURNING token",
+                )
+                .bind(request.processor)
+                .bind(request.scope)
+                .bind(request.run_id)
+                .bind(now)
+                .bind(expires_at)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| self.err(e))
+            },
+            || self.lease_row(request.processor, request.scope),
+        )
+        .await
     }
 
     async fn lease_holder(
@@ -375,26 +313,16 @@ impl Store for PostgresStore {
         scope: &str,
         now: DateTime<Utc>,
     ) -> Result<Option<LeaseHolder>> {
-        Ok(self
-            .current_holder(processor, scope)
-            .await?
-            .filter(|h| h.expires_at > now))
+        let row = self.lease_row(processor, scope).await?;
+        Ok(row.and_then(|r| r.held_at(now)))
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration, now: DateTime<Utc>) -> Result<Lease> {
         let expires_at = lease_expiry(micros(now), ttl);
-        let done = sqlx::query(
-            "UPDATE processing_leases SET expires_at = $1 \
-             WHERE processor_name = $2 AND scope = $3 AND token = $4 AND holder_run_id = $5",
-        )
-        .bind(expires_at)
-        .bind(&lease.processor)
-        .bind(&lease.scope)
-        .bind(lease.token)
-        .bind(&lease.run_id)
-        .execute(&self.pool)
-        .await
-        .map_err(|e| self.err(e))?;
+        let done = statements::update(statements::RENEW, expires_at, lease)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
         if done.rows_affected() == 1 {
             return Ok(Lease {
                 expires_at,
@@ -405,21 +333,16 @@ impl Store for PostgresStore {
     }
 
     async fn release(&self, lease: &Lease, now: DateTime<Utc>) -> Result<bool> {
-        let done = sqlx::query(
-            "UPDATE processing_leases SET holder_run_id = NULL, expires_at = $1 \
-             WHERE processor_name = $2 AND scope = $3 AND token = $4 AND holder_run_id = $5",
-        )
-        .bind(micros(now))
-        .bind(&lease.processor)
-        .bind(&lease.scope)
-        .bind(lease.token)
-        .bind(&lease.run_id)
-        .execute(&self.pool)
-        .await
-        .map_err(|e| self.err(e))?;
+        let done = statements::update(statements::RELEASE, micros(now), lease)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
         Ok(done.rows_affected() == 1)
     }
+}
 
+#[async_trait]
+impl LedgerStore for PostgresStore {
     async fn find_keys(&self, lookups: &[KeyLookup]) -> Result<Vec<Option<KeyRecord>>> {
         let mut out: Vec<Option<KeyRecord>> = vec![None; lookups.len()];
         if lookups.is_empty() {
@@ -448,7 +371,7 @@ impl Store for PostgresStore {
         for row in &rows {
             let ord: i64 = row.get("ord");
             if let Some(slot) = usize::try_from(ord - 1).ok().and_then(|i| out.get_mut(i)) {
-                *slot = Some(key_from_row(row)?);
+                *slot = Some(Key::from_row(row).map_err(|e| self.err(e))?.0);
             }
         }
         Ok(out)
@@ -457,18 +380,11 @@ impl Store for PostgresStore {
     async fn finish(&self, finish: &Finish) -> Result<()> {
         let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
         if let Some(lease) = &finish.lease {
-            let done = sqlx::query(
-                "UPDATE processing_leases SET holder_run_id = NULL, expires_at = $1 \
-                 WHERE processor_name = $2 AND scope = $3 AND token = $4 AND holder_run_id = $5",
-            )
-            .bind(micros(finish.run.finished_at))
-            .bind(&lease.processor)
-            .bind(&lease.scope)
-            .bind(lease.token)
-            .bind(&lease.run_id)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| self.err(e))?;
+            let done =
+                statements::update(statements::RELEASE, micros(finish.run.finished_at), lease)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| self.err(e))?;
             if done.rows_affected() != 1 {
                 tx.rollback().await.map_err(|e| self.err(e))?;
                 return Err(self.lease_lost(lease).await);
@@ -498,7 +414,7 @@ impl Store for PostgresStore {
         .bind(&run.output)
         .execute(&mut *tx)
         .await
-        .map_err(|e| self.run_insert_err(e, &run.run_id))?;
+        .map_err(|e| statements::run_insert_error(&self.url, &run.run_id, e, |e| self.err(e)))?;
         if run.status == RunStatus::Completed && !finish.keys.is_empty() {
             let k = &finish.keys;
             sqlx::query(&format!(
@@ -554,13 +470,16 @@ impl Store for PostgresStore {
             args.add(filter.limit as i64).map_err(bind_err)?;
             let _ = write!(sql, " LIMIT ${}", args.len());
         }
-        let rows = sqlx::query_with(&sql, args)
+        let rows: Vec<Run> = sqlx::query_as_with(&sql, args)
             .fetch_all(&self.pool)
             .await
             .map_err(|e| self.err(e))?;
-        rows.iter().map(run_from_row).collect()
+        Ok(rows.into_iter().map(|r| r.0).collect())
     }
+}
 
+#[async_trait]
+impl MaintenanceStore for PostgresStore {
     async fn purge(&self, processor: &str, scope: Option<&str>) -> Result<u64> {
         let done = match scope {
             Some(scope) => {
@@ -585,73 +504,48 @@ impl Store for PostgresStore {
         // $1 the table's cut-off, $2 the processor (or NULL = all), $3 the keys' cut-off
         // (a ledger row a kept key points at stays: a NOT IN over the kept keys' run
         // ids, evaluated once per statement rather than once per row), $4 the batch size.
-        const TABLES: [(&str, &str); 4] = [
-            (
-                "processing_keys",
-                "processed_at < $1 AND ($2::text IS NULL OR processor_name = $2) AND $3::timestamptz IS NOT NULL",
-            ),
-            (
-                "processing_runs",
-                "started_at < $1 AND ($2::text IS NULL OR processor_name = $2) AND run_id NOT IN \
+        const CONDITIONS: [&str; 4] = [
+            "processed_at < $1 AND ($2::text IS NULL OR processor_name = $2) AND $3::timestamptz IS NOT NULL",
+            "started_at < $1 AND ($2::text IS NULL OR processor_name = $2) AND run_id NOT IN \
                  (SELECT run_id FROM processing_keys WHERE processed_at >= $3)",
-            ),
-            (
-                "processing_leases",
-                "expires_at < $1 AND ($2::text IS NULL OR processor_name = $2) AND $3::timestamptz IS NOT NULL",
-            ),
-            (
-                "event_keys",
-                "first_seen < $1 AND $2::text IS NULL AND $3::timestamptz IS NOT NULL",
-            ),
+            "expires_at < $1 AND ($2::text IS NULL OR processor_name = $2) AND $3::timestamptz IS NOT NULL",
+            "first_seen < $1 AND $2::text IS NULL AND $3::timestamptz IS NOT NULL",
         ];
-        let cutoffs = [
-            policy.keys_before,
-            policy.runs_before,
-            policy.leases_before,
-            policy.keys_before,
-        ];
-        let mut counts = [0u64; 4];
-        for (i, (table, condition)) in TABLES.iter().enumerate() {
-            if policy.dry_run {
-                let sql = format!("SELECT count(*) FROM {table} WHERE {condition}");
-                let n: i64 = sqlx::query_scalar::<_, i64>(&sql)
-                    .bind(cutoffs[i])
-                    .bind(policy.processor.as_deref())
-                    .bind(policy.keys_before)
+        cleanup_tables(
+            policy,
+            true,
+            |i, cutoff| async move {
+                let sql = format!(
+                    "SELECT count(*) FROM {} WHERE {}",
+                    CLEANUP_TABLES[i], CONDITIONS[i]
+                );
+                let n: i64 = statements::cleanup(&sql, cutoff, policy.processor.as_deref(), policy.keys_before)
                     .fetch_one(&self.pool)
                     .await
+                    .and_then(|row| row.try_get(0))
                     .map_err(|e| self.err(e))?;
-                counts[i] = n as u64;
-                continue;
-            }
+                Ok(n as u64)
+            },
             // One bounded batch per statement, each its own transaction.
-            let sql = format!(
-                "DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} WHERE {condition} LIMIT $4))"
-            );
-            loop {
-                let done = sqlx::query(&sql)
-                    .bind(cutoffs[i])
-                    .bind(policy.processor.as_deref())
-                    .bind(policy.keys_before)
+            |i, cutoff| async move {
+                let (table, condition) = (CLEANUP_TABLES[i], CONDITIONS[i]);
+                let sql = format!(
+                    "DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} WHERE {condition} LIMIT $4))"
+                );
+                Ok(statements::cleanup(&sql, cutoff, policy.processor.as_deref(), policy.keys_before)
                     .bind(policy.limit())
                     .execute(&self.pool)
                     .await
                     .map_err(|e| self.err(e))?
-                    .rows_affected();
-                counts[i] += done;
-                if done < policy.limit() as u64 {
-                    break;
-                }
-            }
-        }
-        Ok(CleanupReport {
-            keys_deleted: counts[0],
-            runs_deleted: counts[1],
-            leases_deleted: counts[2],
-            event_keys_deleted: counts[3],
-        })
+                    .rows_affected())
+            },
+        )
+        .await
     }
+}
 
+#[async_trait]
+impl EventKeyStore for PostgresStore {
     async fn mark_event_keys(
         &self,
         namespace: &str,

@@ -259,7 +259,8 @@ mod tests {
     use super::*;
     use crate::model::{micros, RunStatus};
     use crate::store::conformance::{key_record, run_record};
-    use crate::store::{MemoryStore, Store};
+    use crate::store::prelude::*;
+    use crate::store::MemoryStore;
     use crate::KeyKind;
 
     #[tokio::test]

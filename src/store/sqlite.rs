@@ -8,19 +8,20 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use chrono::{DateTime, NaiveDate, Utc};
-use sqlx::sqlite::{SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
+use chrono::{DateTime, Utc};
+use sqlx::sqlite::{SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Connection, Row};
 
+use super::common::{cleanup_tables, statements, upsert_claim, CLEANUP_TABLES};
+use super::migrations::{self, Migration, Schema};
+use super::rows::{KeyRow, LeaseColumns, LeaseRow, RunRow, KEY_COLUMNS, RUN_COLUMNS};
 use super::{
-    lease_expiry, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, Finish,
-    KeyLookup, Lease, LeaseHolder, RunFilter, Store,
+    lease_expiry, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, EventKeyStore,
+    Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore, MaintenanceStore, RunFilter,
+    StoreBase,
 };
 use crate::error::{Error, Result};
-use crate::model::{micros, KeyKind, KeyRecord, Mode, RunRecord, RunStatus, SkipReason};
-
-/// Schema migrations, applied in order; `PRAGMA user_version` records the last applied.
-const MIGRATIONS: &[&str] = &[include_str!("../../migrations/sqlite/0001_init.sql")];
+use crate::model::{micros, time, KeyRecord, RunRecord, RunStatus};
 
 /// The SQLite store.
 #[derive(Debug, Clone)]
@@ -33,13 +34,10 @@ fn ts(t: DateTime<Utc>) -> i64 {
     t.timestamp_micros()
 }
 
-fn from_ts(v: i64) -> DateTime<Utc> {
-    DateTime::from_timestamp_micros(v).unwrap_or_default()
-}
-
-fn date(s: &str) -> NaiveDate {
-    NaiveDate::parse_from_str(s, "%Y-%m-%d").unwrap_or_default()
-}
+// How SQLite stores instants (microseconds), days (text) and JSON (text).
+type Run = RunRow<i64, String, String>;
+type Key = KeyRow<i64, String, String>;
+type LeaseCols = LeaseColumns<i64>;
 
 impl SqliteStore {
     /// Opens `sqlite://PATH` (or `sqlite::memory:`), creating and migrating the file.
@@ -68,39 +66,23 @@ impl SqliteStore {
 
     fn err(&self, e: sqlx::Error) -> Error {
         let message = e.to_string();
-        Error::from_sqlx(&self.url, "a statement", &e, message)
+        Error::from_sqlx(&self.url, "a statement", e, message)
     }
 
-    /// The error of the ledger insert: a taken run id is [`Error::DuplicateRunId`].
-    fn run_insert_err(&self, e: sqlx::Error, run_id: &str) -> Error {
-        match &e {
-            sqlx::Error::Database(db) if db.is_unique_violation() => Error::DuplicateRunId {
-                store: self.url.clone(),
-                run_id: run_id.to_string(),
-            },
-            _ => self.err(e),
-        }
+    async fn lease_row(&self, processor: &str, scope: &str) -> Result<Option<LeaseRow>> {
+        let row: Option<LeaseCols> = sqlx::query_as(statements::READ)
+            .bind(processor)
+            .bind(scope)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(row.map(|r| r.0))
     }
 
-    async fn current_holder(&self, processor: &str, scope: &str) -> Result<Option<LeaseHolder>> {
-        let row = sqlx::query(
-            "SELECT holder_run_id, token, acquired_at, expires_at FROM processing_leases \
-             WHERE processor_name = ?1 AND scope = ?2",
-        )
-        .bind(processor)
-        .bind(scope)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(|e| self.err(e))?;
-        Ok(row.and_then(|r| {
-            let holder: Option<String> = r.get(0);
-            holder.map(|run_id| LeaseHolder {
-                run_id,
-                token: r.get(1),
-                acquired_at: from_ts(r.get(2)),
-                expires_at: from_ts(r.get(3)),
-            })
-        }))
+    /// The error of a fenced operation on a lease that is no longer held with its token.
+    async fn lease_lost(&self, lease: &Lease) -> Result<Error> {
+        let row = self.lease_row(&lease.processor, &lease.scope).await?;
+        Ok(lease.lost(row.and_then(|r| r.holder)))
     }
 }
 
@@ -108,94 +90,34 @@ async fn apply_migrations(conn: &mut SqliteConnection) -> std::result::Result<()
     let version: i64 = sqlx::query_scalar("PRAGMA user_version")
         .fetch_one(&mut *conn)
         .await?;
-    for (i, sql) in MIGRATIONS.iter().enumerate().skip(version.max(0) as usize) {
-        let statements = crate::backend::prepare(sql, crate::backend::Dialect::Sqlite)
+    for migration in migrations::pending(migrations::SQLITE, version) {
+        let statements = crate::backend::prepare(migration.sql, crate::backend::Dialect::Sqlite)
             .map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
         for statement in &statements {
             sqlx::query(&statement.sql).execute(&mut *conn).await?;
         }
         // PRAGMA takes no bound parameter; the value is our own constant.
-        let pragma = format!("PRAGMA user_version = {}", i + 1);
+        let pragma = format!("PRAGMA user_version = {}", migration.version);
         sqlx::query(&pragma).execute(&mut *conn).await?;
     }
     Ok(())
 }
 
-fn run_from_row(r: &SqliteRow) -> Result<RunRecord> {
-    let output: Option<String> = r.get("output");
-    Ok(RunRecord {
-        run_id: r.get("run_id"),
-        processor: r.get("processor_name"),
-        scope: r.get("scope"),
-        scope_date: date(r.get("scope_date")),
-        trigger: r.get::<String, _>("trigger_source").parse()?,
-        mode: r.get::<String, _>("mode").parse::<Mode>()?,
-        started_at: from_ts(r.get("started_at")),
-        finished_at: from_ts(r.get("finished_at")),
-        duration_ms: r.get("duration_ms"),
-        status: r.get::<String, _>("status").parse::<RunStatus>()?,
-        skip_reason: r
-            .get::<Option<String>, _>("skip_reason")
-            .map(|s| SkipReason::parse(&s)),
-        would_skip_reason: r
-            .get::<Option<String>, _>("would_skip_reason")
-            .map(|s| SkipReason::parse(&s)),
-        previous_run_id: r.get("previous_run_id"),
-        records_processed: r.get("records_processed"),
-        processing_key: r.get("processing_key"),
-        error: r.get("error"),
-        output: output.and_then(|s| serde_json::from_str(&s).ok()),
-    })
-}
-
-fn key_from_row(r: &SqliteRow) -> Result<KeyRecord> {
-    let metadata: Option<String> = r.get("metadata");
-    Ok(KeyRecord {
-        key: r.get("processing_key"),
-        kind: KeyKind::parse(r.get("kind"))?,
-        processor: r.get("processor_name"),
-        scope: r.get("scope"),
-        scope_date: date(r.get("scope_date")),
-        processed_at: from_ts(r.get("processed_at")),
-        entity_count: r.get("entity_count"),
-        metadata: metadata
-            .and_then(|s| serde_json::from_str(&s).ok())
-            .unwrap_or(serde_json::Value::Null),
-        run_id: r.get("run_id"),
-    })
-}
-
-const RUN_COLUMNS: &str = "run_id, processor_name, scope, scope_date, trigger_source, mode, \
-    started_at, finished_at, duration_ms, status, skip_reason, would_skip_reason, \
-    previous_run_id, records_processed, processing_key, error, output";
-
+/// `PRAGMA user_version` records the last migration applied; `BEGIN IMMEDIATE` is the lock.
 #[async_trait]
-impl Store for SqliteStore {
-    fn kind(&self) -> &'static str {
-        "sqlite"
+impl Schema for SqliteStore {
+    fn migrations(&self) -> &'static [Migration] {
+        migrations::SQLITE
     }
 
-    fn describe(&self) -> String {
-        self.url.clone()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            atomic_finish: true,
-            durable: true,
-            cross_process: true,
-        }
-    }
-
-    async fn migrate(&self) -> Result<()> {
-        let target = MIGRATIONS.len() as i64;
-        let version: i64 = sqlx::query_scalar("PRAGMA user_version")
+    async fn version(&self) -> Result<i64> {
+        sqlx::query_scalar("PRAGMA user_version")
             .fetch_one(&self.pool)
             .await
-            .map_err(|e| self.err(e))?;
-        if version >= target {
-            return Ok(());
-        }
+            .map_err(|e| self.err(e))
+    }
+
+    async fn apply(&self) -> Result<()> {
         let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
         // BEGIN IMMEDIATE takes the write lock first, so concurrent first uses of a new
         // file migrate once; the version is read again under the lock.
@@ -218,49 +140,63 @@ impl Store for SqliteStore {
             }
         }
     }
+}
 
+#[async_trait]
+impl StoreBase for SqliteStore {
+    fn kind(&self) -> &'static str {
+        "sqlite"
+    }
+
+    fn describe(&self) -> String {
+        self.url.clone()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::SHARED
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        migrations::run(self).await
+    }
+}
+
+#[async_trait]
+impl LeaseStore for SqliteStore {
     async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claim> {
         let now = micros(request.now);
         let expires_at = lease_expiry(now, request.ttl);
-        for _ in 0..3 {
-            let token: Option<i64> = sqlx::query_scalar(
-                "INSERT INTO processing_leases \
-                   (processor_name, scope, holder_run_id, token, acquired_at, expires_at) \
-                 VALUES (?1, ?2, ?3, 1, ?4, ?5) \
-                 ON CONFLICT (processor_name, scope) DO UPDATE SET \
-                   holder_run_id = excluded.holder_run_id, \
-                   token = processing_leases.token + 1, \
-                   acquired_at = excluded.acquired_at, \
-                   expires_at = excluded.expires_at \
-                 WHERE processing_leases.holder_run_id IS NULL \
-                    OR processing_leases.expires_at <= excluded.acquired_at \
-                 RETURNING token",
-            )
-            .bind(request.processor)
-            .bind(request.scope)
-            .bind(request.run_id)
-            .bind(ts(now))
-            .bind(ts(expires_at))
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-            if let Some(token) = token {
-                return Ok(request.acquired(token, now, expires_at));
-            }
-            // Held: say by whom. It may have been released in between; then claim again.
-            if let Some(holder) = self
-                .current_holder(request.processor, request.scope)
-                .await?
-            {
-                if holder.expires_at > now {
-                    return Ok(Claim::Held(holder));
-                }
-            }
-        }
-        Err(Error::store(
+        upsert_claim(
             &self.url,
-            "lease claim did not settle after 3 attempts",
-        ))
+            request,
+            now,
+            expires_at,
+            || async {
+                sqlx::query_scalar(
+                    "INSERT INTO processing_leases \
+               (processor_name, scope, holder_run_id, token, acquired_at, expires_at) \
+             VALUES (?1, ?2, ?3, 1, ?4, ?5) \
+             ON CONFLICT (processor_name, scope) DO UPDATE SET \
+               holder_run_id = excluded.holder_run_id, \
+               token = processing_leases.token + 1, \
+               acquired_at = excluded.acquired_at, \
+               expires_at = excluded.expires_at \
+             WHERE processing_leases.holder_run_id IS NULL \
+                OR processing_leases.expires_at <= excluded.acquired_at \
+             RETURNING token",
+                )
+                .bind(request.processor)
+                .bind(request.scope)
+                .bind(request.run_id)
+                .bind(ts(now))
+                .bind(ts(expires_at))
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|e| self.err(e))
+            },
+            || self.lease_row(request.processor, request.scope),
+        )
+        .await
     }
 
     async fn lease_holder(
@@ -269,69 +205,51 @@ impl Store for SqliteStore {
         scope: &str,
         now: DateTime<Utc>,
     ) -> Result<Option<LeaseHolder>> {
-        Ok(self
-            .current_holder(processor, scope)
-            .await?
-            .filter(|h| h.expires_at > now))
+        let row = self.lease_row(processor, scope).await?;
+        Ok(row.and_then(|r| r.held_at(now)))
     }
 
     async fn renew(&self, lease: &Lease, ttl: Duration, now: DateTime<Utc>) -> Result<Lease> {
         let expires_at = lease_expiry(now, ttl);
-        let done = sqlx::query(
-            "UPDATE processing_leases SET expires_at = ?1 \
-             WHERE processor_name = ?2 AND scope = ?3 AND token = ?4 AND holder_run_id = ?5",
-        )
-        .bind(ts(expires_at))
-        .bind(&lease.processor)
-        .bind(&lease.scope)
-        .bind(lease.token)
-        .bind(&lease.run_id)
-        .execute(&self.pool)
-        .await
-        .map_err(|e| self.err(e))?;
+        let done = statements::update(statements::RENEW, ts(expires_at), lease)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
         if done.rows_affected() == 1 {
             return Ok(Lease {
                 expires_at,
                 ..lease.clone()
             });
         }
-        let holder = self.current_holder(&lease.processor, &lease.scope).await?;
-        Err(lease.lost(holder.map(|h| h.run_id)))
+        Err(self.lease_lost(lease).await?)
     }
 
     async fn release(&self, lease: &Lease, now: DateTime<Utc>) -> Result<bool> {
-        let done = sqlx::query(
-            "UPDATE processing_leases SET holder_run_id = NULL, expires_at = ?1 \
-             WHERE processor_name = ?2 AND scope = ?3 AND token = ?4 AND holder_run_id = ?5",
-        )
-        .bind(ts(micros(now)))
-        .bind(&lease.processor)
-        .bind(&lease.scope)
-        .bind(lease.token)
-        .bind(&lease.run_id)
-        .execute(&self.pool)
-        .await
-        .map_err(|e| self.err(e))?;
+        let done = statements::update(statements::RELEASE, ts(micros(now)), lease)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
         Ok(done.rows_affected() == 1)
     }
+}
 
+#[async_trait]
+impl LedgerStore for SqliteStore {
     async fn find_keys(&self, lookups: &[KeyLookup]) -> Result<Vec<Option<KeyRecord>>> {
         let mut out = Vec::with_capacity(lookups.len());
         for l in lookups {
-            let row = sqlx::query(
-                "SELECT processing_key, kind, processor_name, scope, scope_date, processed_at, \
-                        entity_count, metadata, run_id \
-                 FROM processing_keys \
+            let row: Option<Key> = sqlx::query_as(&format!(
+                "SELECT {KEY_COLUMNS} FROM processing_keys \
                  WHERE processing_key = ?1 AND kind = ?2 AND processed_at >= ?3 \
-                 ORDER BY processed_at DESC, id DESC LIMIT 1",
-            )
+                 ORDER BY processed_at DESC, id DESC LIMIT 1"
+            ))
             .bind(&l.key)
             .bind(l.kind.as_str())
             .bind(ts(l.since))
             .fetch_optional(&self.pool)
             .await
             .map_err(|e| self.err(e))?;
-            out.push(row.as_ref().map(key_from_row).transpose()?);
+            out.push(row.map(|r| r.0));
         }
         Ok(out)
     }
@@ -339,22 +257,17 @@ impl Store for SqliteStore {
     async fn finish(&self, finish: &Finish) -> Result<()> {
         let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
         if let Some(lease) = &finish.lease {
-            let done = sqlx::query(
-                "UPDATE processing_leases SET holder_run_id = NULL, expires_at = ?1 \
-                 WHERE processor_name = ?2 AND scope = ?3 AND token = ?4 AND holder_run_id = ?5",
+            let done = statements::update(
+                statements::RELEASE,
+                ts(micros(finish.run.finished_at)),
+                lease,
             )
-            .bind(ts(micros(finish.run.finished_at)))
-            .bind(&lease.processor)
-            .bind(&lease.scope)
-            .bind(lease.token)
-            .bind(&lease.run_id)
             .execute(&mut *tx)
             .await
             .map_err(|e| self.err(e))?;
             if done.rows_affected() != 1 {
                 tx.rollback().await.map_err(|e| self.err(e))?;
-                let holder = self.current_holder(&lease.processor, &lease.scope).await?;
-                return Err(lease.lost(holder.map(|h| h.run_id)));
+                return Err(self.lease_lost(lease).await?);
             }
         }
         let run = &finish.run;
@@ -365,7 +278,7 @@ impl Store for SqliteStore {
         .bind(&run.run_id)
         .bind(&run.processor)
         .bind(&run.scope)
-        .bind(run.scope_date.format("%Y-%m-%d").to_string())
+        .bind(time::day_text(run.scope_date))
         .bind(run.trigger.as_str())
         .bind(run.mode.as_str())
         .bind(ts(run.started_at))
@@ -385,19 +298,18 @@ impl Store for SqliteStore {
         .bind(run.output.as_ref().map(|v| v.to_string()))
         .execute(&mut *tx)
         .await
-        .map_err(|e| self.run_insert_err(e, &run.run_id))?;
+        .map_err(|e| statements::run_insert_error(&self.url, &run.run_id, e, |e| self.err(e)))?;
         if run.status == RunStatus::Completed {
             for k in &finish.keys {
-                sqlx::query(
-                    "INSERT INTO processing_keys (processing_key, kind, processor_name, scope, \
-                       scope_date, processed_at, entity_count, metadata, run_id) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                )
+                sqlx::query(&format!(
+                    "INSERT INTO processing_keys ({KEY_COLUMNS}) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+                ))
                 .bind(&k.key)
                 .bind(k.kind.as_str())
                 .bind(&k.processor)
                 .bind(&k.scope)
-                .bind(k.scope_date.format("%Y-%m-%d").to_string())
+                .bind(time::day_text(k.scope_date))
                 .bind(ts(k.processed_at))
                 .bind(k.entity_count)
                 .bind(k.metadata.to_string())
@@ -419,7 +331,7 @@ impl Store for SqliteStore {
                AND (?3 IS NULL OR status = ?3) AND (?4 IS NULL OR started_at >= ?4) \
              ORDER BY started_at DESC, run_id DESC LIMIT ?5"
         );
-        let rows = sqlx::query(&sql)
+        let rows: Vec<Run> = sqlx::query_as(&sql)
             .bind(&filter.processor)
             .bind(&filter.scope)
             .bind(filter.status.map(|s| s.as_str()))
@@ -432,9 +344,12 @@ impl Store for SqliteStore {
             .fetch_all(&self.pool)
             .await
             .map_err(|e| self.err(e))?;
-        rows.iter().map(run_from_row).collect()
+        Ok(rows.into_iter().map(|r| r.0).collect())
     }
+}
 
+#[async_trait]
+impl MaintenanceStore for SqliteStore {
     async fn purge(&self, processor: &str, scope: Option<&str>) -> Result<u64> {
         let done = sqlx::query(
             "DELETE FROM processing_keys WHERE processor_name = ?1 AND (?2 IS NULL OR scope = ?2)",
@@ -451,73 +366,48 @@ impl Store for SqliteStore {
         // ?1 the table's cut-off, ?2 the processor (or NULL = all), ?3 the keys' cut-off
         // (a ledger row a kept key points at stays: a NOT IN over the kept keys' run
         // ids, evaluated once per statement rather than once per row), ?4 the batch size.
-        const TABLES: [(&str, &str); 4] = [
-            (
-                "processing_keys",
-                "processed_at < ?1 AND (?2 IS NULL OR processor_name = ?2) AND ?3 IS NOT NULL",
-            ),
-            (
-                "processing_runs",
-                "started_at < ?1 AND (?2 IS NULL OR processor_name = ?2) AND run_id NOT IN \
+        const CONDITIONS: [&str; 4] = [
+            "processed_at < ?1 AND (?2 IS NULL OR processor_name = ?2) AND ?3 IS NOT NULL",
+            "started_at < ?1 AND (?2 IS NULL OR processor_name = ?2) AND run_id NOT IN \
                  (SELECT run_id FROM processing_keys WHERE processed_at >= ?3)",
-            ),
-            (
-                "processing_leases",
-                "expires_at < ?1 AND (?2 IS NULL OR processor_name = ?2) AND ?3 IS NOT NULL",
-            ),
-            (
-                "event_keys",
-                "first_seen < ?1 AND ?2 IS NULL AND ?3 IS NOT NULL",
-            ),
+            "expires_at < ?1 AND (?2 IS NULL OR processor_name = ?2) AND ?3 IS NOT NULL",
+            "first_seen < ?1 AND ?2 IS NULL AND ?3 IS NOT NULL",
         ];
-        let cutoffs = [
-            policy.keys_before,
-            policy.runs_before,
-            policy.leases_before,
-            policy.keys_before,
-        ];
-        let mut counts = [0u64; 4];
-        for (i, (table, condition)) in TABLES.iter().enumerate() {
-            if policy.dry_run {
-                let sql = format!("SELECT count(*) FROM {table} WHERE {condition}");
-                let n: i64 = sqlx::query_scalar::<_, i64>(&sql)
-                    .bind(ts(cutoffs[i]))
-                    .bind(policy.processor.as_deref())
-                    .bind(ts(policy.keys_before))
+        cleanup_tables(
+            policy,
+            true,
+            |i, cutoff| async move {
+                let sql = format!(
+                    "SELECT count(*) FROM {} WHERE {}",
+                    CLEANUP_TABLES[i], CONDITIONS[i]
+                );
+                let n: i64 = statements::cleanup(&sql, ts(cutoff), policy.processor.as_deref(), ts(policy.keys_before))
                     .fetch_one(&self.pool)
                     .await
+                    .and_then(|row| row.try_get(0))
                     .map_err(|e| self.err(e))?;
-                counts[i] = n as u64;
-                continue;
-            }
+                Ok(n as u64)
+            },
             // One bounded batch per statement, each its own transaction.
-            let sql = format!(
-                "DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} WHERE {condition} LIMIT ?4)"
-            );
-            loop {
-                let done = sqlx::query(&sql)
-                    .bind(ts(cutoffs[i]))
-                    .bind(policy.processor.as_deref())
-                    .bind(ts(policy.keys_before))
+            |i, cutoff| async move {
+                let (table, condition) = (CLEANUP_TABLES[i], CONDITIONS[i]);
+                let sql = format!(
+                    "DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} WHERE {condition} LIMIT ?4)"
+                );
+                Ok(statements::cleanup(&sql, ts(cutoff), policy.processor.as_deref(), ts(policy.keys_before))
                     .bind(policy.limit())
                     .execute(&self.pool)
                     .await
                     .map_err(|e| self.err(e))?
-                    .rows_affected();
-                counts[i] += done;
-                if done < policy.limit() as u64 {
-                    break;
-                }
-            }
-        }
-        Ok(CleanupReport {
-            keys_deleted: counts[0],
-            runs_deleted: counts[1],
-            leases_deleted: counts[2],
-            event_keys_deleted: counts[3],
-        })
+                    .rows_affected())
+            },
+        )
+        .await
     }
+}
 
+#[async_trait]
+impl EventKeyStore for SqliteStore {
     async fn mark_event_keys(
         &self,
         namespace: &str,

@@ -1,0 +1,139 @@
+//! Opening a store from its URL, and the store that stands in when one cannot be opened.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use super::{
+    redact_url, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, DynStore,
+    EventKeyStore, Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore,
+    MaintenanceStore, MemoryStore, RunFilter, StoreBase,
+};
+use crate::backend::Backend;
+use crate::error::{Error, Result};
+use crate::model::{KeyRecord, RunRecord};
+
+/// A store that could not be opened: every call fails with
+/// [`Error::StoreUnavailable`]. Used under the `best_effort` policy so a run can go on
+/// unguarded, with every store failure counted.
+#[derive(Debug, Clone)]
+pub struct UnavailableStore {
+    url: String,
+    message: String,
+}
+
+impl UnavailableStore {
+    /// A store at `url` that fails with `message`.
+    pub fn new(url: &str, message: impl Into<String>) -> Self {
+        UnavailableStore {
+            url: redact_url(url),
+            message: message.into(),
+        }
+    }
+
+    fn fail<T>(&self) -> Result<T> {
+        Err(Error::store(&self.url, &self.message))
+    }
+}
+
+#[async_trait]
+impl StoreBase for UnavailableStore {
+    fn kind(&self) -> &'static str {
+        "unavailable"
+    }
+
+    fn describe(&self) -> String {
+        self.url.clone()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::NONE
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        self.fail()
+    }
+}
+
+#[async_trait]
+impl LeaseStore for UnavailableStore {
+    async fn claim(&self, _: &ClaimRequest<'_>) -> Result<Claim> {
+        self.fail()
+    }
+
+    async fn lease_holder(
+        &self,
+        _: &str,
+        _: &str,
+        _: DateTime<Utc>,
+    ) -> Result<Option<LeaseHolder>> {
+        self.fail()
+    }
+
+    async fn renew(&self, _: &Lease, _: Duration, _: DateTime<Utc>) -> Result<Lease> {
+        self.fail()
+    }
+
+    async fn release(&self, _: &Lease, _: DateTime<Utc>) -> Result<bool> {
+        self.fail()
+    }
+}
+
+#[async_trait]
+impl LedgerStore for UnavailableStore {
+    async fn find_keys(&self, _: &[KeyLookup]) -> Result<Vec<Option<KeyRecord>>> {
+        self.fail()
+    }
+
+    async fn finish(&self, _: &Finish) -> Result<()> {
+        self.fail()
+    }
+
+    async fn runs(&self, _: &RunFilter) -> Result<Vec<RunRecord>> {
+        self.fail()
+    }
+}
+
+#[async_trait]
+impl MaintenanceStore for UnavailableStore {
+    async fn purge(&self, _: &str, _: Option<&str>) -> Result<u64> {
+        self.fail()
+    }
+
+    async fn cleanup(&self, _: &CleanupPolicy) -> Result<CleanupReport> {
+        self.fail()
+    }
+}
+
+#[async_trait]
+impl EventKeyStore for UnavailableStore {
+    async fn mark_event_keys(&self, _: &str, _: &[String], _: DateTime<Utc>) -> Result<Vec<bool>> {
+        self.fail()
+    }
+}
+
+/// The default store URL: a SQLite file in the current directory.
+pub const DEFAULT_STORE_URL: &str = "sqlite://idem.db";
+
+/// Opens (and migrates) the store a URL names.
+pub async fn open(url: &str) -> Result<Arc<DynStore>> {
+    let store: Arc<DynStore> = match Backend::of(url) {
+        Some(Backend::Memory) => Arc::new(MemoryStore::new()),
+        #[cfg(feature = "sqlite")]
+        Some(Backend::Sqlite) => Arc::new(super::sqlite::SqliteStore::connect(url).await?),
+        #[cfg(feature = "bigquery")]
+        Some(Backend::BigQuery) => Arc::new(super::bigquery::BigQueryStore::connect(url).await?),
+        #[cfg(feature = "postgres")]
+        Some(Backend::Postgres) => Arc::new(super::postgres::PostgresStore::connect(url).await?),
+        #[allow(unreachable_patterns)]
+        _ => {
+            return Err(Error::config(format!(
+                "unsupported store url {:?}: expected sqlite://PATH, postgres://…, bigquery://PROJECT/DATASET or memory://",
+                redact_url(url)
+            )))
+        }
+    };
+    Ok(store)
+}
