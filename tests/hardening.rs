@@ -59,8 +59,8 @@ impl StoreBase for Outage {
         self.inner.kind()
     }
 
-    fn describe(&self) -> String {
-        self.inner.describe()
+    fn location(&self) -> String {
+        self.inner.location()
     }
 
     fn capabilities(&self) -> Capabilities {

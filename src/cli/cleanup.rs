@@ -29,6 +29,6 @@ pub(super) async fn cleanup(args: &CleanupArgs, g: &GlobalOptions) -> Result<u8>
         ..store::CleanupPolicy::before(before)
     };
     let report = store.cleanup(&policy).await?;
-    output::print_cleanup(&store.describe(), &policy, &report, g.format);
+    output::print_cleanup(&store.location(), &policy, &report, g.format);
     Ok(EXIT_OK)
 }

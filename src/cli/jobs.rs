@@ -10,7 +10,7 @@ use crate::store;
 pub(super) async fn migrate(g: &GlobalOptions) -> Result<u8> {
     let store = store::open(&g.store).await?;
     store.migrate().await?;
-    output::print_migrated(&store.describe(), g.format);
+    output::print_migrated(&store.location(), g.format);
     Ok(EXIT_OK)
 }
 

@@ -19,6 +19,6 @@ pub(super) async fn runs(args: RunsArgs, g: &GlobalOptions) -> Result<u8> {
             limit: args.limit as usize,
         })
         .await?;
-    output::print_runs(&runs, &store.describe(), g.format);
+    output::print_runs(&runs, &store.location(), g.format);
     Ok(EXIT_OK)
 }

@@ -540,7 +540,7 @@ impl StoreBase for BigQueryStore {
         "bigquery"
     }
 
-    fn describe(&self) -> String {
+    fn location(&self) -> String {
         self.url.clone()
     }
 

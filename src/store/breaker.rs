@@ -112,7 +112,7 @@ impl<S: StoreBase + ?Sized> CircuitBreakerStore<S> {
             if elapsed < self.config.reset_timeout || s.probing {
                 s.rejected += 1;
                 return Err(Error::CircuitOpen {
-                    store: self.inner.describe(),
+                    store: self.inner.location(),
                     failures: s.consecutive_failures,
                     retry_in_ms: self
                         .config
@@ -164,8 +164,8 @@ impl<S: StoreBase + ?Sized> StoreBase for CircuitBreakerStore<S> {
         self.inner.kind()
     }
 
-    fn describe(&self) -> String {
-        self.inner.describe()
+    fn location(&self) -> String {
+        self.inner.location()
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -60,7 +60,7 @@ impl StoreBase for MemoryStore {
         "memory"
     }
 
-    fn describe(&self) -> String {
+    fn location(&self) -> String {
         "memory://".into()
     }
 

@@ -277,7 +277,7 @@ pub trait StoreBase: Send + Sync + Debug + 'static {
     fn kind(&self) -> &'static str;
 
     /// The store's URL with any password removed, for messages.
-    fn describe(&self) -> String;
+    fn location(&self) -> String;
 
     /// What this backend guarantees.
     fn capabilities(&self) -> Capabilities;

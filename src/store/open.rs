@@ -44,7 +44,7 @@ impl StoreBase for UnavailableStore {
         "unavailable"
     }
 
-    fn describe(&self) -> String {
+    fn location(&self) -> String {
         self.url.clone()
     }
 

@@ -257,7 +257,7 @@ impl StoreBase for PostgresStore {
         "postgres"
     }
 
-    fn describe(&self) -> String {
+    fn location(&self) -> String {
         self.url.clone()
     }
 

@@ -148,7 +148,7 @@ impl StoreBase for SqliteStore {
         "sqlite"
     }
 
-    fn describe(&self) -> String {
+    fn location(&self) -> String {
         self.url.clone()
     }
 
