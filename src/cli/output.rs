@@ -181,8 +181,8 @@ pub(crate) fn print_cleanup(
             "event_keys_deleted": report.event_keys_deleted,
         })),
         Format::Human => {
-            let keys = policy.keys_before.format("%Y-%m-%d %H:%M:%S UTC");
-            let runs = policy.runs_before.format("%Y-%m-%d %H:%M:%S UTC");
+            let keys = crate::model::time::utc_text(policy.keys_before);
+            let runs = crate::model::time::utc_text(policy.runs_before);
             outln!("{verb} from {store}:");
             outln!(
                 "  processing_keys   {:>10}  processed before {keys}",
@@ -269,7 +269,7 @@ pub(crate) fn print_plans(plans: &[JobPlan], format: Format) {
                 f.local.format("%Y-%m-%d %H:%M:%S"),
                 f.local.format("%:z"),
                 f.zone_abbreviation,
-                f.utc.format("%Y-%m-%d %H:%M:%S UTC"),
+                crate::model::time::utc_text(f.utc),
                 f.date
             );
         }
@@ -300,7 +300,7 @@ pub(crate) fn print_report(report: &RunReport, format: Format) {
         outln!(
             "  previous run: {} at {}",
             prev.run_id,
-            prev.at.format("%Y-%m-%d %H:%M:%S UTC")
+            crate::model::time::utc_text(prev.at)
         );
     }
     if let Some(key) = &report.processing_key {

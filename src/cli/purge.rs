@@ -25,7 +25,7 @@ pub(super) async fn purge(args: PurgeArgs, g: &GlobalOptions) -> Result<u8> {
                 let date = schedule::DateExpr::parse(d)
                     .and_then(|e| e.resolve(tz, now).map_err(|e| e.to_string()))
                     .map_err(|e| Error::input(format!("--date: {e}")))?;
-                let scope = date.format("%Y-%m-%d").to_string();
+                let scope = crate::model::time::day_text(date);
                 (scope.clone(), date, Some(vec![scope]))
             }
             (None, Some(scope), _, _) => (scope.clone(), today, Some(vec![scope.clone()])),
@@ -38,7 +38,7 @@ pub(super) async fn purge(args: PurgeArgs, g: &GlobalOptions) -> Result<u8> {
                     Some(
                         dates
                             .iter()
-                            .map(|d| d.format("%Y-%m-%d").to_string())
+                            .map(|d| crate::model::time::day_text(*d))
                             .collect(),
                     ),
                 )

@@ -4,7 +4,7 @@
 //! files also need to recognise one event, or one set of events, seen before. This module
 //! holds the pure parts of that, which need no store:
 //!
-//! * [`fingerprint`]: one SHA-256 value for a set of trade events, byte-compatible with
+//! * [`fingerprint()`]: one SHA-256 value for a set of trade events, byte-compatible with
 //!   the Python services that already compute it (seed 000), so a Rust service and a
 //!   Python one agree on "the same events";
 //! * [`extract`]: how one event's identity (its dedup key) is taken from it: a field, a

@@ -73,7 +73,7 @@ impl Guard for ContentHashGuard {
                 detail: format!(
                     "identical content (key {}) was processed at {} ({}), within the {window} content window",
                     &key[..key.len().min(12)],
-                    k.processed_at.format("%Y-%m-%d %H:%M:%S UTC"),
+                    crate::model::time::utc_text(k.processed_at),
                     ago(ctx.now, k.processed_at),
                 ),
             }),

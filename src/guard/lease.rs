@@ -58,9 +58,9 @@ impl LeaseGuard {
                 holder.run_id,
                 ctx.request.processor,
                 ctx.request.scope,
-                holder.acquired_at.format("%Y-%m-%d %H:%M:%S UTC"),
+                crate::model::time::utc_text(holder.acquired_at),
                 ago(ctx.now, holder.acquired_at),
-                holder.expires_at.format("%Y-%m-%d %H:%M:%S UTC"),
+                crate::model::time::utc_text(holder.expires_at),
             ),
             previous_run: Some(PreviousRun {
                 run_id: holder.run_id,
@@ -119,7 +119,7 @@ impl Guard for LeaseGuard {
                     let detail = format!(
                         "lease acquired (token {}) until {}",
                         lease.token,
-                        lease.expires_at.format("%Y-%m-%d %H:%M:%S UTC")
+                        crate::model::time::utc_text(lease.expires_at)
                     );
                     ctx.set_lease(lease);
                     return Ok(Verdict::proceed(detail));

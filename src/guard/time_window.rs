@@ -61,7 +61,7 @@ impl Guard for TimeWindowGuard {
                     "{} for {} completed at {} ({}), within the {window} time window",
                     ctx.request.processor,
                     ctx.request.scope,
-                    k.processed_at.format("%Y-%m-%d %H:%M:%S UTC"),
+                    crate::model::time::utc_text(k.processed_at),
                     ago(ctx.now, k.processed_at),
                 ),
             }),

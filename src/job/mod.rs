@@ -8,7 +8,7 @@
 //! * in the ledger a run's `processor_name` (`RunRecord::processor`,
 //!   `RunRequest::processor`) is the identity the guards key on: for a job, the job's
 //!   name;
-//! * a **plan** ([`plan`]) is a job made ready to run: its runner and processor, with the
+//! * a **plan** ([`plan()`]) is a job made ready to run: its runner and processor, with the
 //!   caller's [`Overrides`] (mode, policy, trigger, scope, run id, cancellation) applied.
 //!
 //! The module: [`config`] (the typed file format), [`load`] (finding and loading files),

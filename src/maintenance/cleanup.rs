@@ -1,4 +1,4 @@
-//! The built-in `cleanup` processor: [`Store::cleanup`](crate::store::Store::cleanup) as a
+//! The built-in `cleanup` processor: [`MaintenanceStore::cleanup`](crate::store::MaintenanceStore::cleanup) as a
 //! job, so the weekly cleanup runs through the guards and the ledger like any job.
 //!
 //! ```toml

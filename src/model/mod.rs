@@ -175,7 +175,7 @@ impl RunRequest {
     pub fn new(processor: impl Into<String>, date: NaiveDate) -> Self {
         RunRequest {
             processor: processor.into(),
-            scope: date.format("%Y-%m-%d").to_string(),
+            scope: crate::model::time::day_text(date),
             scope_date: date,
             params: serde_json::Value::Object(Default::default()),
             trigger: Trigger::Manual,
@@ -281,7 +281,7 @@ pub fn parse_date(s: &str) -> Result<NaiveDate> {
     if b.len() != 10 || b[4] != b'-' || b[7] != b'-' || !b[..4].iter().all(u8::is_ascii_digit) {
         return Err(bad("not a date".into()));
     }
-    let date = NaiveDate::parse_from_str(s, "%Y-%m-%d").map_err(|e| bad(e.to_string()))?;
+    let date = crate::model::time::parse_day(s).map_err(|e| bad(e.to_string()))?;
     check_date_range(date).map_err(|e| bad(e.to_string()))?;
     Ok(date)
 }

@@ -860,7 +860,7 @@ fn assemble(store: String, options: &ReportOptions, results: &BTreeMap<&str, Vec
         let mut d = options.since().date_naive();
         let last = (options.until - chrono::Duration::microseconds(1)).date_naive();
         while d <= last {
-            out.push(d.format("%Y-%m-%d").to_string());
+            out.push(crate::model::time::day_text(d));
             d = d.succ_opt().unwrap_or(last);
             if out.len() > 4000 {
                 break;

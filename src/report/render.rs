@@ -49,7 +49,11 @@ fn seconds(v: Option<f64>) -> String {
 fn storage_line(report: &Report) -> String {
     let s = &report.storage;
     let range = match (s.oldest_key, s.newest_key) {
-        (Some(a), Some(b)) => format!(", {} to {}", a.format("%Y-%m-%d"), b.format("%Y-%m-%d")),
+        (Some(a), Some(b)) => format!(
+            ", {} to {}",
+            crate::model::time::day_text(a.date_naive()),
+            crate::model::time::day_text(b.date_naive())
+        ),
         _ => String::new(),
     };
     format!(

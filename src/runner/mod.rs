@@ -2,7 +2,7 @@
 //!
 //! Order of a run: describe the content (when a guard needs a content key) → decide
 //! (guards, one prefetch round trip, the lease) → skip, or process while a heartbeat
-//! renews the lease → [`Store::finish`](crate::store::Store::finish): the ledger row, the
+//! renews the lease → [`LedgerStore::finish`](crate::store::LedgerStore::finish): the ledger row, the
 //! keys *only on success*, the lease release, in one transaction where the store allows.
 //!
 //! Store failures follow the [`StoreFailurePolicy`]: `strict` fails the run before
@@ -493,9 +493,8 @@ impl Runner {
     /// `strict` ([`Error::is_store_failure`]) or bad configuration. A failing processor
     /// gives `Ok` with status `failed`.
     ///
-    /// The steps: [decide](Self::decide) (the guards), then either record a skip, or
-    /// [process](Self::process) and [record](Self::record) the outcome with the keys of a
-    /// success ([`completed_keys`]).
+    /// The steps: decide (the guards), then either record a skip, or process and record
+    /// the outcome with the keys of a success.
     pub async fn run(&self, processor: &dyn Processor, request: RunRequest) -> Result<RunReport> {
         request.validate()?;
         let started_at = now();
@@ -736,7 +735,7 @@ impl Runner {
         report
     }
 
-    /// [`Store::finish`](crate::store::Store::finish); a run id recorded already is
+    /// [`LedgerStore::finish`](crate::store::LedgerStore::finish); a run id recorded already is
     /// replaced by a derived one and the finish tried again.
     async fn finish_unique(&self, finish: &mut Finish, report: &mut RunReport) -> Result<()> {
         let result = self.store.finish(finish).await;
@@ -805,7 +804,7 @@ impl Runner {
             .map(|l| {
                 format!(
                     "; the scope stays locked until its lease expires at {}",
-                    l.expires_at.format("%Y-%m-%d %H:%M:%S UTC")
+                    crate::model::time::utc_text(l.expires_at)
                 )
             })
             .unwrap_or_default();

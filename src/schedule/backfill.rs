@@ -181,7 +181,7 @@ mod tests {
 
     #[test]
     fn the_summary_counts_by_reason_and_fails_when_a_date_failed() {
-        let d = |s: &str| NaiveDate::parse_from_str(s, "%Y-%m-%d").unwrap();
+        let d = |s: &str| crate::model::time::parse_day(s).unwrap();
         let mut sum = BackfillSummary::default();
         sum.add(d("2026-01-01"), RunStatus::Completed, None, 0);
         sum.add(

@@ -77,7 +77,7 @@ impl DateExpr {
                 format!("bad date {s:?}: not a calendar date ({EXPECTED})")
             });
         }
-        NaiveDate::parse_from_str(t, "%Y-%m-%d")
+        crate::model::time::parse_day(t)
             .map(DateExpr::Fixed)
             .map_err(|_| format!("bad date {s:?}: not a calendar date ({EXPECTED})"))
     }
@@ -101,7 +101,7 @@ impl DateExpr {
 impl fmt::Display for DateExpr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            DateExpr::Fixed(d) => write!(f, "{}", d.format("%Y-%m-%d")),
+            DateExpr::Fixed(d) => write!(f, "{}", crate::model::time::day_text(*d)),
             DateExpr::DaysAgo(0) => f.write_str("today"),
             DateExpr::DaysAgo(1) => f.write_str("yesterday"),
             DateExpr::DaysAgo(n) => write!(f, "today-{n}"),

@@ -489,7 +489,7 @@ mod tests {
     }
 
     fn fires_on(cron: &str, tz: Tz, day: &str) -> Vec<String> {
-        let date = chrono::NaiveDate::parse_from_str(day, "%Y-%m-%d").unwrap();
+        let date = crate::model::time::parse_day(day).unwrap();
         let after = utc(&format!("{}T00:00:00Z", date.pred_opt().unwrap()));
         parse_cron(cron)
             .unwrap()

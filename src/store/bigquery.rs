@@ -13,7 +13,7 @@
 //! * **Append-only keys and ledger, written with DML `INSERT`** (never streaming), so purge
 //!   and cleanup can `DELETE` at once. Keys are never updated; a lookup reads the latest row
 //!   per key. INSERTs do not take part in mutating-DML conflicts or queues.
-//! * **One query per guard decision**: [`Store::find_keys`] sends every lookup as one
+//! * **One query per guard decision**: [`LedgerStore::find_keys`] sends every lookup as one
 //!   `ARRAY<STRUCT>` parameter and answers them all in one statement ([`FIND_KEYS_SQL`]),
 //!   which filters on the partition column (`processed_at`) with the oldest window start,
 //!   so partitions older than the longest window are never read, and on the clustering
@@ -278,7 +278,7 @@ fn render_migration(sql: &str, url: &BigQueryUrl) -> String {
 impl BigQueryStore {
     /// Opens `bigquery://PROJECT/DATASET[?…]`. One cheap check (`tables.list`, not billed)
     /// tells whether the tables exist; when one is missing the dataset and tables are
-    /// created ([`Store::migrate`]).
+    /// created ([`StoreBase::migrate`]).
     pub async fn connect(url: &str) -> Result<Self> {
         let store = Self::connect_lazy(url).await?;
         migrations::run(&store).await?;

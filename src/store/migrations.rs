@@ -1,5 +1,5 @@
 //! One migration mechanism for the SQL stores: one embedded list per dialect, built from
-//! `migrations/<dialect>/NNNN_name.sql`, and one runner ([`run`]) that every store applies
+//! `migrations/<dialect>/NNNN_name.sql`, and one runner (`run`) that every store applies
 //! the same way — one cheap query when the schema is current, otherwise the pending
 //! migrations in order under the dialect's lock, each recorded, exactly once across
 //! concurrent first uses.
@@ -9,7 +9,7 @@
 //! Postgres: `idem_schema_migrations`) would look empty and `0001` would run again; its
 //! skip path is several statements (create the table, lock, read the dirty version, list
 //! the applied ones) instead of one cheap query; and BigQuery has no sqlx driver. So each
-//! dialect keeps its existing record ([`Schema`]), and this runner drives them all.
+//! dialect keeps its existing record (`Schema`), and this runner drives them all.
 
 use async_trait::async_trait;
 

@@ -65,7 +65,7 @@ fn parameters(statement: &Statement, params: &Params) -> WarehouseResult<Vec<Par
         .zip(values)
         .map(|(name, value)| {
             if name == "scope_date" {
-                let d = chrono::NaiveDate::parse_from_str(value, "%Y-%m-%d").map_err(|_| {
+                let d = crate::model::time::parse_day(value).map_err(|_| {
                     WarehouseError::new(format!("@scope_date {value:?} is not a date"))
                 })?;
                 Ok(date(name, d))

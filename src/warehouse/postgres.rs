@@ -393,7 +393,7 @@ fn date_cell(bytes: &[u8]) -> Option<Cell> {
         _ => {}
     }
     let date = pg_epoch().checked_add_signed(chrono::TimeDelta::try_days(days.into())?)?;
-    Some(Cell::Date(date.format("%Y-%m-%d").to_string()))
+    Some(Cell::Date(crate::model::time::day_text(date)))
 }
 
 /// A TIMESTAMP(TZ) from its wire format (microseconds since 2000-01-01 00:00, UTC for

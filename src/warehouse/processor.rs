@@ -143,7 +143,7 @@ impl SqlProcessor {
         params.insert("scope".into(), request.scope.clone());
         params.insert(
             "scope_date".into(),
-            request.scope_date.format("%Y-%m-%d").to_string(),
+            crate::model::time::day_text(request.scope_date),
         );
         params.insert("run_id".into(), request.run_id.clone());
         params.insert("trigger".into(), request.trigger.as_str().into());

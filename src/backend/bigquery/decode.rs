@@ -104,7 +104,7 @@ impl Record<'_> {
     /// A DATE that must not be NULL.
     pub fn date(&self, name: &str) -> std::result::Result<NaiveDate, String> {
         let s = self.str(name)?;
-        NaiveDate::parse_from_str(&s, "%Y-%m-%d")
+        crate::model::time::parse_day(&s)
             .map_err(|_| format!("column {name:?}: {s:?} is not a DATE"))
     }
 

@@ -1,4 +1,4 @@
-//! BigQuery REST plumbing shared by [`BigQueryStore`](super::BigQueryStore) and the SQL
+//! BigQuery REST plumbing shared by `BigQueryStore` (`idem::store::bigquery`) and the SQL
 //! processor's [`BigQueryWarehouse`](crate::warehouse::BigQueryWarehouse): the URL, credentials,
 //! typed query parameters, and [`Connection::query`], the one function every statement goes
 //! through.

@@ -48,7 +48,7 @@ pub fn opt_int64(name: &str, value: Option<i64>) -> Param {
 /// RFC 3339 in UTC with microseconds and a `Z` (without an offset the emulator reads a
 /// DATETIME).
 pub fn timestamp_text(t: DateTime<Utc>) -> String {
-    t.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()
+    crate::model::time::micros_text(t)
 }
 
 /// A TIMESTAMP parameter.
@@ -58,7 +58,7 @@ pub fn timestamp(name: &str, value: DateTime<Utc>) -> Param {
 
 /// A DATE parameter.
 pub fn date(name: &str, value: NaiveDate) -> Param {
-    scalar(name, "DATE", Some(value.format("%Y-%m-%d").to_string()))
+    scalar(name, "DATE", Some(crate::model::time::day_text(value)))
 }
 
 /// An `ARRAY<STRING>` parameter.
