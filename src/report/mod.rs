@@ -559,6 +559,7 @@ fn time(row: &Row, name: &str) -> Option<DateTime<Utc>> {
     }
 }
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 fn cells<R>(row: &R) -> Row
 where
     R: sqlx::Row,
@@ -640,6 +641,7 @@ async fn connect(url: &str) -> Result<Conn> {
 }
 
 async fn query(conn: &Conn, url: &str, name: &str, options: &ReportOptions) -> Result<Vec<Row>> {
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
     let fail = |e: sqlx::Error| {
         let message = e.to_string();
         Error::from_sqlx(
@@ -785,8 +787,10 @@ pub async fn run(url: &str, options: &ReportOptions) -> Result<Report> {
         (QUERY_NAMES[5], all.5),
         (QUERY_NAMES[6], all.6),
     ]);
+    #[cfg_attr(not(feature = "bigquery"), allow(unused_mut))]
     let mut report = assemble(redact_url(url), options, &results);
     #[cfg(feature = "bigquery")]
+    #[allow(irrefutable_let_patterns)]
     if let Conn::Bigquery(bq, config) = &conn {
         let table = bq
             .rest(

@@ -61,6 +61,7 @@ where
 }
 
 /// The tables a cleanup walks, in order, with what [`CleanupReport`] calls them.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) const CLEANUP_TABLES: [&str; 4] = [
     "processing_keys",
     "processing_runs",
