@@ -165,21 +165,18 @@ pub(crate) fn print_cleanup(
         "deleted"
     };
     match format {
-        Format::Json => print_json(&serde_json::json!({
-            "dry_run": policy.dry_run,
-            "keys_before": policy.keys_before,
-            "runs_before": policy.runs_before,
-            "tables": {
-                "processing_keys": report.keys_deleted,
-                "processing_runs": report.runs_deleted,
-                "processing_leases": report.leases_deleted,
-                "event_keys": report.event_keys_deleted,
-            },
-            "keys_deleted": report.keys_deleted,
-            "runs_deleted": report.runs_deleted,
-            "leases_deleted": report.leases_deleted,
-            "event_keys_deleted": report.event_keys_deleted,
-        })),
+        Format::Json => {
+            let mut json = report.summary(policy);
+            for (key, value) in [
+                ("keys_deleted", report.keys_deleted),
+                ("runs_deleted", report.runs_deleted),
+                ("leases_deleted", report.leases_deleted),
+                ("event_keys_deleted", report.event_keys_deleted),
+            ] {
+                json[key] = value.into();
+            }
+            print_json(&json)
+        }
         Format::Human => {
             let keys = crate::model::time::utc_text(policy.keys_before);
             let runs = crate::model::time::utc_text(policy.runs_before);

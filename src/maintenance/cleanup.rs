@@ -137,24 +137,9 @@ impl Processor for CleanupProcessor {
     async fn process(&self, _request: &RunRequest) -> std::result::Result<Outcome, BoxError> {
         let policy = self.settings.policy(chrono::Utc::now())?;
         let report = self.store.cleanup(&policy).await?;
-        let total = report.keys_deleted
-            + report.runs_deleted
-            + report.leases_deleted
-            + report.event_keys_deleted;
         Ok(
-            Outcome::records(i64::try_from(total).unwrap_or(i64::MAX)).with_output(
-                serde_json::json!({
-                    "dry_run": policy.dry_run,
-                    "keys_before": policy.keys_before,
-                    "runs_before": policy.runs_before,
-                    "tables": {
-                        "processing_keys": report.keys_deleted,
-                        "processing_runs": report.runs_deleted,
-                        "processing_leases": report.leases_deleted,
-                        "event_keys": report.event_keys_deleted,
-                    },
-                }),
-            ),
+            Outcome::records(i64::try_from(report.total()).unwrap_or(i64::MAX))
+                .with_output(report.summary(&policy)),
         )
     }
 }

@@ -245,6 +245,29 @@ pub struct CleanupReport {
     pub event_keys_deleted: u64,
 }
 
+impl CleanupReport {
+    /// Rows deleted over all tables.
+    pub fn total(&self) -> u64 {
+        self.keys_deleted + self.runs_deleted + self.leases_deleted + self.event_keys_deleted
+    }
+
+    /// The cleanup as JSON, as `idem cleanup --format json` prints it and the cleanup
+    /// job records it: the policy's cut-offs and the rows per table.
+    pub fn summary(&self, policy: &CleanupPolicy) -> serde_json::Value {
+        serde_json::json!({
+            "dry_run": policy.dry_run,
+            "keys_before": policy.keys_before,
+            "runs_before": policy.runs_before,
+            "tables": {
+                "processing_keys": self.keys_deleted,
+                "processing_runs": self.runs_deleted,
+                "processing_leases": self.leases_deleted,
+                "event_keys": self.event_keys_deleted,
+            },
+        })
+    }
+}
+
 /// What a backend guarantees beyond one instance in one process. The conformance suite
 /// reads these: [`conformance::capabilities_hold_across_instances`] holds a backend to
 /// exactly what it claims here.
