@@ -37,6 +37,7 @@
 //! `cargo bench --bench fingerprint` compares both with serde_json + SHA-256 of the same
 //! bytes (docs/events.md has the figures).
 
+use crate::key::hex;
 use chrono::{DateTime, FixedOffset, Timelike, Utc};
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
@@ -470,16 +471,6 @@ fn write_int(out: &mut Vec<u8>, n: i128) {
         }
     }
     out.extend_from_slice(&tmp[at..]);
-}
-
-fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(DIGITS[(b >> 4) as usize] as char);
-        s.push(DIGITS[(b & 15) as usize] as char);
-    }
-    s
 }
 
 /// The fields as raw JSON texts: a number's text survives (no `arbitrary_precision`
