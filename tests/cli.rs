@@ -286,6 +286,20 @@ fn bad_input_names_the_problem_exits_2_and_records_nothing() {
         "{}",
         stderr(&out)
     );
+    // `idem jobs` validates every file: a processor this binary lacks is a problem there too.
+    let out = s.idem(&["jobs"]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        stderr(&out).contains("rust.toml")
+            && stderr(&out).contains("unknown processor \"not_registered\""),
+        "{}",
+        stderr(&out)
+    );
     std::fs::remove_file(&unknown).unwrap();
 
     // JSON callers get the error as JSON too.

@@ -3,7 +3,8 @@
 use super::output;
 use super::{GlobalOptions, EXIT_OK, EXIT_USAGE};
 use crate::error::Result;
-use crate::job::scan_jobs;
+use crate::job::{scan_jobs, JobProblem};
+use crate::processor::Registry;
 use crate::store;
 
 /// `idem migrate`: creates or upgrades the store's tables.
@@ -15,8 +16,21 @@ pub(super) async fn migrate(g: &GlobalOptions) -> Result<u8> {
 }
 
 /// `idem jobs`: every file is validated and every problem reported, not just the first.
-pub(super) fn jobs(g: &GlobalOptions) -> Result<u8> {
-    let scan = scan_jobs(&g.jobs_dir, &g.store)?;
+pub(super) fn jobs(g: &GlobalOptions, registry: &Registry) -> Result<u8> {
+    let mut scan = scan_jobs(&g.jobs_dir, &g.store)?;
+    // A job naming a processor this binary does not have cannot run: a problem too.
+    let (jobs, unknown): (Vec<_>, Vec<_>) = std::mem::take(&mut scan.jobs)
+        .into_iter()
+        .partition(|job| job.check_processor(registry).is_ok());
+    scan.jobs = jobs;
+    for job in unknown {
+        if let Err(e) = job.check_processor(registry) {
+            scan.problems.push(JobProblem {
+                path: job.path.clone(),
+                error: format!("job file {}: {e}", job.path.display()),
+            });
+        }
+    }
     if scan.problems.is_empty() {
         output::print_jobs(&scan.jobs, g.format)?;
         return Ok(EXIT_OK);

@@ -444,7 +444,7 @@ async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
         Command::Run(args) => run::run(&args, &g, registry).await,
         Command::Explain(args) => run::explain(&args, &g, registry).await,
         Command::Migrate => jobs::migrate(&g).await,
-        Command::Jobs => jobs::jobs(&g),
+        Command::Jobs => jobs::jobs(&g, registry),
         Command::Runs(args) => runs::runs(args, &g).await,
         Command::Purge(args) => purge::purge(args, &g).await,
         Command::Schedule(args) => schedule::schedule(args, &g),

@@ -207,6 +207,29 @@ impl Job {
         self.processor_with_store(registry, store_url, None).await
     }
 
+    /// Whether the job's processor exists: built in (`sql`, `cleanup`) or in `registry`.
+    pub fn check_processor(&self, registry: &Registry) -> Result<()> {
+        let builtin = [crate::maintenance::cleanup::CLEANUP_PROCESSOR, "sql"];
+        if builtin.contains(&self.processor.as_str()) || registry.get(&self.processor).is_some() {
+            return Ok(());
+        }
+        Err(self.unknown_processor(registry))
+    }
+
+    fn unknown_processor(&self, registry: &Registry) -> Error {
+        let known = registry.names();
+        Error::config(format!(
+            "job {}: unknown processor {:?} (registered: {}; built in: sql, cleanup)",
+            self.name,
+            self.processor,
+            if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            }
+        ))
+    }
+
     /// [`Job::processor`], with the store a `cleanup` job cleans (`None`: open `store_url`).
     pub async fn processor_with_store(
         &self,
@@ -235,19 +258,9 @@ impl Job {
                 self.sql_params(),
             )?));
         }
-        registry.get(&self.processor).ok_or_else(|| {
-            let known = registry.names();
-            Error::config(format!(
-                "job {}: unknown processor {:?} (registered: {}; built in: sql, cleanup)",
-                self.name,
-                self.processor,
-                if known.is_empty() {
-                    "none".to_string()
-                } else {
-                    known.join(", ")
-                }
-            ))
-        })
+        registry
+            .get(&self.processor)
+            .ok_or_else(|| self.unknown_processor(registry))
     }
 
     /// A runner configured as the job says (its guards, mode, store failure policy,
