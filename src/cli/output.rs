@@ -307,7 +307,7 @@ pub(crate) fn print_report(report: &RunReport, format: Format) {
         outln!("  error: {error}");
     }
     for e in &report.store_errors {
-        outln!("  store error (tolerated): {e}");
+        outln!("  store error while {e}");
     }
     if report.spooled() {
         outln!("  warning: the store is unreachable; this run is spooled locally and recorded when it is back");

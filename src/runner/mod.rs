@@ -139,7 +139,9 @@ pub struct RunReport {
     pub guards: Vec<GuardVerdict>,
     /// Whether and how the result reached the ledger.
     pub recording: Recording,
-    /// Store failures tolerated under `best_effort` (or while recording).
+    /// Store failures met on the way, each saying when (`checking the guards: …`,
+    /// `recording the run: …`): tolerated under `best_effort`; under `strict` a failed
+    /// recording also fails the command (exit 3).
     pub store_errors: Vec<String>,
     /// Start time.
     pub started_at: DateTime<Utc>,
@@ -610,7 +612,9 @@ impl Runner {
                         tracing::warn!(
                             "store failure while checking guards; running unguarded (best_effort): {e}"
                         );
-                        report.store_errors.push(e.to_string());
+                        report
+                            .store_errors
+                            .push(format!("checking the guards: {e}"));
                         Ok(Decided::Go(Decision::default()))
                     }
                     _ => Err(e),
@@ -779,7 +783,7 @@ impl Runner {
         {
             Ok(()) => true,
             Err(e) => {
-                report.store_errors.push(e.to_string());
+                report.store_errors.push(format!("recording the run: {e}"));
                 false
             }
         };
@@ -796,7 +800,7 @@ impl Runner {
         lease: Option<&Lease>,
     ) {
         tracing::warn!("could not record run {}: {e}", report.run_id);
-        report.store_errors.push(e.to_string());
+        report.store_errors.push(format!("recording the run: {e}"));
         report.recording = Recording::NotRecorded;
         // The store just failed: releasing the lease would most likely fail too (after
         // another timeout). It expires on its own.
