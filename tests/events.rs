@@ -100,8 +100,12 @@ fn vector(name: &str) -> Value {
 }
 
 fn fingerprint_stdin(sandbox: &Sandbox, input: &str) -> std::process::Output {
+    fingerprint_piped(sandbox, &["fingerprint"], input)
+}
+
+fn fingerprint_piped(sandbox: &Sandbox, args: &[&str], input: &str) -> std::process::Output {
     let mut child = sandbox
-        .command(&["fingerprint"])
+        .command(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -137,6 +141,16 @@ fn cli_prints_the_fingerprint_alone_from_a_file_or_stdin() {
 
     let out = fingerprint_stdin(&sandbox, &ndjson);
     assert_eq!(out.status.code(), Some(0));
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), expected);
+
+    // `-` names standard input, as for most Unix tools.
+    let out = fingerprint_piped(&sandbox, &["fingerprint", "-"], &ndjson);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(String::from_utf8(out.stdout).unwrap(), expected);
 
     // Lines in another order, CRLF endings, blank lines, no final newline: same value.

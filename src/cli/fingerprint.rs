@@ -15,6 +15,8 @@ pub(super) fn fingerprint(args: &FingerprintArgs, g: &GlobalOptions) -> Result<u
 /// input; a line that is not an event is an error naming the line and the field.
 fn fingerprint_events(file: Option<&std::path::Path>) -> Result<(String, usize)> {
     use std::io::BufRead;
+    // `-` is standard input, as for most Unix tools.
+    let file = file.filter(|p| p.as_os_str() != "-");
     let (name, reader): (String, Box<dyn BufRead>) = match file {
         Some(path) => {
             let f = std::fs::File::open(path).map_err(|e| Error::io("read", path, e))?;

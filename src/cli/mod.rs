@@ -313,7 +313,7 @@ pub(crate) struct CleanupArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct FingerprintArgs {
-    /// NDJSON file of events, one JSON object a line (default: standard input).
+    /// NDJSON file of events, one JSON object a line (`-` or none: standard input).
     file: Option<PathBuf>,
 }
 
