@@ -210,16 +210,16 @@ pub const MAX_NAME_BYTES: usize = 1024;
 /// text, and none of them belongs in an identifier). `what` names it in the error.
 pub fn validate_name(what: &str, value: &str) -> Result<()> {
     if value.trim().is_empty() {
-        return Err(Error::config(format!("{what} is empty")));
+        return Err(Error::input(format!("{what} is empty")));
     }
     if value.len() > MAX_NAME_BYTES {
-        return Err(Error::config(format!(
+        return Err(Error::input(format!(
             "{what} is {} bytes long; at most {MAX_NAME_BYTES} are allowed",
             value.len()
         )));
     }
     if let Some(c) = value.chars().find(|c| c.is_control()) {
-        return Err(Error::config(format!(
+        return Err(Error::input(format!(
             "{what} {value:?} contains the control character {:?}; names, scopes and run ids cannot",
             c
         )));
@@ -252,7 +252,7 @@ pub const MAX_DATE: NaiveDate = match NaiveDate::from_ymd_opt(9999, 12, 31) {
 
 fn check_date_range(date: NaiveDate) -> Result<()> {
     if date < MIN_DATE || date > MAX_DATE {
-        return Err(Error::config(format!(
+        return Err(Error::input(format!(
             "date {date} is out of range: dates go from 0001-01-01 to 9999-12-31"
         )));
     }
@@ -275,7 +275,7 @@ pub fn derive_run_id(taken: &str) -> String {
 
 /// Parses `YYYY-MM-DD` (years 0001 to 9999), with an error that names the bad value.
 pub fn parse_date(s: &str) -> Result<NaiveDate> {
-    let bad = |why: String| Error::config(format!("bad date {s:?}: {why} (expected YYYY-MM-DD)"));
+    let bad = |why: String| Error::input(format!("bad date {s:?}: {why} (expected YYYY-MM-DD)"));
     // Exactly four year digits: chrono alone also takes `-5000-01-01` and `12345-01-01`.
     let b = s.as_bytes();
     if b.len() != 10 || b[4] != b'-' || b[7] != b'-' || !b[..4].iter().all(u8::is_ascii_digit) {

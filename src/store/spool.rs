@@ -140,8 +140,7 @@ impl Spool {
         if !self.path.exists() {
             return Ok(ReplayReport::default());
         }
-        let spool_error =
-            |e: io::Error| Error::config(format!("spool {}: {e}", self.path.display()));
+        let spool_error = |e: io::Error| Error::io("replay the spool", &self.path, e);
         let _lock = self.locked().map_err(spool_error)?;
         let text = match fs::read_to_string(&self.path) {
             Ok(t) => t,
