@@ -4,7 +4,37 @@ use super::output;
 use super::{input, CleanupArgs, GlobalOptions, EXIT_OK};
 use crate::error::{Error, Result};
 use crate::model::duration::parse_duration_field;
-use crate::store;
+use crate::store::{self, CleanupPolicy, CleanupProgressFn, Store};
+
+/// On a terminal (human output), a real cleanup draws a bar over the rows a count taken
+/// first expects; a dry run (itself a count) and every other output draw nothing.
+async fn progress_bar(
+    store: &dyn Store,
+    policy: &CleanupPolicy,
+    g: &GlobalOptions,
+) -> Result<Option<indicatif::ProgressBar>> {
+    if policy.dry_run || !output::progress_on_terminal(g.format) {
+        return Ok(None);
+    }
+    let expected = store
+        .cleanup(&CleanupPolicy {
+            dry_run: true,
+            ..policy.clone()
+        })
+        .await?;
+    Ok(output::cleanup_bar(expected.total(), g.format))
+}
+
+/// Moves the bar to the rows deleted so far, naming the table being walked.
+fn advance(bar: indicatif::ProgressBar) -> CleanupProgressFn {
+    CleanupProgressFn::new(move |p| {
+        if bar.length().is_some_and(|len| p.total > len) {
+            bar.set_length(p.total);
+        }
+        bar.set_position(p.total);
+        bar.set_message(p.table);
+    })
+}
 
 /// `idem cleanup`: keys, leases and event keys older than `before` (`--keep`), ledger rows
 /// older than `--keep-runs` that no kept key points at, in batches; counts per table.
@@ -28,7 +58,19 @@ pub(super) async fn cleanup(args: &CleanupArgs, g: &GlobalOptions) -> Result<u8>
         dry_run: args.dry_run,
         ..store::CleanupPolicy::before(before)
     };
-    let report = store.cleanup(&policy).await?;
+    let report = match progress_bar(&*store, &policy, g).await? {
+        Some(bar) => {
+            let report = store
+                .cleanup(&store::CleanupPolicy {
+                    progress: Some(advance(bar.clone())),
+                    ..policy.clone()
+                })
+                .await;
+            bar.finish_and_clear();
+            report?
+        }
+        None => store.cleanup(&policy).await?,
+    };
     output::print_cleanup(&store.location(), &policy, &report, g.format);
     Ok(EXIT_OK)
 }

@@ -412,6 +412,31 @@ pub(crate) fn backfill_bar(dates: usize, format: Format) -> indicatif::ProgressB
     bar
 }
 
+/// The cleanup's progress bar: drawn on stderr when it is a terminal (human output), `None`
+/// otherwise. `total` is the number of rows the cleanup is expected to delete (a count
+/// taken just before); the bar grows if more turn up meanwhile.
+pub(crate) fn cleanup_bar(total: u64, format: Format) -> Option<indicatif::ProgressBar> {
+    if !progress_on_terminal(format) {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::with_draw_target(
+        Some(total),
+        indicatif::ProgressDrawTarget::stderr(),
+    );
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{bar:30} {pos}/{len} rows  {msg}  {elapsed_precise}",
+    ) {
+        bar.set_style(style);
+    }
+    Some(bar)
+}
+
+/// Whether progress is drawn: human output to a terminal (stderr).
+pub(crate) fn progress_on_terminal(format: Format) -> bool {
+    use std::io::IsTerminal;
+    format == Format::Human && std::io::stderr().is_terminal()
+}
+
 /// `completed JOB for SCOPE: N record(s) in M ms`, `skipped … (reason)`, `failed …` (with
 /// `: error` when `with_error`).
 fn status_line(report: &RunReport, with_error: bool) -> String {

@@ -15,6 +15,7 @@
 //! lease expired and was taken over cannot record over the newer holder.
 
 use std::fmt::Debug;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -191,6 +192,51 @@ pub struct RunFilter {
 /// Rows per delete statement in a cleanup, by default.
 pub const DEFAULT_CLEANUP_BATCH: usize = 10_000;
 
+/// How far a cleanup has got: what [`CleanupPolicy::progress`] is told after each batch
+/// (each delete statement, or each table's count under `dry_run`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CleanupProgress {
+    /// The table the batch came from (`processing_keys`, `processing_runs`,
+    /// `processing_leases`, `event_keys`; walked in that order).
+    pub table: &'static str,
+    /// Rows deleted (or, under `dry_run`, counted) from this table so far.
+    pub rows: u64,
+    /// Rows over all tables so far.
+    pub total: u64,
+    /// This table is finished: `rows` is its final count, as the report will say.
+    pub table_done: bool,
+}
+
+/// A callback told of a cleanup's progress ([`CleanupPolicy::progress`]), e.g. to draw a
+/// progress bar. It runs on the cleanup's task between batches: keep it quick.
+#[derive(Clone)]
+pub struct CleanupProgressFn(Arc<dyn Fn(CleanupProgress) + Send + Sync>);
+
+impl CleanupProgressFn {
+    /// Wraps `f`.
+    pub fn new(f: impl Fn(CleanupProgress) + Send + Sync + 'static) -> Self {
+        CleanupProgressFn(Arc::new(f))
+    }
+
+    /// Tells the callback.
+    pub fn call(&self, progress: CleanupProgress) {
+        (self.0)(progress)
+    }
+}
+
+impl Debug for CleanupProgressFn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CleanupProgressFn(..)")
+    }
+}
+
+/// Two callbacks are equal when they are the same one.
+impl PartialEq for CleanupProgressFn {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::addr_eq(Arc::as_ptr(&self.0), Arc::as_ptr(&other.0))
+    }
+}
+
 /// What [`MaintenanceStore::cleanup`] deletes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CleanupPolicy {
@@ -211,6 +257,8 @@ pub struct CleanupPolicy {
     pub batch: usize,
     /// Count what would be deleted; delete nothing.
     pub dry_run: bool,
+    /// Told after each batch how far the cleanup has got (none by default).
+    pub progress: Option<CleanupProgressFn>,
 }
 
 impl CleanupPolicy {
@@ -223,6 +271,14 @@ impl CleanupPolicy {
             processor: None,
             batch: DEFAULT_CLEANUP_BATCH,
             dry_run: false,
+            progress: None,
+        }
+    }
+
+    /// Tells [`CleanupPolicy::progress`], if any.
+    pub(crate) fn report_progress(&self, progress: CleanupProgress) {
+        if let Some(f) = &self.progress {
+            f.call(progress);
         }
     }
 
