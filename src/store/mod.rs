@@ -417,6 +417,55 @@ pub trait MaintenanceStore: StoreBase {
     /// Deletes (or under `dry_run` counts) keys, ledger rows, leases and event keys past
     /// retention, as [`CleanupPolicy`] says, in bounded batches.
     async fn cleanup(&self, policy: &CleanupPolicy) -> Result<CleanupReport>;
+
+    /// The partition expiration of each partitioned table, as the database reports it;
+    /// `None` for a store whose tables have no partitions (all but BigQuery).
+    async fn partition_expiration(&self) -> Result<Option<Vec<PartitionExpiration>>> {
+        Ok(None)
+    }
+
+    /// Lets the database drop partitions older than `days` (`None`: never) on the
+    /// partitioned tables, instead of deleting their rows by DML. [`Error::Input`] on a
+    /// store without partitions.
+    async fn set_partition_expiration(&self, days: Option<u32>) -> Result<()> {
+        let _ = days;
+        Err(Error::input(format!(
+            "partition expiration needs a BigQuery store; {} has no partitions",
+            self.kind()
+        )))
+    }
+}
+
+/// Longest partition expiration that can be set, in days (100 years).
+pub const MAX_PARTITION_EXPIRATION_DAYS: u32 = 36_500;
+
+/// One table's partition expiration ([`MaintenanceStore::partition_expiration`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PartitionExpiration {
+    /// The table.
+    pub table: &'static str,
+    /// Whether the database reports the table as partitioned (the BigQuery emulator
+    /// reports no partitioning at all, so neither an expiration).
+    pub partitioned: bool,
+    /// Partitions older than this many days are dropped; `None` when they never expire
+    /// (or nothing is reported).
+    pub days: Option<f64>,
+}
+
+impl PartitionExpiration {
+    /// From the table's `timePartitioning` (present when partitioned) and its
+    /// `expirationMs` text.
+    pub fn from_api(table: &'static str, partitioning: Option<Option<&str>>) -> Self {
+        PartitionExpiration {
+            table,
+            partitioned: partitioning.is_some(),
+            days: partitioning
+                .flatten()
+                .and_then(|ms| ms.parse::<u64>().ok())
+                .filter(|&ms| ms > 0)
+                .map(|ms| ms as f64 / 86_400_000.0),
+        }
+    }
 }
 
 /// Event-level dedup: which event keys of a namespace were seen. A backend may implement
