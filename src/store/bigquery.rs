@@ -72,7 +72,7 @@ pub const TABLES: &[&str] = &[
 ];
 
 /// The partitioned tables (partition expiration applies to these).
-const PARTITIONED_TABLES: &[&'static str] = &["processing_keys", "processing_runs", "event_keys"];
+const PARTITIONED_TABLES: &[&str] = &["processing_keys", "processing_runs", "event_keys"];
 
 /// The per-run check: every guard lookup of a run in one statement. `@lookups` is an
 /// `ARRAY<STRUCT<pos INT64, key STRING, kind STRING, since TIMESTAMP>>`; `@keys` the
