@@ -4,11 +4,72 @@ use super::output;
 use super::{input, CleanupArgs, GlobalOptions, EXIT_OK};
 use crate::error::{Error, Result};
 use crate::model::duration::parse_duration_field;
-use crate::store;
+use crate::store::{self, CleanupPolicy, CleanupProgressFn, Store};
+
+/// `--set-partition-expiration`: whole days from 1 to the maximum, or `none`.
+fn expiration_days(text: &str) -> Result<Option<u32>> {
+    if text.eq_ignore_ascii_case("none") {
+        return Ok(None);
+    }
+    let bad = || {
+        Error::input(format!(
+            "--set-partition-expiration must be whole days from 1d to {}d, or none; got {text:?}",
+            store::MAX_PARTITION_EXPIRATION_DAYS
+        ))
+    };
+    let d = parse_duration_field("--set-partition-expiration", text).map_err(|_| bad())?;
+    let secs = d.as_secs();
+    if d.subsec_nanos() != 0 || secs % 86_400 != 0 {
+        return Err(bad());
+    }
+    u32::try_from(secs / 86_400)
+        .ok()
+        .filter(|days| (1..=store::MAX_PARTITION_EXPIRATION_DAYS).contains(days))
+        .map(Some)
+        .ok_or_else(bad)
+}
+
+/// On a terminal (human output), a real cleanup draws a bar over the rows a count taken
+/// first expects; a dry run (itself a count) and every other output draw nothing.
+async fn progress_bar(
+    store: &dyn Store,
+    policy: &CleanupPolicy,
+    g: &GlobalOptions,
+) -> Result<Option<indicatif::ProgressBar>> {
+    if policy.dry_run || !output::progress_on_terminal(g.format) {
+        return Ok(None);
+    }
+    let expected = store
+        .cleanup(&CleanupPolicy {
+            dry_run: true,
+            ..policy.clone()
+        })
+        .await?;
+    Ok(output::cleanup_bar(expected.total(), g.format))
+}
+
+/// Moves the bar to the rows deleted so far, naming the table being walked.
+fn advance(bar: indicatif::ProgressBar) -> CleanupProgressFn {
+    CleanupProgressFn::new(move |p| {
+        if bar.length().is_some_and(|len| p.total > len) {
+            bar.set_length(p.total);
+        }
+        bar.set_position(p.total);
+        bar.set_message(p.table);
+    })
+}
 
 /// `idem cleanup`: keys, leases and event keys older than `before` (`--keep`), ledger rows
 /// older than `--keep-runs` that no kept key points at, in batches; counts per table.
 pub(super) async fn cleanup(args: &CleanupArgs, g: &GlobalOptions) -> Result<u8> {
+    if let Some(text) = &args.set_partition_expiration {
+        let days = expiration_days(text)?;
+        let store = store::open(&g.store).await?;
+        store.set_partition_expiration(days).await?;
+        let tables = store.partition_expiration().await?.unwrap_or_default();
+        output::print_partition_expiration(&store.location(), &tables, g.format);
+        return Ok(EXIT_OK);
+    }
     // Bounded by MAX_DURATION, so the cutoff is always a valid time.
     let keep = parse_duration_field("--keep", &args.keep).map_err(input)?;
     let before = chrono::Duration::from_std(keep)
@@ -28,7 +89,26 @@ pub(super) async fn cleanup(args: &CleanupArgs, g: &GlobalOptions) -> Result<u8>
         dry_run: args.dry_run,
         ..store::CleanupPolicy::before(before)
     };
-    let report = store.cleanup(&policy).await?;
-    output::print_cleanup(&store.location(), &policy, &report, g.format);
+    let report = match progress_bar(&*store, &policy, g).await? {
+        Some(bar) => {
+            let report = store
+                .cleanup(&store::CleanupPolicy {
+                    progress: Some(advance(bar.clone())),
+                    ..policy.clone()
+                })
+                .await;
+            bar.finish_and_clear();
+            report?
+        }
+        None => store.cleanup(&policy).await?,
+    };
+    let partitions = store.partition_expiration().await?;
+    output::print_cleanup(
+        &store.location(),
+        &policy,
+        &report,
+        partitions.as_deref(),
+        g.format,
+    );
     Ok(EXIT_OK)
 }

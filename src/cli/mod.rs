@@ -309,6 +309,11 @@ pub(crate) struct CleanupArgs {
     #[arg(long, default_value_t = store::DEFAULT_CLEANUP_BATCH as u64,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     batch: u64,
+    /// BigQuery only: instead of deleting, let BigQuery drop partitions older than this
+    /// (whole days, e.g. 30d; `none` to stop expiring) on the partitioned tables, then
+    /// report each table's expiration (a plain `idem cleanup` reports it too).
+    #[arg(long, value_name = "DAYS", conflicts_with = "dry_run")]
+    set_partition_expiration: Option<String>,
 }
 
 #[derive(Debug, Args)]

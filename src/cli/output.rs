@@ -10,7 +10,7 @@ use crate::job::{Job, JobProblem};
 use crate::model::{Mode, RunRecord, RunStatus};
 use crate::runner::{Explanation, RunReport};
 use crate::schedule::{BackfillSummary, JobPlan};
-use crate::store::{CleanupPolicy, CleanupReport};
+use crate::store::{CleanupPolicy, CleanupReport, PartitionExpiration};
 
 /// Output formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -157,6 +157,7 @@ pub(crate) fn print_cleanup(
     store: &str,
     policy: &CleanupPolicy,
     report: &CleanupReport,
+    partitions: Option<&[PartitionExpiration]>,
     format: Format,
 ) {
     let verb = if policy.dry_run {
@@ -174,6 +175,9 @@ pub(crate) fn print_cleanup(
                 ("event_keys_deleted", report.event_keys_deleted),
             ] {
                 json[key] = value.into();
+            }
+            if let Some(tables) = partitions {
+                json["partition_expiration"] = partition_json(tables);
             }
             print_json(&json)
         }
@@ -197,6 +201,10 @@ pub(crate) fn print_cleanup(
                 "  event_keys        {:>10}  first seen before {keys}",
                 report.event_keys_deleted
             );
+            if let Some(tables) = partitions {
+                outln!("partition expiration:");
+                partition_lines(tables);
+            }
         }
     }
 }
@@ -410,6 +418,69 @@ pub(crate) fn backfill_bar(dates: usize, format: Format) -> indicatif::ProgressB
         bar.set_style(style);
     }
     bar
+}
+
+/// `idem cleanup --set-partition-expiration`: each partitioned table's expiration.
+pub(crate) fn print_partition_expiration(
+    store: &str,
+    tables: &[PartitionExpiration],
+    format: Format,
+) {
+    match format {
+        Format::Json => print_json(&serde_json::json!({
+            "partition_expiration": partition_json(tables),
+        })),
+        Format::Human => {
+            outln!("partition expiration on {store}:");
+            partition_lines(tables);
+        }
+    }
+}
+
+/// `{table: days or null}`.
+fn partition_json(tables: &[PartitionExpiration]) -> serde_json::Value {
+    tables
+        .iter()
+        .map(|t| (t.table.to_string(), serde_json::json!(t.days)))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+/// `  TABLE  after N days` / `never` / `not reported (…)`, one line a table.
+fn partition_lines(tables: &[PartitionExpiration]) {
+    for t in tables {
+        let text = match (t.partitioned, t.days) {
+            (_, Some(days)) => format!("partitions expire after {days} days"),
+            (true, None) => "partitions never expire".to_string(),
+            (false, None) => "no partitioning reported for the table".to_string(),
+        };
+        outln!("  {:<17} {text}", t.table);
+    }
+}
+
+/// The cleanup's progress bar: drawn on stderr when it is a terminal (human output), `None`
+/// otherwise. `total` is the number of rows the cleanup is expected to delete (a count
+/// taken just before); the bar grows if more turn up meanwhile.
+pub(crate) fn cleanup_bar(total: u64, format: Format) -> Option<indicatif::ProgressBar> {
+    if !progress_on_terminal(format) {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::with_draw_target(
+        Some(total),
+        indicatif::ProgressDrawTarget::stderr(),
+    );
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{bar:30} {pos}/{len} rows  {msg}  {elapsed_precise}",
+    ) {
+        bar.set_style(style);
+    }
+    Some(bar)
+}
+
+/// Whether progress is drawn: human output to a terminal (stderr).
+pub(crate) fn progress_on_terminal(format: Format) -> bool {
+    use std::io::IsTerminal;
+    format == Format::Human && std::io::stderr().is_terminal()
 }
 
 /// `completed JOB for SCOPE: N record(s) in M ms`, `skipped … (reason)`, `failed …` (with

@@ -49,8 +49,8 @@ use super::rows::{
 };
 use super::{
     lease_expiry, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, EventKeyStore,
-    Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore, MaintenanceStore, RunFilter,
-    StoreBase,
+    Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore, MaintenanceStore,
+    PartitionExpiration, RunFilter, StoreBase, MAX_PARTITION_EXPIRATION_DAYS,
 };
 use crate::error::{Error, Result};
 use crate::model::{micros, time, KeyRecord, RunRecord, RunStatus};
@@ -372,6 +372,29 @@ impl BigQueryStore {
         out.affected(operation).map_err(|e| self.err(e))
     }
 
+    /// `ALTER TABLE … SET OPTIONS (partition_expiration_days = N | NULL)` on each
+    /// partitioned table. DDL options cannot be bound as parameters: `days` is an integer,
+    /// checked to be from 1 to [`MAX_PARTITION_EXPIRATION_DAYS`].
+    async fn alter_partition_expiration(&self, operation: &str, days: Option<u32>) -> Result<()> {
+        let days = match days {
+            Some(d) if (1..=MAX_PARTITION_EXPIRATION_DAYS).contains(&d) => d.to_string(),
+            Some(d) => {
+                return Err(Error::input(format!(
+                    "partition expiration must be from 1 to {MAX_PARTITION_EXPIRATION_DAYS} days, got {d}"
+                )))
+            }
+            None => "NULL".to_string(),
+        };
+        for table in PARTITIONED_TABLES {
+            let sql = format!(
+                "ALTER TABLE {} SET OPTIONS (partition_expiration_days = {days})",
+                self.config.table(table)
+            );
+            self.query(operation, &sql, Vec::new()).await?;
+        }
+        Ok(())
+    }
+
     async fn tables_exist(&self) -> Result<bool> {
         use gcp_bigquery_client::table::ListOptions;
         let mut found: Vec<String> = Vec::new();
@@ -519,16 +542,8 @@ impl Schema for BigQueryStore {
             }
         }
         if let Some(days) = self.config.partition_expiration_days {
-            for table in PARTITIONED_TABLES {
-                // The number was parsed as an integer from 1 to 36500; DDL options cannot
-                // be bound as parameters.
-                let sql = format!(
-                    "ALTER TABLE {} SET OPTIONS (partition_expiration_days = {days})",
-                    self.config.table(table)
-                );
-                self.query("migrate.partition_expiration", &sql, Vec::new())
-                    .await?;
-            }
+            self.alter_partition_expiration("migrate.partition_expiration", Some(days))
+                .await?;
         }
         Ok(())
     }
@@ -949,6 +964,38 @@ impl MaintenanceStore for BigQueryStore {
             },
         )
         .await
+    }
+
+    /// Each partitioned table's `timePartitioning.expirationMs`, by `tables.get` (not
+    /// billed).
+    async fn partition_expiration(&self) -> Result<Option<Vec<PartitionExpiration>>> {
+        let mut found = Vec::with_capacity(PARTITIONED_TABLES.len());
+        for table in PARTITIONED_TABLES {
+            let got = self
+                .conn
+                .rest(
+                    "cleanup.partition_expiration",
+                    self.conn.client().table().get(
+                        &self.config.project,
+                        &self.config.dataset,
+                        table,
+                        None,
+                    ),
+                )
+                .await
+                .map_err(|e| self.err(e))?;
+            let partitioning = got.time_partitioning.as_ref();
+            found.push(PartitionExpiration::from_api(
+                table,
+                partitioning.map(|p| p.expiration_ms.as_deref()),
+            ));
+        }
+        Ok(Some(found))
+    }
+
+    async fn set_partition_expiration(&self, days: Option<u32>) -> Result<()> {
+        self.alter_partition_expiration("cleanup.partition_expiration", days)
+            .await
     }
 }
 

@@ -20,7 +20,8 @@ use chrono::{DateTime, Utc};
 
 use super::{
     Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, EventKeyStore, Finish,
-    KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore, MaintenanceStore, RunFilter, StoreBase,
+    KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore, MaintenanceStore, PartitionExpiration,
+    RunFilter, StoreBase,
 };
 use crate::error::{Error, Result};
 use crate::model::{KeyRecord, RunRecord};
@@ -225,6 +226,15 @@ impl<S: MaintenanceStore + ?Sized> MaintenanceStore for CircuitBreakerStore<S> {
 
     async fn cleanup(&self, policy: &CleanupPolicy) -> Result<CleanupReport> {
         self.guarded(self.inner.cleanup(policy)).await
+    }
+
+    async fn partition_expiration(&self) -> Result<Option<Vec<PartitionExpiration>>> {
+        self.guarded(self.inner.partition_expiration()).await
+    }
+
+    async fn set_partition_expiration(&self, days: Option<u32>) -> Result<()> {
+        self.guarded(self.inner.set_partition_expiration(days))
+            .await
     }
 }
 

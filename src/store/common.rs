@@ -10,10 +10,10 @@ use chrono::{DateTime, Utc};
 use super::retry::{retry, Backoff, Retry};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 use super::rows::LeaseRow;
-use super::CleanupPolicy;
 use super::CleanupReport;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 use super::{Claim, ClaimRequest};
+use super::{CleanupPolicy, CleanupProgress};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 use crate::error::Error;
 use crate::error::Result;
@@ -61,7 +61,6 @@ where
 }
 
 /// The tables a cleanup walks, in order, with what [`CleanupReport`] calls them.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) const CLEANUP_TABLES: [&str; 4] = [
     "processing_keys",
     "processing_runs",
@@ -71,7 +70,8 @@ pub(crate) const CLEANUP_TABLES: [&str; 4] = [
 
 /// Walks the four tables of a cleanup ([`CLEANUP_TABLES`]): for each, `count(i, cutoff)`
 /// under `dry_run`, else `delete(i, cutoff)` — once, or (`batched`) again while a batch
-/// came back full, each batch its own statement. `cutoff` is the table's cut-off.
+/// came back full, each batch its own statement. `cutoff` is the table's cut-off. After
+/// each statement the policy's progress callback hears the counts so far.
 pub(crate) async fn cleanup_tables<C, D>(
     policy: &CleanupPolicy,
     batched: bool,
@@ -90,15 +90,24 @@ where
     ];
     let batch = u64::try_from(policy.limit()).unwrap_or(u64::MAX);
     let mut counts = [0u64; 4];
+    let mut total = 0;
     for (i, cutoff) in cutoffs.into_iter().enumerate() {
-        if policy.dry_run {
-            counts[i] = count(i, cutoff).await?;
-            continue;
-        }
         loop {
-            let done = delete(i, cutoff).await?;
+            let done = if policy.dry_run {
+                count(i, cutoff).await?
+            } else {
+                delete(i, cutoff).await?
+            };
             counts[i] += done;
-            if !batched || done < batch {
+            total += done;
+            let table_done = policy.dry_run || !batched || done < batch;
+            policy.report_progress(CleanupProgress {
+                table: CLEANUP_TABLES[i],
+                rows: counts[i],
+                total,
+                table_done,
+            });
+            if table_done {
                 break;
             }
         }
@@ -109,6 +118,26 @@ where
         leases_deleted: counts[2],
         event_keys_deleted: counts[3],
     })
+}
+
+/// Tells the policy's progress callback the final count of each table of `report` (for a
+/// store that deletes everything at once).
+pub(crate) fn report_cleanup_done(policy: &CleanupPolicy, report: &CleanupReport) {
+    let mut total = 0;
+    for (table, rows) in CLEANUP_TABLES.into_iter().zip([
+        report.keys_deleted,
+        report.runs_deleted,
+        report.leases_deleted,
+        report.event_keys_deleted,
+    ]) {
+        total += rows;
+        policy.report_progress(CleanupProgress {
+            table,
+            rows,
+            total,
+            table_done: true,
+        });
+    }
 }
 
 /// Statements the sqlx stores share — the lease read, the fenced lease updates, the

@@ -15,8 +15,8 @@ use chrono::{DateTime, NaiveDate, Utc};
 use serde_json::json;
 
 use super::{
-    Claim, ClaimRequest, CleanupPolicy, CleanupReport, EventKeyStore, Finish, KeyLookup, Lease,
-    LeaseStore, LedgerStore, RunFilter, Store,
+    Claim, ClaimRequest, CleanupPolicy, CleanupProgress, CleanupProgressFn, CleanupReport,
+    EventKeyStore, Finish, KeyLookup, Lease, LeaseStore, LedgerStore, RunFilter, Store,
 };
 use crate::error::Error;
 use crate::model::{
@@ -893,6 +893,7 @@ pub async fn cleanup_deletes_exactly_what_is_past_retention(store: &dyn Store) {
         processor: Some(p.clone()),
         batch: 2,
         dry_run: true,
+        progress: None,
     };
     let expected = CleanupReport {
         keys_deleted: 4,
@@ -941,12 +942,52 @@ pub async fn cleanup_deletes_exactly_what_is_past_retention(store: &dyn Store) {
     );
     assert_eq!(ledger().await.len(), 5);
 
-    // The same counts for real.
+    // The same counts for real, told batch by batch to the progress callback: counts that
+    // never go down, each table's last word its count in the report.
+    let heard = Arc::new(std::sync::Mutex::new(Vec::<CleanupProgress>::new()));
     let real = CleanupPolicy {
         dry_run: false,
+        progress: Some(CleanupProgressFn::new({
+            let heard = heard.clone();
+            move |p| heard.lock().unwrap().push(p)
+        })),
         ..policy.clone()
     };
     assert_eq!(store.cleanup(&real).await.unwrap(), expected);
+    let heard = std::mem::take(&mut *heard.lock().unwrap());
+    assert!(
+        heard.windows(2).all(|w| w[1].total >= w[0].total),
+        "{heard:?}"
+    );
+    let finals: Vec<(&str, u64)> = heard
+        .iter()
+        .filter(|p| p.table_done)
+        .map(|p| (p.table, p.rows))
+        .collect();
+    assert_eq!(
+        finals,
+        [
+            ("processing_keys", expected.keys_deleted),
+            ("processing_runs", expected.runs_deleted),
+            ("processing_leases", expected.leases_deleted),
+            ("event_keys", expected.event_keys_deleted),
+        ],
+        "{heard:?}"
+    );
+    assert_eq!(heard.last().map(|p| p.total), Some(expected.total()));
+    if matches!(store.kind(), "sqlite" | "postgres") {
+        // Batches of 2: told after each, the last one short (here empty).
+        let keys: Vec<u64> = heard
+            .iter()
+            .filter(|p| p.table == "processing_keys")
+            .map(|p| p.rows)
+            .collect();
+        assert_eq!(keys, [2, 4, 4], "{heard:?}");
+    }
+    let real = CleanupPolicy {
+        progress: None,
+        ..real
+    };
     let found = store.find_keys(&lookups(&all_keys)).await.unwrap();
     let present: Vec<bool> = found.iter().map(Option::is_some).collect();
     assert_eq!(present, [false, true, true, false, false, false]);

@@ -10,6 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
+use super::common::report_cleanup_done;
 use super::rows::LeaseRow;
 use super::{
     lease_expiry, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, EventKeyStore,
@@ -274,6 +275,8 @@ impl MaintenanceStore for MemoryStore {
             },
         };
         if policy.dry_run {
+            drop(state);
+            report_cleanup_done(policy, &report);
             return Ok(report);
         }
         for rows in state.keys.values_mut() {
@@ -287,6 +290,8 @@ impl MaintenanceStore for MemoryStore {
                 seen.retain(|_, at| *at >= policy.keys_before);
             }
         }
+        drop(state);
+        report_cleanup_done(policy, &report);
         Ok(report)
     }
 }

@@ -15,6 +15,7 @@
 //! lease expired and was taken over cannot record over the newer holder.
 
 use std::fmt::Debug;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -191,6 +192,51 @@ pub struct RunFilter {
 /// Rows per delete statement in a cleanup, by default.
 pub const DEFAULT_CLEANUP_BATCH: usize = 10_000;
 
+/// How far a cleanup has got: what [`CleanupPolicy::progress`] is told after each batch
+/// (each delete statement, or each table's count under `dry_run`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CleanupProgress {
+    /// The table the batch came from (`processing_keys`, `processing_runs`,
+    /// `processing_leases`, `event_keys`; walked in that order).
+    pub table: &'static str,
+    /// Rows deleted (or, under `dry_run`, counted) from this table so far.
+    pub rows: u64,
+    /// Rows over all tables so far.
+    pub total: u64,
+    /// This table is finished: `rows` is its final count, as the report will say.
+    pub table_done: bool,
+}
+
+/// A callback told of a cleanup's progress ([`CleanupPolicy::progress`]), e.g. to draw a
+/// progress bar. It runs on the cleanup's task between batches: keep it quick.
+#[derive(Clone)]
+pub struct CleanupProgressFn(Arc<dyn Fn(CleanupProgress) + Send + Sync>);
+
+impl CleanupProgressFn {
+    /// Wraps `f`.
+    pub fn new(f: impl Fn(CleanupProgress) + Send + Sync + 'static) -> Self {
+        CleanupProgressFn(Arc::new(f))
+    }
+
+    /// Tells the callback.
+    pub fn call(&self, progress: CleanupProgress) {
+        (self.0)(progress)
+    }
+}
+
+impl Debug for CleanupProgressFn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CleanupProgressFn(..)")
+    }
+}
+
+/// Two callbacks are equal when they are the same one.
+impl PartialEq for CleanupProgressFn {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::addr_eq(Arc::as_ptr(&self.0), Arc::as_ptr(&other.0))
+    }
+}
+
 /// What [`MaintenanceStore::cleanup`] deletes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CleanupPolicy {
@@ -211,6 +257,8 @@ pub struct CleanupPolicy {
     pub batch: usize,
     /// Count what would be deleted; delete nothing.
     pub dry_run: bool,
+    /// Told after each batch how far the cleanup has got (none by default).
+    pub progress: Option<CleanupProgressFn>,
 }
 
 impl CleanupPolicy {
@@ -223,6 +271,14 @@ impl CleanupPolicy {
             processor: None,
             batch: DEFAULT_CLEANUP_BATCH,
             dry_run: false,
+            progress: None,
+        }
+    }
+
+    /// Tells [`CleanupPolicy::progress`], if any.
+    pub(crate) fn report_progress(&self, progress: CleanupProgress) {
+        if let Some(f) = &self.progress {
+            f.call(progress);
         }
     }
 
@@ -361,6 +417,55 @@ pub trait MaintenanceStore: StoreBase {
     /// Deletes (or under `dry_run` counts) keys, ledger rows, leases and event keys past
     /// retention, as [`CleanupPolicy`] says, in bounded batches.
     async fn cleanup(&self, policy: &CleanupPolicy) -> Result<CleanupReport>;
+
+    /// The partition expiration of each partitioned table, as the database reports it;
+    /// `None` for a store whose tables have no partitions (all but BigQuery).
+    async fn partition_expiration(&self) -> Result<Option<Vec<PartitionExpiration>>> {
+        Ok(None)
+    }
+
+    /// Lets the database drop partitions older than `days` (`None`: never) on the
+    /// partitioned tables, instead of deleting their rows by DML. [`Error::Input`] on a
+    /// store without partitions.
+    async fn set_partition_expiration(&self, days: Option<u32>) -> Result<()> {
+        let _ = days;
+        Err(Error::input(format!(
+            "partition expiration needs a BigQuery store; {} has no partitions",
+            self.kind()
+        )))
+    }
+}
+
+/// Longest partition expiration that can be set, in days (100 years).
+pub const MAX_PARTITION_EXPIRATION_DAYS: u32 = 36_500;
+
+/// One table's partition expiration ([`MaintenanceStore::partition_expiration`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PartitionExpiration {
+    /// The table.
+    pub table: &'static str,
+    /// Whether the database reports the table as partitioned (the BigQuery emulator
+    /// reports no partitioning at all, so neither an expiration).
+    pub partitioned: bool,
+    /// Partitions older than this many days are dropped; `None` when they never expire
+    /// (or nothing is reported).
+    pub days: Option<f64>,
+}
+
+impl PartitionExpiration {
+    /// From the table's `timePartitioning` (present when partitioned) and its
+    /// `expirationMs` text.
+    pub fn from_api(table: &'static str, partitioning: Option<Option<&str>>) -> Self {
+        PartitionExpiration {
+            table,
+            partitioned: partitioning.is_some(),
+            days: partitioning
+                .flatten()
+                .and_then(|ms| ms.parse::<u64>().ok())
+                .filter(|&ms| ms > 0)
+                .map(|ms| ms as f64 / 86_400_000.0),
+        }
+    }
 }
 
 /// Event-level dedup: which event keys of a namespace were seen. A backend may implement

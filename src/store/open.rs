@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use super::{
     redact_url, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, DynStore,
     EventKeyStore, Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore,
-    MaintenanceStore, MemoryStore, RunFilter, StoreBase,
+    MaintenanceStore, MemoryStore, PartitionExpiration, RunFilter, StoreBase,
 };
 use crate::backend::Backend;
 use crate::error::{Error, Result};
@@ -103,6 +103,14 @@ impl MaintenanceStore for UnavailableStore {
     }
 
     async fn cleanup(&self, _: &CleanupPolicy) -> Result<CleanupReport> {
+        self.fail()
+    }
+
+    async fn partition_expiration(&self) -> Result<Option<Vec<PartitionExpiration>>> {
+        self.fail()
+    }
+
+    async fn set_partition_expiration(&self, _: Option<u32>) -> Result<()> {
         self.fail()
     }
 }
