@@ -35,14 +35,13 @@
 //!   in between leaves a ledger row without keys — the next run processes again — never a
 //!   key without its ledger row, never a key from a run whose lease was taken over.
 
-use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::common::cleanup_tables;
-use super::event_keys::{self, StoredEvent};
+use super::event_keys::{self, Found};
 use super::migrations::{self, Migration, Schema};
 use super::retry::{retry, Backoff, Retry};
 use super::rows::{
@@ -1035,8 +1034,7 @@ impl EventKeyStore for BigQueryStore {
         let out = self
             .query("check_and_mark.read", &self.sql.events_checked, params)
             .await?;
-        let mut new = HashSet::new();
-        let mut stored = HashMap::new();
+        let mut found = Found::default();
         for r in out.records() {
             let read = || -> std::result::Result<_, String> {
                 Ok((
@@ -1050,17 +1048,12 @@ impl EventKeyStore for BigQueryStore {
             let (key, fingerprint, decision, first_seen, batch_id) =
                 read().map_err(|e| self.bad_row("check_and_mark.read", e))?;
             if batch_id == batch {
-                new.insert(key);
+                found.marked(key);
             } else {
-                let row = StoredEvent {
-                    fingerprint,
-                    decision: event_keys::parse_decision(decision),
-                    first_seen,
-                };
-                stored.insert(key, row);
+                found.stored(key, fingerprint, decision, first_seen);
             }
         }
-        Ok(event_keys::verdicts(marks, &new, &stored, now))
+        Ok(found.verdicts(marks, now))
     }
 
     async fn is_duplicate(
@@ -1083,12 +1076,12 @@ impl EventKeyStore for BigQueryStore {
                 ],
             )
             .await?;
-        let found: HashSet<String> = out
+        let found: Vec<String> = out
             .records()
             .map(|r| r.str("event_key"))
             .collect::<std::result::Result<_, _>>()
             .map_err(|e| self.bad_row("is_duplicate", e))?;
-        Ok(keys.iter().map(|k| found.contains(k)).collect())
+        Ok(event_keys::present(keys, found))
     }
 
     async fn record_decision(

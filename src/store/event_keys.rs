@@ -172,13 +172,55 @@ pub(crate) fn verdicts(
         .collect()
 }
 
+/// What a backend found for the first occurrences of a batch: the keys it marked and the
+/// stored rows of the others; [`Found::verdicts`] makes one verdict per mark.
+#[derive(Debug, Default)]
+pub(crate) struct Found {
+    new: HashSet<String>,
+    stored: HashMap<String, StoredEvent>,
+}
+
+impl Found {
+    /// `key` was marked by this call.
+    pub fn marked(&mut self, key: String) {
+        self.new.insert(key);
+    }
+
+    /// `key` is stored, unexpired (the decision as text from a text/JSON column).
+    pub fn stored(
+        &mut self,
+        key: String,
+        fingerprint: Option<String>,
+        decision: Option<String>,
+        first_seen: DateTime<Utc>,
+    ) {
+        let row = StoredEvent {
+            fingerprint,
+            decision: parse_decision(decision),
+            first_seen,
+        };
+        self.stored.insert(key, row);
+    }
+
+    /// One verdict per mark ([`verdicts`]).
+    pub fn verdicts(&self, marks: &[EventMark], now: DateTime<Utc>) -> Vec<EventVerdict> {
+        verdicts(marks, &self.new, &self.stored, now)
+    }
+}
+
+/// Whether each of `keys` is among `found`.
+pub(crate) fn present(keys: &[String], found: impl IntoIterator<Item = String>) -> Vec<bool> {
+    let found: HashSet<String> = found.into_iter().collect();
+    keys.iter().map(|k| found.contains(k)).collect()
+}
+
 /// A decision as stored in a text column.
 pub(crate) fn decision_text(m: &EventMark) -> Option<String> {
     m.decision.as_ref().map(Value::to_string)
 }
 
 /// A decision read from a text column (unparseable text is kept as a JSON string).
-pub(crate) fn parse_decision(text: Option<String>) -> Option<Value> {
+fn parse_decision(text: Option<String>) -> Option<Value> {
     text.map(|t| serde_json::from_str(&t).unwrap_or(Value::String(t)))
 }
 

@@ -29,7 +29,6 @@
 //! Proxy, pgbouncer).
 //!
 
-use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::time::Duration;
 
@@ -41,7 +40,7 @@ use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPool, PgPool
 use sqlx::{Arguments, Connection, Executor, FromRow, Row};
 
 use super::common::{cleanup_tables, statements, upsert_claim, CLEANUP_TABLES};
-use super::event_keys::{self, StoredEvent};
+use super::event_keys::{self, Found};
 use super::migrations::{self, Migration, Schema};
 use super::rows::{KeyRow, LeaseColumns, LeaseRow, RunRow, KEY_COLUMNS, RUN_COLUMNS};
 use super::{
@@ -634,21 +633,13 @@ impl EventKeyStore for PostgresStore {
             .fetch_all(&self.pool)
             .await
             .map_err(|e| self.err(e))?;
-        let mut new = HashSet::new();
-        let mut stored = HashMap::new();
+        let mut found = Found::default();
         let mut unseen = Vec::new();
-        for (key, is_new, found, fingerprint, decision, first_seen) in rows {
-            match (is_new, found, first_seen) {
-                (true, _, _) => {
-                    new.insert(key);
-                }
+        for (key, is_new, present, fingerprint, decision, first_seen) in rows {
+            match (is_new, present, first_seen) {
+                (true, _, _) => found.marked(key),
                 (false, true, Some(first_seen)) => {
-                    let row = StoredEvent {
-                        fingerprint,
-                        decision: event_keys::parse_decision(decision),
-                        first_seen,
-                    };
-                    stored.insert(key, row);
+                    found.stored(key, fingerprint, decision, first_seen)
                 }
                 _ => unseen.push(key),
             }
@@ -659,15 +650,10 @@ impl EventKeyStore for PostgresStore {
             for (key, fingerprint, decision, first_seen) in
                 self.read_events(namespace, &unseen, now).await?
             {
-                let row = StoredEvent {
-                    fingerprint,
-                    decision: event_keys::parse_decision(decision),
-                    first_seen,
-                };
-                stored.insert(key, row);
+                found.stored(key, fingerprint, decision, first_seen);
             }
         }
-        Ok(event_keys::verdicts(marks, &new, &stored, now))
+        Ok(found.verdicts(marks, now))
     }
 
     async fn is_duplicate(
@@ -680,13 +666,8 @@ impl EventKeyStore for PostgresStore {
             return Ok(Vec::new());
         }
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let found: HashSet<String> = self
-            .read_events(namespace, &refs, now)
-            .await?
-            .into_iter()
-            .map(|r| r.0)
-            .collect();
-        Ok(keys.iter().map(|k| found.contains(k)).collect())
+        let rows = self.read_events(namespace, &refs, now).await?;
+        Ok(event_keys::present(keys, rows.into_iter().map(|r| r.0)))
     }
 
     async fn record_decision(

@@ -5,7 +5,6 @@
 //! UPDATE … WHERE expired RETURNING token` statement, which SQLite runs under its single
 //! writer lock, so exactly one process wins. `finish` is one transaction.
 
-use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -14,7 +13,7 @@ use sqlx::sqlite::{SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteSynchr
 use sqlx::{Connection, Row};
 
 use super::common::{cleanup_tables, statements, upsert_claim, CLEANUP_TABLES};
-use super::event_keys::{self, StoredEvent};
+use super::event_keys::{self, Found};
 use super::migrations::{self, Migration, Schema};
 use super::rows::{KeyRow, LeaseColumns, LeaseRow, RunRow, KEY_COLUMNS, RUN_COLUMNS};
 use super::{
@@ -427,6 +426,21 @@ SELECT event_key, fingerprint, decision, first_seen FROM event_keys
 WHERE namespace = ?1 AND event_key IN (SELECT value FROM json_each(?2))
   AND (expires_at IS NULL OR expires_at > ?3)";
 
+/// The unexpired rows of `keys`.
+async fn read_events(
+    conn: &mut SqliteConnection,
+    namespace: &str,
+    keys: &[impl serde::Serialize],
+    now: DateTime<Utc>,
+) -> std::result::Result<Vec<(String, Option<String>, Option<String>, i64)>, sqlx::Error> {
+    sqlx::query_as(EVENTS_READ_SQL)
+        .bind(namespace)
+        .bind(serde_json::to_string(keys).unwrap_or_default())
+        .bind(ts(now))
+        .fetch_all(conn)
+        .await
+}
+
 #[async_trait]
 impl EventKeyStore for SqliteStore {
     async fn check_and_mark(
@@ -454,41 +468,32 @@ impl EventKeyStore for SqliteStore {
         // under the busy timeout), then reads the keys it did not mark.
         let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
         let mut tx = conn.begin().await.map_err(|e| self.err(e))?;
-        let new: HashSet<String> = sqlx::query_scalar(EVENTS_MARK_SQL)
+        let marked: Vec<String> = sqlx::query_scalar(EVENTS_MARK_SQL)
             .bind(namespace)
             .bind(ts(now))
             .bind(serde_json::Value::Array(batch).to_string())
             .fetch_all(&mut *tx)
             .await
-            .map_err(|e| self.err(e))?
-            .into_iter()
-            .collect();
+            .map_err(|e| self.err(e))?;
         let others: Vec<&str> = firsts
             .iter()
             .map(|m| m.key.as_str())
-            .filter(|k| !new.contains(*k))
+            .filter(|k| !marked.iter().any(|n| n == k))
             .collect();
-        let mut stored = HashMap::new();
+        let mut found = Found::default();
         if !others.is_empty() {
-            let rows: Vec<(String, Option<String>, Option<String>, i64)> =
-                sqlx::query_as(EVENTS_READ_SQL)
-                    .bind(namespace)
-                    .bind(serde_json::to_string(&others).unwrap_or_default())
-                    .bind(ts(now))
-                    .fetch_all(&mut *tx)
+            for (key, fingerprint, decision, first_seen) in
+                read_events(&mut tx, namespace, &others, now)
                     .await
-                    .map_err(|e| self.err(e))?;
-            for (key, fingerprint, decision, first_seen) in rows {
-                let row = StoredEvent {
-                    fingerprint,
-                    decision: event_keys::parse_decision(decision),
-                    first_seen: DateTime::from_timestamp_micros(first_seen).unwrap_or_default(),
-                };
-                stored.insert(key, row);
+                    .map_err(|e| self.err(e))?
+            {
+                let first_seen = DateTime::from_timestamp_micros(first_seen).unwrap_or_default();
+                found.stored(key, fingerprint, decision, first_seen);
             }
         }
         tx.commit().await.map_err(|e| self.err(e))?;
-        Ok(event_keys::verdicts(marks, &new, &stored, now))
+        marked.into_iter().for_each(|k| found.marked(k));
+        Ok(found.verdicts(marks, now))
     }
 
     async fn is_duplicate(
@@ -500,16 +505,11 @@ impl EventKeyStore for SqliteStore {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        let rows: Vec<(String, Option<String>, Option<String>, i64)> =
-            sqlx::query_as(EVENTS_READ_SQL)
-                .bind(namespace)
-                .bind(serde_json::to_string(keys).unwrap_or_default())
-                .bind(ts(now))
-                .fetch_all(&self.pool)
-                .await
-                .map_err(|e| self.err(e))?;
-        let found: HashSet<String> = rows.into_iter().map(|r| r.0).collect();
-        Ok(keys.iter().map(|k| found.contains(k)).collect())
+        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        let rows = read_events(&mut conn, namespace, keys, now)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(event_keys::present(keys, rows.into_iter().map(|r| r.0)))
     }
 
     async fn record_decision(
