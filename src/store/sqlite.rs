@@ -475,10 +475,12 @@ impl EventKeyStore for SqliteStore {
             .fetch_all(&mut *tx)
             .await
             .map_err(|e| self.err(e))?;
+        let marked_set: std::collections::HashSet<&str> =
+            marked.iter().map(String::as_str).collect();
         let others: Vec<&str> = firsts
             .iter()
             .map(|m| m.key.as_str())
-            .filter(|k| !marked.iter().any(|n| n == k))
+            .filter(|k| !marked_set.contains(k))
             .collect();
         let mut found = Found::default();
         if !others.is_empty() {
@@ -492,6 +494,7 @@ impl EventKeyStore for SqliteStore {
             }
         }
         tx.commit().await.map_err(|e| self.err(e))?;
+        drop(marked_set);
         marked.into_iter().for_each(|k| found.marked(k));
         Ok(found.verdicts(marks, now))
     }
