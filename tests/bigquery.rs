@@ -299,6 +299,11 @@ mod bigquery {
         )
     }
 
+    /// `event_keys` with the columns of the latest migration (what the schema check reads).
+    fn event_keys_table() -> String {
+        r#"{"kind":"bigquery#table","tableReference":{"projectId":"p","datasetId":"d","tableId":"event_keys"},"schema":{"fields":[{"name":"namespace","type":"STRING"},{"name":"event_key","type":"STRING"},{"name":"first_seen","type":"TIMESTAMP"},{"name":"batch_id","type":"STRING"},{"name":"fingerprint","type":"STRING"},{"name":"decision","type":"STRING"},{"name":"expires_at","type":"TIMESTAMP"}]}}"#.to_string()
+    }
+
     fn google_error(code: u16, reason: &str, message: &str) -> String {
         format!(
             r#"{{"error":{{"code":{code},"message":"{message}","errors":[{{"domain":"global","reason":"{reason}","message":"{message}"}}],"status":"INVALID_ARGUMENT"}}}}"#
@@ -315,7 +320,9 @@ mod bigquery {
         drop(url);
         // 1. Tables exist; every query answers HTTP 400 like real BigQuery.
         let endpoint = responder(|method, path| {
-            if method == "GET" && path.contains("/tables") {
+            if method == "GET" && path.contains("/tables/") {
+                (200, event_keys_table())
+            } else if method == "GET" && path.contains("/tables") {
                 (200, table_list())
             } else {
                 (
@@ -380,7 +387,9 @@ mod bigquery {
 
         // 2. HTTP 200 with errors[] (the emulator's shape), deterministic here.
         let endpoint = responder(|method, path| {
-            if method == "GET" && path.contains("/tables") {
+            if method == "GET" && path.contains("/tables/") {
+                (200, event_keys_table())
+            } else if method == "GET" && path.contains("/tables") {
                 (200, table_list())
             } else {
                 (

@@ -82,6 +82,30 @@ macro_rules! conformance_tests {
                 }
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn event_dedup_replay_and_conflict() {
+                if let Some(s) = store().await {
+                    conformance::event_dedup_replay_and_conflict(&*s).await
+                }
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn event_dedup_ttl() {
+                if let Some(s) = store().await {
+                    conformance::event_dedup_ttl(&*s).await
+                }
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn event_dedup_in_batch() {
+                if let Some(s) = store().await {
+                    conformance::event_dedup_in_batch(&*s).await
+                }
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn event_dedup_large_batch() {
+                if let Some(s) = store().await {
+                    conformance::event_dedup_large_batch(&*s).await
+                }
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn renew_extends_lease() {
                 if let Some(s) = store().await {
                     conformance::renew_extends_lease(&*s).await

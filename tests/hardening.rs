@@ -143,6 +143,36 @@ impl EventKeyStore for Outage {
         self.check()?;
         self.inner.mark_event_keys(ns, keys, now).await
     }
+
+    async fn check_and_mark(
+        &self,
+        ns: &str,
+        marks: &[idem::store::EventMark],
+        now: DateTime<Utc>,
+    ) -> idem::Result<Vec<idem::store::EventVerdict>> {
+        self.check()?;
+        self.inner.check_and_mark(ns, marks, now).await
+    }
+
+    async fn is_duplicate(
+        &self,
+        ns: &str,
+        keys: &[String],
+        now: DateTime<Utc>,
+    ) -> idem::Result<Vec<bool>> {
+        self.check()?;
+        self.inner.is_duplicate(ns, keys, now).await
+    }
+
+    async fn record_decision(
+        &self,
+        ns: &str,
+        key: &str,
+        decision: &serde_json::Value,
+    ) -> idem::Result<bool> {
+        self.check()?;
+        self.inner.record_decision(ns, key, decision).await
+    }
 }
 
 /// Works until told to stop; counts what the runner asked of it.

@@ -8,12 +8,16 @@
 //!   the Python services that already compute it (seed 000), so a Rust service and a
 //!   Python one agree on "the same events";
 //! * [`extract`]: how one event's identity (its dedup key) is taken from it: a field, a
-//!   composite of fields, a content hash, a time bucket of the event's own timestamp.
+//!   composite of fields, a content hash, a time bucket of the event's own timestamp;
+//! * [`dedup`]: the one part that needs a store — [`dedup::Deduplicator`] checks and marks
+//!   events on an [`EventKeyStore`](crate::store::EventKeyStore): new, replay (same key,
+//!   same payload) or conflict (same key, different payload), with TTLs.
 //!
 //! Every problem with an event is an [`EventError`] naming the field; lists of events wrap
 //! it in an [`InvalidEvent`] naming the event's position, so a bad line in a file of a
 //! million is found at once.
 
+pub mod dedup;
 pub mod extract;
 pub mod fingerprint;
 

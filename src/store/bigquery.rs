@@ -41,6 +41,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::common::cleanup_tables;
+use super::event_keys::{self, Found};
 use super::migrations::{self, Migration, Schema};
 use super::retry::{retry, Backoff, Retry};
 use super::rows::{
@@ -49,8 +50,8 @@ use super::rows::{
 };
 use super::{
     lease_expiry, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, EventKeyStore,
-    Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore, MaintenanceStore,
-    PartitionExpiration, RunFilter, StoreBase, MAX_PARTITION_EXPIRATION_DAYS,
+    EventMark, EventVerdict, Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore,
+    MaintenanceStore, PartitionExpiration, RunFilter, StoreBase, MAX_PARTITION_EXPIRATION_DAYS,
 };
 use crate::error::{Error, Result};
 use crate::model::{micros, time, KeyRecord, RunRecord, RunStatus};
@@ -169,20 +170,36 @@ const CLEANUP_LEASES_SQL: &str = "{leases} WHERE expires_at < @before \
 AND (@processor IS NULL OR processor_name = @processor)";
 const CLEANUP_EVENTS_SQL: &str = "{events} WHERE first_seen < @before AND @processor IS NULL";
 
-/// Marks event keys: inserts the ones not seen yet, tagged with this call's batch id.
-const EVENTS_MARK_SQL: &str = "\
+/// Checks and marks event keys, step 1: marks the first occurrence of each key (@marks)
+/// that is absent or expired at @now, tagged with this call's batch id. (Two requests, not
+/// one script: the emulator binds no parameters in scripts.)
+const EVENTS_CHECK_SQL: &str = "\
 MERGE {events} AS t
-USING (SELECT DISTINCT k AS event_key FROM UNNEST(@keys) AS k) AS s
+USING (SELECT m.event_key, m.fingerprint, m.decision, m.expires_at FROM UNNEST(@marks) AS m) AS s
 ON t.namespace = @namespace AND t.event_key = s.event_key
+WHEN MATCHED AND t.expires_at IS NOT NULL AND t.expires_at <= @now THEN
+  UPDATE SET first_seen = @now, fingerprint = s.fingerprint, decision = s.decision,
+    expires_at = s.expires_at, batch_id = @batch_id
 WHEN NOT MATCHED THEN
-  INSERT (namespace, event_key, first_seen, batch_id) VALUES (@namespace, s.event_key, @now, @batch_id)";
+  INSERT (namespace, event_key, first_seen, batch_id, fingerprint, decision, expires_at)
+  VALUES (@namespace, s.event_key, @now, @batch_id, s.fingerprint, s.decision, s.expires_at)";
 
-/// The keys this call inserted: the first row of each key carries this call's batch id.
-const EVENTS_NEW_SQL: &str = "\
-SELECT event_key FROM {events}
+/// Step 2: the current unexpired row of every key: a row carrying this batch id is new.
+const EVENTS_CHECKED_SQL: &str = "\
+SELECT event_key, fingerprint, decision, first_seen, batch_id FROM {events}
+WHERE namespace = @namespace AND event_key IN (SELECT m.event_key FROM UNNEST(@marks) AS m)
+  AND (expires_at IS NULL OR expires_at > @now OR batch_id = @batch_id)
+QUALIFY ROW_NUMBER() OVER (PARTITION BY event_key ORDER BY first_seen, batch_id) = 1";
+
+/// The unexpired event keys among @keys.
+const EVENTS_READ_SQL: &str = "\
+SELECT DISTINCT event_key FROM {events}
 WHERE namespace = @namespace AND event_key IN UNNEST(@keys)
-QUALIFY ROW_NUMBER() OVER (PARTITION BY event_key ORDER BY first_seen, batch_id) = 1
-  AND batch_id = @batch_id";
+  AND (expires_at IS NULL OR expires_at > @now)";
+
+/// Stores the decision of a marked key.
+const EVENTS_DECISION_SQL: &str = "\
+UPDATE {events} SET decision = @decision WHERE namespace = @namespace AND event_key = @key";
 
 /// A mutating statement that lost a concurrent-update conflict is sent again, 4 times at
 /// most (BigQuery itself already retried it up to three times), after a short random
@@ -222,8 +239,10 @@ struct Statements {
     runs: String,
     purge: String,
     cleanup: [String; 4],
-    events_mark: String,
-    events_new: String,
+    events_check: String,
+    events_checked: String,
+    events_read: String,
+    events_decision: String,
 }
 
 impl Statements {
@@ -255,8 +274,10 @@ impl Statements {
                 render(CLEANUP_LEASES_SQL),
                 render(CLEANUP_EVENTS_SQL),
             ],
-            events_mark: render(EVENTS_MARK_SQL),
-            events_new: render(EVENTS_NEW_SQL),
+            events_check: render(EVENTS_CHECK_SQL),
+            events_checked: render(EVENTS_CHECKED_SQL),
+            events_read: render(EVENTS_READ_SQL),
+            events_decision: render(EVENTS_DECISION_SQL),
         }
     }
 }
@@ -434,6 +455,25 @@ impl BigQueryStore {
         Ok(TABLES.iter().all(|t| found.iter().any(|f| f == t)))
     }
 
+    /// Whether `event_keys` has the columns of migration 0003 (event dedup).
+    async fn event_dedup_columns_exist(&self) -> Result<bool> {
+        let table = self
+            .conn
+            .rest(
+                "migrate.check",
+                self.conn.client().table().get(
+                    &self.config.project,
+                    &self.config.dataset,
+                    "event_keys",
+                    None,
+                ),
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+        let fields = table.schema.fields.unwrap_or_default();
+        Ok(fields.iter().any(|f| f.name == "expires_at"))
+    }
+
     async fn ensure_dataset(&self) -> Result<()> {
         use gcp_bigquery_client::model::dataset::Dataset;
         let (project, dataset) = (&self.config.project, &self.config.dataset);
@@ -516,10 +556,12 @@ impl Schema for BigQueryStore {
     }
 
     async fn version(&self) -> Result<i64> {
-        Ok(if self.tables_exist().await? {
+        Ok(if !self.tables_exist().await? {
+            0
+        } else if self.event_dedup_columns_exist().await? {
             migrations::latest(migrations::BIGQUERY)
         } else {
-            0
+            1
         })
     }
 
@@ -1001,7 +1043,67 @@ impl MaintenanceStore for BigQueryStore {
 
 #[async_trait]
 impl EventKeyStore for BigQueryStore {
-    async fn mark_event_keys(
+    async fn check_and_mark(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<EventVerdict>> {
+        if marks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = event_keys::firsts(marks)
+            .into_iter()
+            .map(|m| {
+                vec![
+                    Some(m.key.clone()),
+                    m.fingerprint.clone(),
+                    event_keys::decision_text(m),
+                    m.expires_at(now).map(timestamp_text),
+                ]
+            })
+            .collect();
+        let fields = [
+            ("event_key", "STRING"),
+            ("fingerprint", "STRING"),
+            ("decision", "STRING"),
+            ("expires_at", "TIMESTAMP"),
+        ];
+        let batch = crate::model::new_run_id();
+        let params = vec![
+            struct_array("marks", &fields, rows),
+            string("namespace", namespace),
+            timestamp("now", micros(now)),
+            string("batch_id", &batch),
+        ];
+        self.query("check_and_mark", &self.sql.events_check, params.clone())
+            .await?;
+        let out = self
+            .query("check_and_mark.read", &self.sql.events_checked, params)
+            .await?;
+        let mut found = Found::default();
+        for r in out.records() {
+            let read = || -> std::result::Result<_, String> {
+                Ok((
+                    r.str("event_key")?,
+                    r.opt_str("fingerprint")?,
+                    r.opt_str("decision")?,
+                    r.timestamp("first_seen")?,
+                    r.str("batch_id")?,
+                ))
+            };
+            let (key, fingerprint, decision, first_seen, batch_id) =
+                read().map_err(|e| self.bad_row("check_and_mark.read", e))?;
+            if batch_id == batch {
+                found.marked(key);
+            } else {
+                found.stored(key, fingerprint, decision, first_seen);
+            }
+        }
+        Ok(found.verdicts(marks, now))
+    }
+
+    async fn is_duplicate(
         &self,
         namespace: &str,
         keys: &[String],
@@ -1010,42 +1112,40 @@ impl EventKeyStore for BigQueryStore {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        let mut distinct: Vec<String> = keys.to_vec();
-        distinct.sort();
-        distinct.dedup();
-        let batch = crate::model::new_run_id();
-        self.query(
-            "mark_event_keys.insert",
-            &self.sql.events_mark,
-            vec![
-                string_array("keys", &distinct),
-                string("namespace", namespace),
-                timestamp("now", micros(now)),
-                string("batch_id", &batch),
-            ],
-        )
-        .await?;
         let out = self
             .query(
-                "mark_event_keys.read",
-                &self.sql.events_new,
+                "is_duplicate",
+                &self.sql.events_read,
                 vec![
-                    string_array("keys", &distinct),
+                    string_array("keys", keys),
                     string("namespace", namespace),
-                    string("batch_id", &batch),
+                    timestamp("now", micros(now)),
                 ],
             )
             .await?;
-        let new: std::collections::HashSet<String> = out
+        let found: Vec<String> = out
             .records()
             .map(|r| r.str("event_key"))
             .collect::<std::result::Result<_, _>>()
-            .map_err(|e| self.bad_row("mark_event_keys.read", e))?;
-        let mut seen = std::collections::HashSet::new();
-        Ok(keys
-            .iter()
-            .map(|k| seen.insert(k.as_str()) && new.contains(k))
-            .collect())
+            .map_err(|e| self.bad_row("is_duplicate", e))?;
+        Ok(event_keys::present(keys, found))
+    }
+
+    async fn record_decision(
+        &self,
+        namespace: &str,
+        key: &str,
+        decision: &serde_json::Value,
+    ) -> Result<bool> {
+        let params = vec![
+            string("namespace", namespace),
+            string("key", key),
+            string("decision", &decision.to_string()),
+        ];
+        let n = self
+            .mutate("record_decision", &self.sql.events_decision, params)
+            .await?;
+        Ok(n > 0)
     }
 }
 

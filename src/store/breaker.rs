@@ -19,9 +19,9 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::{
-    Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, EventKeyStore, Finish,
-    KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore, MaintenanceStore, PartitionExpiration,
-    RunFilter, StoreBase,
+    Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, EventKeyStore, EventMark,
+    EventVerdict, Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore, MaintenanceStore,
+    PartitionExpiration, RunFilter, StoreBase,
 };
 use crate::error::{Error, Result};
 use crate::model::{KeyRecord, RunRecord};
@@ -240,13 +240,33 @@ impl<S: MaintenanceStore + ?Sized> MaintenanceStore for CircuitBreakerStore<S> {
 
 #[async_trait]
 impl<S: EventKeyStore + ?Sized> EventKeyStore for CircuitBreakerStore<S> {
-    async fn mark_event_keys(
+    async fn check_and_mark(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<EventVerdict>> {
+        self.guarded(self.inner.check_and_mark(namespace, marks, now))
+            .await
+    }
+
+    async fn is_duplicate(
         &self,
         namespace: &str,
         keys: &[String],
         now: DateTime<Utc>,
     ) -> Result<Vec<bool>> {
-        self.guarded(self.inner.mark_event_keys(namespace, keys, now))
+        self.guarded(self.inner.is_duplicate(namespace, keys, now))
+            .await
+    }
+
+    async fn record_decision(
+        &self,
+        namespace: &str,
+        key: &str,
+        decision: &serde_json::Value,
+    ) -> Result<bool> {
+        self.guarded(self.inner.record_decision(namespace, key, decision))
             .await
     }
 }

@@ -16,7 +16,8 @@ use serde_json::json;
 
 use super::{
     Claim, ClaimRequest, CleanupPolicy, CleanupProgress, CleanupProgressFn, CleanupReport,
-    EventKeyStore, Finish, KeyLookup, Lease, LeaseStore, LedgerStore, RunFilter, Store,
+    EventKeyStore, EventMark, EventVerdict, Finish, KeyLookup, Lease, LeaseStore, LedgerStore,
+    RunFilter, Store,
 };
 use crate::error::Error;
 use crate::model::{
@@ -690,6 +691,266 @@ pub async fn event_keys_batch(store: &dyn EventKeyStore) {
         .unwrap();
     assert_eq!(other, vec![true], "namespaces are independent");
     assert!(store.mark_event_keys(&ns, &[], t).await.unwrap().is_empty());
+}
+
+fn replayed(v: &EventVerdict) -> Option<Option<serde_json::Value>> {
+    match v {
+        EventVerdict::Replay { decision, .. } => Some(decision.clone()),
+        _ => None,
+    }
+}
+
+fn conflicting(v: &EventVerdict) -> Option<String> {
+    match v {
+        EventVerdict::Conflict {
+            stored_fingerprint, ..
+        } => Some(stored_fingerprint.clone()),
+        _ => None,
+    }
+}
+
+/// Dedup: new, then replay with the stored decision, conflict on another payload (which
+/// changes nothing: the original fingerprint and decision stay); no fingerprint on either
+/// side never conflicts; `record_decision` sets what later replays return.
+pub async fn event_dedup_replay_and_conflict(store: &dyn EventKeyStore) {
+    let ns = unique("dedup");
+    let t = now();
+    let decision = serde_json::json!({"status": "accepted", "amount": "100.50", "n": [1, 2]});
+    let first = store
+        .check_and_mark(
+            &ns,
+            &[
+                EventMark::key("k1")
+                    .fingerprint("f1")
+                    .decision(decision.clone()),
+                EventMark::key("k2").fingerprint("f2"),
+                EventMark::key("k3"),
+            ],
+            t,
+        )
+        .await
+        .unwrap();
+    assert!(first.iter().all(EventVerdict::is_new), "{first:?}");
+    let later = t + chrono::Duration::seconds(5);
+    let second = store
+        .check_and_mark(
+            &ns,
+            &[
+                EventMark::key("k1").fingerprint("f1"),
+                EventMark::key("k2")
+                    .fingerprint("other")
+                    .decision(serde_json::json!("no")),
+                EventMark::key("k3").fingerprint("any"),
+                EventMark::key("k1"),
+            ],
+            later,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        replayed(&second[0]),
+        Some(Some(decision.clone())),
+        "{second:?}"
+    );
+    match &second[0] {
+        EventVerdict::Replay { first_seen, .. } => assert_eq!(*first_seen, micros(t)),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(conflicting(&second[1]).as_deref(), Some("f2"), "{second:?}");
+    assert_eq!(
+        replayed(&second[2]),
+        Some(None),
+        "no stored fingerprint: replay"
+    );
+    assert_eq!(
+        replayed(&second[3]),
+        Some(Some(decision)),
+        "no fingerprint: replay"
+    );
+    // The conflict changed nothing: f2 still stands, without a decision.
+    let third = store
+        .check_and_mark(&ns, &[EventMark::key("k2").fingerprint("f2")], later)
+        .await
+        .unwrap();
+    assert_eq!(replayed(&third[0]), Some(None), "{third:?}");
+    let recorded = store
+        .record_decision(&ns, "k2", &serde_json::json!({"ok": true}))
+        .await
+        .unwrap();
+    assert!(recorded);
+    assert!(!store
+        .record_decision(&ns, "absent", &serde_json::json!(1))
+        .await
+        .unwrap());
+    let fourth = store
+        .check_and_mark(&ns, &[EventMark::key("k2").fingerprint("f2")], later)
+        .await
+        .unwrap();
+    assert_eq!(
+        replayed(&fourth[0]),
+        Some(Some(serde_json::json!({"ok": true})))
+    );
+    let other_ns = unique("dedup");
+    let other = store
+        .check_and_mark(&other_ns, &[EventMark::key("k2").fingerprint("x")], later)
+        .await
+        .unwrap();
+    assert_eq!(other, vec![EventVerdict::New], "namespaces are independent");
+    assert!(store.check_and_mark(&ns, &[], t).await.unwrap().is_empty());
+}
+
+/// TTL: a key is a duplicate until `expires_at`, then new again (re-marked with the new
+/// fingerprint and expiry); a key without ttl never expires. `now` moves instead of sleeping.
+pub async fn event_dedup_ttl(store: &dyn EventKeyStore) {
+    let ns = unique("ttl");
+    let t = now();
+    let hour = Duration::from_secs(3600);
+    let marks = [
+        EventMark::key("short").fingerprint("a").ttl(hour),
+        EventMark::key("forever").fingerprint("a"),
+    ];
+    assert!(store
+        .check_and_mark(&ns, &marks, t)
+        .await
+        .unwrap()
+        .iter()
+        .all(EventVerdict::is_new));
+    let keys = vec![
+        "short".to_string(),
+        "forever".to_string(),
+        "never".to_string(),
+    ];
+    let just_before = t + chrono::Duration::seconds(3599);
+    let at_expiry = t + chrono::Duration::seconds(3600);
+    assert_eq!(
+        store.is_duplicate(&ns, &keys, just_before).await.unwrap(),
+        vec![true, true, false]
+    );
+    assert_eq!(
+        store.is_duplicate(&ns, &keys, at_expiry).await.unwrap(),
+        vec![false, true, false],
+        "expired at expires_at"
+    );
+    let before = store
+        .check_and_mark(
+            &ns,
+            &[EventMark::key("short").fingerprint("b")],
+            just_before,
+        )
+        .await
+        .unwrap();
+    assert!(conflicting(&before[0]).is_some(), "{before:?}");
+    let after = store
+        .check_and_mark(
+            &ns,
+            &[
+                EventMark::key("short").fingerprint("b").ttl(hour),
+                EventMark::key("forever").fingerprint("b"),
+            ],
+            at_expiry,
+        )
+        .await
+        .unwrap();
+    assert_eq!(after[0], EventVerdict::New, "expired: new again");
+    assert!(conflicting(&after[1]).is_some(), "{after:?}");
+    let later = at_expiry + chrono::Duration::seconds(60);
+    let again = store
+        .check_and_mark(&ns, &[EventMark::key("short").fingerprint("b")], later)
+        .await
+        .unwrap();
+    match &again[0] {
+        EventVerdict::Replay { first_seen, .. } => assert_eq!(*first_seen, micros(at_expiry)),
+        other => panic!("re-marked with the new fingerprint and time: {other:?}"),
+    }
+    // mark_event_keys sees expiry too.
+    let far = t + chrono::Duration::days(2);
+    assert_eq!(
+        store
+            .mark_event_keys(&ns, &["short".to_string(), "forever".to_string()], far)
+            .await
+            .unwrap(),
+        vec![true, false]
+    );
+    assert!(store.is_duplicate(&ns, &[], t).await.unwrap().is_empty());
+}
+
+/// In-batch duplicates: the first occurrence decides, later ones replay or conflict
+/// against it — also when the first occurrence re-marks an expired key.
+pub async fn event_dedup_in_batch(store: &dyn EventKeyStore) {
+    let ns = unique("inbatch");
+    let t = now();
+    let d = serde_json::json!({"first": true});
+    let v = store
+        .check_and_mark(
+            &ns,
+            &[
+                EventMark::key("x").fingerprint("1").decision(d.clone()),
+                EventMark::key("y").fingerprint("1"),
+                EventMark::key("x").fingerprint("1"),
+                EventMark::key("x").fingerprint("2"),
+                EventMark::key("y"),
+            ],
+            t,
+        )
+        .await
+        .unwrap();
+    assert_eq!(v[0], EventVerdict::New);
+    assert_eq!(v[1], EventVerdict::New);
+    assert_eq!(replayed(&v[2]), Some(Some(d)), "{v:?}");
+    assert_eq!(conflicting(&v[3]).as_deref(), Some("1"), "{v:?}");
+    assert_eq!(replayed(&v[4]), Some(None), "{v:?}");
+    let dup = store
+        .is_duplicate(&ns, &["x".to_string(), "y".to_string()], t)
+        .await
+        .unwrap();
+    assert_eq!(dup, vec![true, true]);
+}
+
+/// One batch of 1000 keys (half already marked, some repeated): one verdict each, right.
+pub async fn event_dedup_large_batch(store: &dyn EventKeyStore) {
+    let ns = unique("large");
+    let t = now();
+    let old: Vec<EventMark> = (0..500)
+        .map(|i| EventMark::key(format!("key-{i:04}")).fingerprint(format!("f{i}")))
+        .collect();
+    let v = store.check_and_mark(&ns, &old, t).await.unwrap();
+    assert!(v.iter().all(EventVerdict::is_new));
+    let marks: Vec<EventMark> = (0..1000)
+        .map(|i| {
+            let i = if i % 10 == 9 { i - 1 } else { i };
+            let fingerprint = if i % 4 == 0 {
+                "changed".to_string()
+            } else {
+                format!("f{i}")
+            };
+            EventMark::key(format!("key-{i:04}")).fingerprint(fingerprint)
+        })
+        .collect();
+    let v = store.check_and_mark(&ns, &marks, t).await.unwrap();
+    assert_eq!(v.len(), 1000);
+    for (j, verdict) in v.iter().enumerate() {
+        let i = if j % 10 == 9 { j - 1 } else { j };
+        let expected = if j % 10 == 9 {
+            // A repeat of i's mark (same fingerprint) inside the batch.
+            if i < 500 && i % 4 == 0 {
+                "conflict"
+            } else {
+                "replay"
+            }
+        } else if i >= 500 {
+            "new"
+        } else if i % 4 == 0 {
+            "conflict"
+        } else {
+            "replay"
+        };
+        assert_eq!(verdict.name(), expected, "position {j}: {verdict:?}");
+    }
+    let keys: Vec<String> = (0..1000).map(|i| format!("key-{i:04}")).collect();
+    let dup = store.is_duplicate(&ns, &keys, t).await.unwrap();
+    for (i, d) in dup.iter().enumerate() {
+        assert_eq!(*d, i < 500 || i % 10 != 9, "key {i}");
+    }
 }
 
 /// Renewal extends a held lease; a taken-over lease cannot be renewed.

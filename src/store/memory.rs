@@ -11,11 +11,12 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::common::report_cleanup_done;
+use super::event_keys::{self, StoredEvent};
 use super::rows::LeaseRow;
 use super::{
     lease_expiry, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, EventKeyStore,
-    Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore, MaintenanceStore, RunFilter,
-    StoreBase,
+    EventMark, EventVerdict, Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore,
+    MaintenanceStore, RunFilter, StoreBase,
 };
 use crate::error::{Error, Result};
 use crate::model::{micros, KeyKind, KeyRecord, RunRecord, RunStatus};
@@ -26,6 +27,36 @@ struct State {
     keys: HashMap<(KeyKind, String), Vec<KeyRecord>>,
     runs: Vec<RunRecord>,
     events: HashMap<String, HashMap<String, DateTime<Utc>>>,
+    /// Fingerprint, decision and expiry of the keys in `events` (a key absent from
+    /// `events` is not marked, whatever this holds).
+    event_rows: HashMap<(String, String), EventRow>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct EventRow {
+    fingerprint: Option<String>,
+    decision: Option<serde_json::Value>,
+    expires_at: Option<DateTime<Utc>>,
+}
+
+impl State {
+    /// The stored, unexpired mark of a key.
+    fn event(&self, namespace: &str, key: &str, now: DateTime<Utc>) -> Option<StoredEvent> {
+        let first_seen = *self.events.get(namespace)?.get(key)?;
+        let row = self
+            .event_rows
+            .get(&(namespace.to_string(), key.to_string()))
+            .cloned()
+            .unwrap_or_default();
+        if row.expires_at.is_some_and(|at| at <= now) {
+            return None;
+        }
+        Some(StoredEvent {
+            fingerprint: row.fingerprint,
+            decision: row.decision,
+            first_seen,
+        })
+    }
 }
 
 /// A store that keeps everything in process memory.
@@ -298,24 +329,70 @@ impl MaintenanceStore for MemoryStore {
 
 #[async_trait]
 impl EventKeyStore for MemoryStore {
-    async fn mark_event_keys(
+    async fn check_and_mark(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<EventVerdict>> {
+        let mut state = self.lock();
+        let mut new = std::collections::HashSet::new();
+        let mut stored = HashMap::new();
+        for m in event_keys::firsts(marks) {
+            if let Some(row) = state.event(namespace, &m.key, now) {
+                stored.insert(m.key.clone(), row);
+                continue;
+            }
+            state
+                .events
+                .entry(namespace.to_string())
+                .or_default()
+                .insert(m.key.clone(), micros(now));
+            let row = EventRow {
+                fingerprint: m.fingerprint.clone(),
+                decision: m.decision.clone(),
+                expires_at: m.expires_at(now),
+            };
+            state
+                .event_rows
+                .insert((namespace.to_string(), m.key.clone()), row);
+            new.insert(m.key.clone());
+        }
+        Ok(event_keys::verdicts(marks, &new, &stored, now))
+    }
+
+    async fn is_duplicate(
         &self,
         namespace: &str,
         keys: &[String],
         now: DateTime<Utc>,
     ) -> Result<Vec<bool>> {
-        let mut state = self.lock();
-        let seen = state.events.entry(namespace.to_string()).or_default();
+        let state = self.lock();
         Ok(keys
             .iter()
-            .map(|k| {
-                if seen.contains_key(k) {
-                    false
-                } else {
-                    seen.insert(k.clone(), micros(now));
-                    true
-                }
-            })
+            .map(|k| state.event(namespace, k, now).is_some())
             .collect())
+    }
+
+    async fn record_decision(
+        &self,
+        namespace: &str,
+        key: &str,
+        decision: &serde_json::Value,
+    ) -> Result<bool> {
+        let mut state = self.lock();
+        if !state
+            .events
+            .get(namespace)
+            .is_some_and(|e| e.contains_key(key))
+        {
+            return Ok(false);
+        }
+        let row = state
+            .event_rows
+            .entry((namespace.to_string(), key.to_string()))
+            .or_default();
+        row.decision = Some(decision.clone());
+        Ok(true)
     }
 }

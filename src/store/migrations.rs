@@ -56,20 +56,21 @@ macro_rules! embed {
 }
 
 /// SQLite's migrations.
-pub const SQLITE: &[Migration] = embed!("sqlite": "0001_init");
+pub const SQLITE: &[Migration] = embed!("sqlite": "0001_init", "0003_event_dedup");
 
 /// Postgres's migrations.
-pub const POSTGRES: &[Migration] = embed!("postgres": "0001_init");
+pub const POSTGRES: &[Migration] = embed!("postgres": "0001_init", "0003_event_dedup");
 
 /// BigQuery's migrations (`{project}` and `{dataset}` are replaced by the validated ids).
-pub const BIGQUERY: &[Migration] = embed!("bigquery": "0001_init");
+pub const BIGQUERY: &[Migration] = embed!("bigquery": "0001_init", "0003_event_dedup");
 
 /// The latest version of a list (0 when empty).
 pub fn latest(migrations: &[Migration]) -> i64 {
     migrations.last().map_or(0, |m| m.version)
 }
 
-/// The migrations after version `current`, in order.
+/// The migrations after version `current`, in order. Versions need not be contiguous: a
+/// gap (0001, 0003) is fine, every version above `current` is applied.
 pub fn pending(migrations: &[Migration], current: i64) -> impl Iterator<Item = &Migration> {
     migrations.iter().filter(move |m| m.version > current)
 }
@@ -106,9 +107,18 @@ mod tests {
             assert_eq!(list[0].version, 1);
             assert_eq!(list[0].name, "0001_init");
             assert!(list.windows(2).all(|w| w[0].version < w[1].version));
-            assert_eq!(latest(list), list.len() as i64);
+            assert_eq!(latest(list), list.last().unwrap().version);
         }
-        assert_eq!(pending(SQLITE, 0).count(), 1);
-        assert_eq!(pending(SQLITE, 1).count(), 0);
+        assert_eq!(pending(SQLITE, 0).count(), SQLITE.len());
+        assert_eq!(pending(SQLITE, latest(SQLITE)).count(), 0);
+        // A gap in the versions: everything above the current one is pending.
+        let gap = [
+            Migration::new("0001_a", ""),
+            Migration::new("0003_c", ""),
+            Migration::new("0004_d", ""),
+        ];
+        let names: Vec<_> = pending(&gap, 1).map(|m| m.name).collect();
+        assert_eq!(names, ["0003_c", "0004_d"]);
+        assert_eq!(pending(&gap, 2).count(), 2);
     }
 }

@@ -25,12 +25,14 @@ use serde::Serialize;
 pub use crate::backend::redact_url;
 use crate::error::{Error, Result};
 use crate::model::{KeyKind, KeyRecord, RunRecord, RunStatus};
+pub use event_keys::{EventMark, EventVerdict};
 
 #[cfg(feature = "bigquery")]
 pub mod bigquery;
 pub mod breaker;
 mod common;
 pub mod conformance;
+mod event_keys;
 pub mod memory;
 pub mod migrations;
 mod open;
@@ -472,15 +474,53 @@ impl PartitionExpiration {
 /// this (and [`StoreBase`]) alone, without leases or a ledger.
 #[async_trait]
 pub trait EventKeyStore: StoreBase {
-    /// Marks event keys of a namespace as seen, in one round trip; `true` at position `i`
-    /// means `keys[i]` was new (first sighting), `false` that it was seen before (or
-    /// earlier in the same batch).
-    async fn mark_event_keys(
+    /// Checks and marks a batch of event keys of a namespace, atomically per key and in one
+    /// round trip on the SQL stores; `result[i]` is the verdict for `marks[i]`.
+    ///
+    /// A key absent, or expired (`expires_at <= now`), is [`EventVerdict::New`] and is
+    /// (re)marked with its fingerprint, decision and expiry (`now + ttl`; no ttl = never).
+    /// A key present and unexpired is [`EventVerdict::Replay`] (with the stored decision)
+    /// when the fingerprints agree or either is absent, [`EventVerdict::Conflict`] when
+    /// both are known and differ; neither changes any state. A key repeated inside the
+    /// batch: its first occurrence decides, later ones are replays/conflicts against it.
+    async fn check_and_mark(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<EventVerdict>>;
+
+    /// Whether each key is marked and unexpired at `now` (read-only, one round trip).
+    async fn is_duplicate(
         &self,
         namespace: &str,
         keys: &[String],
         now: DateTime<Utc>,
     ) -> Result<Vec<bool>>;
+
+    /// Stores the decision of a marked key's first processing (what later replays
+    /// return); `false` when the key is not marked.
+    async fn record_decision(
+        &self,
+        namespace: &str,
+        key: &str,
+        decision: &serde_json::Value,
+    ) -> Result<bool>;
+
+    /// Marks event keys of a namespace as seen (no fingerprint, never expiring), in one
+    /// round trip; `true` at position `i` means `keys[i]` was new (first sighting, or its
+    /// earlier mark had expired), `false` that it was seen before (or earlier in the same
+    /// batch).
+    async fn mark_event_keys(
+        &self,
+        namespace: &str,
+        keys: &[String],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<bool>> {
+        let marks: Vec<EventMark> = keys.iter().map(EventMark::key).collect();
+        let verdicts = self.check_and_mark(namespace, &marks, now).await?;
+        Ok(verdicts.iter().map(EventVerdict::is_new).collect())
+    }
 }
 
 /// The batch-job store: leases, keys and ledger, maintenance and event keys. Implemented

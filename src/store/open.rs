@@ -8,8 +8,8 @@ use chrono::{DateTime, Utc};
 
 use super::{
     redact_url, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, DynStore,
-    EventKeyStore, Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore,
-    MaintenanceStore, MemoryStore, PartitionExpiration, RunFilter, StoreBase,
+    EventKeyStore, EventMark, EventVerdict, Finish, KeyLookup, Lease, LeaseHolder, LeaseStore,
+    LedgerStore, MaintenanceStore, MemoryStore, PartitionExpiration, RunFilter, StoreBase,
 };
 use crate::backend::Backend;
 use crate::error::{Error, Result};
@@ -117,7 +117,20 @@ impl MaintenanceStore for UnavailableStore {
 
 #[async_trait]
 impl EventKeyStore for UnavailableStore {
-    async fn mark_event_keys(&self, _: &str, _: &[String], _: DateTime<Utc>) -> Result<Vec<bool>> {
+    async fn check_and_mark(
+        &self,
+        _: &str,
+        _: &[EventMark],
+        _: DateTime<Utc>,
+    ) -> Result<Vec<EventVerdict>> {
+        self.fail()
+    }
+
+    async fn is_duplicate(&self, _: &str, _: &[String], _: DateTime<Utc>) -> Result<Vec<bool>> {
+        self.fail()
+    }
+
+    async fn record_decision(&self, _: &str, _: &str, _: &serde_json::Value) -> Result<bool> {
         self.fail()
     }
 }

@@ -29,7 +29,6 @@
 //! Proxy, pgbouncer).
 //!
 
-use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::time::Duration;
 
@@ -41,12 +40,13 @@ use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPool, PgPool
 use sqlx::{Arguments, Connection, Executor, FromRow, Row};
 
 use super::common::{cleanup_tables, statements, upsert_claim, CLEANUP_TABLES};
+use super::event_keys::{self, Found};
 use super::migrations::{self, Migration, Schema};
 use super::rows::{KeyRow, LeaseColumns, LeaseRow, RunRow, KEY_COLUMNS, RUN_COLUMNS};
 use super::{
     lease_expiry, redact_url, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport,
-    EventKeyStore, Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore,
-    MaintenanceStore, RunFilter, StoreBase,
+    EventKeyStore, EventMark, EventVerdict, Finish, KeyLookup, Lease, LeaseHolder, LeaseStore,
+    LedgerStore, MaintenanceStore, RunFilter, StoreBase,
 };
 use crate::backend::postgres::{connect_options, sqlx_message, ACQUIRE_TIMEOUT};
 use crate::error::{Error, Result};
@@ -544,9 +544,119 @@ impl MaintenanceStore for PostgresStore {
     }
 }
 
+/// In one statement: marks the first occurrence of each key that is absent or expired at
+/// $6, and reads the stored row of the others. `found` is false for a key that neither
+/// was marked nor is visible to the statement's snapshot (a concurrent batch committed it
+/// meanwhile): read again with [`EVENTS_READ_SQL`].
+const EVENTS_MARK_SQL: &str = "\
+WITH input AS (
+  SELECT * FROM UNNEST($2::text[], $3::text[], $4::text[], $5::timestamptz[])
+    AS i(event_key, fingerprint, decision, expires_at)
+), marked AS (
+  INSERT INTO event_keys AS e (namespace, event_key, first_seen, fingerprint, decision, expires_at)
+  SELECT $1, event_key, $6, fingerprint, decision::jsonb, expires_at FROM input
+  ON CONFLICT (namespace, event_key) DO UPDATE SET
+    first_seen = EXCLUDED.first_seen, fingerprint = EXCLUDED.fingerprint,
+    decision = EXCLUDED.decision, expires_at = EXCLUDED.expires_at
+  WHERE e.expires_at <= $6
+  RETURNING e.event_key
+)
+SELECT i.event_key, m.event_key IS NOT NULL AS new, s.event_key IS NOT NULL AS found,
+       s.fingerprint, s.decision::text AS decision, s.first_seen
+FROM input i
+LEFT JOIN marked m ON m.event_key = i.event_key
+LEFT JOIN event_keys s ON m.event_key IS NULL AND s.namespace = $1
+  AND s.event_key = i.event_key AND (s.expires_at IS NULL OR s.expires_at > $6)";
+
+/// The unexpired rows of keys $2.
+const EVENTS_READ_SQL: &str = "\
+SELECT event_key, fingerprint, decision::text AS decision, first_seen FROM event_keys
+WHERE namespace = $1 AND event_key = ANY($2::text[]) AND (expires_at IS NULL OR expires_at > $3)";
+
+type EventRow = (String, Option<String>, Option<String>, DateTime<Utc>);
+
+impl PostgresStore {
+    async fn read_events(
+        &self,
+        namespace: &str,
+        keys: &[&str],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<EventRow>> {
+        sqlx::query_as(EVENTS_READ_SQL)
+            .bind(namespace)
+            .bind(keys)
+            .bind(micros(now))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err(e))
+    }
+}
+
 #[async_trait]
 impl EventKeyStore for PostgresStore {
-    async fn mark_event_keys(
+    async fn check_and_mark(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<EventVerdict>> {
+        if marks.is_empty() {
+            return Ok(Vec::new());
+        }
+        // One round trip. Repeats inside the batch are removed here and the keys sent in
+        // byte order, the order the function scan inserts them in: two batches sharing
+        // keys lock them in the same order, so they cannot deadlock.
+        let firsts = event_keys::firsts(marks);
+        let keys: Vec<&str> = firsts.iter().map(|m| m.key.as_str()).collect();
+        let fingerprints: Vec<Option<&str>> =
+            firsts.iter().map(|m| m.fingerprint.as_deref()).collect();
+        let decisions: Vec<Option<String>> = firsts
+            .iter()
+            .map(|m| event_keys::decision_text(m))
+            .collect();
+        let expiries: Vec<Option<DateTime<Utc>>> =
+            firsts.iter().map(|m| m.expires_at(now)).collect();
+        let rows: Vec<(
+            String,
+            bool,
+            bool,
+            Option<String>,
+            Option<String>,
+            Option<DateTime<Utc>>,
+        )> = sqlx::query_as(EVENTS_MARK_SQL)
+            .bind(namespace)
+            .bind(&keys)
+            .bind(&fingerprints)
+            .bind(&decisions)
+            .bind(&expiries)
+            .bind(micros(now))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        let mut found = Found::default();
+        let mut unseen = Vec::new();
+        for (key, is_new, present, fingerprint, decision, first_seen) in rows {
+            match (is_new, present, first_seen) {
+                (true, _, _) => found.marked(key),
+                (false, true, Some(first_seen)) => {
+                    found.stored(key, fingerprint, decision, first_seen)
+                }
+                _ => unseen.push(key),
+            }
+        }
+        if !unseen.is_empty() {
+            // Rare: committed by a concurrent batch after this statement's snapshot.
+            let unseen: Vec<&str> = unseen.iter().map(String::as_str).collect();
+            for (key, fingerprint, decision, first_seen) in
+                self.read_events(namespace, &unseen, now).await?
+            {
+                found.stored(key, fingerprint, decision, first_seen);
+            }
+        }
+        Ok(found.verdicts(marks, now))
+    }
+
+    async fn is_duplicate(
         &self,
         namespace: &str,
         keys: &[String],
@@ -555,27 +665,27 @@ impl EventKeyStore for PostgresStore {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        // One round trip, the same statement as a hand-written batch insert. Repeats
-        // inside the batch are removed here and the keys sent in byte order, which is the
-        // order the function scan inserts them in: two batches sharing keys lock them in
-        // the same order, so they cannot deadlock. RETURNING gives the keys that were new;
-        // the first occurrence of each in the input is the one marked new.
-        let mut unique: Vec<&str> = keys.iter().map(String::as_str).collect();
-        unique.sort_unstable();
-        unique.dedup();
-        let new: Vec<String> = sqlx::query_scalar(
-            "INSERT INTO event_keys (namespace, event_key, first_seen) \
-             SELECT $1, k, $3 FROM UNNEST($2::text[]) AS t(k) \
-             ON CONFLICT (namespace, event_key) DO NOTHING \
-             RETURNING event_key",
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let rows = self.read_events(namespace, &refs, now).await?;
+        Ok(event_keys::present(keys, rows.into_iter().map(|r| r.0)))
+    }
+
+    async fn record_decision(
+        &self,
+        namespace: &str,
+        key: &str,
+        decision: &serde_json::Value,
+    ) -> Result<bool> {
+        let done = sqlx::query(
+            "UPDATE event_keys SET decision = $3::text::jsonb \
+             WHERE namespace = $1 AND event_key = $2",
         )
         .bind(namespace)
-        .bind(&unique)
-        .bind(micros(now))
-        .fetch_all(&self.pool)
+        .bind(key)
+        .bind(decision.to_string())
+        .execute(&self.pool)
         .await
         .map_err(|e| self.err(e))?;
-        let mut new: HashSet<&str> = new.iter().map(String::as_str).collect();
-        Ok(keys.iter().map(|k| new.remove(k.as_str())).collect())
+        Ok(done.rows_affected() > 0)
     }
 }

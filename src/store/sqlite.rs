@@ -13,12 +13,13 @@ use sqlx::sqlite::{SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteSynchr
 use sqlx::{Connection, Row};
 
 use super::common::{cleanup_tables, statements, upsert_claim, CLEANUP_TABLES};
+use super::event_keys::{self, Found};
 use super::migrations::{self, Migration, Schema};
 use super::rows::{KeyRow, LeaseColumns, LeaseRow, RunRow, KEY_COLUMNS, RUN_COLUMNS};
 use super::{
     lease_expiry, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, EventKeyStore,
-    Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore, MaintenanceStore, RunFilter,
-    StoreBase,
+    EventMark, EventVerdict, Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore,
+    MaintenanceStore, RunFilter, StoreBase,
 };
 use crate::error::{Error, Result};
 use crate::model::{micros, time, KeyRecord, RunRecord, RunStatus};
@@ -406,31 +407,129 @@ impl MaintenanceStore for SqliteStore {
     }
 }
 
+/// Marks the first occurrence of each key (a JSON array of {k, f, d, e}) that is absent or
+/// expired at ?2; RETURNING gives the keys marked.
+const EVENTS_MARK_SQL: &str = "\
+INSERT INTO event_keys (namespace, event_key, first_seen, fingerprint, decision, expires_at)
+SELECT ?1, json_extract(m.value, '$.k'), ?2, json_extract(m.value, '$.f'),
+       json_extract(m.value, '$.d'), json_extract(m.value, '$.e')
+FROM json_each(?3) AS m WHERE true
+ON CONFLICT (namespace, event_key) DO UPDATE SET
+  first_seen = excluded.first_seen, fingerprint = excluded.fingerprint,
+  decision = excluded.decision, expires_at = excluded.expires_at
+WHERE event_keys.expires_at IS NOT NULL AND event_keys.expires_at <= ?2
+RETURNING event_key";
+
+/// The unexpired rows of the keys in the JSON array ?2.
+const EVENTS_READ_SQL: &str = "\
+SELECT event_key, fingerprint, decision, first_seen FROM event_keys
+WHERE namespace = ?1 AND event_key IN (SELECT value FROM json_each(?2))
+  AND (expires_at IS NULL OR expires_at > ?3)";
+
+/// The unexpired rows of `keys`.
+async fn read_events(
+    conn: &mut SqliteConnection,
+    namespace: &str,
+    keys: &[impl serde::Serialize],
+    now: DateTime<Utc>,
+) -> std::result::Result<Vec<(String, Option<String>, Option<String>, i64)>, sqlx::Error> {
+    sqlx::query_as(EVENTS_READ_SQL)
+        .bind(namespace)
+        .bind(serde_json::to_string(keys).unwrap_or_default())
+        .bind(ts(now))
+        .fetch_all(conn)
+        .await
+}
+
 #[async_trait]
 impl EventKeyStore for SqliteStore {
-    async fn mark_event_keys(
+    async fn check_and_mark(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<EventVerdict>> {
+        if marks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let firsts = event_keys::firsts(marks);
+        let batch: Vec<serde_json::Value> = firsts
+            .iter()
+            .map(|m| {
+                serde_json::json!({
+                    "k": m.key,
+                    "f": m.fingerprint,
+                    "d": event_keys::decision_text(m),
+                    "e": m.expires_at(now).map(ts),
+                })
+            })
+            .collect();
+        // One transaction that writes first (so it takes the write lock at once, waiting
+        // under the busy timeout), then reads the keys it did not mark.
+        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        let mut tx = conn.begin().await.map_err(|e| self.err(e))?;
+        let marked: Vec<String> = sqlx::query_scalar(EVENTS_MARK_SQL)
+            .bind(namespace)
+            .bind(ts(now))
+            .bind(serde_json::Value::Array(batch).to_string())
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(|e| self.err(e))?;
+        let marked_set: std::collections::HashSet<&str> =
+            marked.iter().map(String::as_str).collect();
+        let others: Vec<&str> = firsts
+            .iter()
+            .map(|m| m.key.as_str())
+            .filter(|k| !marked_set.contains(k))
+            .collect();
+        let mut found = Found::default();
+        if !others.is_empty() {
+            for (key, fingerprint, decision, first_seen) in
+                read_events(&mut tx, namespace, &others, now)
+                    .await
+                    .map_err(|e| self.err(e))?
+            {
+                let first_seen = DateTime::from_timestamp_micros(first_seen).unwrap_or_default();
+                found.stored(key, fingerprint, decision, first_seen);
+            }
+        }
+        tx.commit().await.map_err(|e| self.err(e))?;
+        drop(marked_set);
+        marked.into_iter().for_each(|k| found.marked(k));
+        Ok(found.verdicts(marks, now))
+    }
+
+    async fn is_duplicate(
         &self,
         namespace: &str,
         keys: &[String],
         now: DateTime<Utc>,
     ) -> Result<Vec<bool>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
         let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
-        let mut tx = conn.begin().await.map_err(|e| self.err(e))?;
-        let mut out = Vec::with_capacity(keys.len());
-        for k in keys {
-            let done = sqlx::query(
-                "INSERT INTO event_keys (namespace, event_key, first_seen) VALUES (?1, ?2, ?3) \
-                 ON CONFLICT (namespace, event_key) DO NOTHING",
-            )
-            .bind(namespace)
-            .bind(k)
-            .bind(ts(now))
-            .execute(&mut *tx)
+        let rows = read_events(&mut conn, namespace, keys, now)
             .await
             .map_err(|e| self.err(e))?;
-            out.push(done.rows_affected() == 1);
-        }
-        tx.commit().await.map_err(|e| self.err(e))?;
-        Ok(out)
+        Ok(event_keys::present(keys, rows.into_iter().map(|r| r.0)))
+    }
+
+    async fn record_decision(
+        &self,
+        namespace: &str,
+        key: &str,
+        decision: &serde_json::Value,
+    ) -> Result<bool> {
+        let done = sqlx::query(
+            "UPDATE event_keys SET decision = ?3 WHERE namespace = ?1 AND event_key = ?2",
+        )
+        .bind(namespace)
+        .bind(key)
+        .bind(decision.to_string())
+        .execute(&self.pool)
+        .await
+        .map_err(|e| self.err(e))?;
+        Ok(done.rows_affected() > 0)
     }
 }

@@ -1,0 +1,266 @@
+//! Event keys with fingerprints, decisions and expiry: the types of
+//! [`EventKeyStore::check_and_mark`](super::EventKeyStore::check_and_mark) and the verdict
+//! rules every backend shares. A backend does two things in its one round trip — mark the
+//! first occurrence of each key that is absent or expired, and read the stored row of
+//! every other key — and [`verdicts`] turns those into one verdict per input position.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::model::micros;
+
+/// One event key to check and mark.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct EventMark {
+    /// The key.
+    pub key: String,
+    /// The fingerprint of the event's payload (`None`: never conflicts).
+    pub fingerprint: Option<String>,
+    /// How long the mark lasts (`None`: forever).
+    pub ttl: Option<Duration>,
+    /// The decision of the event's processing, returned to later replays.
+    pub decision: Option<Value>,
+}
+
+impl EventMark {
+    /// A bare key: no fingerprint, no expiry, no decision.
+    pub fn key(key: impl Into<String>) -> Self {
+        EventMark {
+            key: key.into(),
+            ..EventMark::default()
+        }
+    }
+
+    /// With a payload fingerprint.
+    pub fn fingerprint(mut self, fingerprint: impl Into<String>) -> Self {
+        self.fingerprint = Some(fingerprint.into());
+        self
+    }
+
+    /// Expiring `ttl` after it is marked.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// With the decision later replays return.
+    pub fn decision(mut self, decision: Value) -> Self {
+        self.decision = Some(decision);
+        self
+    }
+
+    /// When a mark made at `now` expires (microsecond precision, like every stored instant).
+    pub fn expires_at(&self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let ttl = chrono::Duration::from_std(self.ttl?).unwrap_or(chrono::Duration::MAX);
+        Some(micros(
+            now.checked_add_signed(ttl)
+                .unwrap_or(DateTime::<Utc>::MAX_UTC),
+        ))
+    }
+}
+
+/// What [`check_and_mark`](super::EventKeyStore::check_and_mark) found for one key.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "verdict", rename_all = "snake_case")]
+pub enum EventVerdict {
+    /// First sighting (or the earlier mark expired): now marked.
+    New,
+    /// Seen with the same payload (or one without a fingerprint): the stored decision.
+    Replay {
+        /// The decision stored with the key, if any.
+        decision: Option<Value>,
+        /// When the key was marked.
+        first_seen: DateTime<Utc>,
+    },
+    /// Seen with a different payload: rejected, nothing changed.
+    Conflict {
+        /// The fingerprint stored with the key.
+        stored_fingerprint: String,
+        /// When the key was marked.
+        first_seen: DateTime<Utc>,
+    },
+}
+
+impl EventVerdict {
+    /// Whether the key was new.
+    pub fn is_new(&self) -> bool {
+        matches!(self, EventVerdict::New)
+    }
+
+    /// `new`, `replay` or `conflict`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            EventVerdict::New => "new",
+            EventVerdict::Replay { .. } => "replay",
+            EventVerdict::Conflict { .. } => "conflict",
+        }
+    }
+}
+
+/// A stored, unexpired event key.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct StoredEvent {
+    pub fingerprint: Option<String>,
+    pub decision: Option<Value>,
+    pub first_seen: DateTime<Utc>,
+}
+
+/// The first occurrence of each key, in key (byte) order: what a backend marks, in an order
+/// that makes two batches sharing keys lock them alike.
+pub(crate) fn firsts(marks: &[EventMark]) -> Vec<&EventMark> {
+    let mut seen = HashSet::with_capacity(marks.len());
+    let mut out: Vec<&EventMark> = marks
+        .iter()
+        .filter(|m| seen.insert(m.key.as_str()))
+        .collect();
+    out.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+    out
+}
+
+/// The verdict of `stored` for an event with fingerprint `fingerprint`.
+fn against(stored: &StoredEvent, fingerprint: Option<&str>) -> EventVerdict {
+    match (stored.fingerprint.as_deref(), fingerprint) {
+        (Some(old), Some(new)) if old != new => EventVerdict::Conflict {
+            stored_fingerprint: old.to_string(),
+            first_seen: stored.first_seen,
+        },
+        _ => EventVerdict::Replay {
+            decision: stored.decision.clone(),
+            first_seen: stored.first_seen,
+        },
+    }
+}
+
+/// One verdict per mark, given the keys this call marked (`new`) and the stored rows of the
+/// others (`stored`). A key in neither (its row vanished between the two, e.g. a
+/// concurrent cleanup) is a replay without a decision: it was marked by someone.
+pub(crate) fn verdicts(
+    marks: &[EventMark],
+    new: &HashSet<String>,
+    stored: &HashMap<String, StoredEvent>,
+    now: DateTime<Utc>,
+) -> Vec<EventVerdict> {
+    let mut decided: HashMap<&str, StoredEvent> = HashMap::with_capacity(marks.len());
+    marks
+        .iter()
+        .map(|m| {
+            if let Some(earlier) = decided.get(m.key.as_str()) {
+                return against(earlier, m.fingerprint.as_deref());
+            }
+            let (verdict, state) = if new.contains(&m.key) {
+                let state = StoredEvent {
+                    fingerprint: m.fingerprint.clone(),
+                    decision: m.decision.clone(),
+                    first_seen: micros(now),
+                };
+                (EventVerdict::New, state)
+            } else {
+                let state = stored.get(&m.key).cloned().unwrap_or(StoredEvent {
+                    fingerprint: None,
+                    decision: None,
+                    first_seen: micros(now),
+                });
+                (against(&state, m.fingerprint.as_deref()), state)
+            };
+            decided.insert(m.key.as_str(), state);
+            verdict
+        })
+        .collect()
+}
+
+/// What a backend found for the first occurrences of a batch: the keys it marked and the
+/// stored rows of the others; [`Found::verdicts`] makes one verdict per mark.
+#[derive(Debug, Default)]
+pub(crate) struct Found {
+    new: HashSet<String>,
+    stored: HashMap<String, StoredEvent>,
+}
+
+impl Found {
+    /// `key` was marked by this call.
+    pub fn marked(&mut self, key: String) {
+        self.new.insert(key);
+    }
+
+    /// `key` is stored, unexpired (the decision as text from a text/JSON column).
+    pub fn stored(
+        &mut self,
+        key: String,
+        fingerprint: Option<String>,
+        decision: Option<String>,
+        first_seen: DateTime<Utc>,
+    ) {
+        let row = StoredEvent {
+            fingerprint,
+            decision: parse_decision(decision),
+            first_seen,
+        };
+        self.stored.insert(key, row);
+    }
+
+    /// One verdict per mark ([`verdicts`]).
+    pub fn verdicts(&self, marks: &[EventMark], now: DateTime<Utc>) -> Vec<EventVerdict> {
+        verdicts(marks, &self.new, &self.stored, now)
+    }
+}
+
+/// Whether each of `keys` is among `found`.
+pub(crate) fn present(keys: &[String], found: impl IntoIterator<Item = String>) -> Vec<bool> {
+    let found: HashSet<String> = found.into_iter().collect();
+    keys.iter().map(|k| found.contains(k)).collect()
+}
+
+/// A decision as stored in a text column.
+pub(crate) fn decision_text(m: &EventMark) -> Option<String> {
+    m.decision.as_ref().map(Value::to_string)
+}
+
+/// A decision read from a text column (unparseable text is kept as a JSON string).
+fn parse_decision(text: Option<String>) -> Option<Value> {
+    text.map(|t| serde_json::from_str(&t).unwrap_or(Value::String(t)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_occurrence_decides_and_later_ones_compare_against_it() {
+        let now = DateTime::from_timestamp(1_000, 0).unwrap();
+        let marks = [
+            EventMark::key("a")
+                .fingerprint("x")
+                .decision(Value::from(1)),
+            EventMark::key("a").fingerprint("x"),
+            EventMark::key("a").fingerprint("y"),
+            EventMark::key("b"),
+        ];
+        let new: HashSet<String> = ["a".to_string()].into();
+        let stored = HashMap::from([(
+            "b".to_string(),
+            StoredEvent {
+                fingerprint: Some("z".into()),
+                decision: None,
+                first_seen: now,
+            },
+        )]);
+        let v = verdicts(&marks, &new, &stored, now);
+        assert_eq!(v[0], EventVerdict::New);
+        assert_eq!(
+            v[1],
+            EventVerdict::Replay {
+                decision: Some(Value::from(1)),
+                first_seen: now
+            }
+        );
+        assert!(
+            matches!(&v[2], EventVerdict::Conflict { stored_fingerprint, .. } if stored_fingerprint == "x")
+        );
+        assert!(matches!(v[3], EventVerdict::Replay { .. }));
+        assert_eq!(firsts(&marks).len(), 2);
+    }
+}
