@@ -594,6 +594,46 @@ impl PostgresStore {
 
 #[async_trait]
 impl EventKeyStore for PostgresStore {
+    /// The plain batch mark (no fingerprint, decision or TTL) keeps its own statement, as
+    /// fast as a hand-written batch insert: `check_and_mark` joins back to the stored rows
+    /// for replay/conflict, which a yes/no answer does not need.
+    async fn mark_event_keys(
+        &self,
+        namespace: &str,
+        keys: &[String],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<bool>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        // One round trip. Repeats inside the batch are removed here and the keys sent in
+        // byte order, the order the function scan inserts them in: two batches sharing
+        // keys lock them in the same order, so they cannot deadlock. RETURNING gives the
+        // keys that were new, or whose earlier mark had expired (then re-marked, forever);
+        // the first occurrence of each in the input is the one marked new.
+        let mut unique: Vec<&str> = keys.iter().map(String::as_str).collect();
+        unique.sort_unstable();
+        unique.dedup();
+        let now = micros(now);
+        let new: Vec<String> = sqlx::query_scalar(
+            "INSERT INTO event_keys AS e (namespace, event_key, first_seen) \
+             SELECT $1, k, $3 FROM UNNEST($2::text[]) AS t(k) \
+             ON CONFLICT (namespace, event_key) DO UPDATE SET \
+               first_seen = EXCLUDED.first_seen, fingerprint = NULL, decision = NULL, \
+               expires_at = NULL \
+             WHERE e.expires_at IS NOT NULL AND e.expires_at <= EXCLUDED.first_seen \
+             RETURNING event_key",
+        )
+        .bind(namespace)
+        .bind(&unique)
+        .bind(now)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(|e| self.err(e))?;
+        let mut new: std::collections::HashSet<&str> = new.iter().map(String::as_str).collect();
+        Ok(keys.iter().map(|k| new.remove(k.as_str())).collect())
+    }
+
     async fn check_and_mark(
         &self,
         namespace: &str,
