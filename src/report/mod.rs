@@ -224,6 +224,9 @@ pub struct ReportOptions {
     pub window: Duration,
     /// Per-week thresholds.
     pub thresholds: Thresholds,
+    /// The config file whose `[report]` table set some of these values, if any (shown in
+    /// the report).
+    pub config_file: Option<String>,
 }
 
 impl ReportOptions {
@@ -236,6 +239,7 @@ impl ReportOptions {
             job: None,
             window: Duration::from_secs(3600),
             thresholds: Thresholds::default(),
+            config_file: None,
         }
     }
 
@@ -273,6 +277,10 @@ pub struct ScaledThresholds {
     pub max_stddev: f64,
     /// The time window, in seconds.
     pub window_seconds: f64,
+    /// The thresholds as given, per week.
+    pub per_week: Thresholds,
+    /// The config file read (its `[report]` table), if any.
+    pub config_file: Option<String>,
 }
 
 /// A processor's verdict.
@@ -824,6 +832,8 @@ fn assemble(store: String, options: &ReportOptions, results: &BTreeMap<&str, Vec
         min_completed_runs: t.min_completed_runs,
         max_stddev: t.max_stddev,
         window_seconds: options.window.as_secs_f64(),
+        per_week: t.clone(),
+        config_file: options.config_file.clone(),
     };
     let mut shadow: BTreeMap<String, Shadow> = BTreeMap::new();
     for row in &results["shadow"] {
