@@ -56,10 +56,10 @@ macro_rules! embed {
 }
 
 /// SQLite's migrations.
-pub const SQLITE: &[Migration] = embed!("sqlite": "0001_init");
+pub const SQLITE: &[Migration] = embed!("sqlite": "0001_init", "0002_report_indexes");
 
 /// Postgres's migrations.
-pub const POSTGRES: &[Migration] = embed!("postgres": "0001_init");
+pub const POSTGRES: &[Migration] = embed!("postgres": "0001_init", "0002_report_indexes");
 
 /// BigQuery's migrations (`{project}` and `{dataset}` are replaced by the validated ids).
 pub const BIGQUERY: &[Migration] = embed!("bigquery": "0001_init");
