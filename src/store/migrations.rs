@@ -108,7 +108,8 @@ mod tests {
             assert!(list.windows(2).all(|w| w[0].version < w[1].version));
             assert_eq!(latest(list), list.len() as i64);
         }
-        assert_eq!(pending(SQLITE, 0).count(), 1);
-        assert_eq!(pending(SQLITE, 1).count(), 0);
+        assert_eq!(pending(SQLITE, 0).count(), SQLITE.len());
+        assert_eq!(pending(SQLITE, 1).count(), SQLITE.len() - 1);
+        assert_eq!(pending(SQLITE, latest(SQLITE)).count(), 0);
     }
 }
