@@ -650,6 +650,113 @@ async fn cli_report_json_markdown_output_file_and_sql() {
     }
 }
 
+#[tokio::test]
+async fn cli_report_thresholds_from_a_config_file() {
+    let sandbox = common::Sandbox::new("idem-report-config");
+    let store = open(&sandbox.store).await;
+    seed(&*store, "cfg").await;
+    let until = "2026-03-01T00:00:00Z";
+    let report = |extra: &[&str]| {
+        let mut args = vec!["report", "--until", until, "--job", "needs_cfg"];
+        args.extend_from_slice(extra);
+        let (code, doc, stderr) = sandbox.json(&args);
+        assert_eq!(code, 0, "{args:?}: {stderr}");
+        doc
+    };
+    let write = |name: &str, text: &str| std::fs::write(sandbox.dir.join(name), text).unwrap();
+
+    // Without a file: the defaults, and no config file named.
+    let doc = report(&[]);
+    assert_eq!(doc["processors"][0]["verdict"], "enable");
+    assert_eq!(doc["thresholds"]["config_file"], serde_json::Value::Null);
+    assert_eq!(doc["thresholds"]["per_week"]["minutes_wasted"], 30.0);
+
+    // ./idem.toml is read when it exists: its values are used and stated in the report.
+    write(
+        "idem.toml",
+        "[report]\nminutes_wasted = 200\nidentical_runs = 10\nmax_stddev = 1.5\n",
+    );
+    let doc = report(&[]);
+    assert_eq!(doc["processors"][0]["verdict"], "consider");
+    assert_eq!(doc["thresholds"]["config_file"], "idem.toml");
+    assert_eq!(doc["thresholds"]["per_week"]["minutes_wasted"], 200.0);
+    assert_eq!(doc["thresholds"]["minutes_wasted"], 200.0);
+    assert_eq!(doc["thresholds"]["max_stddev"], 1.5);
+    // A flag wins over the file.
+    let doc = report(&["--minutes-wasted", "30"]);
+    assert_eq!(doc["processors"][0]["verdict"], "enable");
+    assert_eq!(doc["thresholds"]["minutes_wasted"], 30.0);
+
+    // --config FILE instead of ./idem.toml; days and window too, and the JSON's names.
+    write(
+        "team.toml",
+        "[report]\ndays = 14\nwindow = \"2h\"\nhigh_confidence_prevents = 1000\n",
+    );
+    let doc = report(&["--config", "team.toml"]);
+    assert_eq!(doc["period"]["days"], 14);
+    assert_eq!(doc["thresholds"]["window_seconds"], 7200.0);
+    assert_eq!(
+        doc["thresholds"]["per_week"]["high_confidence_prevents"],
+        1000.0
+    );
+    assert_eq!(doc["thresholds"]["per_week"]["minutes_wasted"], 30.0);
+    assert_eq!(doc["thresholds"]["config_file"], "team.toml");
+    let doc = report(&["--config", "team.toml", "--days", "7"]);
+    assert_eq!(doc["period"]["days"], 7);
+
+    // Unknown keys, bad values and a missing file: exit 2 naming the file and the key.
+    for (name, text, says) in [
+        (
+            "unknown.toml",
+            "[report]\nminutes = 3\n",
+            "unknown field `minutes`",
+        ),
+        (
+            "negative.toml",
+            "[report]\nminutes_wasted = -3\n",
+            "[report] minutes_wasted: bad value -3",
+        ),
+        (
+            "text.toml",
+            "[report]\npreventable_runs = \"many\"\n",
+            "preventable_runs",
+        ),
+        (
+            "days.toml",
+            "[report]\ndays = 0\n",
+            "[report] days: bad value 0",
+        ),
+        (
+            "window.toml",
+            "[report]\nwindow = \"soon\"\n",
+            "[report] window",
+        ),
+        (
+            "table.toml",
+            "[reports]\ndays = 7\n",
+            "unknown field `reports`",
+        ),
+    ] {
+        write(name, text);
+        let out = sandbox.idem(&["report", "--until", until, "--config", name]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {stderr}");
+        assert!(stderr.contains(says), "{name}: {stderr}");
+        assert!(
+            stderr.contains(&format!("config file {name}")),
+            "{name}: {stderr}"
+        );
+    }
+    let out = sandbox.idem(&["report", "--config", "absent.toml"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("absent.toml"));
+    // A bad ./idem.toml fails too (it is read whenever it exists).
+    write("idem.toml", "[report]\nnope = 1\n");
+    let out = sandbox.idem(&["report", "--until", until]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("config file idem.toml"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bigquery_history_figures_and_verdicts() {
     let Some(url) = common::service_url(

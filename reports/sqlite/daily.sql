@@ -4,7 +4,8 @@
 -- NULL for all.
 SELECT
     processor_name,
-    date(started_at / 1000000, 'unixepoch') AS day,
+    -- the day's text once per group, not per run: grouped by the day's number
+    date(MIN(started_at) / 1000000, 'unixepoch') AS day,
     SUM(CASE WHEN status = 'completed' THEN 1 ELSE 0 END) AS completed,
     SUM(CASE WHEN status = 'failed' THEN 1 ELSE 0 END) AS failed,
     SUM(CASE WHEN status = 'skipped' THEN 1 ELSE 0 END) AS skipped,
@@ -16,5 +17,5 @@ WHERE started_at >= ?1 AND started_at < ?2
   AND (?3 IS NULL OR processor_name = ?3)
   -- `idem purge` records itself as a skipped run: not an invocation of the job
   AND (skip_reason IS NULL OR skip_reason <> 'purged')
-GROUP BY processor_name, day
+GROUP BY processor_name, started_at / 86400000000
 ORDER BY processor_name, day;

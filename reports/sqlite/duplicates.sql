@@ -11,7 +11,9 @@ WITH runs AS (
         LAG(records_processed) OVER w AS prev_records_processed,
         LAG(finished_at) OVER w AS prev_finished_at
     FROM processing_runs
-    WHERE started_at >= ?1 AND started_at < ?2
+    -- `+started_at`: not the started_at index (then a sort), but one ordered pass over
+    -- the partial index processing_runs_completed (migration 0002), in window order.
+    WHERE +started_at >= ?1 AND +started_at < ?2
       AND status = 'completed'
       AND (?3 IS NULL OR processor_name = ?3)
     WINDOW w AS (PARTITION BY processor_name, scope ORDER BY started_at)

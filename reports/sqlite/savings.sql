@@ -8,7 +8,8 @@ WITH candidates AS (
     SELECT
         processor_name,
         scope,
-        date(started_at / 1000000, 'unixepoch') AS run_date,
+        -- the UTC day's number (the same days as date(), without formatting each run's)
+        started_at / 86400000000 AS run_day,
         COUNT(*) AS runs_same_day,
         -- sample variance (SQLite has no STDDEV)
         (SUM(records_processed * 1.0 * records_processed)
@@ -18,7 +19,7 @@ WITH candidates AS (
     WHERE started_at >= ?1 AND started_at < ?2
       AND status = 'completed'
       AND (?3 IS NULL OR processor_name = ?3)
-    GROUP BY processor_name, scope, run_date
+    GROUP BY processor_name, scope, run_day
     HAVING COUNT(*) > 1
 )
 SELECT

@@ -324,9 +324,14 @@ pub(crate) struct FingerprintArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct ReportArgs {
-    /// Days of history to judge, ending now (thresholds are per week, scaled to this).
-    #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u32).range(1..=3660))]
-    days: u32,
+    /// A TOML file whose `[report]` table sets the thresholds, `days` and `window` (keys
+    /// named like these flags); flags win over it. Default: ./idem.toml when it exists.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Days of history to judge, ending now (thresholds are per week, scaled to this)
+    /// [default: 7].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=3660))]
+    days: Option<u32>,
     /// Only this job (its processor name in the ledger).
     #[arg(long)]
     job: Option<String>,
@@ -343,9 +348,9 @@ pub(crate) struct ReportArgs {
     /// The end of the period (RFC 3339) instead of now.
     #[arg(long, value_name = "RFC3339")]
     until: Option<String>,
-    /// The time window of the jobs: Q1 counts duplicates outside it.
-    #[arg(long, default_value = "1h")]
-    window: String,
+    /// The time window of the jobs: Q1 counts duplicates outside it [default: 1h].
+    #[arg(long)]
+    window: Option<String>,
     /// Q1 threshold per week: more duplicate runs outside the window than this ...
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     duplicate_runs: Option<f64>,

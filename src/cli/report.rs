@@ -5,42 +5,150 @@ use super::{input, FormatArg, GlobalOptions, ReportArgs, EXIT_OK};
 use crate::error::{Error, Result};
 use crate::model::duration::parse_duration_field;
 use crate::schedule;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
 
-fn report_threshold(flag: &str, value: Option<f64>, default: f64) -> Result<f64> {
-    match value {
-        None => Ok(default),
-        Some(v) if v.is_finite() && v >= 0.0 => Ok(v),
-        Some(v) => Err(Error::input(format!(
+fn path_text(path: &Option<PathBuf>) -> String {
+    path.as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default()
+}
+
+/// The `[report]` table of a config file: the flags' names with `_` for `-` (and the
+/// JSON's names as aliases); every key optional, flags win.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReportTable {
+    days: Option<u32>,
+    window: Option<String>,
+    duplicate_runs: Option<f64>,
+    #[serde(alias = "identical_data_runs")]
+    identical_runs: Option<f64>,
+    minutes_wasted: Option<f64>,
+    #[serde(alias = "high_confidence_prevents")]
+    preventable_runs: Option<f64>,
+    #[serde(alias = "min_completed_runs")]
+    min_runs: Option<u64>,
+    max_stddev: Option<f64>,
+}
+
+/// A config file: only its `[report]` table is read (and nothing else may be in it yet).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    #[serde(default)]
+    report: ReportTable,
+}
+
+/// The config file's name looked for in the current directory without `--config`.
+const DEFAULT_CONFIG: &str = "idem.toml";
+
+/// The `[report]` table of `--config FILE`, or of ./idem.toml when it exists; the file
+/// read, if any.
+fn report_table(config: Option<&Path>) -> Result<(ReportTable, Option<PathBuf>)> {
+    let path = match config {
+        Some(p) => p.to_path_buf(),
+        None if Path::new(DEFAULT_CONFIG).is_file() => PathBuf::from(DEFAULT_CONFIG),
+        None => return Ok((ReportTable::default(), None)),
+    };
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io("read", &path, e))?;
+    let file: ConfigFile = toml::from_str(&text)
+        .map_err(|e| Error::config(format!("config file {}: {e}", path.display())))?;
+    Ok((file.report, Some(path)))
+}
+
+/// A threshold from its flag, else the config file's `[report]` key (`in_file` names it
+/// in errors), else `default`.
+fn report_threshold(
+    flag: &str,
+    value: Option<f64>,
+    file_value: Option<f64>,
+    in_file: &dyn Fn(&str) -> String,
+    default: f64,
+) -> Result<f64> {
+    let ok = |v: f64| v.is_finite() && v >= 0.0;
+    match (value, file_value) {
+        (Some(v), _) if ok(v) => Ok(v),
+        (Some(v), _) => Err(Error::input(format!(
             "bad --{flag} {v}: expected a number of 0 or more"
         ))),
+        (None, Some(v)) if ok(v) => Ok(v),
+        (None, Some(v)) => Err(Error::config(format!(
+            "{}: bad value {v}: expected a number of 0 or more",
+            in_file(&flag.replace('-', "_"))
+        ))),
+        (None, None) => Ok(default),
     }
 }
 
 pub(super) async fn report(args: ReportArgs, g: &GlobalOptions) -> Result<u8> {
     use crate::report::{self, Dialect, OutputFormat, ReportOptions, Thresholds};
-    let mut options = ReportOptions::last_days(args.days);
+    let (file, path) = report_table(args.config.as_deref())?;
+    let in_file = |key: &str| format!("config file {}: [report] {key}", path_text(&path));
+    let days = match (args.days, file.days) {
+        (Some(d), _) => d,
+        (None, Some(d)) if (1..=3660).contains(&d) => d,
+        (None, Some(d)) => {
+            return Err(Error::config(format!(
+                "{}: bad value {d}: expected 1 to 3660 days",
+                in_file("days")
+            )))
+        }
+        (None, None) => 7,
+    };
+    let mut options = ReportOptions::last_days(days);
     if let Some(until) = &args.until {
         options.until = schedule::parse_instant("--until", until)?;
     }
     options.job = args.job.clone();
-    options.window = parse_duration_field("--window", &args.window).map_err(input)?;
+    options.window = match (&args.window, &file.window) {
+        (Some(w), _) => parse_duration_field("--window", w).map_err(input)?,
+        (None, Some(w)) => parse_duration_field(&in_file("window"), w)?,
+        (None, None) => options.window,
+    };
     let d = Thresholds::default();
     options.thresholds = Thresholds {
-        duplicate_runs: report_threshold("duplicate-runs", args.duplicate_runs, d.duplicate_runs)?,
+        duplicate_runs: report_threshold(
+            "duplicate-runs",
+            args.duplicate_runs,
+            file.duplicate_runs,
+            &in_file,
+            d.duplicate_runs,
+        )?,
         identical_data_runs: report_threshold(
             "identical-runs",
             args.identical_runs,
+            file.identical_runs,
+            &in_file,
             d.identical_data_runs,
         )?,
-        minutes_wasted: report_threshold("minutes-wasted", args.minutes_wasted, d.minutes_wasted)?,
+        minutes_wasted: report_threshold(
+            "minutes-wasted",
+            args.minutes_wasted,
+            file.minutes_wasted,
+            &in_file,
+            d.minutes_wasted,
+        )?,
         high_confidence_prevents: report_threshold(
             "preventable-runs",
             args.preventable_runs,
+            file.preventable_runs,
+            &in_file,
             d.high_confidence_prevents,
         )?,
-        min_completed_runs: args.min_runs.unwrap_or(d.min_completed_runs),
-        max_stddev: report_threshold("max-stddev", args.max_stddev, d.max_stddev)?,
+        min_completed_runs: args
+            .min_runs
+            .or(file.min_runs)
+            .unwrap_or(d.min_completed_runs),
+        max_stddev: report_threshold(
+            "max-stddev",
+            args.max_stddev,
+            file.max_stddev,
+            &in_file,
+            d.max_stddev,
+        )?,
     };
+    options.config_file = path.as_ref().map(|p| p.display().to_string());
     let text = if let Some(name) = &args.sql {
         let dialect = match &args.dialect {
             Some(d) => Dialect::parse(d)?,

@@ -224,6 +224,9 @@ pub struct ReportOptions {
     pub window: Duration,
     /// Per-week thresholds.
     pub thresholds: Thresholds,
+    /// The config file whose `[report]` table set some of these values, if any (shown in
+    /// the report).
+    pub config_file: Option<String>,
 }
 
 impl ReportOptions {
@@ -236,6 +239,7 @@ impl ReportOptions {
             job: None,
             window: Duration::from_secs(3600),
             thresholds: Thresholds::default(),
+            config_file: None,
         }
     }
 
@@ -273,6 +277,10 @@ pub struct ScaledThresholds {
     pub max_stddev: f64,
     /// The time window, in seconds.
     pub window_seconds: f64,
+    /// The thresholds as given, per week.
+    pub per_week: Thresholds,
+    /// The config file read (its `[report]` table), if any.
+    pub config_file: Option<String>,
 }
 
 /// A processor's verdict.
@@ -664,7 +672,15 @@ async fn query(conn: &Conn, url: &str, name: &str, options: &ReportOptions) -> R
                 Some(v) => q = q.bind(v),
                 None => {}
             }
-            let rows = q.fetch_all(pool).await.map_err(fail)?;
+            let mut conn = pool.acquire().await.map_err(fail)?;
+            // The report reads most of the ledger, on several connections at once: map the
+            // file rather than copy it page by page into each one's small cache (most of the
+            // time went to the kernel without this: 4.8 s of 9.4 over 1 M runs).
+            sqlx::query("PRAGMA mmap_size = 1073741824")
+                .execute(&mut *conn)
+                .await
+                .map_err(fail)?;
+            let rows = q.fetch_all(&mut *conn).await.map_err(fail)?;
             Ok(rows.iter().map(cells).collect())
         }
         #[cfg(feature = "postgres")]
@@ -824,6 +840,8 @@ fn assemble(store: String, options: &ReportOptions, results: &BTreeMap<&str, Vec
         min_completed_runs: t.min_completed_runs,
         max_stddev: t.max_stddev,
         window_seconds: options.window.as_secs_f64(),
+        per_week: t.clone(),
+        config_file: options.config_file.clone(),
     };
     let mut shadow: BTreeMap<String, Shadow> = BTreeMap::new();
     for row in &results["shadow"] {

@@ -56,10 +56,12 @@ macro_rules! embed {
 }
 
 /// SQLite's migrations.
-pub const SQLITE: &[Migration] = embed!("sqlite": "0001_init", "0003_event_dedup");
+pub const SQLITE: &[Migration] =
+    embed!("sqlite": "0001_init", "0002_report_indexes", "0003_event_dedup");
 
 /// Postgres's migrations.
-pub const POSTGRES: &[Migration] = embed!("postgres": "0001_init", "0003_event_dedup");
+pub const POSTGRES: &[Migration] =
+    embed!("postgres": "0001_init", "0002_report_indexes", "0003_event_dedup");
 
 /// BigQuery's migrations (`{project}` and `{dataset}` are replaced by the validated ids).
 pub const BIGQUERY: &[Migration] = embed!("bigquery": "0001_init", "0003_event_dedup");
@@ -110,6 +112,7 @@ mod tests {
             assert_eq!(latest(list), list.last().unwrap().version);
         }
         assert_eq!(pending(SQLITE, 0).count(), SQLITE.len());
+        assert_eq!(pending(SQLITE, 1).count(), SQLITE.len() - 1);
         assert_eq!(pending(SQLITE, latest(SQLITE)).count(), 0);
         // A gap in the versions: everything above the current one is pending.
         let gap = [
