@@ -153,7 +153,9 @@ pub(super) async fn report(args: ReportArgs, g: &GlobalOptions) -> Result<u8> {
         let dialect = match &args.dialect {
             Some(d) => Dialect::parse(d)?,
             None => report::dialect_of_url(&g.store).map_err(|e| {
-                Error::config(format!("{e}; name one with --dialect sqlite|postgres"))
+                Error::config(format!(
+                    "{e}; name one with --dialect sqlite|postgres|bigquery"
+                ))
             })?,
         };
         report::sql_for_console(name, dialect, &options)?
