@@ -510,32 +510,6 @@ process = """INSERT INTO out VALUES ('{name}', @scope); {process}"""
     )
 }
 
-/// The days the job wrote to `out` in `jobs/wh.db` (none when nothing was ever written).
-fn warehouse_days(s: &Sandbox) -> Vec<String> {
-    let path = s.dir.join("jobs/wh.db");
-    if !path.exists() {
-        return Vec::new();
-    }
-    let url = format!("sqlite://{}", path.display());
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let w = idem::warehouse::open_warehouse(&url).await.unwrap();
-        let st = idem::backend::prepare(
-            "SELECT day FROM out ORDER BY day",
-            idem::backend::Dialect::Sqlite,
-        )
-        .unwrap();
-        match w.query(&st[0], &Default::default()).await {
-            Ok(rows) => rows
-                .iter()
-                .map(|r| r["day"].as_str().unwrap().to_string())
-                .collect(),
-            Err(e) if e.contains("no such table") => Vec::new(),
-            Err(e) => panic!("{e}"),
-        }
-    })
-}
-
 #[test]
 fn a_backfill_runs_each_date_through_the_guards_and_sums_up() {
     let s = Sandbox::new("idem-sched-backfill");
@@ -579,7 +553,7 @@ fn a_backfill_runs_each_date_through_the_guards_and_sums_up() {
         ]
     );
     assert_eq!(
-        warehouse_days(&s),
+        s.warehouse_days(),
         ["2026-01-01", "2026-01-03", "2026-01-04"]
     );
     let ledger = runs(&s);
@@ -680,7 +654,7 @@ fn sigterm_stops_a_backfill_records_the_running_date_as_interrupted_and_runs_no_
         1,
         "only the interrupted date is recorded: {ledger:?}"
     );
-    assert!(warehouse_days(&s).is_empty(), "nothing half-written");
+    assert!(s.warehouse_days().is_empty(), "nothing half-written");
     let (_, e, _) = s.json(&["explain", &job, "--date", "2025-11-18"]);
     assert_eq!(e["decision"], "run", "the lease is released: {e}");
 }
@@ -762,7 +736,7 @@ fn a_parallel_backfill_completes_every_date_exactly_once_and_sums_up() {
     let expect: Vec<String> = (1..=8).map(|d| format!("2026-02-0{d}")).collect();
     assert_eq!(scopes, expect, "one report per date, in date order");
     assert_eq!(
-        warehouse_days(&s),
+        s.warehouse_days(),
         expect,
         "every date written exactly once"
     );
@@ -789,7 +763,7 @@ fn a_parallel_backfill_completes_every_date_exactly_once_and_sums_up() {
         text.ends_with("backfill par 2026-02-01..2026-02-08: 0 completed, 8 skipped (time_window 8), 0 failed\n"),
         "{text}"
     );
-    assert_eq!(warehouse_days(&s), expect);
+    assert_eq!(s.warehouse_days(), expect);
 
     for bad in ["0", "33"] {
         let out = s.idem(&[
@@ -855,7 +829,7 @@ fn sigterm_stops_a_parallel_backfill_records_every_running_date_as_interrupted()
         assert_eq!(v["runs"][i]["error"], "interrupted by SIGTERM", "{v}");
     }
     assert_eq!(runs(&s).len(), 2, "only the running dates are recorded");
-    assert!(warehouse_days(&s).is_empty(), "nothing half-written");
+    assert!(s.warehouse_days().is_empty(), "nothing half-written");
     for date in ["2025-11-18", "2025-11-19"] {
         let (_, e, _) = s.json(&["explain", &job, "--date", date]);
         assert_eq!(e["decision"], "run", "the lease of {date} is released: {e}");

@@ -53,32 +53,6 @@ fn completed_per_scope(runs: &[Value]) -> BTreeMap<String, usize> {
     out
 }
 
-/// The days the job wrote to `out` in `jobs/wh.db`.
-fn warehouse_days(s: &Sandbox) -> Vec<String> {
-    let path = s.dir.join("jobs/wh.db");
-    if !path.exists() {
-        return Vec::new();
-    }
-    let url = format!("sqlite://{}", path.display());
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let w = idem::warehouse::open_warehouse(&url).await.unwrap();
-        let st = idem::backend::prepare(
-            "SELECT day FROM out ORDER BY day",
-            idem::backend::Dialect::Sqlite,
-        )
-        .unwrap();
-        match w.query(&st[0], &Default::default()).await {
-            Ok(rows) => rows
-                .iter()
-                .map(|r| r["day"].as_str().unwrap().to_string())
-                .collect(),
-            Err(e) if e.contains("no such table") => Vec::new(),
-            Err(e) => panic!("{e}"),
-        }
-    })
-}
-
 fn scheduler(s: &Sandbox, args: &[&str]) -> Child {
     let mut all = vec!["scheduler"];
     all.extend(args);
@@ -170,7 +144,7 @@ fn an_every_second_job_fires_is_recorded_as_scheduler_runs_and_sigterm_stops_the
             .all(|r| r["skip_reason"] == "time_window"),
         "{ledger:?}"
     );
-    assert_eq!(warehouse_days(&s).len(), per_scope.len());
+    assert_eq!(s.warehouse_days().len(), per_scope.len());
     // One log line per fire, naming the job, the slot, the date and the outcome.
     let fire_lines: Vec<&str> = err
         .lines()
@@ -227,7 +201,7 @@ fn two_schedulers_never_complete_a_scope_twice(s: &Sandbox, job: &str) {
     );
     assert!(!per_scope.is_empty(), "{ledger:?}");
     assert_eq!(
-        warehouse_days(s).len(),
+        s.warehouse_days().len(),
         per_scope.len(),
         "the work ran once per scope"
     );
@@ -296,7 +270,7 @@ fn sigterm_lets_a_running_job_finish_within_the_grace_period() {
     let completed = completed_per_scope(&ledger);
     assert_eq!(completed.values().sum::<usize>(), 1, "{ledger:?}");
     assert!(ledger.iter().all(|r| r["status"] != "failed"), "{ledger:?}");
-    assert_eq!(warehouse_days(&s).len(), 1);
+    assert_eq!(s.warehouse_days().len(), 1);
 }
 
 /// A process block that runs for many seconds.
@@ -342,7 +316,7 @@ fn past_the_grace_period_a_running_job_is_recorded_interrupted_and_its_lease_rel
         ledger.iter().all(|r| r["status"] != "completed"),
         "{ledger:?}"
     );
-    assert!(warehouse_days(&s).is_empty(), "nothing half-written");
+    assert!(s.warehouse_days().is_empty(), "nothing half-written");
     let (_, e, _) = s.json(&["explain", "slow", "--date", "today"]);
     assert_eq!(e["decision"], "run", "the lease is released: {e}");
 }

@@ -89,6 +89,34 @@ impl Sandbox {
         }
     }
 
+    /// The days a test job wrote to table `out` of the warehouse `jobs/wh.db`, in order
+    /// (none when the file or the table does not exist yet).
+    #[allow(dead_code)]
+    pub fn warehouse_days(&self) -> Vec<String> {
+        let path = self.dir.join("jobs/wh.db");
+        if !path.exists() {
+            return Vec::new();
+        }
+        let url = format!("sqlite://{}", path.display());
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let w = idem::warehouse::open_warehouse(&url).await.unwrap();
+            let st = idem::backend::prepare(
+                "SELECT day FROM out ORDER BY day",
+                idem::backend::Dialect::Sqlite,
+            )
+            .unwrap();
+            match w.query(&st[0], &Default::default()).await {
+                Ok(rows) => rows
+                    .iter()
+                    .map(|r| r["day"].as_str().unwrap().to_string())
+                    .collect(),
+                Err(e) if e.contains("no such table") => Vec::new(),
+                Err(e) => panic!("{e}"),
+            }
+        })
+    }
+
     fn make_dir(prefix: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("{prefix}-{}", idem::new_run_id()));
         std::fs::create_dir_all(dir.join("jobs")).expect("create the sandbox");
