@@ -14,8 +14,9 @@
 //! * **Missed slots** (the scheduler was down, or stalled): the latest due slot counts as on
 //!   time while it is at most [`LATE_TOLERANCE`] late; every other due slot is missed.
 //!   With `missed = "skip"` (the default) missed slots are dropped (one warning says how
-//!   many) and the job fires at its next slot; with `missed = "catch_up"` the most recent
-//!   `catch_up_limit` missed slots are fired, oldest first, and older ones are dropped. On
+//!   many) and the job fires at its next slot; with `missed = "catch_up"` missed slots are fired
+//!   once per date they process (the newest slot of each), for the most recent
+//!   `catch_up_limit` dates, oldest first, and older ones are dropped. On
 //!   start a `catch_up` job's missed slots are those after its last `scheduler` run in the
 //!   ledger (none when it never ran under a scheduler: a first start fires no history).
 //!
@@ -57,7 +58,7 @@ pub enum Missed {
     Skip,
     /// Fire the most recent `limit` of them, oldest first.
     CatchUp {
-        /// At most this many missed slots are fired.
+        /// At most this many missed dates are fired (one fire each).
         limit: u32,
     },
 }
@@ -139,6 +140,15 @@ pub struct Due {
     pub dropped: Vec<Dropped>,
 }
 
+/// Consecutive due slots that process the same date.
+#[derive(Debug, Clone)]
+struct DateGroup {
+    date: NaiveDate,
+    newest: DateTime<Tz>,
+    newest_but_one: Option<DateTime<Tz>>,
+    slots: u64,
+}
+
 #[derive(Debug, Clone)]
 struct Entry {
     name: String,
@@ -194,6 +204,12 @@ impl Planner {
 
     /// The slots due at `now` (their instant has passed), per the missed-fire policies;
     /// they are not considered again.
+    ///
+    /// Catch-up fires one slot per *date*: missed slots that would process the same date
+    /// (a schedule finer than its scope, `0 * * * *` with `date = "today"`) are one fire,
+    /// the newest of them, and a missed slot whose date the on-time fire processes is
+    /// covered by it. Firing each would run the same scope several times at once, all but
+    /// one skipping as `in_progress`. `catch_up_limit` counts those fires, not slots.
     pub fn due(&mut self, now: DateTime<Utc>) -> Result<Due> {
         let mut due = Due::default();
         for e in &mut self.entries {
@@ -204,10 +220,11 @@ impl Planner {
                 Missed::Skip => 0,
                 Missed::CatchUp { limit } => limit as usize,
             };
-            // The most recent due slots (enough to fire `limit` missed ones, the on-time
-            // one, and to name the newest dropped one), and how many there were in all.
+            // The due slots grouped by the date they process (slots come in time order, so
+            // a date's slots are consecutive), newest groups only: enough to fire `limit`
+            // missed dates and the on-time one, and to name the newest dropped slot.
             let keep = limit + 2;
-            let mut recent: VecDeque<DateTime<Tz>> = VecDeque::with_capacity(keep);
+            let mut groups: VecDeque<DateGroup> = VecDeque::with_capacity(keep + 1);
             let mut total: u64 = 0;
             let mut oldest = None;
             let mut cursor = e.after.with_timezone(&e.tz);
@@ -217,30 +234,58 @@ impl Planner {
                 }
                 total += 1;
                 oldest.get_or_insert(slot.with_timezone(&Utc));
-                if recent.len() == keep {
-                    recent.pop_front();
+                let date = e.date.resolve(e.tz, slot.with_timezone(&Utc))?;
+                match groups.back_mut() {
+                    Some(g) if g.date == date => {
+                        g.newest_but_one = Some(g.newest);
+                        g.newest = slot;
+                        g.slots += 1;
+                    }
+                    _ => {
+                        if groups.len() == keep {
+                            groups.pop_front();
+                        }
+                        groups.push_back(DateGroup {
+                            date,
+                            newest: slot,
+                            newest_but_one: None,
+                            slots: 1,
+                        });
+                    }
                 }
-                recent.push_back(slot);
                 cursor = slot;
             }
             e.after = now;
-            let Some(latest) = recent.back().map(|s| s.with_timezone(&Utc)) else {
+            let Some(latest) = groups.back().map(|g| g.newest.with_timezone(&Utc)) else {
                 continue;
             };
             let late = (now - latest).to_std().unwrap_or_default();
-            let on_time = (late <= LATE_TOLERANCE)
-                .then(|| recent.pop_back())
-                .flatten();
-            // `recent` now holds missed slots only (the most recent ones).
-            let missed_total = total - u64::from(on_time.is_some());
-            let n_fire = recent.len().min(limit);
-            let split = recent.len() - n_fire;
-            let mut fired_missed: Vec<DateTime<Tz>> = recent.range(split..).cloned().collect();
-            let dropped = missed_total - n_fire as u64;
+            // The on-time fire, and the missed slots of its date that it covers (catch-up
+            // only: under `skip` they are missed like any other).
+            let mut on_time = None;
+            let mut covered: u64 = 0;
+            if late <= LATE_TOLERANCE {
+                let g = groups.back_mut().expect("a latest slot has a group");
+                on_time = Some((g.newest, g.date));
+                if limit > 0 || g.slots == 1 {
+                    covered = g.slots - 1;
+                    groups.pop_back();
+                } else {
+                    // Skip: the older slots of this date stay missed.
+                    g.slots -= 1;
+                    g.newest = g.newest_but_one.expect("more than one slot");
+                }
+            }
+            // `groups` now holds missed slots only (the most recent dates).
+            let missed_total = total - u64::from(on_time.is_some()) - covered;
+            let n_fire = groups.len().min(limit);
+            let split = groups.len() - n_fire;
+            let fired_slots: u64 = groups.range(split..).map(|g| g.slots).sum();
+            let dropped = missed_total - fired_slots;
             if dropped > 0 {
-                let last = recent
+                let last = groups
                     .get(split.wrapping_sub(1))
-                    .map_or(latest, |s| s.with_timezone(&Utc));
+                    .map_or(latest, |g| g.newest.with_timezone(&Utc));
                 due.dropped.push(Dropped {
                     job: e.name.clone(),
                     count: dropped,
@@ -248,16 +293,17 @@ impl Planner {
                     last,
                 });
             }
-            let catch_up = fired_missed.len();
-            fired_missed.extend(on_time);
-            for (i, slot) in fired_missed.into_iter().enumerate() {
-                let utc = slot.with_timezone(&Utc);
+            let fires = groups
+                .range(split..)
+                .map(|g| (g.newest, g.date, true))
+                .chain(on_time.map(|(slot, date)| (slot, date, false)));
+            for (slot, date, catch_up) in fires {
                 due.fires.push(Fire {
                     job: e.name.clone(),
-                    slot: utc,
+                    slot: slot.with_timezone(&Utc),
                     local: slot.to_rfc3339(),
-                    date: e.date.resolve(e.tz, utc)?,
-                    catch_up: i < catch_up,
+                    date,
+                    catch_up,
                 });
             }
         }
@@ -519,38 +565,131 @@ mod tests {
     fn after_a_stall_catch_up_fires_the_most_recent_missed_slots_oldest_first_within_the_bound() {
         let mut p = Planner::new(
             &[job(
-                "hourly",
-                "0 * * * *",
+                "daily",
+                "0 6 * * *",
                 "UTC",
                 Missed::CatchUp { limit: 2 },
             )],
-            utc("2026-01-01T10:30:00Z"),
+            utc("2026-01-01T05:30:00Z"),
         )
         .unwrap();
-        let due = p.due(utc("2026-01-01T13:10:00Z")).unwrap();
+        // Stalled until 4 January 07:10: the 1st to the 4th are missed (the 4th by 70 min).
+        let due = p.due(utc("2026-01-04T07:10:00Z")).unwrap();
         assert_eq!(
             slots(&due),
-            ["2026-01-01T12:00:00+00:00", "2026-01-01T13:00:00+00:00"]
+            ["2026-01-03T06:00:00+00:00", "2026-01-04T06:00:00+00:00"]
         );
         assert!(due.fires.iter().all(|f| f.catch_up));
-        assert_eq!(due.dropped[0].count, 1);
-        assert_eq!(due.dropped[0].first, utc("2026-01-01T11:00:00Z"));
-        assert_eq!(due.dropped[0].last, utc("2026-01-01T11:00:00Z"));
+        assert_eq!(due.dropped[0].count, 2);
+        assert_eq!(due.dropped[0].first, utc("2026-01-01T06:00:00Z"));
+        assert_eq!(due.dropped[0].last, utc("2026-01-02T06:00:00Z"));
         // Two missed and one on time: the bound counts missed slots only.
-        let due = p.due(utc("2026-01-01T16:00:05Z")).unwrap();
+        let due = p.due(utc("2026-01-07T06:00:05Z")).unwrap();
         assert_eq!(
             slots(&due),
             [
-                "2026-01-01T14:00:00+00:00",
-                "2026-01-01T15:00:00+00:00",
-                "2026-01-01T16:00:00+00:00"
+                "2026-01-05T06:00:00+00:00",
+                "2026-01-06T06:00:00+00:00",
+                "2026-01-07T06:00:00+00:00"
             ]
+        );
+        assert_eq!(
+            due.fires
+                .iter()
+                .map(|f| f.date.to_string())
+                .collect::<Vec<_>>(),
+            ["2026-01-05", "2026-01-06", "2026-01-07"]
         );
         assert_eq!(
             due.fires.iter().map(|f| f.catch_up).collect::<Vec<_>>(),
             [true, true, false]
         );
         assert!(due.dropped.is_empty());
+    }
+
+    #[test]
+    fn catch_up_fires_once_per_date_when_the_schedule_is_finer_than_the_scope() {
+        // Hourly slots, each processing today's date: after a stall every missed slot of
+        // one date is one fire (the newest), never several fires of one scope at once.
+        let mut p = Planner::new(
+            &[job(
+                "hourly",
+                "0 * * * *",
+                "UTC",
+                Missed::CatchUp { limit: 3 },
+            )],
+            utc("2026-01-01T10:30:00Z"),
+        )
+        .unwrap();
+        let due = p.due(utc("2026-01-01T13:10:00Z")).unwrap();
+        assert_eq!(slots(&due), ["2026-01-01T13:00:00+00:00"]);
+        assert!(due.fires[0].catch_up);
+        assert!(due.dropped.is_empty(), "{due:?}");
+        // The on-time fire covers the missed slots of its own date.
+        let due = p.due(utc("2026-01-01T16:00:05Z")).unwrap();
+        assert_eq!(slots(&due), ["2026-01-01T16:00:00+00:00"]);
+        assert!(!due.fires[0].catch_up);
+        assert!(due.dropped.is_empty(), "{due:?}");
+        // Across midnight: one catch-up fire for the 1st, the on-time one for the 2nd.
+        let due = p.due(utc("2026-01-02T02:00:10Z")).unwrap();
+        assert_eq!(
+            due.fires
+                .iter()
+                .map(|f| (f.slot.to_rfc3339(), f.date.to_string(), f.catch_up))
+                .collect::<Vec<_>>(),
+            [
+                (
+                    "2026-01-01T23:00:00+00:00".into(),
+                    "2026-01-01".into(),
+                    true
+                ),
+                (
+                    "2026-01-02T02:00:00+00:00".into(),
+                    "2026-01-02".into(),
+                    false
+                ),
+            ]
+        );
+        assert!(due.dropped.is_empty(), "{due:?}");
+
+        // Every second, a fixed date: a ten-second stall is one fire, and the bound
+        // counts dates, so older dates beyond it are dropped with all their slots.
+        let mut p = Planner::new(
+            &[ScheduledJob {
+                date: Some("2025-11-18".into()),
+                ..job(
+                    "secondly",
+                    "* * * * * *",
+                    "UTC",
+                    Missed::CatchUp { limit: 1 },
+                )
+            }],
+            utc("2026-01-01T00:00:00Z"),
+        )
+        .unwrap();
+        let due = p.due(utc("2026-01-01T00:00:10.5Z")).unwrap();
+        assert_eq!(slots(&due), ["2026-01-01T00:00:10+00:00"]);
+        assert!(due.dropped.is_empty(), "{due:?}");
+        let mut p = Planner::new(
+            &[job(
+                "twice_a_day",
+                "0 */12 * * *",
+                "UTC",
+                Missed::CatchUp { limit: 1 },
+            )],
+            utc("2026-01-01T00:30:00Z"),
+        )
+        .unwrap();
+        // Slots on the 1st (12:00), 2nd (00:00, 12:00), 3rd (00:00, 12:00), 4th (00:00,
+        // an hour late): all missed; the bound keeps one date, the 4th.
+        let due = p.due(utc("2026-01-04T01:00:00Z")).unwrap();
+        assert_eq!(slots(&due), ["2026-01-04T00:00:00+00:00"]);
+        assert_eq!(due.fires[0].date.to_string(), "2026-01-04");
+        assert!(due.fires[0].catch_up);
+        assert_eq!(due.dropped.len(), 1);
+        assert_eq!(due.dropped[0].count, 5);
+        assert_eq!(due.dropped[0].first, utc("2026-01-01T12:00:00Z"));
+        assert_eq!(due.dropped[0].last, utc("2026-01-03T12:00:00Z"));
     }
 
     #[test]
