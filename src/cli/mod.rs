@@ -47,6 +47,7 @@ macro_rules! errln {
 
 mod cleanup;
 mod fingerprint;
+mod gate;
 mod jobs;
 pub mod output;
 mod purge;
@@ -83,7 +84,7 @@ pub(crate) struct GlobalOptions {
     /// Folder with the job files (*.toml).
     #[arg(long, global = true, env = "IDEM_JOBS_DIR", default_value = "jobs")]
     jobs_dir: PathBuf,
-    /// Output format (markdown and html: idem report only).
+    /// Output format (markdown and html: idem report only; ndjson and csv: idem gate only).
     #[arg(long = "format", global = true, value_enum, default_value_t = FormatArg::Human)]
     format_arg: FormatArg,
     /// `--format` for the commands other than report (set by `execute`).
@@ -99,6 +100,8 @@ pub(crate) enum FormatArg {
     Json,
     Markdown,
     Html,
+    Ndjson,
+    Csv,
 }
 
 #[derive(Debug, Subcommand)]
@@ -130,6 +133,9 @@ pub(crate) enum Command {
     /// what the guards prevented (or would have, in shadow mode), and a verdict with its
     /// reasons.
     Report(ReportArgs),
+    /// Idempotency gate for NDJSON events: one verdict per line (new, replay, conflict or
+    /// invalid), marked durably in the store in batches.
+    Gate(GateArgs),
 }
 
 #[derive(Debug, Args)]
@@ -323,6 +329,43 @@ pub(crate) struct FingerprintArgs {
 }
 
 #[derive(Debug, Args)]
+pub(crate) struct GateArgs {
+    /// The event's key: a field, or several joined with `:` (dotted paths for nested ones).
+    #[arg(long, value_name = "FIELD[,FIELD...]")]
+    key: String,
+    /// Fingerprint only these fields of the payload (default: every field but the key's).
+    #[arg(long, value_name = "F,..", conflicts_with = "exclude_fields")]
+    fingerprint_fields: Option<String>,
+    /// Fingerprint the payload without these fields (in addition to the key's).
+    #[arg(long, value_name = "F,..")]
+    exclude_fields: Option<String>,
+    /// Money amounts in these fields are compared as numbers of scale 2 ("100.5",
+    /// "$100.50" and 100.50 are the same payload).
+    #[arg(long, value_name = "F,..")]
+    normalize_amounts: Option<String>,
+    /// How long a mark lasts (e.g. 24h, 7d; `never`: forever).
+    #[arg(long, default_value = "never")]
+    ttl: String,
+    /// The namespace of the keys in the store (separate gates, separate keys).
+    #[arg(long, default_value = "gate")]
+    namespace: String,
+    /// NDJSON input (`-` or none: standard input).
+    #[arg(long, value_name = "FILE")]
+    input: Option<PathBuf>,
+    /// Where the records go (`-` or none: standard output).
+    #[arg(long, value_name = "FILE")]
+    output: Option<PathBuf>,
+    /// Lines per batch: one store round trip each.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    batch: u32,
+    /// What a store failure does: strict (exit 3), best_effort (let the lines through as
+    /// new, unverified), log_only (never filter: every line passes; store failures as
+    /// best_effort).
+    #[arg(long, default_value = "strict")]
+    strategy: String,
+}
+
+#[derive(Debug, Args)]
 pub(crate) struct ReportArgs {
     /// A TOML file whose `[report]` table sets the thresholds, `days` and `window` (keys
     /// named like these flags); flags win over it. Default: ./idem.toml when it exists.
@@ -424,7 +467,8 @@ fn exit_code_for(e: &Error) -> u8 {
 /// Runs a parsed command; returns the exit code (errors are printed as `error: …`).
 pub async fn execute(mut cli: Cli, registry: &Registry) -> u8 {
     cli.global.format = match cli.global.format_arg {
-        FormatArg::Json => Format::Json,
+        // The gate's stdout carries its records: errors go to stderr only.
+        FormatArg::Json if !matches!(cli.command, Command::Gate(_)) => Format::Json,
         _ => Format::Human,
     };
     if let (FormatArg::Markdown | FormatArg::Html, false) = (
@@ -432,6 +476,13 @@ pub async fn execute(mut cli: Cli, registry: &Registry) -> u8 {
         matches!(cli.command, Command::Report(_)),
     ) {
         output::print_error_line("--format markdown and --format html are for idem report only");
+        return EXIT_USAGE;
+    }
+    if let (FormatArg::Ndjson | FormatArg::Csv, false) = (
+        cli.global.format_arg,
+        matches!(cli.command, Command::Gate(_)),
+    ) {
+        output::print_error_line("--format ndjson and --format csv are for idem gate only");
         return EXIT_USAGE;
     }
     let format = cli.global.format;
@@ -462,6 +513,7 @@ async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
         Command::Scheduler(args) => scheduler::scheduler(args, &g, registry).await,
         Command::Report(args) => report::report(args, &g).await,
         Command::Cleanup(args) => cleanup::cleanup(&args, &g).await,
+        Command::Gate(args) => gate::gate(&args, &g).await,
     }
 }
 

@@ -511,3 +511,23 @@ fn status_line(report: &RunReport, with_error: bool) -> String {
 pub(crate) fn print_backfill_line(report: &RunReport) {
     outln!("{}", status_line(report, true));
 }
+
+/// `idem gate`'s spinner over the lines read, on a terminal only (stderr).
+pub(crate) fn gate_bar() -> Option<indicatif::ProgressBar> {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} {pos} lines ({per_sec}): {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+    );
+    bar.enable_steady_tick(std::time::Duration::from_millis(200));
+    Some(bar)
+}
+
+/// `idem gate`'s summary, on stderr (stdout carries the records).
+pub(crate) fn print_gate_summary(line: &str) {
+    errln!("{line}");
+}

@@ -161,7 +161,8 @@ pub(super) async fn report(args: ReportArgs, g: &GlobalOptions) -> Result<u8> {
         report::sql_for_console(name, dialect, &options)?
     } else {
         let format = match g.format_arg {
-            FormatArg::Human => OutputFormat::Human,
+            // ndjson and csv are refused before any command runs (idem gate only).
+            FormatArg::Human | FormatArg::Ndjson | FormatArg::Csv => OutputFormat::Human,
             FormatArg::Json => OutputFormat::Json,
             FormatArg::Markdown => OutputFormat::Markdown,
             FormatArg::Html => OutputFormat::Html,

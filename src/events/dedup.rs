@@ -110,7 +110,7 @@ pub struct Filtered {
 /// Deduplicates events of one namespace on an event-key store.
 #[derive(Debug, Clone)]
 pub struct Deduplicator {
-    store: Arc<dyn EventKeyStore>,
+    pub(super) store: Arc<dyn EventKeyStore>,
     namespace: String,
     key: Arc<dyn Extractor>,
     fingerprint: Option<ContentHashExtractor>,
@@ -181,7 +181,7 @@ impl Deduplicator {
     }
 
     /// The marks of the valid events, and per event its mark's index or its error.
-    fn marks(
+    pub(super) fn marks(
         &self,
         events: &[Value],
     ) -> (

@@ -272,6 +272,7 @@ impl Extractor for CompositeExtractor {
 pub struct ContentHashExtractor {
     include: Option<Vec<FieldPath>>,
     exclude: Vec<FieldPath>,
+    amounts: Vec<FieldPath>,
     algorithm: HashAlgorithm,
 }
 
@@ -301,6 +302,20 @@ impl ContentHashExtractor {
         Ok(self)
     }
 
+    /// These fields (dotted paths) are money amounts: their value is replaced by its
+    /// [`normalize_amount`] text before hashing, so `"100.5"`, `"$100.50"` and `100.50`
+    /// are the same payload (seed 004: amounts "normalized to numeric scale 2"). A field
+    /// that is absent or `null` stays as it is; one that is not an amount makes the event
+    /// invalid ([`EventError::InvalidField`] naming it).
+    pub fn normalize_amounts<I, S>(mut self, fields: I) -> Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        self.amounts = paths(fields)?;
+        Ok(self)
+    }
+
     /// The digest: SHA-256 (default, 64 hex characters) or MD5 (32).
     pub fn algorithm(mut self, algorithm: HashAlgorithm) -> Self {
         self.algorithm = algorithm;
@@ -325,6 +340,26 @@ impl ContentHashExtractor {
         for path in &self.exclude {
             remove_at(&mut content, &path.segments);
         }
+        for path in &self.amounts {
+            if let Some(value) = get_mut_at(&mut content, &path.segments) {
+                let text = match value {
+                    Value::Null => continue,
+                    Value::String(s) => normalize_amount(s),
+                    Value::Number(n) => normalize_amount(&n.to_string()),
+                    other => {
+                        return Err(EventError::WrongType {
+                            field: path.text.clone(),
+                            expected: "an amount (a string or a number)",
+                            found: kind(other),
+                        })
+                    }
+                };
+                *value = Value::String(text.map_err(|reason| EventError::InvalidField {
+                    field: path.text.clone(),
+                    reason,
+                })?);
+            }
+        }
         Ok(content)
     }
 }
@@ -333,6 +368,100 @@ impl Extractor for ContentHashExtractor {
     fn extract(&self, event: &Value) -> Result<String, EventError> {
         Ok(digest_value(&self.content(event)?, self.algorithm))
     }
+}
+
+fn get_mut_at<'v>(target: &'v mut Value, segments: &[String]) -> Option<&'v mut Value> {
+    let mut at = target;
+    for segment in segments {
+        at = match at {
+            Value::Object(map) => map.get_mut(segment)?,
+            Value::Array(items) => items.get_mut(segment.parse::<usize>().ok()?)?,
+            _ => return None,
+        };
+    }
+    Some(at)
+}
+
+/// The canonical text of a money amount (seed 004: "numeric scale 2"): an optional sign,
+/// an optional `$`, digits with an optional fraction (and, for JSON numbers, an exponent),
+/// written back as `[-]INTEGER.FRACTION` with no leading zeros and at least two fraction
+/// digits. `"100.5"`, `"$100.50"`, `" 100.500 "`, `100.5` and `1.005e2` all give
+/// `"100.50"`; `"-$0.00"` gives `"0.00"`.
+///
+/// Digits beyond the second decimal are **kept**, not rounded (`"100.505"` stays
+/// `"100.505"`): rounding would make two different amounts the same payload and turn a
+/// conflict into a replay. Thousands separators and other currencies are refused (is
+/// `1,500` one and a half or fifteen hundred?).
+///
+/// ```
+/// use idem::events::extract::normalize_amount;
+/// assert_eq!(normalize_amount("$100.5").unwrap(), "100.50");
+/// assert_eq!(normalize_amount("0100.500").unwrap(), "100.50");
+/// assert_eq!(normalize_amount("100.505").unwrap(), "100.505");
+/// assert!(normalize_amount("1,500").is_err());
+/// ```
+pub fn normalize_amount(text: &str) -> std::result::Result<String, String> {
+    let bad = |why: &str| format!("{text:?} is not an amount ({why})");
+    let mut s = text.trim();
+    let mut negative = false;
+    if let Some(rest) = s.strip_prefix('-') {
+        negative = true;
+        s = rest;
+    } else if let Some(rest) = s.strip_prefix('+') {
+        s = rest;
+    }
+    s = s.strip_prefix('$').unwrap_or(s);
+    let (mantissa, exponent) = match s.find(['e', 'E']) {
+        Some(at) => {
+            let exp: i32 = s[at + 1..]
+                .parse()
+                .ok()
+                .filter(|e: &i32| e.abs() <= 64)
+                .ok_or_else(|| bad("bad exponent"))?;
+            (&s[..at], exp)
+        }
+        None => (s, 0),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    if int.is_empty() && frac.is_empty() {
+        return Err(bad("no digits"));
+    }
+    if !int.bytes().chain(frac.bytes()).all(|b| b.is_ascii_digit()) {
+        return Err(bad(
+            "only digits, one `.`, an optional sign and `$` are allowed",
+        ));
+    }
+    // All digits, and where the decimal point falls among them.
+    let mut digits: Vec<u8> = int.bytes().chain(frac.bytes()).collect();
+    let mut point = int.len() as i64 + exponent as i64;
+    if point < 0 {
+        let pad = (-point) as usize;
+        digits.splice(0..0, std::iter::repeat_n(b'0', pad));
+        point = 0;
+    }
+    let point = point as usize;
+    if point > digits.len() {
+        digits.resize(point, b'0');
+    }
+    let (int, frac) = digits.split_at(point);
+    let int = match int.iter().position(|&b| b != b'0') {
+        Some(first) => &int[first..],
+        None => b"0".as_slice(),
+    };
+    let mut frac = frac.to_vec();
+    while frac.len() > 2 && frac.last() == Some(&b'0') {
+        frac.pop();
+    }
+    frac.resize(frac.len().max(2), b'0');
+    let zero = int == b"0" && frac.iter().all(|&b| b == b'0');
+    let mut out = String::with_capacity(int.len() + frac.len() + 2);
+    if negative && !zero {
+        out.push('-');
+    }
+    out.push_str(std::str::from_utf8(int).expect("ASCII digits"));
+    out.push('.');
+    out.push_str(std::str::from_utf8(&frac).expect("ASCII digits"));
+    Ok(out)
 }
 
 fn insert_at(target: &mut Value, segments: &[String], value: Value) {

@@ -20,6 +20,8 @@
 pub mod dedup;
 pub mod extract;
 pub mod fingerprint;
+pub mod strategy;
+pub mod stream;
 
 pub use extract::{
     CompositeExtractor, ContentHashExtractor, Extractor, FieldExtractor, FieldPath,

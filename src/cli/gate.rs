@@ -1,0 +1,210 @@
+//! `idem gate`: the idempotency gate over NDJSON ([`crate::events::stream`] does the work).
+
+use std::io::{BufRead, Write};
+use std::path::Path;
+use std::sync::Arc;
+
+use super::output;
+use super::{FormatArg, GateArgs, GlobalOptions, EXIT_OK};
+use crate::error::{Error, Result};
+use crate::events::dedup::{Deduplicator, Ttl};
+use crate::events::strategy::{EventGate, Strategy};
+use crate::events::stream::{self, OutputFormat, Stream, StreamSummary};
+use crate::events::ContentHashExtractor;
+use crate::model::duration::parse_duration_field;
+use crate::store::{self, BreakerConfig, EventKeyStore, UnavailableStore};
+
+/// A comma-separated field list of `flag`: at least one field, none empty.
+fn fields(flag: &str, text: &str) -> Result<Vec<String>> {
+    let list: Vec<String> = text.split(',').map(|f| f.trim().to_string()).collect();
+    if list.iter().all(String::is_empty) {
+        return Err(Error::input(format!(
+            "{flag} names no field: give FIELD[,FIELD...]"
+        )));
+    }
+    if list.iter().any(String::is_empty) {
+        return Err(Error::input(format!(
+            "{flag} {text:?} has an empty field name"
+        )));
+    }
+    Ok(list)
+}
+
+fn named(flag: &str) -> impl Fn(Error) -> Error + '_ {
+    move |e| Error::input(format!("{flag}: {e}"))
+}
+
+fn ttl(text: &str) -> Result<Ttl> {
+    if matches!(text.trim(), "never" | "none") {
+        return Ok(Ttl::never());
+    }
+    let d = parse_duration_field("--ttl", text).map_err(Error::input)?;
+    if d.is_zero() {
+        return Err(Error::input("--ttl must be longer than 0 (or `never`)"));
+    }
+    Ok(Ttl::fixed(d))
+}
+
+fn format(g: &GlobalOptions) -> Result<OutputFormat> {
+    match g.format_arg {
+        FormatArg::Human | FormatArg::Json | FormatArg::Ndjson => Ok(OutputFormat::Ndjson),
+        FormatArg::Csv => Ok(OutputFormat::Csv),
+        FormatArg::Markdown | FormatArg::Html => Err(Error::input(
+            "idem gate writes --format ndjson (the default) or csv",
+        )),
+    }
+}
+
+fn stdio_or(path: Option<&Path>) -> Option<&Path> {
+    path.filter(|p| p.as_os_str() != "-")
+}
+
+/// The deduplicator the arguments describe.
+fn deduplicator(args: &GateArgs, store: Arc<dyn EventKeyStore>) -> Result<Deduplicator> {
+    let keys = fields("--key", &args.key)?;
+    let mut spec = ContentHashExtractor::new();
+    spec = match (&args.fingerprint_fields, &args.exclude_fields) {
+        (Some(only), _) => spec
+            .include(fields("--fingerprint-fields", only)?)
+            .map_err(named("--fingerprint-fields"))?,
+        (None, Some(without)) => {
+            let mut all = keys.clone();
+            all.extend(fields("--exclude-fields", without)?);
+            spec.exclude(all).map_err(named("--exclude-fields"))?
+        }
+        (None, None) => spec.exclude(&keys).map_err(named("--key"))?,
+    };
+    if let Some(amounts) = &args.normalize_amounts {
+        spec = spec
+            .normalize_amounts(fields("--normalize-amounts", amounts)?)
+            .map_err(named("--normalize-amounts"))?;
+    }
+    Ok(Deduplicator::new(store, &args.namespace, &keys)
+        .map_err(named("--key"))?
+        .fingerprint(Some(spec))
+        .ttl(ttl(&args.ttl)?))
+}
+
+/// `idem gate`.
+pub(super) async fn gate(args: &GateArgs, g: &GlobalOptions) -> Result<u8> {
+    let format = format(g)?;
+    let strategy: Strategy = args.strategy.parse().map_err(named("--strategy"))?;
+    if args.namespace.is_empty() {
+        return Err(Error::input("--namespace must not be empty"));
+    }
+    // Every argument is checked before the store is opened.
+    deduplicator(args, Arc::new(store::MemoryStore::new()))?;
+    let (input_name, input): (String, Box<dyn BufRead + Send>) =
+        match stdio_or(args.input.as_deref()) {
+            Some(path) => {
+                let f = std::fs::File::open(path).map_err(|e| Error::io("read", path, e))?;
+                (
+                    path.display().to_string(),
+                    Box::new(std::io::BufReader::with_capacity(1 << 18, f)),
+                )
+            }
+            None => (
+                "standard input".into(),
+                Box::new(std::io::BufReader::with_capacity(1 << 18, std::io::stdin())),
+            ),
+        };
+    let (output_name, out): (String, Box<dyn Write + Send>) = match stdio_or(args.output.as_deref())
+    {
+        Some(path) => {
+            let f = std::fs::File::create(path).map_err(|e| Error::io("write", path, e))?;
+            (
+                path.display().to_string(),
+                Box::new(std::io::BufWriter::with_capacity(1 << 18, f)),
+            )
+        }
+        None => (
+            "standard output".into(),
+            Box::new(std::io::BufWriter::with_capacity(
+                1 << 18,
+                std::io::stdout(),
+            )),
+        ),
+    };
+    let store: Arc<dyn EventKeyStore> = match store::open(&g.store).await {
+        Ok(store) => store,
+        Err(e) if e.is_store_failure() && strategy != Strategy::Strict => {
+            tracing::warn!("{e}; {strategy}: every line goes through unverified");
+            let message = match &e {
+                Error::StoreUnavailable { message, .. } => message.clone(),
+                other => other.to_string(),
+            };
+            Arc::new(UnavailableStore::new(&g.store, message))
+        }
+        Err(e) => return Err(e),
+    };
+    let gate = EventGate::new(
+        deduplicator(args, store)?,
+        strategy,
+        BreakerConfig::default(),
+    );
+    let bar = output::gate_bar();
+    let result = stream::run(
+        &gate,
+        Stream {
+            input,
+            input_name: &input_name,
+            output: out,
+            output_name: &output_name,
+        },
+        format,
+        args.batch as usize,
+        |s| {
+            if let Some(bar) = &bar {
+                bar.set_position(s.lines);
+                bar.set_message(progress_message(s));
+            }
+        },
+    )
+    .await;
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    let summary = result?;
+    output::print_gate_summary(&summary_line(&summary, &gate));
+    Ok(EXIT_OK)
+}
+
+fn progress_message(s: &StreamSummary) -> String {
+    format!(
+        "{} new, {} replay, {} conflict, {} invalid",
+        s.new, s.replay, s.conflict, s.invalid
+    )
+}
+
+/// `gate: N lines …` for stderr.
+fn summary_line(s: &StreamSummary, gate: &EventGate) -> String {
+    let stats = gate.stats();
+    let mut line = format!(
+        "gate: {} line(s) ({} blank): {} in {:.2} s ({:.0} lines/s); store {}, namespace {}, strategy {}",
+        s.lines,
+        s.blank,
+        progress_message(s),
+        s.elapsed.as_secs_f64(),
+        s.lines_per_second(),
+        gate.location(),
+        gate.deduplicator().namespace(),
+        gate.strategy(),
+    );
+    if stats.store_errors > 0 || stats.fallbacks > 0 {
+        line.push_str(&format!(
+            "; {} store error(s), {} fallback(s): {} line(s) let through unverified",
+            stats.store_errors, stats.fallbacks, s.unverified
+        ));
+    }
+    if stats.batches > 0 {
+        line.push_str(&format!(
+            "; batch latency avg {:.1} ms, p99 {:.1} ms",
+            stats.avg_batch_latency_us as f64 / 1000.0,
+            stats.p99_batch_latency_us as f64 / 1000.0
+        ));
+    }
+    if s.output_closed {
+        line.push_str("; stopped: the output was closed");
+    }
+    line
+}

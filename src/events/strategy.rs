@@ -1,0 +1,695 @@
+//! What to do when the store fails (seed 001's strategies), a circuit breaker so a dead
+//! store is not hammered, and the numbers an operator watches: [`EventGate`] wraps a
+//! [`Deduplicator`] with all three.
+//!
+//! * [`Strategy::Strict`]: a store error is an error; nothing of the batch is let through.
+//! * [`Strategy::BestEffort`]: a store error lets the batch's events through as *new,
+//!   unverified* ([`Admission::verdict`] is `None`) and counts them as `fallbacks`.
+//! * [`Strategy::LogOnly`]: events are checked and marked as usual, but every one passes
+//!   ([`Admission::passes`]); duplicates are only counted (and logged at debug level). A
+//!   store error is handled as under `best_effort`. For measuring first.
+//!
+//! The breaker is the store's [`CircuitBreakerStore`]: after `failure_threshold` outages
+//! in a row it opens and batches fail fast (so `best_effort` falls back at once instead of
+//! waiting on timeouts); after `reset_timeout` one batch probes the store, and a success
+//! closes it again.
+//!
+//! ```
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//! use std::sync::Arc;
+//! use idem::events::dedup::Deduplicator;
+//! use idem::events::strategy::{EventGate, Strategy};
+//! use idem::store::{BreakerConfig, MemoryStore};
+//! use serde_json::json;
+//! let dedup = Deduplicator::new(Arc::new(MemoryStore::new()), "payments", ["id"]).unwrap();
+//! let gate = EventGate::new(dedup, Strategy::LogOnly, BreakerConfig::default());
+//! let events = [json!({"id": 1, "amount": "10.00"}), json!({"id": 1, "amount": "10.00"})];
+//! let admitted = gate.check_and_mark(&events, chrono::Utc::now()).await.unwrap();
+//! // log_only: the replay passes too, and is counted.
+//! assert!(admitted.iter().all(|a| a.as_ref().unwrap().passes));
+//! assert_eq!(gate.stats().duplicates, 1);
+//! assert!(gate.health().await.healthy);
+//! # })
+//! ```
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+
+use super::dedup::Deduplicator;
+use super::InvalidEvent;
+use crate::error::{Error, Result};
+use crate::store::breaker::BreakerPhase;
+use crate::store::{BreakerConfig, CircuitBreakerStore, EventKeyStore, EventVerdict, StoreBase};
+
+/// What a store failure does to a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Strategy {
+    /// A store error is an error: the caller sees it and nothing passes.
+    #[default]
+    Strict,
+    /// A store error lets the events through, new but unverified, counted as fallbacks.
+    BestEffort,
+    /// Check and mark, but never filter: every valid event passes; duplicates are counted.
+    /// A store error is a fallback, as under `best_effort`.
+    LogOnly,
+}
+
+impl Strategy {
+    /// `strict`, `best_effort` or `log_only`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::Strict => "strict",
+            Strategy::BestEffort => "best_effort",
+            Strategy::LogOnly => "log_only",
+        }
+    }
+}
+
+impl std::fmt::Display for Strategy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Strategy {
+    type Err = Error;
+
+    /// `strict`, `best_effort` or `log_only` (`-` for `_` accepted).
+    fn from_str(s: &str) -> Result<Self> {
+        match s.replace('-', "_").as_str() {
+            "strict" => Ok(Strategy::Strict),
+            "best_effort" => Ok(Strategy::BestEffort),
+            "log_only" => Ok(Strategy::LogOnly),
+            _ => Err(Error::input(format!(
+                "unknown strategy {s:?}: expected strict, best_effort or log_only"
+            ))),
+        }
+    }
+}
+
+/// One valid event's outcome at the gate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Admission {
+    /// The event's key.
+    pub key: String,
+    /// What the store found; `None` when the store could not be asked and the strategy let
+    /// the event through unverified (a fallback).
+    pub verdict: Option<EventVerdict>,
+    /// Whether the event goes on: new (or unverified) events, and every event under
+    /// `log_only`.
+    pub passes: bool,
+}
+
+impl Admission {
+    /// `new`, `replay` or `conflict`; an unverified event is `new`.
+    pub fn verdict_name(&self) -> &'static str {
+        self.verdict.as_ref().map_or("new", EventVerdict::name)
+    }
+
+    /// Whether the store was asked (false for a fallback).
+    pub fn verified(&self) -> bool {
+        self.verdict.is_some()
+    }
+}
+
+/// Counters since the gate was made.
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+pub struct DedupStats {
+    /// Events given to the gate (valid or not).
+    pub checked: u64,
+    /// Events the store found new.
+    pub unique: u64,
+    /// Replays + conflicts.
+    pub duplicates: u64,
+    /// Same key, same payload.
+    pub replays: u64,
+    /// Same key, different payload.
+    pub conflicts: u64,
+    /// Events whose key or fingerprint could not be taken.
+    pub extraction_failures: u64,
+    /// Batches whose store call failed (including calls refused by the open breaker).
+    pub store_errors: u64,
+    /// Events let through unverified because the store failed.
+    pub fallbacks: u64,
+    /// Batches checked against the store (successfully or not).
+    pub batches: u64,
+    /// Mean duration of a batch's store call, in microseconds.
+    pub avg_batch_latency_us: u64,
+    /// 99th percentile of a batch's store call duration, in microseconds (the upper bound of
+    /// its histogram bucket: at most ~9% above the true value).
+    pub p99_batch_latency_us: u64,
+}
+
+impl DedupStats {
+    fn rate(part: u64, whole: u64) -> f64 {
+        if whole == 0 {
+            0.0
+        } else {
+            part as f64 / whole as f64
+        }
+    }
+
+    /// Duplicates per event checked (0 to 1).
+    pub fn duplicate_rate(&self) -> f64 {
+        Self::rate(self.duplicates, self.checked)
+    }
+
+    /// Store errors per batch (0 to 1).
+    pub fn error_rate(&self) -> f64 {
+        Self::rate(self.store_errors, self.batches)
+    }
+
+    /// Events let through unverified per event checked (0 to 1).
+    pub fn fallback_rate(&self) -> f64 {
+        Self::rate(self.fallbacks, self.checked)
+    }
+
+    /// Events that could not be keyed per event checked (0 to 1).
+    pub fn extraction_failure_rate(&self) -> f64 {
+        Self::rate(self.extraction_failures, self.checked)
+    }
+}
+
+/// Batch latencies in a fixed histogram (8 buckets per power of two of microseconds), so
+/// the p99 needs no memory that grows with the batches.
+#[derive(Debug, Clone)]
+struct Latencies {
+    buckets: Vec<u64>,
+    count: u64,
+    total_us: u128,
+}
+
+const SUB_BUCKETS: u32 = 8;
+
+impl Default for Latencies {
+    fn default() -> Self {
+        Latencies {
+            buckets: vec![0; (64 * SUB_BUCKETS) as usize],
+            count: 0,
+            total_us: 0,
+        }
+    }
+}
+
+impl Latencies {
+    fn bucket(us: u64) -> usize {
+        if us < SUB_BUCKETS as u64 {
+            return us as usize;
+        }
+        let power = 63 - us.leading_zeros();
+        let sub = (us >> (power - 3)) & (SUB_BUCKETS as u64 - 1);
+        ((power - 2) * SUB_BUCKETS + sub as u32) as usize
+    }
+
+    /// The largest value of bucket `i`.
+    fn upper(i: usize) -> u64 {
+        let i = i as u64;
+        if i < SUB_BUCKETS as u64 {
+            return i;
+        }
+        let power = i / SUB_BUCKETS as u64 + 2;
+        let sub = i % SUB_BUCKETS as u64;
+        ((SUB_BUCKETS as u64 + sub + 1) << (power - 3)) - 1
+    }
+
+    fn record(&mut self, d: Duration) {
+        let us = d.as_micros().min(u64::MAX as u128) as u64;
+        self.buckets[Self::bucket(us)] += 1;
+        self.count += 1;
+        self.total_us += us as u128;
+    }
+
+    fn average(&self) -> u64 {
+        if self.count == 0 {
+            0
+        } else {
+            (self.total_us / self.count as u128) as u64
+        }
+    }
+
+    fn quantile(&self, q: f64) -> u64 {
+        if self.count == 0 {
+            return 0;
+        }
+        let rank = ((self.count as f64) * q).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (i, n) in self.buckets.iter().enumerate() {
+            seen += n;
+            if seen >= rank {
+                return Self::upper(i);
+            }
+        }
+        Self::upper(self.buckets.len() - 1)
+    }
+}
+
+#[derive(Debug, Default)]
+struct Recorder {
+    stats: DedupStats,
+    latencies: Latencies,
+}
+
+/// The store's health as [`EventGate::health`] found it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Health {
+    /// The store answered a read.
+    pub healthy: bool,
+    /// The store's URL (password removed).
+    pub store: String,
+    /// `closed`, `open` or `half_open`.
+    pub breaker: &'static str,
+    /// How long the probe took, in microseconds (`None` when it was refused by the breaker).
+    pub latency_us: Option<u64>,
+    /// The error, when not healthy.
+    pub error: Option<String>,
+}
+
+/// A [`Deduplicator`] with a failure [`Strategy`], a circuit breaker and [`DedupStats`].
+#[derive(Debug)]
+pub struct EventGate {
+    dedup: Deduplicator,
+    breaker: Arc<CircuitBreakerStore<dyn EventKeyStore>>,
+    strategy: Strategy,
+    recorder: Mutex<Recorder>,
+}
+
+fn phase_name(phase: BreakerPhase) -> &'static str {
+    match phase {
+        BreakerPhase::Closed => "closed",
+        BreakerPhase::Open => "open",
+        BreakerPhase::HalfOpen => "half_open",
+    }
+}
+
+impl EventGate {
+    /// Wraps `dedup`'s store in a breaker configured by `breaker`.
+    pub fn new(dedup: Deduplicator, strategy: Strategy, breaker: BreakerConfig) -> Self {
+        let breaker = Arc::new(CircuitBreakerStore::new(dedup.store.clone(), breaker));
+        EventGate {
+            dedup,
+            breaker,
+            strategy,
+            recorder: Mutex::new(Recorder::default()),
+        }
+    }
+
+    /// The strategy.
+    pub fn strategy(&self) -> Strategy {
+        self.strategy
+    }
+
+    /// The deduplicator (namespace, extractors, TTL).
+    pub fn deduplicator(&self) -> &Deduplicator {
+        &self.dedup
+    }
+
+    /// The breaker's phase now.
+    pub fn breaker_phase(&self) -> BreakerPhase {
+        self.breaker.phase()
+    }
+
+    /// The store's URL (password removed).
+    pub fn location(&self) -> String {
+        self.breaker.location()
+    }
+
+    fn recorder(&self) -> std::sync::MutexGuard<'_, Recorder> {
+        self.recorder.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The counters so far.
+    pub fn stats(&self) -> DedupStats {
+        let r = self.recorder();
+        DedupStats {
+            avg_batch_latency_us: r.latencies.average(),
+            p99_batch_latency_us: r.latencies.quantile(0.99),
+            ..r.stats.clone()
+        }
+    }
+
+    /// Checks and marks a batch in one store round trip, as the strategy says: one result
+    /// per event, in order (an [`InvalidEvent`] where the key or fingerprint could not be
+    /// taken). `Err` only under `strict` when the store fails, or for an error that is not
+    /// a store failure.
+    ///
+    /// When this returns `Ok`, every [`Admission`] with a verdict is recorded in the store
+    /// (the store call returned), so a caller that reports results only after this returns
+    /// never reports `new` for a key it did not record.
+    pub async fn check_and_mark(
+        &self,
+        events: &[Value],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<std::result::Result<Admission, InvalidEvent>>> {
+        let (marks, slots) = self.dedup.marks(events);
+        let invalid = events.len() - marks.len();
+        let outcome = if marks.is_empty() {
+            Ok(Vec::new())
+        } else {
+            let started = Instant::now();
+            let outcome = self
+                .breaker
+                .check_and_mark(self.dedup.namespace(), &marks, now)
+                .await;
+            let mut r = self.recorder();
+            r.latencies.record(started.elapsed());
+            r.stats.batches += 1;
+            outcome
+        };
+        let mut r = self.recorder();
+        r.stats.checked += events.len() as u64;
+        r.stats.extraction_failures += invalid as u64;
+        let verdicts = match outcome {
+            Ok(v) => Some(v),
+            Err(e) if e.is_store_failure() => {
+                r.stats.store_errors += 1;
+                if self.strategy == Strategy::Strict {
+                    return Err(e);
+                }
+                tracing::warn!(
+                    strategy = self.strategy.name(),
+                    events = marks.len(),
+                    "store failed, letting the batch through unverified: {e}"
+                );
+                r.stats.fallbacks += marks.len() as u64;
+                None
+            }
+            Err(e) => return Err(e),
+        };
+        let mut verdicts = verdicts.map(|v| v.into_iter().map(Some).collect::<Vec<_>>());
+        let log_only = self.strategy == Strategy::LogOnly;
+        let mut out = Vec::with_capacity(events.len());
+        for slot in slots {
+            let i = match slot {
+                Ok(i) => i,
+                Err(invalid) => {
+                    out.push(Err(invalid));
+                    continue;
+                }
+            };
+            let key = marks[i].key.clone();
+            let verdict = verdicts
+                .as_mut()
+                .map(|v| v[i].take().expect("one verdict per mark"));
+            match &verdict {
+                Some(EventVerdict::New) => r.stats.unique += 1,
+                Some(EventVerdict::Replay { .. }) => {
+                    r.stats.replays += 1;
+                    r.stats.duplicates += 1;
+                }
+                Some(EventVerdict::Conflict { .. }) => {
+                    r.stats.conflicts += 1;
+                    r.stats.duplicates += 1;
+                }
+                None => {}
+            }
+            let new = verdict.as_ref().is_none_or(EventVerdict::is_new);
+            if log_only && !new {
+                tracing::debug!(
+                    key,
+                    verdict = verdict.as_ref().map(EventVerdict::name),
+                    "log_only: duplicate let through"
+                );
+            }
+            out.push(Ok(Admission {
+                key,
+                verdict,
+                passes: new || log_only,
+            }));
+        }
+        Ok(out)
+    }
+
+    /// Checks and marks a batch, keeping the events that pass, in input order.
+    pub async fn filter(&self, events: Vec<Value>, now: DateTime<Utc>) -> Result<Vec<Value>> {
+        let admitted = self.check_and_mark(&events, now).await?;
+        Ok(events
+            .into_iter()
+            .zip(admitted)
+            .filter(|(_, a)| a.as_ref().is_ok_and(|a| a.passes))
+            .map(|(e, _)| e)
+            .collect())
+    }
+
+    /// Stores the decision of an event's first processing (through the breaker).
+    pub async fn record_decision(&self, key: &str, decision: &Value) -> Result<bool> {
+        self.breaker
+            .record_decision(self.dedup.namespace(), key, decision)
+            .await
+    }
+
+    /// Asks the store a read (through the breaker, so an open breaker is reported without
+    /// touching the store).
+    pub async fn health(&self) -> Health {
+        let started = Instant::now();
+        let probe = self
+            .breaker
+            .is_duplicate(
+                self.dedup.namespace(),
+                &["idem-health-probe".to_string()],
+                Utc::now(),
+            )
+            .await;
+        let refused = matches!(probe, Err(Error::CircuitOpen { .. }));
+        Health {
+            healthy: probe.is_ok(),
+            store: self.location(),
+            breaker: phase_name(self.breaker.phase()),
+            latency_us: (!refused).then(|| started.elapsed().as_micros() as u64),
+            error: probe.err().map(|e| e.to_string()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{EventMark, MemoryStore};
+    use async_trait::async_trait;
+    use serde_json::json;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    /// A real memory store that fails with an outage while `down` is set, and counts the
+    /// calls that reached it.
+    #[derive(Debug, Default)]
+    struct Flaky {
+        inner: MemoryStore,
+        down: AtomicBool,
+        calls: AtomicU64,
+    }
+
+    impl Flaky {
+        fn call(&self) -> Result<()> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            if self.down.load(Ordering::SeqCst) {
+                Err(Error::store("flaky://", "connection refused"))
+            } else {
+                Ok(())
+            }
+        }
+    }
+
+    #[async_trait]
+    impl StoreBase for Flaky {
+        fn kind(&self) -> &'static str {
+            "flaky"
+        }
+        fn location(&self) -> String {
+            "flaky://".into()
+        }
+        fn capabilities(&self) -> crate::store::Capabilities {
+            self.inner.capabilities()
+        }
+        async fn migrate(&self) -> Result<()> {
+            self.call()
+        }
+    }
+
+    #[async_trait]
+    impl EventKeyStore for Flaky {
+        async fn check_and_mark(
+            &self,
+            namespace: &str,
+            marks: &[EventMark],
+            now: DateTime<Utc>,
+        ) -> Result<Vec<EventVerdict>> {
+            self.call()?;
+            self.inner.check_and_mark(namespace, marks, now).await
+        }
+        async fn is_duplicate(
+            &self,
+            namespace: &str,
+            keys: &[String],
+            now: DateTime<Utc>,
+        ) -> Result<Vec<bool>> {
+            self.call()?;
+            self.inner.is_duplicate(namespace, keys, now).await
+        }
+        async fn record_decision(&self, namespace: &str, key: &str, d: &Value) -> Result<bool> {
+            self.call()?;
+            self.inner.record_decision(namespace, key, d).await
+        }
+    }
+
+    fn gate(store: Arc<Flaky>, strategy: Strategy) -> EventGate {
+        let dedup = Deduplicator::new(store, "t", ["id"]).unwrap();
+        EventGate::new(
+            dedup,
+            strategy,
+            BreakerConfig {
+                failure_threshold: 2,
+                reset_timeout: Duration::from_millis(40),
+            },
+        )
+    }
+
+    fn names(admitted: &[std::result::Result<Admission, InvalidEvent>]) -> Vec<String> {
+        admitted
+            .iter()
+            .map(|a| match a {
+                Ok(a) if a.verified() => {
+                    format!("{}{}", a.verdict_name(), if a.passes { "+" } else { "-" })
+                }
+                Ok(a) => format!("unverified{}", if a.passes { "+" } else { "-" }),
+                Err(_) => "invalid".into(),
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn strategies_under_a_failing_store() {
+        let events = [
+            json!({"id": 1, "v": 1}),
+            json!({"id": 1, "v": 1}),
+            json!({"v": 2}),
+        ];
+        let now = Utc::now();
+        let store = Arc::new(Flaky::default());
+        store.down.store(true, Ordering::SeqCst);
+
+        let strict = gate(store.clone(), Strategy::Strict);
+        let e = strict.check_and_mark(&events, now).await.unwrap_err();
+        assert!(e.is_store_failure(), "{e}");
+        assert_eq!(strict.stats().store_errors, 1);
+        assert_eq!(strict.stats().fallbacks, 0);
+
+        for strategy in [Strategy::BestEffort, Strategy::LogOnly] {
+            let g = gate(store.clone(), strategy);
+            let out = g.check_and_mark(&events, now).await.unwrap();
+            assert_eq!(
+                names(&out),
+                ["unverified+", "unverified+", "invalid"],
+                "{strategy}"
+            );
+            let s = g.stats();
+            assert_eq!(
+                (
+                    s.checked,
+                    s.fallbacks,
+                    s.store_errors,
+                    s.extraction_failures
+                ),
+                (3, 2, 1, 1)
+            );
+            assert!((s.fallback_rate() - 2.0 / 3.0).abs() < 1e-9);
+            assert!(!g.health().await.healthy);
+        }
+    }
+
+    #[tokio::test]
+    async fn log_only_never_filters_but_counts() {
+        let store = Arc::new(Flaky::default());
+        let now = Utc::now();
+        let events = vec![
+            json!({"id": 1, "v": 1}),
+            json!({"id": 1, "v": 1}),
+            json!({"id": 1, "v": 2}),
+            json!({"id": 2}),
+        ];
+        let log_only = gate(store.clone(), Strategy::LogOnly);
+        let out = log_only.check_and_mark(&events, now).await.unwrap();
+        assert_eq!(names(&out), ["new+", "replay+", "conflict+", "new+"]);
+        let s = log_only.stats();
+        assert_eq!(
+            (s.unique, s.replays, s.conflicts, s.duplicates),
+            (2, 1, 1, 2)
+        );
+        assert!((s.duplicate_rate() - 0.5).abs() < 1e-9);
+        assert_eq!(s.batches, 1);
+        assert!(s.p99_batch_latency_us >= s.avg_batch_latency_us || s.batches == 1);
+        // The marks were made: a strict gate on the same store filters them now.
+        let strict = gate(store, Strategy::Strict);
+        assert_eq!(
+            strict.filter(events, now).await.unwrap(),
+            Vec::<Value>::new()
+        );
+    }
+
+    #[tokio::test]
+    async fn breaker_opens_fails_fast_half_opens_and_closes() {
+        let store = Arc::new(Flaky::default());
+        let g = gate(store.clone(), Strategy::BestEffort);
+        let now = Utc::now();
+        let batch = |id: i64| [json!({ "id": id })];
+        assert_eq!(
+            names(&g.check_and_mark(&batch(1), now).await.unwrap()),
+            ["new+"]
+        );
+        assert_eq!(g.breaker_phase(), BreakerPhase::Closed);
+
+        store.down.store(true, Ordering::SeqCst);
+        for id in 2..=3 {
+            let out = g.check_and_mark(&batch(id), now).await.unwrap();
+            assert_eq!(names(&out), ["unverified+"]);
+        }
+        assert_eq!(g.breaker_phase(), BreakerPhase::Open);
+        let calls = store.calls.load(Ordering::SeqCst);
+        // Open: the batch falls back without reaching the store.
+        let out = g.check_and_mark(&batch(4), now).await.unwrap();
+        assert_eq!(names(&out), ["unverified+"]);
+        assert_eq!(
+            store.calls.load(Ordering::SeqCst),
+            calls,
+            "open breaker must not call the store"
+        );
+        let h = g.health().await;
+        assert_eq!((h.healthy, h.breaker, h.latency_us), (false, "open", None));
+
+        // The store comes back; after the reset timeout one probe goes through and closes it.
+        store.down.store(false, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert_eq!(g.breaker_phase(), BreakerPhase::HalfOpen);
+        let out = g
+            .check_and_mark(&[json!({"id": 1}), json!({"id": 5})], now)
+            .await
+            .unwrap();
+        assert_eq!(names(&out), ["replay-", "new+"]);
+        assert_eq!(g.breaker_phase(), BreakerPhase::Closed);
+        let s = g.stats();
+        assert_eq!(
+            (s.store_errors, s.fallbacks, s.unique, s.replays),
+            (3, 3, 2, 1)
+        );
+        assert!(g.health().await.healthy);
+    }
+
+    #[test]
+    fn latency_buckets_bound_the_value() {
+        for us in [0u64, 1, 7, 8, 9, 15, 16, 100, 1000, 12345, 1 << 40] {
+            let b = Latencies::bucket(us);
+            assert!(Latencies::upper(b) >= us, "{us}");
+            assert!(b == 0 || Latencies::upper(b - 1) < us, "{us}");
+        }
+        let mut l = Latencies::default();
+        for us in 1..=100 {
+            l.record(Duration::from_micros(us * 10));
+        }
+        let p99 = l.quantile(0.99);
+        assert!((990..=1100).contains(&p99), "{p99}");
+        assert_eq!(l.average(), 505);
+    }
+}

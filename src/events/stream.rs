@@ -1,0 +1,435 @@
+//! The NDJSON gate as a stream (what `idem gate` runs): read a batch of lines, check and
+//! mark the batch in one store round trip through an [`EventGate`], write one output
+//! record per line, flush, repeat. Memory holds one batch, whatever the input's size.
+//!
+//! Output, one record per input line that is not blank (blank lines are skipped, but
+//! counted, so `line` is always the line's true 1-based number in the input):
+//!
+//! * `line`: the input line number;
+//! * `verdict`: `new`, `replay`, `conflict` or `invalid`;
+//! * `key`: the event's key (`null` when invalid);
+//! * `pass`: whether the event goes on (new, or anything under `log_only`);
+//! * `event`: the input object, byte for byte — or, for `invalid`, `error` naming the line
+//!   and the problem;
+//! * `decision`: for a replay whose first processing recorded one;
+//! * `verified`: `false` only for an event let through unverified because the store
+//!   failed (`best_effort`/`log_only`).
+//!
+//! CSV has a header and the same columns (`line,verdict,key,pass,verified,event,error,
+//! decision`; `event` and `decision` as JSON text), quoted as RFC 4180 says.
+//!
+//! A batch's records are written and flushed only after its store call returned, so a
+//! crash never leaves a `new` in the output for a key the store did not record.
+
+use std::io::{BufRead, Write};
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use serde::Serialize;
+use serde_json::Value;
+
+use super::strategy::{Admission, EventGate};
+use crate::error::{Error, Result};
+use crate::store::EventVerdict;
+
+/// How the records are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OutputFormat {
+    /// One JSON object a line.
+    #[default]
+    Ndjson,
+    /// A header, then one row a line.
+    Csv,
+}
+
+impl std::str::FromStr for OutputFormat {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "ndjson" | "json" | "jsonl" => Ok(OutputFormat::Ndjson),
+            "csv" => Ok(OutputFormat::Csv),
+            _ => Err(Error::input(format!(
+                "unknown output format {s:?}: expected ndjson or csv"
+            ))),
+        }
+    }
+}
+
+/// Counts of a stream so far.
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+pub struct StreamSummary {
+    /// Input lines read, blank ones included.
+    pub lines: u64,
+    /// Blank lines (skipped, no record).
+    pub blank: u64,
+    /// Records per verdict.
+    pub new: u64,
+    /// Replays.
+    pub replay: u64,
+    /// Conflicts.
+    pub conflict: u64,
+    /// Lines that were not a usable event.
+    pub invalid: u64,
+    /// New events let through without the store (a subset of `new`).
+    pub unverified: u64,
+    /// Whoever read the output went away (a closed pipe): the stream stopped there.
+    pub output_closed: bool,
+    /// Time since the stream started.
+    #[serde(skip)]
+    pub elapsed: Duration,
+}
+
+impl StreamSummary {
+    /// Records written (lines that were not blank).
+    pub fn records(&self) -> u64 {
+        self.new + self.replay + self.conflict + self.invalid
+    }
+
+    /// Input lines per second.
+    pub fn lines_per_second(&self) -> f64 {
+        let secs = self.elapsed.as_secs_f64();
+        if secs > 0.0 {
+            self.lines as f64 / secs
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Where lines come from and go to, named for messages.
+pub struct Stream<'a, R, W> {
+    /// The input.
+    pub input: R,
+    /// Its name (a path, `standard input`).
+    pub input_name: &'a str,
+    /// The output.
+    pub output: W,
+    /// Its name.
+    pub output_name: &'a str,
+}
+
+/// One line of the batch being worked on.
+struct Pending {
+    number: u64,
+    /// The line without its end of line (`\n`, `\r\n`) and surrounding blanks.
+    text: String,
+    /// Why it is not an event, when parsing already says so.
+    error: Option<String>,
+}
+
+/// Runs the gate over `stream` in batches of `batch` lines; `progress` is called after
+/// each batch. Stops early (with `output_closed`) when the output's reader went away.
+pub async fn run<R: BufRead, W: Write>(
+    gate: &EventGate,
+    stream: Stream<'_, R, W>,
+    format: OutputFormat,
+    batch: usize,
+    mut progress: impl FnMut(&StreamSummary),
+) -> Result<StreamSummary> {
+    let Stream {
+        mut input,
+        input_name,
+        mut output,
+        output_name,
+    } = stream;
+    let batch = batch.max(1);
+    let started = Instant::now();
+    let mut summary = StreamSummary::default();
+    let mut pending: Vec<Pending> = Vec::with_capacity(batch);
+    let mut events: Vec<Value> = Vec::with_capacity(batch);
+    let mut buf: Vec<u8> = Vec::with_capacity(1 << 12);
+    let mut record = Vec::with_capacity(1 << 16);
+    let write_err = |e: std::io::Error| Error::io("write", output_name, e);
+    if format == OutputFormat::Csv {
+        let header = b"line,verdict,key,pass,verified,event,error,decision\n";
+        match output.write_all(header).and_then(|()| output.flush()) {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                summary.output_closed = true;
+                return Ok(summary);
+            }
+            other => other.map_err(write_err)?,
+        }
+    }
+    let mut eof = false;
+    while !eof {
+        pending.clear();
+        events.clear();
+        while pending.len() < batch {
+            buf.clear();
+            let n = input
+                .read_until(b'\n', &mut buf)
+                .map_err(|e| Error::io("read", input_name, e))?;
+            if n == 0 {
+                eof = true;
+                break;
+            }
+            summary.lines += 1;
+            let number = summary.lines;
+            let text = match std::str::from_utf8(&buf) {
+                Ok(text) => text.trim(),
+                Err(_) => {
+                    pending.push(Pending {
+                        number,
+                        text: String::new(),
+                        error: Some(format!("line {number}: not UTF-8 text")),
+                    });
+                    continue;
+                }
+            };
+            if text.is_empty() {
+                summary.blank += 1;
+                continue;
+            }
+            match serde_json::from_str::<Value>(text) {
+                Ok(event @ Value::Object(_)) => {
+                    events.push(event);
+                    pending.push(Pending {
+                        number,
+                        text: text.to_string(),
+                        error: None,
+                    });
+                }
+                Ok(other) => pending.push(Pending {
+                    number,
+                    text: String::new(),
+                    error: Some(format!(
+                        "line {number}: not a JSON object (found {})",
+                        super::json_kind_of_raw(&other.to_string())
+                    )),
+                }),
+                Err(e) => pending.push(Pending {
+                    number,
+                    text: String::new(),
+                    error: Some(format!("line {number}: not JSON: {e}")),
+                }),
+            }
+        }
+        if pending.is_empty() {
+            break;
+        }
+        // The store call: only after it returned are the batch's records written.
+        let admitted = gate.check_and_mark(&events, Utc::now()).await?;
+        record.clear();
+        let mut admitted = admitted.into_iter();
+        for line in &pending {
+            let outcome = match &line.error {
+                Some(error) => Err(error.clone()),
+                None => admitted
+                    .next()
+                    .expect("one admission per event")
+                    .map_err(|invalid| format!("line {}: {}", line.number, invalid.error)),
+            };
+            match &outcome {
+                Err(_) => summary.invalid += 1,
+                Ok(a) => {
+                    match a.verdict_name() {
+                        "new" => summary.new += 1,
+                        "replay" => summary.replay += 1,
+                        _ => summary.conflict += 1,
+                    }
+                    if !a.verified() {
+                        summary.unverified += 1;
+                    }
+                }
+            }
+            match format {
+                OutputFormat::Ndjson => write_ndjson(&mut record, line, &outcome),
+                OutputFormat::Csv => write_csv(&mut record, line, &outcome),
+            }
+        }
+        summary.elapsed = started.elapsed();
+        match output.write_all(&record).and_then(|()| output.flush()) {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                summary.output_closed = true;
+                break;
+            }
+            other => other.map_err(write_err)?,
+        }
+        progress(&summary);
+    }
+    summary.elapsed = started.elapsed();
+    Ok(summary)
+}
+
+fn json_string(out: &mut Vec<u8>, s: &str) {
+    serde_json::to_writer(&mut *out, s).expect("writing to a Vec");
+}
+
+fn decision_of(a: &Admission) -> Option<&Value> {
+    match &a.verdict {
+        Some(EventVerdict::Replay { decision, .. }) => decision.as_ref(),
+        _ => None,
+    }
+}
+
+fn write_ndjson(
+    out: &mut Vec<u8>,
+    line: &Pending,
+    outcome: &std::result::Result<Admission, String>,
+) {
+    out.extend_from_slice(b"{\"line\":");
+    out.extend_from_slice(line.number.to_string().as_bytes());
+    match outcome {
+        Err(error) => {
+            out.extend_from_slice(
+                b",\"verdict\":\"invalid\",\"key\":null,\"pass\":false,\"error\":",
+            );
+            json_string(out, error);
+        }
+        Ok(a) => {
+            out.extend_from_slice(b",\"verdict\":\"");
+            out.extend_from_slice(a.verdict_name().as_bytes());
+            out.extend_from_slice(b"\",\"key\":");
+            json_string(out, &a.key);
+            out.extend_from_slice(if a.passes {
+                b",\"pass\":true"
+            } else {
+                b",\"pass\":false"
+            });
+            if !a.verified() {
+                out.extend_from_slice(b",\"verified\":false");
+            }
+            if let Some(decision) = decision_of(a) {
+                out.extend_from_slice(b",\"decision\":");
+                serde_json::to_writer(&mut *out, decision).expect("writing to a Vec");
+            }
+            out.extend_from_slice(b",\"event\":");
+            out.extend_from_slice(line.text.as_bytes());
+        }
+    }
+    out.extend_from_slice(b"}\n");
+}
+
+/// A CSV field, quoted when it holds a comma, a quote or a line break.
+fn csv_field(out: &mut Vec<u8>, field: &str) {
+    if field.contains([',', '"', '\n', '\r']) {
+        out.push(b'"');
+        out.extend_from_slice(field.replace('"', "\"\"").as_bytes());
+        out.push(b'"');
+    } else {
+        out.extend_from_slice(field.as_bytes());
+    }
+}
+
+fn write_csv(out: &mut Vec<u8>, line: &Pending, outcome: &std::result::Result<Admission, String>) {
+    out.extend_from_slice(line.number.to_string().as_bytes());
+    match outcome {
+        Err(error) => {
+            out.extend_from_slice(b",invalid,,false,,,");
+            csv_field(out, error);
+            out.push(b',');
+        }
+        Ok(a) => {
+            out.push(b',');
+            out.extend_from_slice(a.verdict_name().as_bytes());
+            out.push(b',');
+            csv_field(out, &a.key);
+            out.extend_from_slice(if a.passes { b",true," } else { b",false," });
+            out.extend_from_slice(if a.verified() { b"true," } else { b"false," });
+            csv_field(out, &line.text);
+            out.extend_from_slice(b",,");
+            if let Some(decision) = decision_of(a) {
+                csv_field(out, &decision.to_string());
+            }
+        }
+    }
+    out.push(b'\n');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::dedup::Deduplicator;
+    use crate::events::strategy::Strategy;
+    use crate::store::{BreakerConfig, MemoryStore};
+    use std::sync::Arc;
+
+    async fn gate_text(input: &str, format: OutputFormat) -> (String, StreamSummary) {
+        let dedup = Deduplicator::new(Arc::new(MemoryStore::new()), "t", ["id"]).unwrap();
+        let gate = EventGate::new(dedup, Strategy::Strict, BreakerConfig::default());
+        let mut out = Vec::new();
+        let summary = run(
+            &gate,
+            Stream {
+                input: input.as_bytes(),
+                input_name: "input",
+                output: &mut out,
+                output_name: "output",
+            },
+            format,
+            2,
+            |_| {},
+        )
+        .await
+        .unwrap();
+        (String::from_utf8(out).unwrap(), summary)
+    }
+
+    #[tokio::test]
+    async fn records_keep_line_numbers_across_blank_and_bad_lines() {
+        let input = "{\"id\":\"a\",\"v\":1}\n\n  \n{\"id\":\"a\",\"v\":1}\r\n{oops\n[1]\n{\"id\":\"a\", \"v\":2}\n{\"v\":3}";
+        let (text, s) = gate_text(input, OutputFormat::Ndjson).await;
+        let records: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let got: Vec<(u64, &str)> = records
+            .iter()
+            .map(|r| (r["line"].as_u64().unwrap(), r["verdict"].as_str().unwrap()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (1, "new"),
+                (4, "replay"),
+                (5, "invalid"),
+                (6, "invalid"),
+                (7, "conflict"),
+                (8, "invalid")
+            ]
+        );
+        assert_eq!(records[0]["event"], serde_json::json!({"id": "a", "v": 1}));
+        assert!(
+            text.lines()
+                .nth(4)
+                .unwrap()
+                .ends_with(",\"event\":{\"id\":\"a\", \"v\":2}}"),
+            "unchanged bytes"
+        );
+        assert!(records[2]["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("line 5: not JSON"));
+        assert_eq!(
+            records[3]["error"],
+            "line 6: not a JSON object (found an array)"
+        );
+        assert_eq!(records[5]["error"], "line 8: field `id` is missing");
+        assert_eq!(
+            (s.lines, s.blank, s.new, s.replay, s.conflict, s.invalid),
+            (8, 2, 1, 1, 1, 3)
+        );
+    }
+
+    #[tokio::test]
+    async fn csv_is_quoted() {
+        let (text, _) = gate_text(
+            "{\"id\":\"a,b\",\"q\":\"say \\\"hi\\\"\"}\nnope\n",
+            OutputFormat::Csv,
+        )
+        .await;
+        let mut lines = text.lines();
+        assert_eq!(
+            lines.next().unwrap(),
+            "line,verdict,key,pass,verified,event,error,decision"
+        );
+        assert_eq!(
+            lines.next().unwrap(),
+            r#"1,new,"a,b",true,true,"{""id"":""a,b"",""q"":""say \""hi\""""}",,"#
+        );
+        let bad = lines.next().unwrap();
+        assert!(bad.starts_with("2,invalid,,false,,,"), "{bad}");
+        assert!(bad.contains("line 2: not JSON: "), "{bad}");
+    }
+}
