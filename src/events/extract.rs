@@ -411,7 +411,11 @@ pub fn normalize_amount(text: &str) -> std::result::Result<String, String> {
         s = rest;
     }
     s = s.strip_prefix('$').unwrap_or(s);
+    let only_digits = "only digits, one `.`, an optional sign and `$` are allowed";
     let (mantissa, exponent) = match s.find(['e', 'E']) {
+        Some(at) if !s[..at].bytes().all(|b| b.is_ascii_digit() || b == b'.') => {
+            return Err(bad(only_digits))
+        }
         Some(at) => {
             let exp: i32 = s[at + 1..]
                 .parse()
@@ -780,5 +784,64 @@ mod tests {
         let event = json!({"id": "x"});
         assert_eq!(boxed[0].extract(&event).unwrap(), "x");
         assert_eq!(boxed[1].extract(&event).unwrap().len(), 64);
+    }
+}
+
+#[cfg(test)]
+mod amount_tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn amounts_equal_as_numbers_are_one_text() {
+        for (given, want) in [
+            ("100.5", "100.50"),
+            ("$100.50", "100.50"),
+            ("100.500", "100.50"),
+            ("0100.5", "100.50"),
+            ("+$100.5", "100.50"),
+            ("-$3.1", "-3.10"),
+            ("-0", "0.00"),
+            (".5", "0.50"),
+            ("7", "7.00"),
+            ("100.505", "100.505"),
+            ("1.005e2", "100.50"),
+            ("5e-3", "0.005"),
+        ] {
+            assert_eq!(normalize_amount(given).unwrap(), want, "{given}");
+        }
+        for bad in ["", "$", "1,500", "€5", "1.2.3", "12abc", "1e999"] {
+            let e = normalize_amount(bad).unwrap_err();
+            assert!(e.contains(&format!("{bad:?}")), "{e}");
+        }
+    }
+
+    #[test]
+    fn normalized_fingerprints_make_replays_of_equal_amounts() {
+        let spec = ContentHashExtractor::new()
+            .exclude(["id"])
+            .unwrap()
+            .normalize_amounts(["load_amount"])
+            .unwrap();
+        let fp = |v: Value| spec.extract(&v);
+        let a = fp(json!({"id": 1, "load_amount": "100.5"})).unwrap();
+        assert_eq!(fp(json!({"id": 2, "load_amount": "$100.50"})).unwrap(), a);
+        assert_eq!(fp(json!({"id": 3, "load_amount": 100.50})).unwrap(), a);
+        assert_ne!(fp(json!({"id": 4, "load_amount": "100.51"})).unwrap(), a);
+        // Without the option the texts differ.
+        let plain = ContentHashExtractor::new().exclude(["id"]).unwrap();
+        assert_ne!(
+            plain.extract(&json!({"load_amount": "100.5"})).unwrap(),
+            plain.extract(&json!({"load_amount": "$100.50"})).unwrap()
+        );
+        assert_eq!(
+            fp(json!({"load_amount": "ten"})).unwrap_err().to_string(),
+            "field `load_amount` is invalid: \"ten\" is not an amount (only digits, one `.`, an optional sign and `$` are allowed)"
+        );
+        assert!(fp(json!({"load_amount": null})).is_ok());
+        assert_eq!(
+            fp(json!({"load_amount": [1]})).unwrap_err().to_string(),
+            "field `load_amount` is an array, expected an amount (a string or a number)"
+        );
     }
 }

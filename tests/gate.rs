@@ -1,0 +1,532 @@
+//! `idem gate` as a user runs it: verdicts on the public fund-load file checked against a
+//! model computed here, durable verdicts across runs and across a SIGKILL, strategies under
+//! an unreachable store, bad arguments. SQLite always; Postgres and the BigQuery emulator
+//! when `IDEM_TEST_POSTGRES_URL` / `IDEM_TEST_BIGQUERY_URL` are set.
+
+use std::collections::HashMap;
+use std::io::{BufRead, Read};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use serde_json::Value;
+
+mod common;
+
+use common::Sandbox;
+
+fn peer_data() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/peer-data/fund_loads_input.ndjson")
+}
+
+/// The stores to run on: SQLite in the sandbox, and the services that are configured.
+fn stores(sb: &Sandbox, test: &str) -> Vec<String> {
+    let mut out = vec![sb.store.clone()];
+    out.extend(common::postgres_url(test));
+    out.extend(common::bigquery_url(test));
+    out
+}
+
+struct Gated {
+    code: i32,
+    records: Vec<Value>,
+    stderr: String,
+}
+
+/// `idem gate ARGS --input INPUT --store STORE` to the end.
+fn gate(sb: &Sandbox, store: &str, input: &Path, args: &[&str]) -> Gated {
+    let mut all = vec!["gate", "--input", input.to_str().unwrap()];
+    all.extend(args);
+    let out = sb
+        .command_with_store(&all, store)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .expect("run idem gate");
+    let stdout = String::from_utf8(out.stdout).expect("UTF-8 output");
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let records = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}\nstderr: {stderr}")))
+        .collect();
+    Gated {
+        code: out.status.code().unwrap_or(-1),
+        records,
+        stderr,
+    }
+}
+
+fn verdicts(records: &[Value]) -> Vec<String> {
+    records
+        .iter()
+        .map(|r| r["verdict"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn counts(verdicts: &[String]) -> HashMap<String, usize> {
+    let mut c = HashMap::new();
+    for v in verdicts {
+        *c.entry(v.clone()).or_default() += 1;
+    }
+    c
+}
+
+/// What the gate must say for each event, computed without idem: the first event of a key
+/// is new; a later one is a replay when its payload (the event without the key fields)
+/// equals the first one's, a conflict otherwise.
+fn model(events: &[Value], keys: &[&str]) -> Vec<String> {
+    let mut first: HashMap<String, Value> = HashMap::new();
+    events
+        .iter()
+        .map(|e| {
+            let key: Vec<&str> = keys.iter().map(|k| e[*k].as_str().unwrap()).collect();
+            let mut payload = e.clone();
+            for k in keys {
+                payload.as_object_mut().unwrap().remove(*k);
+            }
+            match first.get(&key.join(":")) {
+                None => {
+                    first.insert(key.join(":"), payload);
+                    "new"
+                }
+                Some(p) if *p == payload => "replay",
+                Some(_) => "conflict",
+            }
+            .to_string()
+        })
+        .collect()
+}
+
+fn peer_events() -> Vec<Value> {
+    std::fs::read_to_string(peer_data())
+        .expect("../shared/peer-data/fund_loads_input.ndjson")
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn namespace() -> String {
+    format!("gate-{}", idem::new_run_id())
+}
+
+#[test]
+fn peer_data_verdicts_match_the_model_and_are_durable() {
+    let sb = Sandbox::new("gate-peer");
+    let events = peer_events();
+    assert_eq!(events.len(), 1000);
+    for store in stores(&sb, "peer_data_verdicts_match_the_model_and_are_durable") {
+        for keys in [vec!["id"], vec!["id", "customer_id"]] {
+            let ns = namespace();
+            let key_arg = keys.join(",");
+            let args = ["--key", &key_arg, "--namespace", &ns];
+            let expected = model(&events, &keys);
+            let first = gate(&sb, &store, &peer_data(), &args);
+            assert_eq!(first.code, 0, "{store} {key_arg}: {}", first.stderr);
+            let got = verdicts(&first.records);
+            assert_eq!(counts(&got), counts(&expected), "{store} key {key_arg}");
+            assert_eq!(got, expected, "{store} key {key_arg}: verdict per line");
+            assert!(
+                counts(&expected).get("conflict").copied().unwrap_or(0) > 0,
+                "the file has conflicting ids"
+            );
+            for (i, r) in first.records.iter().enumerate() {
+                assert_eq!(r["line"], i + 1);
+                assert_eq!(r["event"], events[i], "the event is passed on unchanged");
+                let key: Vec<&str> = keys
+                    .iter()
+                    .map(|k| events[i][*k].as_str().unwrap())
+                    .collect();
+                assert_eq!(r["key"], key.join(":"));
+            }
+            assert!(first.stderr.contains("1000 line(s)"), "{}", first.stderr);
+            assert!(first.stderr.contains("lines/s"), "{}", first.stderr);
+
+            // Same input, same store and namespace: every new is now a replay, every
+            // conflict still a conflict.
+            let second = gate(&sb, &store, &peer_data(), &args);
+            assert_eq!(second.code, 0, "{}", second.stderr);
+            let again = verdicts(&second.records);
+            let want: Vec<String> = expected
+                .iter()
+                .map(|v| {
+                    if v == "new" {
+                        "replay".into()
+                    } else {
+                        v.clone()
+                    }
+                })
+                .collect();
+            assert_eq!(again, want, "{store} key {key_arg}: second pass");
+        }
+    }
+}
+
+#[test]
+fn a_malformed_line_is_invalid_and_the_others_flow() {
+    let sb = Sandbox::new("gate-bad-line");
+    let text = std::fs::read_to_string(peer_data()).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines.insert(500, r#"{"id": "1", "customer_id": "2", "load_amount": "#);
+    let input = sb.dir.join("with-bad-line.ndjson");
+    std::fs::write(&input, lines.join("\n") + "\n").unwrap();
+    let events = peer_events();
+    let expected = model(&events, &["id"]);
+    for store in stores(&sb, "a_malformed_line_is_invalid_and_the_others_flow") {
+        let ns = namespace();
+        let out = gate(&sb, &store, &input, &["--key", "id", "--namespace", &ns]);
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        assert_eq!(out.records.len(), 1001);
+        let bad = &out.records[500];
+        assert_eq!(bad["line"], 501);
+        assert_eq!(bad["verdict"], "invalid");
+        assert!(bad["key"].is_null());
+        assert!(bad.get("event").is_none());
+        let error = bad["error"].as_str().unwrap();
+        assert!(error.starts_with("line 501: not JSON"), "{error}");
+        // The lines around it: their own verdicts, their true line numbers.
+        let mut got = verdicts(&out.records);
+        got.remove(500);
+        assert_eq!(got, expected);
+        assert_eq!(out.records[499]["line"], 500);
+        assert_eq!(out.records[501]["line"], 502);
+        assert_eq!(out.records[501]["event"], events[500]);
+    }
+}
+
+/// Lines `id` k0..k(distinct-1) then repeats: every other repeat with another amount.
+fn write_big_input(path: &Path, lines: usize, distinct: usize) {
+    use std::io::Write;
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    for i in 0..lines {
+        let k = i % distinct;
+        let amount = if i >= distinct && i % 2 == 0 {
+            k + 1
+        } else {
+            k
+        };
+        writeln!(
+            f,
+            r#"{{"id":"k{k}","customer_id":"{}","load_amount":"${amount}.00"}}"#,
+            k % 97
+        )
+        .unwrap();
+    }
+    f.flush().unwrap();
+}
+
+/// The complete records of an output file (a record cut by the kill is not reported).
+fn complete_records(path: &Path) -> Vec<Value> {
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .unwrap()
+        .read_to_string(&mut text)
+        .unwrap();
+    let complete = match text.rfind('\n') {
+        Some(end) => &text[..=end],
+        None => "",
+    };
+    complete
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn sigkill_mid_run_loses_no_line_and_reports_nothing_unrecorded() {
+    let sb = Sandbox::new("gate-kill");
+    let input = sb.dir.join("big.ndjson");
+    const LINES: usize = 200_000;
+    write_big_input(&input, LINES, 150_000);
+    let mut stores = vec![sb.store.clone()];
+    stores.extend(common::postgres_url(
+        "sigkill_mid_run_loses_no_line_and_reports_nothing_unrecorded",
+    ));
+    for store in stores {
+        let ns = namespace();
+        let first_out = sb.dir.join("first.ndjson");
+        let _ = std::fs::remove_file(&first_out);
+        let mut child = sb
+            .command_with_store(
+                &[
+                    "gate",
+                    "--key",
+                    "id",
+                    "--namespace",
+                    &ns,
+                    "--batch",
+                    "500",
+                    "--input",
+                    input.to_str().unwrap(),
+                    "--output",
+                    first_out.to_str().unwrap(),
+                ],
+                &store,
+            )
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        // Kill as soon as some output exists.
+        loop {
+            if std::fs::metadata(&first_out).is_ok_and(|m| m.len() > 0) {
+                break;
+            }
+            if child.try_wait().unwrap().is_some() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        child.kill().unwrap();
+        let status = child.wait().unwrap();
+        assert!(
+            !status.success(),
+            "{store}: the run was killed, not finished"
+        );
+        let reported = complete_records(&first_out);
+        assert!(
+            !reported.is_empty() && reported.len() < LINES,
+            "{store}: {} reported",
+            reported.len()
+        );
+
+        let second_out = sb.dir.join("second.ndjson");
+        let status = sb
+            .command_with_store(
+                &[
+                    "gate",
+                    "--key",
+                    "id",
+                    "--namespace",
+                    &ns,
+                    "--input",
+                    input.to_str().unwrap(),
+                    "--output",
+                    second_out.to_str().unwrap(),
+                ],
+                &store,
+            )
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let second = complete_records(&second_out);
+        // No line lost: one record per input line, in order.
+        assert_eq!(second.len(), LINES, "{store}");
+        for (i, r) in second.iter().enumerate() {
+            assert_eq!(r["line"], i + 1);
+        }
+        // Everything reported before the kill was recorded.
+        for r in &reported {
+            let line = r["line"].as_u64().unwrap() as usize;
+            let now = second[line - 1]["verdict"].as_str().unwrap();
+            let want = match r["verdict"].as_str().unwrap() {
+                "new" | "replay" => "replay",
+                "conflict" => "conflict",
+                other => panic!("unexpected verdict {other}"),
+            };
+            assert_eq!(
+                now, want,
+                "{store}: line {line} was {} before the kill",
+                r["verdict"]
+            );
+        }
+    }
+}
+
+#[test]
+fn strategies_under_an_unreachable_store() {
+    let sb = Sandbox::new("gate-down");
+    let dead = "postgres://127.0.0.1:1/x";
+    let strict = gate(&sb, dead, &peer_data(), &["--key", "id"]);
+    assert_eq!(strict.code, 3, "{}", strict.stderr);
+    assert!(
+        strict.records.is_empty(),
+        "strict reports nothing it did not record"
+    );
+    assert!(strict.stderr.contains("unavailable"), "{}", strict.stderr);
+
+    let best = gate(
+        &sb,
+        dead,
+        &peer_data(),
+        &["--key", "id", "--strategy", "best_effort"],
+    );
+    assert_eq!(best.code, 0, "{}", best.stderr);
+    assert_eq!(best.records.len(), 1000);
+    assert!(best
+        .records
+        .iter()
+        .all(|r| r["verdict"] == "new" && r["pass"] == true && r["verified"] == false));
+    assert!(best.stderr.contains("1000 fallback(s)"), "{}", best.stderr);
+
+    let log_only = gate(
+        &sb,
+        dead,
+        &peer_data(),
+        &["--key", "id", "--strategy", "log_only"],
+    );
+    assert_eq!(log_only.code, 0, "{}", log_only.stderr);
+    assert_eq!(log_only.records.len(), 1000);
+    assert!(log_only.records.iter().all(|r| r["pass"] == true));
+}
+
+#[test]
+fn log_only_checks_and_marks_but_never_filters() {
+    let sb = Sandbox::new("gate-log-only");
+    let events = peer_events();
+    let expected = model(&events, &["id"]);
+    let args = ["--key", "id", "--strategy", "log_only"];
+    let first = gate(&sb, &sb.store, &peer_data(), &args);
+    assert_eq!(verdicts(&first.records), expected);
+    assert!(first.records.iter().all(|r| r["pass"] == true));
+    // The marks were made: a strict gate filters every line now.
+    let strict = gate(&sb, &sb.store, &peer_data(), &["--key", "id"]);
+    assert!(strict.records.iter().all(|r| r["pass"] == false));
+    assert!(strict
+        .records
+        .iter()
+        .all(|r| r["verdict"] == "replay" || r["verdict"] == "conflict"));
+}
+
+#[test]
+fn amounts_normalised_on_request_and_csv_output() {
+    let sb = Sandbox::new("gate-amounts");
+    let input = sb.dir.join("amounts.ndjson");
+    std::fs::write(
+        &input,
+        "{\"id\":\"1\",\"load_amount\":\"100.5\"}\n\n{\"id\":\"1\",\"load_amount\":\"$100.50\"}\n{\"id\":\"1\",\"load_amount\":100.50}\n{\"id\":\"1\",\"load_amount\":\"$100.51\"}\n",
+    )
+    .unwrap();
+    let plain = gate(&sb, "memory://", &input, &["--key", "id"]);
+    assert_eq!(
+        verdicts(&plain.records),
+        ["new", "conflict", "conflict", "conflict"]
+    );
+    let normalised = gate(
+        &sb,
+        "memory://",
+        &input,
+        &["--key", "id", "--normalize-amounts", "load_amount"],
+    );
+    assert_eq!(
+        verdicts(&normalised.records),
+        ["new", "replay", "replay", "conflict"]
+    );
+    // The blank line 2 is skipped; numbering stays true.
+    let lines: Vec<u64> = normalised
+        .records
+        .iter()
+        .map(|r| r["line"].as_u64().unwrap())
+        .collect();
+    assert_eq!(lines, [1, 3, 4, 5]);
+
+    let out = sb
+        .command_with_store(
+            &[
+                "gate",
+                "--key",
+                "id",
+                "--format",
+                "csv",
+                "--input",
+                input.to_str().unwrap(),
+            ],
+            "memory://",
+        )
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let rows: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        rows[0],
+        "line,verdict,key,pass,verified,event,error,decision"
+    );
+    assert_eq!(
+        rows[1],
+        r#"1,new,1,true,true,"{""id"":""1"",""load_amount"":""100.5""}",,"#
+    );
+    assert_eq!(rows.len(), 5);
+}
+
+#[test]
+fn bad_arguments_exit_2_naming_the_problem() {
+    let sb = Sandbox::new("gate-args");
+    let input = peer_data();
+    let input = input.to_str().unwrap();
+    for (args, needle) in [
+        (vec!["gate", "--key", "", "--input", input], "--key"),
+        (vec!["gate", "--key", "id,,x", "--input", input], "--key"),
+        (
+            vec![
+                "gate",
+                "--key",
+                "id",
+                "--ttl",
+                "3 fortnights",
+                "--input",
+                input,
+            ],
+            "--ttl",
+        ),
+        (
+            vec!["gate", "--key", "id", "--format", "xml", "--input", input],
+            "xml",
+        ),
+        (
+            vec!["gate", "--key", "id", "--format", "html", "--input", input],
+            "idem report only",
+        ),
+        (
+            vec![
+                "gate",
+                "--key",
+                "id",
+                "--strategy",
+                "yolo",
+                "--input",
+                input,
+            ],
+            "--strategy",
+        ),
+        (
+            vec!["gate", "--key", "id", "--input", "/no/such/file.ndjson"],
+            "/no/such/file.ndjson",
+        ),
+        (vec!["runs", "--format", "csv"], "idem gate only"),
+    ] {
+        let out = sb.idem(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+}
+
+#[test]
+fn a_closed_stdout_is_not_a_crash() {
+    let sb = Sandbox::new("gate-pipe");
+    let mut child = sb
+        .command(&[
+            "gate",
+            "--key",
+            "id",
+            "--batch",
+            "10",
+            "--input",
+            peer_data().to_str().unwrap(),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    // The reader is gone (`| head -1`).
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(first.contains("\"line\":1"), "{first}");
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
