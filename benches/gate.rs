@@ -1,0 +1,233 @@
+//! `idem gate` end to end (the release binary as a process, NDJSON file in, records to
+//! /dev/null) on SQLite and Postgres, against Redis `SET key 1 NX EX 600` pipelined over
+//! the same keys in the same run; and the gate's peak memory (VmHWM) for 100 k and 1 M
+//! lines.
+//!
+//! ```text
+//! cargo bench --bench gate
+//! IDEM_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/idem_gate cargo bench --bench gate
+//! ```
+//!
+//! Settings (environment): `IDEM_BENCH_LINES` (throughput input, default 200000),
+//! `IDEM_BENCH_BATCH` (`--batch`, default the gate's 1000), `IDEM_BENCH_REDIS`
+//! (host:port, default 127.0.0.1:6379; unreachable: skipped), `IDEM_TEST_POSTGRES_URL`
+//! (unset: Postgres skipped), `IDEM_BENCH_MEMORY=0` to skip the 1 M-line memory runs.
+
+use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const IDEM: &str = env!("CARGO_BIN_EXE_idem");
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn key(i: usize) -> String {
+    format!("e{i:09}")
+}
+
+/// `lines` fund-load events with distinct ids.
+fn write_input(path: &Path, lines: usize) {
+    let mut f = BufWriter::new(std::fs::File::create(path).unwrap());
+    for i in 0..lines {
+        writeln!(
+            f,
+            r#"{{"id":"{}","customer_id":"{}","load_amount":"${}.{:02}","time":"2000-01-01T00:00:00Z"}}"#,
+            key(i),
+            i % 997,
+            i % 5000,
+            i % 100
+        )
+        .unwrap();
+    }
+    f.flush().unwrap();
+}
+
+/// The peak resident memory so far of a running process, in KiB.
+fn vm_hwm(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+struct GateRun {
+    seconds: f64,
+    peak_kib: u64,
+}
+
+/// Runs `idem gate --key id` over `input` on `store` to the end.
+fn gate(input: &Path, store: &str, namespace: &str, batch: Option<usize>) -> GateRun {
+    let mut cmd = Command::new(IDEM);
+    cmd.args(["gate", "--key", "id", "--namespace", namespace, "--store", store])
+        .arg("--input")
+        .arg(input)
+        .args(["--output", "/dev/null"])
+        .env_remove("IDEM_STORE")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    if let Some(b) = batch {
+        cmd.args(["--batch", &b.to_string()]);
+    }
+    let started = Instant::now();
+    let mut child = cmd.spawn().expect("run idem gate");
+    let pid = child.id();
+    let mut peak = 0;
+    let status = loop {
+        if let Some(kib) = vm_hwm(pid) {
+            peak = peak.max(kib);
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(status.success(), "idem gate failed: {stderr}");
+    GateRun {
+        seconds,
+        peak_kib: peak,
+    }
+}
+
+/// `SET prefix+key 1 NX EX 600` for every key, pipelined `batch` commands at a time over one
+/// connection (RESP by hand); returns (seconds, keys set).
+fn redis_set_nx(addr: &str, prefix: &str, lines: usize, batch: usize) -> Option<(f64, usize)> {
+    let stream = TcpStream::connect(addr).ok()?;
+    stream.set_nodelay(true).ok()?;
+    let mut reader = BufReader::with_capacity(1 << 16, stream.try_clone().ok()?);
+    let mut writer = BufWriter::with_capacity(1 << 20, stream);
+    let mut reply = String::new();
+    let started = Instant::now();
+    let mut set = 0;
+    let mut i = 0;
+    while i < lines {
+        let end = (i + batch).min(lines);
+        for j in i..end {
+            let k = format!("{prefix}{}", key(j));
+            write!(
+                writer,
+                "*6\r\n$3\r\nSET\r\n${}\r\n{k}\r\n$1\r\n1\r\n$2\r\nNX\r\n$2\r\nEX\r\n$3\r\n600\r\n",
+                k.len()
+            )
+            .ok()?;
+        }
+        writer.flush().ok()?;
+        for _ in i..end {
+            reply.clear();
+            reader.read_line(&mut reply).ok()?;
+            match reply.as_bytes().first() {
+                Some(b'+') => set += 1,
+                Some(b'$') => {} // $-1: the key existed (NX)
+                _ => panic!("redis: unexpected reply {reply:?}"),
+            }
+        }
+        i = end;
+    }
+    Some((started.elapsed().as_secs_f64(), set))
+}
+
+fn run_id() -> String {
+    format!(
+        "{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis()
+    )
+}
+
+fn main() {
+    let lines = env_usize("IDEM_BENCH_LINES", 200_000);
+    let batch = std::env::var("IDEM_BENCH_BATCH")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    let dir: PathBuf = std::env::temp_dir().join(format!("idem-bench-gate-{}", run_id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let input = dir.join("events.ndjson");
+    write_input(&input, lines);
+    let id = run_id();
+    println!(
+        "idem gate --key id, {lines} lines of distinct ids, --batch {}",
+        batch.map_or("1000 (default)".to_string(), |b: usize| b.to_string())
+    );
+    let rate = |n: usize, s: f64| n as f64 / s;
+
+    let sqlite = format!("sqlite://{}", dir.join("gate.db").display());
+    let r = gate(&input, &sqlite, &format!("bench-{id}"), batch);
+    println!(
+        "  sqlite    first pass : {:>9.0} lines/s ({:.2} s, peak {} MiB)",
+        rate(lines, r.seconds),
+        r.seconds,
+        r.peak_kib / 1024
+    );
+    let r = gate(&input, &sqlite, &format!("bench-{id}"), batch);
+    println!(
+        "  sqlite    replay pass: {:>9.0} lines/s ({:.2} s)",
+        rate(lines, r.seconds),
+        r.seconds
+    );
+    match std::env::var("IDEM_TEST_POSTGRES_URL") {
+        Ok(pg) => {
+            let ns = format!("bench-{id}");
+            let r = gate(&input, &pg, &ns, batch);
+            println!(
+                "  postgres  first pass : {:>9.0} lines/s ({:.2} s, peak {} MiB)",
+                rate(lines, r.seconds),
+                r.seconds,
+                r.peak_kib / 1024
+            );
+            let r = gate(&input, &pg, &ns, batch);
+            println!(
+                "  postgres  replay pass: {:>9.0} lines/s ({:.2} s)",
+                rate(lines, r.seconds),
+                r.seconds
+            );
+        }
+        Err(_) => println!("  postgres  skipped: IDEM_TEST_POSTGRES_URL is not set"),
+    }
+    let addr = std::env::var("IDEM_BENCH_REDIS").unwrap_or_else(|_| "127.0.0.1:6379".into());
+    let prefix = format!("idem-bench:{id}:");
+    match redis_set_nx(&addr, &prefix, lines, batch.unwrap_or(1000)) {
+        Some((s, set)) => {
+            println!(
+                "  redis SET NX EX pipelined, same keys: {:>9.0} keys/s ({s:.2} s, {set} set)",
+                rate(lines, s)
+            );
+            let (s, set) = redis_set_nx(&addr, &prefix, lines, batch.unwrap_or(1000)).unwrap();
+            println!(
+                "  redis SET NX EX again (all exist)   : {:>9.0} keys/s ({s:.2} s, {set} set)",
+                rate(lines, s)
+            );
+        }
+        None => println!("  redis     skipped: nothing answers at {addr}"),
+    }
+
+    if std::env::var("IDEM_BENCH_MEMORY").as_deref() != Ok("0") {
+        println!("peak memory (VmHWM) of idem gate on SQLite, by input size:");
+        for n in [100_000, 1_000_000] {
+            let input = dir.join(format!("mem-{n}.ndjson"));
+            write_input(&input, n);
+            let store = format!("sqlite://{}", dir.join(format!("mem-{n}.db")).display());
+            let r = gate(&input, &store, "bench-memory", batch);
+            println!(
+                "  {n:>9} lines: peak {:>6} KiB, {:>9.0} lines/s",
+                r.peak_kib,
+                rate(n, r.seconds)
+            );
+            let _ = std::fs::remove_file(&input);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
