@@ -249,9 +249,7 @@ fn write_sorted(events: &[EventSignature], mut emit: impl FnMut(&[u8])) {
         .enumerate()
         .map(|(i, e)| (e.timestamp_micros, i))
         .collect();
-    if !order.windows(2).all(|w| w[0].0 <= w[1].0) {
-        sort_by_timestamp(&mut order);
-    }
+    order.sort_unstable();
     let mut start = 0;
     while start < order.len() {
         let at = order[start].0;
@@ -300,52 +298,6 @@ fn write_sorted(events: &[EventSignature], mut emit: impl FnMut(&[u8])) {
     }
     buf.push(b']');
     emit(&buf);
-}
-
-/// Sorts (timestamp, index) pairs, indexes in increasing order within a timestamp (what
-/// `sort_unstable` on the pairs gives, since indexes are distinct), by a stable LSD radix
-/// sort on the timestamps' offsets from the smallest, 11 bits a pass: a few linear passes
-/// instead of ~n·log n unpredictable comparisons.
-fn sort_by_timestamp(order: &mut Vec<(i64, usize)>) {
-    const BITS: u32 = 11;
-    const BUCKETS: usize = 1 << BITS;
-    if order.len() < 1024 {
-        order.sort_unstable();
-        return;
-    }
-    let min = order.iter().map(|o| o.0).min().unwrap_or(0);
-    let max = order.iter().map(|o| o.0).max().unwrap_or(0);
-    let range = max.abs_diff(min);
-    let passes = (u64::BITS - range.leading_zeros()).div_ceil(BITS) as usize;
-    let mut keyed: Vec<(u64, usize)> = order
-        .iter()
-        .map(|&(t, i)| (t.abs_diff(min), i))
-        .collect();
-    let mut counts = vec![[0usize; BUCKETS]; passes];
-    for &(k, _) in &keyed {
-        for (p, c) in counts.iter_mut().enumerate() {
-            c[((k >> (p as u32 * BITS)) as usize) & (BUCKETS - 1)] += 1;
-        }
-    }
-    let mut scratch = vec![(0u64, 0usize); keyed.len()];
-    for (p, c) in counts.iter_mut().enumerate() {
-        let mut at = 0;
-        for slot in c.iter_mut() {
-            let n = *slot;
-            *slot = at;
-            at += n;
-        }
-        let shift = p as u32 * BITS;
-        for &(k, i) in &keyed {
-            let b = ((k >> shift) as usize) & (BUCKETS - 1);
-            scratch[c[b]] = (k, i);
-            c[b] += 1;
-        }
-        std::mem::swap(&mut keyed, &mut scratch);
-    }
-    for (o, &(k, i)) in order.iter_mut().zip(&keyed) {
-        *o = ((min as u64).wrapping_add(k) as i64, i);
-    }
 }
 
 /// One signature as `json.dumps` writes the tuple.
@@ -679,27 +631,6 @@ fn parse_quantity(raw: Option<&RawValue>) -> Result<i128, EventError> {
 
 #[cfg(test)]
 mod tests {
-
-    #[test]
-    fn radix_sort_orders_like_sorting_the_pairs() {
-        let mut x: u64 = 7;
-        let mut next = move || {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            x >> 11
-        };
-        for (n, spread) in [(5000usize, 1u64 << 40), (3000, 10), (2048, 1 << 62), (100, 1000)] {
-            let mut pairs: Vec<(i64, usize)> = (0..n)
-                .map(|i| ((next() % spread) as i64 - (spread / 2) as i64, i))
-                .collect();
-            pairs.push((MIN_MICROS, n));
-            pairs.push((MAX_MICROS, n + 1));
-            let mut want = pairs.clone();
-            want.sort_unstable();
-            sort_by_timestamp(&mut pairs);
-            assert_eq!(pairs, want, "n={n} spread={spread}");
-        }
-    }
-
     use super::*;
     use chrono::Datelike;
 
