@@ -66,14 +66,22 @@ struct GateRun {
 /// Runs `idem gate --key id` over `input` on `store` to the end.
 fn gate(input: &Path, store: &str, namespace: &str, batch: Option<usize>) -> GateRun {
     let mut cmd = Command::new(IDEM);
-    cmd.args(["gate", "--key", "id", "--namespace", namespace, "--store", store])
-        .arg("--input")
-        .arg(input)
-        .args(["--output", "/dev/null"])
-        .env_remove("IDEM_STORE")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+    cmd.args([
+        "gate",
+        "--key",
+        "id",
+        "--namespace",
+        namespace,
+        "--store",
+        store,
+    ])
+    .arg("--input")
+    .arg(input)
+    .args(["--output", "/dev/null"])
+    .env_remove("IDEM_STORE")
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped());
     if let Some(b) = batch {
         cmd.args(["--batch", &b.to_string()]);
     }

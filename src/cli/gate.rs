@@ -143,6 +143,7 @@ pub(super) async fn gate(args: &GateArgs, g: &GlobalOptions) -> Result<u8> {
         BreakerConfig::default(),
     );
     let bar = output::gate_bar();
+    let mut done = StreamSummary::default();
     let result = stream::run(
         &gate,
         Stream {
@@ -154,6 +155,7 @@ pub(super) async fn gate(args: &GateArgs, g: &GlobalOptions) -> Result<u8> {
         format,
         args.batch as usize,
         |s| {
+            done.clone_from(s);
             if let Some(bar) = &bar {
                 bar.set_position(s.lines);
                 bar.set_message(progress_message(s));
@@ -164,7 +166,17 @@ pub(super) async fn gate(args: &GateArgs, g: &GlobalOptions) -> Result<u8> {
     if let Some(bar) = &bar {
         bar.finish_and_clear();
     }
-    let summary = result?;
+    let summary = match result {
+        Ok(summary) => summary,
+        Err(e) => {
+            // What was written before the failure is recorded: say how far it got.
+            output::print_gate_summary(&format!(
+                "{} (the batch after these failed; its lines have no record)",
+                summary_line(&done, &gate)
+            ));
+            return Err(e);
+        }
+    };
     output::print_gate_summary(&summary_line(&summary, &gate));
     Ok(EXIT_OK)
 }
