@@ -530,3 +530,41 @@ fn a_closed_stdout_is_not_a_crash() {
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+#[test]
+fn a_replay_carries_the_decision_recorded_by_the_first_processing() {
+    use idem::events::dedup::Deduplicator;
+    use idem::events::strategy::{EventGate, Strategy};
+    let sb = Sandbox::new("gate-decision");
+    let input = sb.dir.join("one.ndjson");
+    std::fs::write(&input, "{\"id\":\"p-1\",\"amount\":\"5.00\"}\n").unwrap();
+    for store in stores(
+        &sb,
+        "a_replay_carries_the_decision_recorded_by_the_first_processing",
+    ) {
+        let ns = namespace();
+        // A service processed the event first, through the library, and stored its decision.
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let opened = idem::store::open(&store).await.unwrap();
+            let dedup = Deduplicator::new(opened, &ns, ["id"]).unwrap();
+            let gate = EventGate::new(dedup, Strategy::Strict, Default::default());
+            let event = serde_json::json!({"amount": "5.00", "id": "p-1"});
+            let first = gate
+                .check_and_mark(&[event], chrono::Utc::now())
+                .await
+                .unwrap();
+            assert_eq!(first[0].as_ref().unwrap().verdict_name(), "new");
+            let decision = serde_json::json!({"status": "accepted"});
+            assert!(gate.record_decision("p-1", &decision).await.unwrap());
+        });
+        let out = gate(&sb, &store, &input, &["--key", "id", "--namespace", &ns]);
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        assert_eq!(out.records[0]["verdict"], "replay", "{store}");
+        assert_eq!(
+            out.records[0]["decision"],
+            serde_json::json!({"status": "accepted"})
+        );
+        assert_eq!(out.records[0]["pass"], false);
+    }
+}
