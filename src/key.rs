@@ -225,6 +225,31 @@ pub fn digest_value(value: &Value, algorithm: HashAlgorithm) -> String {
     w.finish_hex()
 }
 
+/// [`digest_value`] of `map` without the entries whose key `skip` names, without copying
+/// the object (the dedup fingerprint of an event without its key fields).
+pub(crate) fn digest_object_without(
+    map: &serde_json::Map<String, Value>,
+    skip: impl Fn(&str) -> bool,
+    algorithm: HashAlgorithm,
+) -> String {
+    let mut w = DigestWriter::new(algorithm);
+    let mut entries: Vec<(&String, &Value)> = map.iter().filter(|(k, _)| !skip(k)).collect();
+    if !entries.is_sorted_by(|a, b| a.0 <= b.0) {
+        entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    }
+    w.put(b"{");
+    for (i, (k, v)) in entries.into_iter().enumerate() {
+        if i > 0 {
+            w.put(b",");
+        }
+        write_string(&mut w, k).expect("digest writes cannot fail");
+        w.put(b":");
+        write_canonical(&mut w, v).expect("digest writes cannot fail");
+    }
+    w.put(b"}");
+    w.finish_hex()
+}
+
 /// The canonical encoding of a JSON value: object keys sorted, compact.
 pub fn canonical_json(value: &Value) -> String {
     let mut out = Vec::new();
@@ -281,9 +306,12 @@ enum Hasher {
 /// 8 KiB.
 struct DigestWriter {
     hasher: Hasher,
-    buf: Box<[u8; 8192]>,
-    len: usize,
+    /// Up to [`DIGEST_BUF`] bytes not hashed yet (allocated, not zeroed: most digests are
+    /// of a few hundred bytes).
+    buf: Vec<u8>,
 }
+
+const DIGEST_BUF: usize = 8192;
 
 impl DigestWriter {
     fn new(algorithm: HashAlgorithm) -> Self {
@@ -293,24 +321,23 @@ impl DigestWriter {
         };
         DigestWriter {
             hasher,
-            buf: Box::new([0; 8192]),
-            len: 0,
+            buf: Vec::with_capacity(DIGEST_BUF),
         }
     }
 
     fn flush_buf(&mut self) {
-        let bytes = &self.buf[..self.len];
+        let bytes = &self.buf[..];
         match &mut self.hasher {
             Hasher::Md5(h) => h.update(bytes),
             Hasher::Sha256(h) => h.update(bytes),
         }
-        self.len = 0;
+        self.buf.clear();
     }
 
     fn put(&mut self, bytes: &[u8]) {
-        if self.len + bytes.len() > self.buf.len() {
+        if self.buf.len() + bytes.len() > DIGEST_BUF {
             self.flush_buf();
-            if bytes.len() >= self.buf.len() {
+            if bytes.len() >= DIGEST_BUF {
                 match &mut self.hasher {
                     Hasher::Md5(h) => h.update(bytes),
                     Hasher::Sha256(h) => h.update(bytes),
@@ -318,8 +345,7 @@ impl DigestWriter {
                 return;
             }
         }
-        self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
-        self.len += bytes.len();
+        self.buf.extend_from_slice(bytes);
     }
 
     fn finish_hex(mut self) -> String {

@@ -453,15 +453,21 @@ impl EventKeyStore for SqliteStore {
             return Ok(Vec::new());
         }
         let firsts = event_keys::firsts(marks);
-        let batch: Vec<serde_json::Value> = firsts
+        /// One mark of the JSON array EVENTS_MARK_SQL reads.
+        #[derive(serde::Serialize)]
+        struct Row<'a> {
+            k: &'a str,
+            f: Option<&'a str>,
+            d: Option<String>,
+            e: Option<i64>,
+        }
+        let batch: Vec<Row<'_>> = firsts
             .iter()
-            .map(|m| {
-                serde_json::json!({
-                    "k": m.key,
-                    "f": m.fingerprint,
-                    "d": event_keys::decision_text(m),
-                    "e": m.expires_at(now).map(ts),
-                })
+            .map(|m| Row {
+                k: &m.key,
+                f: m.fingerprint.as_deref(),
+                d: event_keys::decision_text(m),
+                e: m.expires_at(now).map(ts),
             })
             .collect();
         // One transaction that writes first (so it takes the write lock at once, waiting
@@ -471,7 +477,10 @@ impl EventKeyStore for SqliteStore {
         let marked: Vec<String> = sqlx::query_scalar(EVENTS_MARK_SQL)
             .bind(namespace)
             .bind(ts(now))
-            .bind(serde_json::Value::Array(batch).to_string())
+            .bind(
+                serde_json::to_string(&batch)
+                    .map_err(|e| Error::input(format!("event keys: {e}")))?,
+            )
             .fetch_all(&mut *tx)
             .await
             .map_err(|e| self.err(e))?;
