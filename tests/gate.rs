@@ -568,3 +568,65 @@ fn a_replay_carries_the_decision_recorded_by_the_first_processing() {
         assert_eq!(out.records[0]["pass"], false);
     }
 }
+
+#[test]
+fn two_gates_on_one_store_never_both_say_new() {
+    let sb = Sandbox::new("gate-two");
+    let input = sb.dir.join("shared.ndjson");
+    const LINES: usize = 20_000;
+    write_big_input(&input, LINES, LINES);
+    let mut stores = vec![sb.store.clone()];
+    stores.extend(common::postgres_url(
+        "two_gates_on_one_store_never_both_say_new",
+    ));
+    for store in stores {
+        let ns = namespace();
+        let children: Vec<_> = (0..2)
+            .map(|n| {
+                let out = sb.dir.join(format!("out-{n}.ndjson"));
+                let child = sb
+                    .command_with_store(
+                        &[
+                            "gate",
+                            "--key",
+                            "id",
+                            "--namespace",
+                            &ns,
+                            "--batch",
+                            "100",
+                            "--input",
+                            input.to_str().unwrap(),
+                            "--output",
+                            out.to_str().unwrap(),
+                        ],
+                        &store,
+                    )
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap();
+                (child, out)
+            })
+            .collect();
+        let mut new_by_key: HashMap<String, usize> = HashMap::new();
+        for (child, out) in children {
+            let done = child.wait_with_output().unwrap();
+            assert!(
+                done.status.success(),
+                "{}",
+                String::from_utf8_lossy(&done.stderr)
+            );
+            let records = complete_records(&out);
+            assert_eq!(records.len(), LINES);
+            for r in records.iter().filter(|r| r["verdict"] == "new") {
+                *new_by_key
+                    .entry(r["key"].as_str().unwrap().to_string())
+                    .or_default() += 1;
+            }
+        }
+        assert_eq!(new_by_key.len(), LINES, "{store}: every key new somewhere");
+        assert!(
+            new_by_key.values().all(|&n| n == 1),
+            "{store}: a key was new in both gates"
+        );
+    }
+}

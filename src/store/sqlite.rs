@@ -407,8 +407,8 @@ impl MaintenanceStore for SqliteStore {
     }
 }
 
-/// Marks the first occurrence of each key (a JSON array of {k, f, d, e}) that is absent or
-/// expired at ?2; RETURNING gives the keys marked.
+/// Marks each key of a JSON array of {k, f, d, e} (the keys found absent or expired at ?2
+/// under the write lock).
 const EVENTS_MARK_SQL: &str = "\
 INSERT INTO event_keys (namespace, event_key, first_seen, fingerprint, decision, expires_at)
 SELECT ?1, json_extract(m.value, '$.k'), ?2, json_extract(m.value, '$.f'),
@@ -417,8 +417,15 @@ FROM json_each(?3) AS m WHERE true
 ON CONFLICT (namespace, event_key) DO UPDATE SET
   first_seen = excluded.first_seen, fingerprint = excluded.fingerprint,
   decision = excluded.decision, expires_at = excluded.expires_at
-WHERE event_keys.expires_at IS NOT NULL AND event_keys.expires_at <= ?2
-RETURNING event_key";
+WHERE event_keys.expires_at IS NOT NULL AND event_keys.expires_at <= ?2";
+
+/// The unexpired rows of the keys in the JSON array ?2, as one JSON array of
+/// [key, fingerprint, decision, first_seen] (`[]` when none).
+const EVENTS_READ_BATCH_SQL: &str = "\
+SELECT json_group_array(json_array(event_key, fingerprint, decision, first_seen))
+FROM event_keys
+WHERE namespace = ?1 AND event_key IN (SELECT value FROM json_each(?2))
+  AND (expires_at IS NULL OR expires_at > ?3)";
 
 /// The unexpired rows of the keys in the JSON array ?2.
 const EVENTS_READ_SQL: &str = "\
@@ -453,6 +460,35 @@ impl EventKeyStore for SqliteStore {
             return Ok(Vec::new());
         }
         let firsts = event_keys::firsts(marks);
+        let keys: Vec<&str> = firsts.iter().map(|m| m.key.as_str()).collect();
+        // One write transaction (BEGIN IMMEDIATE: the write lock at once, waiting under the
+        // busy timeout): read the batch's unexpired rows as one aggregated row, then mark
+        // every other key (absent, or expired: the upsert's WHERE). Under the lock nothing
+        // changes in between. One row back per batch, not one per key: sqlx passes each
+        // row from its SQLite worker thread as a message, which dominated large batches.
+        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        let mut tx = conn
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(|e| self.err(e))?;
+        let stored: String = sqlx::query_scalar(EVENTS_READ_BATCH_SQL)
+            .bind(namespace)
+            .bind(serde_json::to_string(&keys).unwrap_or_default())
+            .bind(ts(now))
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(|e| self.err(e))?;
+        let rows: Vec<(String, Option<String>, Option<String>, i64)> =
+            serde_json::from_str(&stored).map_err(|e| {
+                Error::store(self.location(), format!("reading event keys back: {e}"))
+            })?;
+        let mut found = Found::default();
+        let mut present = std::collections::HashSet::with_capacity(rows.len());
+        for (key, fingerprint, decision, first_seen) in rows {
+            let first_seen = DateTime::from_timestamp_micros(first_seen).unwrap_or_default();
+            present.insert(key.clone());
+            found.stored(key, fingerprint, decision, first_seen);
+        }
         /// One mark of the JSON array EVENTS_MARK_SQL reads.
         #[derive(serde::Serialize)]
         struct Row<'a> {
@@ -463,6 +499,7 @@ impl EventKeyStore for SqliteStore {
         }
         let batch: Vec<Row<'_>> = firsts
             .iter()
+            .filter(|m| !present.contains(m.key.as_str()))
             .map(|m| Row {
                 k: &m.key,
                 f: m.fingerprint.as_deref(),
@@ -470,41 +507,22 @@ impl EventKeyStore for SqliteStore {
                 e: m.expires_at(now).map(ts),
             })
             .collect();
-        // One transaction that writes first (so it takes the write lock at once, waiting
-        // under the busy timeout), then reads the keys it did not mark.
-        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
-        let mut tx = conn.begin().await.map_err(|e| self.err(e))?;
-        let marked: Vec<String> = sqlx::query_scalar(EVENTS_MARK_SQL)
-            .bind(namespace)
-            .bind(ts(now))
-            .bind(
-                serde_json::to_string(&batch)
-                    .map_err(|e| Error::input(format!("event keys: {e}")))?,
-            )
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(|e| self.err(e))?;
-        let marked_set: std::collections::HashSet<&str> =
-            marked.iter().map(String::as_str).collect();
-        let others: Vec<&str> = firsts
-            .iter()
-            .map(|m| m.key.as_str())
-            .filter(|k| !marked_set.contains(k))
-            .collect();
-        let mut found = Found::default();
-        if !others.is_empty() {
-            for (key, fingerprint, decision, first_seen) in
-                read_events(&mut tx, namespace, &others, now)
-                    .await
-                    .map_err(|e| self.err(e))?
-            {
-                let first_seen = DateTime::from_timestamp_micros(first_seen).unwrap_or_default();
-                found.stored(key, fingerprint, decision, first_seen);
-            }
+        if !batch.is_empty() {
+            sqlx::query(EVENTS_MARK_SQL)
+                .bind(namespace)
+                .bind(ts(now))
+                .bind(
+                    serde_json::to_string(&batch)
+                        .map_err(|e| Error::input(format!("event keys: {e}")))?,
+                )
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?;
         }
         tx.commit().await.map_err(|e| self.err(e))?;
-        drop(marked_set);
-        marked.into_iter().for_each(|k| found.marked(k));
+        for m in &batch {
+            found.marked(m.k.to_string());
+        }
         Ok(found.verdicts(marks, now))
     }
 
