@@ -382,11 +382,13 @@ pub fn main_with(registry: Registry) -> ExitCode {
             return ExitCode::from(if e.use_stderr() { EXIT_USAGE } else { EXIT_OK });
         }
     };
+    // sqlx warns of every statement slower than 1 s with its whole text (the report's
+    // queries over a large ledger are, by design): that is for `RUST_LOG=sqlx=warn`.
     init_logging(if matches!(cli.command, Command::Scheduler(_)) {
         // One line per fire.
-        "warn,idem::scheduler=info"
+        "warn,sqlx::query=error,idem::scheduler=info"
     } else {
-        "warn"
+        "warn,sqlx::query=error"
     });
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
