@@ -861,3 +861,45 @@ INSERT INTO out SELECT @scope, (SELECT count(*) FROM (WITH RECURSIVE c(x) AS (SE
     let e = sqlite_rows(&s.dir.join("idem.db"), "SELECT day FROM out").unwrap_err();
     assert!(e.contains("no such table: out"), "{e}");
 }
+
+#[test]
+fn reading_commands_refuse_a_missing_ledger_and_name_the_filters_that_matched_nothing() {
+    let s = Sandbox::new("idem-cli-missing-ledger");
+    let typo = s.dir.join("idme.db");
+    let typo_url = format!("sqlite://{}", typo.display());
+    for args in [
+        &["runs"][..],
+        &["report"][..],
+        &["runs", "--format", "json"][..],
+    ] {
+        let out = s.command_with_store(args, &typo_url).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains(&format!("no ledger at {}", typo.display()))
+                && stderr(&out).contains("does not exist"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+        assert!(!typo.exists(), "{args:?} left an empty ledger behind");
+    }
+
+    // An existing ledger without the asked-for runs says which filter matched nothing.
+    assert_eq!(s.idem(&["migrate"]).status.code(), Some(0));
+    let out = s.idem(&["runs", "--job", "nosuch", "--status", "failed"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("no runs of job \"nosuch\" with status failed recorded in"),
+        "{text}"
+    );
+    let out = s.idem(&["report", "--job", "nosuch"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("no runs of job \"nosuch\" recorded in the period"),
+        "{text}"
+    );
+    let (code, v, _) = s.json(&["report", "--job", "nosuch"]);
+    assert_eq!(code, 0);
+    assert_eq!(v["job"], "nosuch");
+}

@@ -503,6 +503,28 @@ fn cancel_on_signals() -> Result<Cancel> {
 
 /// A command-line value's error (a parser that reports configuration errors, like
 /// durations): the same message, as [`Error::Input`].
+/// For commands that only read the ledger (`runs`, `report`): a `sqlite://` store whose
+/// file does not exist is a mistake (a typo in `--store`, the wrong directory), not an
+/// empty ledger, and opening it would leave an empty database behind.
+fn ledger_must_exist(url: &str) -> Result<()> {
+    #[cfg(feature = "sqlite")]
+    if crate::backend::Backend::of(url) == Some(crate::backend::Backend::Sqlite) {
+        let options = crate::backend::sqlite::connect_options(url)?;
+        let path = options.get_filename();
+        if !path.as_os_str().is_empty()
+            && path != std::path::Path::new(":memory:")
+            && !path.exists()
+        {
+            return Err(Error::input(format!(
+                "no ledger at {}: the file does not exist (check --store or IDEM_STORE; \
+                 idem creates the ledger on the first `idem run` or `idem migrate`)",
+                path.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn input(e: Error) -> Error {
     Error::input(e)
 }

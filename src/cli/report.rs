@@ -166,6 +166,7 @@ pub(super) async fn report(args: ReportArgs, g: &GlobalOptions) -> Result<u8> {
             FormatArg::Markdown => OutputFormat::Markdown,
             FormatArg::Html => OutputFormat::Html,
         };
+        super::ledger_must_exist(&g.store)?;
         let report = report::run(&g.store, &options).await?;
         report::render(&report, format)
     };

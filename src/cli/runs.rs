@@ -8,17 +8,17 @@ use crate::store::{self, spool::Spool, RunFilter};
 
 /// `idem runs`: replays the spool first, so the list includes the runs it held.
 pub(super) async fn runs(args: RunsArgs, g: &GlobalOptions) -> Result<u8> {
+    super::ledger_must_exist(&g.store)?;
     let store = store::open(&g.store).await?;
     replay_spool(&Spool::from_env(&g.store), &*store).await;
-    let runs = store
-        .runs(&RunFilter {
-            processor: args.job,
-            scope: args.scope,
-            status: args.status,
-            since: None,
-            limit: args.limit as usize,
-        })
-        .await?;
-    output::print_runs(&runs, &store.location(), g.format);
+    let filter = RunFilter {
+        processor: args.job,
+        scope: args.scope,
+        status: args.status,
+        since: None,
+        limit: args.limit as usize,
+    };
+    let runs = store.runs(&filter).await?;
+    output::print_runs(&runs, &store.location(), &filter, g.format);
     Ok(EXIT_OK)
 }

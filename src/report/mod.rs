@@ -518,6 +518,9 @@ pub struct Report {
     pub store: String,
     /// The period.
     pub period: Period,
+    /// The job the report was asked for (`--job`), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub job: Option<String>,
     /// Thresholds scaled to the period.
     pub thresholds: ScaledThresholds,
     /// Per processor with runs in the period, by name.
@@ -995,6 +998,7 @@ fn assemble(store: String, options: &ReportOptions, results: &BTreeMap<&str, Vec
             until: options.until,
             days: options.days,
         },
+        job: options.job.clone(),
         thresholds,
         processors,
         storage: totals,
