@@ -503,10 +503,11 @@ fn cancel_on_signals() -> Result<Cancel> {
 
 /// A command-line value's error (a parser that reports configuration errors, like
 /// durations): the same message, as [`Error::Input`].
-/// For commands that only read the ledger (`runs`, `report`): a `sqlite://` store whose
-/// file does not exist is a mistake (a typo in `--store`, the wrong directory), not an
-/// empty ledger, and opening it would leave an empty database behind.
-fn ledger_must_exist(url: &str) -> Result<()> {
+/// For commands that only read the ledger (`runs`, `report`): the path of a `sqlite://`
+/// store whose file does not exist. That is a mistake (a typo in `--store`, the wrong
+/// directory) or a ledger not made yet, never one to create: opening it would leave an
+/// empty database behind.
+fn missing_ledger(url: &str) -> Result<Option<std::path::PathBuf>> {
     #[cfg(feature = "sqlite")]
     if crate::backend::Backend::of(url) == Some(crate::backend::Backend::Sqlite) {
         let options = crate::backend::sqlite::connect_options(url)?;
@@ -515,14 +516,19 @@ fn ledger_must_exist(url: &str) -> Result<()> {
             && path != std::path::Path::new(":memory:")
             && !path.exists()
         {
-            return Err(Error::input(format!(
-                "no ledger at {}: the file does not exist (check --store or IDEM_STORE; \
-                 idem creates the ledger on the first `idem run` or `idem migrate`)",
-                path.display()
-            )));
+            return Ok(Some(path.to_path_buf()));
         }
     }
-    Ok(())
+    Ok(None)
+}
+
+/// What [`missing_ledger`] found, in words.
+fn no_ledger_message(path: &std::path::Path) -> String {
+    format!(
+        "no ledger at {}: the file does not exist (check --store or IDEM_STORE; idem \
+         creates the ledger on the first `idem run` or `idem migrate`)",
+        path.display()
+    )
 }
 
 fn input(e: Error) -> Error {

@@ -166,7 +166,9 @@ pub(super) async fn report(args: ReportArgs, g: &GlobalOptions) -> Result<u8> {
             FormatArg::Markdown => OutputFormat::Markdown,
             FormatArg::Html => OutputFormat::Html,
         };
-        super::ledger_must_exist(&g.store)?;
+        if let Some(path) = super::missing_ledger(&g.store)? {
+            return Err(Error::input(super::no_ledger_message(&path)));
+        }
         let report = report::run(&g.store, &options).await?;
         report::render(&report, format)
     };
