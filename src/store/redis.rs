@@ -1,0 +1,356 @@
+//! The Redis store: event keys only ([`EventKeyStore`]), for many `idem gate` instances
+//! sharing one Redis. It has no leases, ledger or maintenance, so it cannot be a run's
+//! store ([`open`](super::open) refuses it; [`open_event_keys`](super::open_event_keys)
+//! opens it).
+//!
+//! # Keys and values
+//!
+//! One string key per (namespace, event key): `PREFIX{NAMESPACE}:KEY`, the prefix from the
+//! URL (`redis://HOST[:PORT][/DB]?prefix=P`, default `idem:ev:`). The namespace is a
+//! Redis Cluster hash tag, so all keys of one namespace live in one slot and a batch can be
+//! pipelined to one node; `%` and `}` in a namespace are percent-encoded so no namespace can
+//! end the tag early or collide with another. The value is one line of JSON (first seen,
+//! expiry and fingerprint), a newline, then the decision as JSON (empty: none).
+//!
+//! # Why these commands
+//!
+//! [`check_and_mark`](EventKeyStore::check_and_mark) sends `SET key value NX [PX ttl] GET`
+//! for the first occurrence of every key of the batch in one pipeline, one round trip:
+//! Redis (≥ 7.0) sets the key when absent and answers nil, or sets nothing and answers the
+//! stored value, atomically per key, so two processes marking the same key concurrently get
+//! exactly one nil. The stored values decide replay vs conflict, as on the SQL stores.
+//! [`record_decision`](EventKeyStore::record_decision) is a short Lua script that swaps
+//! the decision part of the value and keeps the key's remaining TTL.
+//!
+//! # Expiry
+//!
+//! A mark with a TTL is set with `PX`, so Redis removes it by *its own clock*. The value
+//! also carries the expiry by the caller's `now`, and a stored mark whose expiry is at or
+//! before the `now` of a call counts as expired too (it is re-marked with a compare-and-set
+//! script in a second round trip): a key is new again when either clock says it expired.
+//! On hosts with synchronised clocks the two agree to within the clock skew.
+//!
+//! # Durability
+//!
+//! What survives a Redis crash depends on its persistence settings (AOF `everysec` can lose
+//! about the last second of marks, RDB snapshots everything since the last snapshot), so
+//! [`Capabilities::durable`] is false; see `docs/redis.md`.
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use redis::aio::ConnectionManager;
+use serde::{Deserialize, Serialize};
+
+use super::event_keys::{self, Found};
+use super::{redact_url, Capabilities, EventKeyStore, EventMark, EventVerdict, StoreBase};
+use crate::backend::redis::{connect, error, parse_url};
+use crate::error::{Error, Result};
+use crate::model::micros;
+
+/// Replaces the decision part of a value, keeping the key's TTL: 1 when the key exists.
+const RECORD_DECISION: &str = r"
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+local i = string.find(v, '\n', 1, true)
+if not i then return redis.error_reply('value of ' .. KEYS[1] .. ' was not written by idem') end
+redis.call('SET', KEYS[1], string.sub(v, 1, i) .. ARGV[1], 'KEEPTTL')
+return 1
+";
+
+/// Re-marks a key whose stored value (ARGV[1]) expired by the caller's clock: sets ARGV[2]
+/// (with PX ARGV[3] unless empty) when the key is gone or still holds ARGV[1] and answers
+/// nil; otherwise answers the value someone else stored meanwhile.
+const REMARK_EXPIRED: &str = r"
+local v = redis.call('GET', KEYS[1])
+if v and v ~= ARGV[1] then return v end
+if ARGV[3] == '' then
+  redis.call('SET', KEYS[1], ARGV[2])
+else
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+end
+return false
+";
+
+/// Rounds of re-marking keys expired by the caller's clock before the last value read
+/// stands as stored.
+const REMARK_ROUNDS: usize = 3;
+
+/// The Redis event-key store.
+#[derive(Clone)]
+pub struct RedisStore {
+    conn: ConnectionManager,
+    prefix: String,
+    /// The URL without its password.
+    url: String,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("url", &self.url)
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The first line of a stored value.
+#[derive(Debug, Serialize, Deserialize)]
+struct Header {
+    /// First seen, microseconds since the epoch.
+    s: i64,
+    /// Expiry by the marking caller's clock, microseconds since the epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    e: Option<i64>,
+    /// Payload fingerprint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    f: Option<String>,
+}
+
+/// A stored value, decoded.
+struct Stored {
+    header: Header,
+    decision: Option<String>,
+}
+
+impl Stored {
+    fn expired(&self, now: DateTime<Utc>) -> bool {
+        self.header.e.is_some_and(|e| e <= now.timestamp_micros())
+    }
+}
+
+fn encode(m: &EventMark, now: DateTime<Utc>) -> Vec<u8> {
+    let header = Header {
+        s: micros(now).timestamp_micros(),
+        e: m.expires_at(now).map(|e| e.timestamp_micros()),
+        f: m.fingerprint.clone(),
+    };
+    let mut value = serde_json::to_vec(&header).unwrap_or_default();
+    value.push(b'\n');
+    if let Some(d) = &m.decision {
+        value.extend_from_slice(d.to_string().as_bytes());
+    }
+    value
+}
+
+/// `PX` milliseconds for a mark (`None`: no expiry); at least 1, as Redis requires.
+fn px(m: &EventMark) -> Option<u64> {
+    m.ttl.map(|ttl| {
+        u64::try_from(ttl.as_millis())
+            .unwrap_or(u64::MAX / 2)
+            .max(1)
+    })
+}
+
+impl RedisStore {
+    /// Opens `redis://HOST[:PORT][/DB][?prefix=P]` and checks it answers `PING`.
+    pub async fn connect(url: &str) -> Result<Self> {
+        let parsed = parse_url(url)?;
+        let redacted = redact_url(url);
+        let conn = connect(&parsed, &redacted).await?;
+        let store = RedisStore {
+            conn,
+            prefix: parsed.prefix,
+            url: redacted,
+        };
+        store.ping().await?;
+        Ok(store)
+    }
+
+    /// The key prefix every key of this store starts with.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// `PING`: whether Redis answers (the store's health check).
+    pub async fn ping(&self) -> Result<()> {
+        let mut conn = self.conn.clone();
+        redis::cmd("PING")
+            .query_async::<String>(&mut conn)
+            .await
+            .map_err(|e| self.err("ping", e))?;
+        Ok(())
+    }
+
+    /// The Redis key of (namespace, key): `PREFIX{NAMESPACE}:KEY`.
+    pub fn redis_key(&self, namespace: &str, key: &str) -> String {
+        let ns = namespace.replace('%', "%25").replace('}', "%7D");
+        format!("{}{{{ns}}}:{key}", self.prefix)
+    }
+
+    fn err(&self, operation: &str, e: redis::RedisError) -> Error {
+        error(&self.url, operation, e)
+    }
+
+    fn decode(&self, key: &str, value: &[u8]) -> Result<Stored> {
+        let text = std::str::from_utf8(value).ok();
+        let parsed = text.and_then(|t| {
+            let (head, decision) = t.split_once('\n')?;
+            let header: Header = serde_json::from_str(head).ok()?;
+            let decision = (!decision.is_empty()).then(|| decision.to_string());
+            Some(Stored { header, decision })
+        });
+        parsed.ok_or_else(|| Error::StoreRejected {
+            store: self.url.clone(),
+            operation: "an event key read".to_string(),
+            message: format!(
+                "key {key:?} holds a value idem did not write; give idem a key prefix of its own (?prefix=)"
+            ),
+            source: None,
+        })
+    }
+
+    fn found(found: &mut Found, key: &str, stored: Stored) {
+        let first_seen = DateTime::from_timestamp_micros(stored.header.s).unwrap_or_default();
+        found.stored(
+            key.to_string(),
+            stored.header.f,
+            stored.decision,
+            first_seen,
+        );
+    }
+}
+
+#[async_trait]
+impl StoreBase for RedisStore {
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
+
+    fn location(&self) -> String {
+        self.url.clone()
+    }
+
+    /// Shared by processes; not durable (depends on Redis persistence, see module docs).
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            durable: false,
+            cross_process: true,
+        }
+    }
+
+    /// Nothing to migrate: a `PING`.
+    async fn migrate(&self) -> Result<()> {
+        self.ping().await
+    }
+}
+
+#[async_trait]
+impl EventKeyStore for RedisStore {
+    async fn check_and_mark(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<EventVerdict>> {
+        if marks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let firsts = event_keys::firsts(marks);
+        let keys: Vec<String> = firsts
+            .iter()
+            .map(|m| self.redis_key(namespace, &m.key))
+            .collect();
+        let values: Vec<Vec<u8>> = firsts.iter().map(|m| encode(m, now)).collect();
+        let mut pipe = redis::pipe();
+        for ((m, key), value) in firsts.iter().zip(&keys).zip(&values) {
+            let cmd = pipe.cmd("SET").arg(key).arg(value).arg("NX");
+            if let Some(ms) = px(m) {
+                cmd.arg("PX").arg(ms);
+            }
+            cmd.arg("GET");
+        }
+        let mut conn = self.conn.clone();
+        let answers: Vec<Option<Vec<u8>>> = pipe
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.err("check_and_mark", e))?;
+        let mut found = Found::default();
+        let mut pending: Vec<(usize, Option<Vec<u8>>)> = answers.into_iter().enumerate().collect();
+        for round in 0..=REMARK_ROUNDS {
+            // nil: this call marked the key. A stored value expired by the caller's clock
+            // (not yet by Redis's) is re-marked unless someone else re-marked it meanwhile;
+            // after the last round the value read stands as stored.
+            let mut retry: Vec<(usize, Vec<u8>)> = Vec::new();
+            for (i, answer) in pending {
+                match answer {
+                    None => found.marked(firsts[i].key.clone()),
+                    Some(value) => {
+                        let stored = self.decode(&keys[i], &value)?;
+                        if stored.expired(now) && round < REMARK_ROUNDS {
+                            retry.push((i, value));
+                        } else {
+                            Self::found(&mut found, &firsts[i].key, stored);
+                        }
+                    }
+                }
+            }
+            if retry.is_empty() {
+                break;
+            }
+            let mut pipe = redis::pipe();
+            for (i, value) in &retry {
+                let ms = px(firsts[*i]).map(|ms| ms.to_string()).unwrap_or_default();
+                pipe.cmd("EVAL")
+                    .arg(REMARK_EXPIRED)
+                    .arg(1)
+                    .arg(&keys[*i])
+                    .arg(value)
+                    .arg(&values[*i])
+                    .arg(ms);
+            }
+            let answers: Vec<Option<Vec<u8>>> = pipe
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| self.err("check_and_mark", e))?;
+            pending = retry.iter().map(|(i, _)| *i).zip(answers).collect();
+        }
+        Ok(found.verdicts(marks, now))
+    }
+
+    async fn is_duplicate(
+        &self,
+        namespace: &str,
+        keys: &[String],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<bool>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let redis_keys: Vec<String> = keys.iter().map(|k| self.redis_key(namespace, k)).collect();
+        let mut pipe = redis::pipe();
+        for key in &redis_keys {
+            pipe.cmd("GET").arg(key);
+        }
+        let mut conn = self.conn.clone();
+        let values: Vec<Option<Vec<u8>>> = pipe
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.err("is_duplicate", e))?;
+        values
+            .iter()
+            .zip(&redis_keys)
+            .map(|(v, key)| match v {
+                None => Ok(false),
+                Some(v) => Ok(!self.decode(key, v)?.expired(now)),
+            })
+            .collect()
+    }
+
+    async fn record_decision(
+        &self,
+        namespace: &str,
+        key: &str,
+        decision: &serde_json::Value,
+    ) -> Result<bool> {
+        let mut conn = self.conn.clone();
+        let done: i64 = redis::cmd("EVAL")
+            .arg(RECORD_DECISION)
+            .arg(1)
+            .arg(self.redis_key(namespace, key))
+            .arg(decision.to_string())
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.err("record_decision", e))?;
+        Ok(done == 1)
+    }
+}
