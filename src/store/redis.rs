@@ -132,13 +132,19 @@ fn encode(m: &EventMark, now: DateTime<Utc>) -> Vec<u8> {
     value
 }
 
+/// The longest `PX` sent (100 years): Redis refuses an expiry that overflows its clock.
+const MAX_PX_MS: u128 = 100 * 365 * 24 * 3600 * 1000;
+
 /// `PX` milliseconds for a mark (`None`: no expiry); at least 1, as Redis requires.
 fn px(m: &EventMark) -> Option<u64> {
-    m.ttl.map(|ttl| {
-        u64::try_from(ttl.as_millis())
-            .unwrap_or(u64::MAX / 2)
-            .max(1)
-    })
+    m.ttl.map(|ttl| ttl.as_millis().clamp(1, MAX_PX_MS) as u64)
+}
+
+/// The Redis key of (namespace, key) under `prefix`: `PREFIX{NAMESPACE}:KEY`, with `%` and
+/// `}` of the namespace percent-encoded so it cannot end the hash tag or collide.
+pub fn redis_key(prefix: &str, namespace: &str, key: &str) -> String {
+    let ns = namespace.replace('%', "%25").replace('}', "%7D");
+    format!("{prefix}{{{ns}}}:{key}")
 }
 
 impl RedisStore {
@@ -173,8 +179,7 @@ impl RedisStore {
 
     /// The Redis key of (namespace, key): `PREFIX{NAMESPACE}:KEY`.
     pub fn redis_key(&self, namespace: &str, key: &str) -> String {
-        let ns = namespace.replace('%', "%25").replace('}', "%7D");
-        format!("{}{{{ns}}}:{key}", self.prefix)
+        redis_key(&self.prefix, namespace, key)
     }
 
     fn err(&self, operation: &str, e: redis::RedisError) -> Error {
@@ -352,5 +357,51 @@ impl EventKeyStore for RedisStore {
             .await
             .map_err(|e| self.err("record_decision", e))?;
         Ok(done == 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_put_the_namespace_in_a_hash_tag_that_cannot_be_closed_early() {
+        assert_eq!(
+            redis_key("idem:ev:", "orders", "o-1"),
+            "idem:ev:{orders}:o-1"
+        );
+        // Without escaping, ("a}:b", "c") and ("a", "b}:c") would share a key.
+        assert_ne!(redis_key("p:", "a}:b", "c"), redis_key("p:", "a", "b}:c"));
+        assert_eq!(redis_key("p:", "a}%", "k"), "p:{a%7D%25}:k");
+    }
+
+    #[test]
+    fn values_round_trip_and_ttls_fit_redis() {
+        let now = DateTime::from_timestamp(1_700_000_000, 123_456_000).unwrap();
+        let m = EventMark::key("k")
+            .fingerprint("f\n\"x")
+            .decision(serde_json::json!({"a": "line\nbreak"}))
+            .ttl(std::time::Duration::from_secs(60));
+        let value = encode(&m, now);
+        let (head, decision) = std::str::from_utf8(&value)
+            .unwrap()
+            .split_once('\n')
+            .unwrap();
+        let header: Header = serde_json::from_str(head).unwrap();
+        assert_eq!(header.f.as_deref(), Some("f\n\"x"));
+        assert_eq!(header.s, now.timestamp_micros());
+        assert_eq!(header.e, Some(now.timestamp_micros() + 60_000_000));
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(decision).unwrap(),
+            serde_json::json!({"a": "line\nbreak"})
+        );
+        assert_eq!(px(&m), Some(60_000));
+        assert_eq!(px(&EventMark::key("k")), None);
+        assert_eq!(
+            px(&EventMark::key("k").ttl(std::time::Duration::ZERO)),
+            Some(1)
+        );
+        let forever = EventMark::key("k").ttl(std::time::Duration::MAX);
+        assert_eq!(px(&forever), Some(MAX_PX_MS as u64));
     }
 }
