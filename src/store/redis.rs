@@ -9,8 +9,9 @@
 //! URL (`redis://HOST[:PORT][/DB]?prefix=P`, default `idem:ev:`). The namespace is a
 //! Redis Cluster hash tag, so all keys of one namespace live in one slot and a batch can be
 //! pipelined to one node; `%` and `}` in a namespace are percent-encoded so no namespace can
-//! end the tag early or collide with another. The value is one line of JSON (first seen,
-//! expiry and fingerprint), a newline, then the decision as JSON (empty: none).
+//! end the tag early or collide with another. The value is one compact line
+//! `FIRST_SEEN:TTL:=FINGERPRINT` (microseconds; see `Header`), a newline, then the decision
+//! as JSON (empty: none).
 //!
 //! # Why these commands
 //!
@@ -39,9 +40,8 @@
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use redis::aio::ConnectionManager;
-use serde::{Deserialize, Serialize};
 
-use super::event_keys::{self, Found};
+use super::event_keys::Found;
 use super::{redact_url, Capabilities, EventKeyStore, EventMark, EventVerdict, StoreBase};
 use crate::backend::redis::{connect, error, parse_url};
 use crate::error::{Error, Result};
@@ -93,17 +93,49 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
-/// The first line of a stored value.
-#[derive(Debug, Serialize, Deserialize)]
+/// The first line of a stored value: `FIRST_SEEN:TTL:FINGERPRINT`. `FIRST_SEEN` is
+/// microseconds since the epoch; `TTL` the microseconds from it to the expiry by the
+/// marking caller's clock (empty: never); `FINGERPRINT` empty when there is none, else `=`
+/// and the fingerprint with `%` and newlines percent-encoded (so the line ends at the first
+/// newline, where the decision begins). Compact on purpose: every byte is sent and stored
+/// per key.
+#[derive(Debug, PartialEq)]
 struct Header {
     /// First seen, microseconds since the epoch.
-    s: i64,
+    first_seen: i64,
     /// Expiry by the marking caller's clock, microseconds since the epoch.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    e: Option<i64>,
+    expires: Option<i64>,
     /// Payload fingerprint.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    f: Option<String>,
+    fingerprint: Option<String>,
+}
+
+impl Header {
+    fn parse(line: &str) -> Option<Header> {
+        let mut parts = line.splitn(3, ':');
+        let first_seen: i64 = parts.next()?.parse().ok()?;
+        let ttl = parts.next()?;
+        let expires = if ttl.is_empty() {
+            None
+        } else {
+            Some(first_seen.checked_add(ttl.parse().ok()?)?)
+        };
+        let fingerprint = match parts.next()? {
+            "" => None,
+            f => {
+                let f = f.strip_prefix('=')?;
+                Some(if f.contains('%') {
+                    f.replace("%0A", "\n").replace("%25", "%")
+                } else {
+                    f.to_string()
+                })
+            }
+        };
+        Some(Header {
+            first_seen,
+            expires,
+            fingerprint,
+        })
+    }
 }
 
 /// A stored value, decoded.
@@ -114,20 +146,32 @@ struct Stored {
 
 impl Stored {
     fn expired(&self, now: DateTime<Utc>) -> bool {
-        self.header.e.is_some_and(|e| e <= now.timestamp_micros())
+        self.header
+            .expires
+            .is_some_and(|e| e <= now.timestamp_micros())
     }
 }
 
 fn encode(m: &EventMark, now: DateTime<Utc>) -> Vec<u8> {
-    let header = Header {
-        s: micros(now).timestamp_micros(),
-        e: m.expires_at(now).map(|e| e.timestamp_micros()),
-        f: m.fingerprint.clone(),
-    };
-    let mut value = serde_json::to_vec(&header).unwrap_or_default();
+    use std::io::Write as _;
+    let first_seen = micros(now).timestamp_micros();
+    let mut value = Vec::with_capacity(48 + m.fingerprint.as_ref().map_or(0, String::len));
+    let _ = write!(value, "{first_seen}:");
+    if let Some(e) = m.expires_at(now) {
+        let _ = write!(value, "{}", e.timestamp_micros().saturating_sub(first_seen));
+    }
+    value.push(b':');
+    if let Some(f) = &m.fingerprint {
+        value.push(b'=');
+        if f.contains(['%', '\n']) {
+            value.extend_from_slice(f.replace('%', "%25").replace('\n', "%0A").as_bytes());
+        } else {
+            value.extend_from_slice(f.as_bytes());
+        }
+    }
     value.push(b'\n');
     if let Some(d) = &m.decision {
-        value.extend_from_slice(d.to_string().as_bytes());
+        let _ = serde_json::to_writer(&mut value, d);
     }
     value
 }
@@ -190,7 +234,7 @@ impl RedisStore {
         let text = std::str::from_utf8(value).ok();
         let parsed = text.and_then(|t| {
             let (head, decision) = t.split_once('\n')?;
-            let header: Header = serde_json::from_str(head).ok()?;
+            let header = Header::parse(head)?;
             let decision = (!decision.is_empty()).then(|| decision.to_string());
             Some(Stored { header, decision })
         });
@@ -205,10 +249,11 @@ impl RedisStore {
     }
 
     fn found(found: &mut Found, key: &str, stored: Stored) {
-        let first_seen = DateTime::from_timestamp_micros(stored.header.s).unwrap_or_default();
+        let first_seen =
+            DateTime::from_timestamp_micros(stored.header.first_seen).unwrap_or_default();
         found.stored(
             key.to_string(),
-            stored.header.f,
+            stored.header.fingerprint,
             stored.decision,
             first_seen,
         );
@@ -250,7 +295,13 @@ impl EventKeyStore for RedisStore {
         if marks.is_empty() {
             return Ok(Vec::new());
         }
-        let firsts = event_keys::firsts(marks);
+        // The first occurrence of each key, in input order (Redis takes no locks, so unlike
+        // the SQL stores there is no lock order to keep).
+        let mut seen = std::collections::HashSet::with_capacity(marks.len());
+        let firsts: Vec<&EventMark> = marks
+            .iter()
+            .filter(|m| seen.insert(m.key.as_str()))
+            .collect();
         let keys: Vec<String> = firsts
             .iter()
             .map(|m| self.redis_key(namespace, &m.key))
@@ -387,10 +438,24 @@ mod tests {
             .unwrap()
             .split_once('\n')
             .unwrap();
-        let header: Header = serde_json::from_str(head).unwrap();
-        assert_eq!(header.f.as_deref(), Some("f\n\"x"));
-        assert_eq!(header.s, now.timestamp_micros());
-        assert_eq!(header.e, Some(now.timestamp_micros() + 60_000_000));
+        assert_eq!(head, "1700000000123456:60000000:=f%0A\"x");
+        let header = Header::parse(head).unwrap();
+        assert_eq!(header.fingerprint.as_deref(), Some("f\n\"x"));
+        assert_eq!(header.first_seen, now.timestamp_micros());
+        assert_eq!(header.expires, Some(now.timestamp_micros() + 60_000_000));
+        let bare = encode(&EventMark::key("k"), now);
+        assert_eq!(bare, b"1700000000123456::\n");
+        let header = Header::parse("1:: 2%25").unwrap_or(Header {
+            first_seen: 0,
+            expires: None,
+            fingerprint: None,
+        });
+        assert_eq!(
+            header.first_seen, 0,
+            "a fingerprint without '=' is not idem's"
+        );
+        let header = Header::parse("1::=a%25%0Ab:c").unwrap();
+        assert_eq!(header.fingerprint.as_deref(), Some("a%\nb:c"));
         assert_eq!(
             serde_json::from_str::<serde_json::Value>(decision).unwrap(),
             serde_json::json!({"a": "line\nbreak"})
