@@ -41,7 +41,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use redis::aio::ConnectionManager;
 
-use super::event_keys::Found;
+use super::event_keys::{against, parse_decision, Found, StoredEvent};
 use super::{redact_url, Capabilities, EventKeyStore, EventMark, EventVerdict, StoreBase};
 use crate::backend::redis::{connect, error, parse_url};
 use crate::error::{Error, Result};
@@ -187,8 +187,12 @@ fn px(m: &EventMark) -> Option<u64> {
 /// The Redis key of (namespace, key) under `prefix`: `PREFIX{NAMESPACE}:KEY`, with `%` and
 /// `}` of the namespace percent-encoded so it cannot end the hash tag or collide.
 pub fn redis_key(prefix: &str, namespace: &str, key: &str) -> String {
-    let ns = namespace.replace('%', "%25").replace('}', "%7D");
-    format!("{prefix}{{{ns}}}:{key}")
+    if namespace.contains(['%', '}']) {
+        let ns = namespace.replace('%', "%25").replace('}', "%7D");
+        format!("{prefix}{{{ns}}}:{key}")
+    } else {
+        format!("{prefix}{{{namespace}}}:{key}")
+    }
 }
 
 impl RedisStore {
@@ -246,6 +250,37 @@ impl RedisStore {
             ),
             source: None,
         })
+    }
+
+    /// The verdicts of a batch without repeated keys straight from the answers, in input
+    /// order (no bookkeeping per key); `None` when a stored mark expired by the caller's
+    /// clock and must be re-marked first.
+    fn direct_verdicts(
+        &self,
+        keys: &[String],
+        marks: &[EventMark],
+        answers: &[Option<Vec<u8>>],
+        now: DateTime<Utc>,
+    ) -> Result<Option<Vec<EventVerdict>>> {
+        let mut verdicts = Vec::with_capacity(marks.len());
+        for ((m, key), answer) in marks.iter().zip(keys).zip(answers) {
+            let Some(value) = answer else {
+                verdicts.push(EventVerdict::New);
+                continue;
+            };
+            let stored = self.decode(key, value)?;
+            if stored.expired(now) {
+                return Ok(None);
+            }
+            let row = StoredEvent {
+                fingerprint: stored.header.fingerprint,
+                decision: parse_decision(stored.decision),
+                first_seen: DateTime::from_timestamp_micros(stored.header.first_seen)
+                    .unwrap_or_default(),
+            };
+            verdicts.push(against(&row, m.fingerprint.as_deref()));
+        }
+        Ok(Some(verdicts))
     }
 
     fn found(found: &mut Found, key: &str, stored: Stored) {
@@ -320,6 +355,11 @@ impl EventKeyStore for RedisStore {
             .query_async(&mut conn)
             .await
             .map_err(|e| self.err("check_and_mark", e))?;
+        if firsts.len() == marks.len() {
+            if let Some(verdicts) = self.direct_verdicts(&keys, marks, &answers, now)? {
+                return Ok(verdicts);
+            }
+        }
         let mut found = Found::default();
         let mut pending: Vec<(usize, Option<Vec<u8>>)> = answers.into_iter().enumerate().collect();
         for round in 0..=REMARK_ROUNDS {
