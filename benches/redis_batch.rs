@@ -1,7 +1,9 @@
 //! Batch check-and-mark throughput on Redis: `RedisStore::check_and_mark` (fingerprint,
 //! one-hour TTL, decided replay/conflict) against a raw pipeline of `SET key 1 NX PX ttl`
 //! over the same keys, one connection each, on the same server in the same run, batches
-//! alternating which goes first so both see the same server state.
+//! rotating which goes first so all see the same server state. A third side, raw
+//! `SET key VALUE NX PX ttl GET` with values of idem's size and layout, separates what
+//! storing and returning a fingerprint costs Redis from idem's own work.
 //!
 //! `IDEM_TEST_REDIS_URL=redis://127.0.0.1:6379 cargo bench --bench redis_batch`
 //! (prints a skip message without it). `IDEM_BENCH_KEYS` (default 200000) and
@@ -119,6 +121,22 @@ fn main() {
             pipe
         };
 
+        // The same command and bytes as idem sends (see `src/store/redis.rs`), no verdicts.
+        let raw_get = |keys: &[String]| {
+            let first_seen = Utc::now().timestamp_micros();
+            let mut pipe = redis::pipe();
+            for k in keys {
+                pipe.cmd("SET")
+                    .arg(store.redis_key("rawget", k))
+                    .arg(format!("{first_seen}:{}:={}\n", ttl_ms * 1000, &k[4..]))
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(ttl_ms)
+                    .arg("GET");
+            }
+            pipe
+        };
+
         // Warm-up (not measured).
         for b in 0..5 {
             let keys: Vec<String> = keys_of(b).iter().map(|k| format!("warm-{k}")).collect();
@@ -127,16 +145,24 @@ fn main() {
                 .await
                 .expect("mark");
             let _: Vec<Option<String>> = raw_set(&keys).query_async(&mut raw).await.expect("raw");
+            let _: Vec<Option<Vec<u8>>> = raw_get(&keys).query_async(&mut raw).await.expect("raw");
         }
 
         let mut results = Vec::new();
         for pass in ["fresh", "replay"] {
-            let (mut t_idem, mut t_raw) = (Vec::new(), Vec::new());
+            let (mut t_idem, mut t_raw, mut t_get) = (Vec::new(), Vec::new(), Vec::new());
             let (mut new_idem, mut new_raw) = (0usize, 0usize);
             for b in 0..batches {
                 let keys = keys_of(b);
-                for first_idem in [b % 2 == 0, b % 2 != 0] {
-                    if first_idem {
+                for side in 0..3 {
+                    let side = (side + b) % 3;
+                    if side == 2 {
+                        let pipe = raw_get(&keys);
+                        let t = Instant::now();
+                        let _: Vec<Option<Vec<u8>>> =
+                            pipe.query_async(&mut raw).await.expect("raw set get");
+                        t_get.push(t.elapsed());
+                    } else if side == 0 {
                         let marks = marks_of(&keys);
                         let t = Instant::now();
                         let verdicts = store
@@ -158,15 +184,22 @@ fn main() {
             assert_eq!(new_idem, new_raw, "both saw the same new keys");
             let expected_new = if pass == "fresh" { total } else { 0 };
             assert_eq!(new_idem, expected_new, "{pass}: new keys");
-            let (sum_idem, sum_raw) = (t_idem.iter().sum(), t_raw.iter().sum());
-            let (r_idem, r_raw) = (rate(total, sum_idem), rate(total, sum_raw));
+            let (sum_idem, sum_raw, sum_get) =
+                (t_idem.iter().sum(), t_raw.iter().sum(), t_get.iter().sum());
+            let (r_idem, r_raw, r_get) = (
+                rate(total, sum_idem),
+                rate(total, sum_raw),
+                rate(total, sum_get),
+            );
             let median_ratio =
                 median(&mut t_raw).as_secs_f64() / median(&mut t_idem).as_secs_f64();
             println!(
                 "redis_batch {pass:<6}: {total} keys in batches of {batch}: \
                  raw SET NX PX {r_raw:>7.0} keys/s ({sum_raw:.2?})  idem check_and_mark {r_idem:>7.0} keys/s ({sum_idem:.2?})  \
-                 ratio {:.3} (median batch: {median_ratio:.3})",
-                r_idem / r_raw
+                 ratio {:.3} (median batch: {median_ratio:.3}); \
+                 raw SET NX PX GET of idem-sized values {r_get:>7.0} keys/s: idem/that {:.3}",
+                r_idem / r_raw,
+                r_idem / r_get
             );
             results.push((pass, r_raw, r_idem));
         }
