@@ -3,7 +3,8 @@
 //! over the same keys, one connection each, on the same server in the same run, batches
 //! rotating which goes first so all see the same server state. A third side, raw
 //! `SET key VALUE NX PX ttl GET` with values of idem's size and layout, separates what
-//! storing and returning a fingerprint costs Redis from idem's own work.
+//! storing and returning a fingerprint costs Redis from idem's own work. Every side's
+//! timer covers building its commands from the batch's keys (or marks) and the round trip.
 //!
 //! `IDEM_TEST_REDIS_URL=redis://127.0.0.1:6379 cargo bench --bench redis_batch`
 //! (prints a skip message without it). `IDEM_BENCH_KEYS` (default 200000) and
@@ -157,8 +158,9 @@ fn main() {
                 for side in 0..3 {
                     let side = (side + b) % 3;
                     if side == 2 {
-                        let pipe = raw_get(&keys);
+                        // Building the commands from the keys is timed on every side.
                         let t = Instant::now();
+                        let pipe = raw_get(&keys);
                         let _: Vec<Option<Vec<u8>>> =
                             pipe.query_async(&mut raw).await.expect("raw set get");
                         t_get.push(t.elapsed());
@@ -172,8 +174,8 @@ fn main() {
                         t_idem.push(t.elapsed());
                         new_idem += verdicts.iter().filter(|v| v.is_new()).count();
                     } else {
-                        let pipe = raw_set(&keys);
                         let t = Instant::now();
+                        let pipe = raw_set(&keys);
                         let set: Vec<Option<String>> =
                             pipe.query_async(&mut raw).await.expect("raw set");
                         t_raw.push(t.elapsed());
