@@ -230,6 +230,120 @@ mod redis {
         assert!(e.to_string().contains("event keys only"), "{e}");
     }
 
+    /// A TCP proxy to Redis that the test stops and starts on the same port.
+    struct Proxy {
+        port: u16,
+        target: String,
+        tasks: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    }
+
+    impl Proxy {
+        async fn start(port: u16, target: &str) -> Proxy {
+            let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+                .await
+                .expect("bind the proxy");
+            let port = listener.local_addr().unwrap().port();
+            let tasks = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+            let (shared, target_addr) = (tasks.clone(), target.to_string());
+            let accept = tokio::spawn(async move {
+                while let Ok((mut client, _)) = listener.accept().await {
+                    let target_addr = target_addr.clone();
+                    let copy = tokio::spawn(async move {
+                        if let Ok(mut server) = tokio::net::TcpStream::connect(&target_addr).await {
+                            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                        }
+                    });
+                    shared.lock().unwrap().push(copy);
+                }
+            });
+            tasks.lock().unwrap().push(accept);
+            Proxy {
+                port,
+                target: target.to_string(),
+                tasks,
+            }
+        }
+
+        /// Closes the listener and every proxied connection.
+        fn stop(&self) {
+            for task in self.tasks.lock().unwrap().drain(..) {
+                task.abort();
+            }
+        }
+    }
+
+    /// Redis goes away (a proxy the test controls is stopped): calls fail as outages, a
+    /// circuit breaker around the store opens; when Redis is back the connection manager
+    /// reconnects, the breaker closes after its probe, and the marks made before are there.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn outage_opens_the_breaker_and_recovery_closes_it() {
+        use idem::store::{BreakerConfig, CircuitBreakerStore, EventMark, EventVerdict};
+        use std::time::{Duration, Instant};
+        let Some(url) = url() else { return };
+        let parsed = url::Url::parse(&url).unwrap();
+        let target = format!(
+            "{}:{}",
+            parsed.host_str().unwrap(),
+            parsed.port().unwrap_or(6379)
+        );
+        let proxy = Proxy::start(0, &target).await;
+        let (proxied, _cleanup) = common::redis::fresh_prefix_url(&url);
+        let mut proxied = url::Url::parse(&proxied).unwrap();
+        proxied.set_port(Some(proxy.port)).unwrap();
+        let store = idem::store::open_event_keys(proxied.as_str())
+            .await
+            .unwrap();
+        let config = BreakerConfig {
+            failure_threshold: 2,
+            reset_timeout: Duration::from_millis(500),
+        };
+        let breaker = CircuitBreakerStore::new(store, config);
+        let now = chrono::Utc::now;
+        let mark = |k: &str| [EventMark::key(k).fingerprint("x")];
+        let first = breaker.check_and_mark("outage", &mark("a"), now()).await;
+        assert_eq!(first.unwrap(), vec![EventVerdict::New]);
+
+        proxy.stop();
+        let mut errors = Vec::new();
+        for _ in 0..4 {
+            let e = breaker
+                .check_and_mark("outage", &mark("b"), now())
+                .await
+                .unwrap_err();
+            assert!(e.is_outage(), "{e}");
+            errors.push(e.to_string());
+        }
+        assert!(
+            errors.last().unwrap().contains("circuit breaker open"),
+            "{errors:?}"
+        );
+
+        let restarted = Proxy::start(proxy.port, &proxy.target).await;
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let verdicts = loop {
+            match breaker.check_and_mark("outage", &mark("b"), now()).await {
+                Ok(v) => break v,
+                Err(e) => {
+                    assert!(e.is_outage(), "{e}");
+                    assert!(Instant::now() < deadline, "no recovery: {e}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        };
+        assert_eq!(verdicts, vec![EventVerdict::New]);
+        assert_eq!(breaker.phase(), idem::store::breaker::BreakerPhase::Closed);
+        let again = breaker
+            .check_and_mark("outage", &mark("a"), now())
+            .await
+            .unwrap();
+        assert_eq!(
+            again[0].name(),
+            "replay",
+            "marks made before the outage stay"
+        );
+        restarted.stop();
+    }
+
     /// Nothing listening: the store is unavailable (an outage, for the failure policy and
     /// the breaker), not a panic or a usage error.
     #[tokio::test]
