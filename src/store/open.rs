@@ -151,10 +151,15 @@ pub async fn open(url: &str) -> Result<Arc<DynStore>> {
         Some(Backend::Redis) => return Err(event_keys_only(url)),
         #[allow(unreachable_patterns)]
         _ => {
+            let redis = if cfg!(feature = "redis") {
+                " (redis://… for event keys only)"
+            } else {
+                ""
+            };
             return Err(Error::config(format!(
-                "unsupported store url {:?}: expected sqlite://PATH, postgres://…, bigquery://PROJECT/DATASET or memory:// (redis://… for event keys only)",
+                "unsupported store url {:?}: expected sqlite://PATH, postgres://…, bigquery://PROJECT/DATASET or memory://{redis}",
                 redact_url(url)
-            )))
+            )));
         }
     };
     Ok(store)
