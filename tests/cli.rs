@@ -328,6 +328,11 @@ fn an_unreachable_store_exits_3_under_strict_and_runs_under_best_effort() {
         "{}",
         stderr(&out)
     );
+    assert!(
+        stderr(&out).contains("the folder /nonexistent-dir/sub does not exist"),
+        "{}",
+        stderr(&out)
+    );
     // Nothing ran: the job's warehouse was not even opened.
     assert!(!s.dir.join("jobs/warehouse.db").exists());
 
@@ -908,4 +913,152 @@ fn reading_commands_refuse_a_missing_ledger_and_name_the_filters_that_matched_no
     let (code, v, _) = s.json(&["report", "--job", "nosuch"]);
     assert_eq!(code, 0);
     assert_eq!(v["job"], "nosuch");
+}
+
+/// Every file under `dir`, relative, sorted (the jobs' own `.toml` files included).
+fn files_in(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p.strip_prefix(dir).unwrap().display().to_string());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn commands_that_only_look_create_nothing_and_never_overwrite_or_misread_what_they_are_given() {
+    let s = Sandbox::new("idem-cli-look");
+    s.write_job(
+        "sales",
+        &sales_job("sales", "time_window = \"1h\"", GOOD_PROCESS),
+    );
+    let before = files_in(&s.dir);
+
+    // explain judges against an empty ledger and an empty warehouse: no file appears.
+    let out = s.idem(&["explain", "sales", "--date", "2025-11-18"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("would run"));
+    assert!(stderr(&out).contains("explaining against an empty ledger"));
+    // cleanup of a ledger that is not there has nothing to clean, and makes no ledger.
+    for args in [&["cleanup", "--dry-run"][..], &["cleanup"][..]] {
+        let out = s.idem(args);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        assert!(stderr(&out).contains("no ledger at"), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("nothing to clean"),
+            "{}",
+            stderr(&out)
+        );
+    }
+    assert_eq!(files_in(&s.dir), before, "a look created files");
+
+    // A range needs both ends: --to is never ignored beside --date, --scope or --all.
+    for args in [
+        &["run", "sales", "--date", "2025-11-18", "--to", "2025-11-20"][..],
+        &[
+            "purge",
+            "sales",
+            "--date",
+            "2025-11-18",
+            "--to",
+            "2025-11-20",
+            "--yes",
+        ][..],
+        &["purge", "sales", "--all", "--to", "2025-11-20", "--yes"][..],
+    ] {
+        let out = s.idem(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("--to needs --from"),
+            "{}",
+            stderr(&out)
+        );
+    }
+    assert_eq!(files_in(&s.dir), before, "a refused command created files");
+
+    // A store path that cannot hold a ledger is a usage error, even under best_effort:
+    // the job never runs unguarded.
+    std::fs::write(s.dir.join("notes.txt"), "not a database").unwrap();
+    for (store, says) in [
+        ("sqlite://".to_string(), "no file path"),
+        (format!("sqlite://{}", s.dir.display()), "is a folder"),
+        (
+            format!("sqlite://{}", s.dir.join("notes.txt").display()),
+            "is not a SQLite database",
+        ),
+    ] {
+        let out = s
+            .command_with_store(
+                &[
+                    "run",
+                    "sales",
+                    "--date",
+                    "2025-11-18",
+                    "--on-store-failure",
+                    "best_effort",
+                ],
+                &store,
+            )
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{store}: {}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{store}: {}", stderr(&out));
+    }
+    assert!(s.warehouse_days().is_empty());
+
+    // The report never writes over a database, the ledger least of all.
+    let (code, _, err) = s.json(&["run", "sales", "--date", "2025-11-18"]);
+    assert_eq!(code, 0, "{err}");
+    let ledger = s.dir.join("idem.db");
+    let out = s.idem(&["report", "--output", ledger.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("is a SQLite database"),
+        "{}",
+        stderr(&out)
+    );
+    let (code, runs, _) = s.json(&["runs"]);
+    assert_eq!((code, runs.as_array().map(Vec::len)), (0, Some(1)));
+
+    // Text outputs honour --format json as one document.
+    let (code, v, err) = s.json(&["report", "--sql", "wasted", "--dialect", "postgres"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        (v["query"].as_str(), v["dialect"].as_str()),
+        (Some("wasted"), Some("postgres"))
+    );
+    assert!(v["sql"].as_str().unwrap().contains("processing_runs"));
+    // The help names every report query and dialect.
+    let help = String::from_utf8(s.idem(&["report", "--help"]).stdout).unwrap();
+    for name in idem::report::QUERY_NAMES {
+        assert!(help.contains(name), "{name} missing from report --help");
+    }
+    assert!(help.contains("bigquery"), "{help}");
+    // Text that is not JSON is named as such.
+    let out = s
+        .command(&["fingerprint", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(b"not json\n")?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("line 1: not a JSON object: found text that is not JSON"),
+        "{}",
+        stderr(&out)
+    );
 }
