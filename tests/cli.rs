@@ -1062,3 +1062,35 @@ fn commands_that_only_look_create_nothing_and_never_overwrite_or_misread_what_th
         stderr(&out)
     );
 }
+
+#[test]
+fn jobs_and_run_agree_which_file_holds_a_name_used_twice() {
+    let s = Sandbox::new("idem-cli-clash");
+    // `a.toml` sorts first, but `sales.toml` is the file `idem run sales` takes.
+    s.write_job(
+        "a",
+        &sales_job("sales", "time_window = \"1h\"", GOOD_PROCESS),
+    );
+    s.write_job(
+        "sales",
+        &sales_job("sales", "time_window = \"2h\"", GOOD_PROCESS),
+    );
+    let (code, v, _) = s.json(&["jobs"]);
+    assert_eq!(code, 2, "{v}");
+    let problem = v["problems"][0]["path"].as_str().unwrap_or_default();
+    assert!(problem.ends_with("a.toml"), "{v}");
+    assert!(
+        v["problems"][0]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("is used by both")),
+        "{v}"
+    );
+    let kept = v["jobs"][0]["path"].as_str().unwrap_or_default();
+    assert!(kept.ends_with("sales.toml"), "{v}");
+    let (code, run, err) = s.json(&["explain", "sales", "--date", "2025-11-18"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        run.to_string().contains("2h"),
+        "run takes sales.toml: {run}"
+    );
+}
