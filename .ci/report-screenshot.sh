@@ -15,9 +15,24 @@ if [ -z "$browser" ]; then
     echo "error: chromium is not installed (apt-get install -y chromium)" >&2
     exit 2
 fi
-"$browser" --headless --no-sandbox --disable-gpu --no-first-run \
-    --disable-background-networking --hide-scrollbars \
-    --window-size=1100,2400 --screenshot="$out/report.png" "file://$out/report.html" \
-    2>"$out/chromium.log"
-test -s "$out/report.png"
-echo "wrote $out/report.png"
+flags=(--headless --no-sandbox --disable-gpu --no-first-run --disable-quic
+       --disable-background-networking --disable-component-update --disable-sync
+       --hide-scrollbars --user-data-dir="$out/profile")
+"$browser" "${flags[@]}" --window-size=1100,2400 --screenshot="$out/report.png" \
+    "file://$out/report.html" 2>"$out/chromium.log"
+# What the browser made of the page: the DOM after parsing, and the picture.
+"$browser" "${flags[@]}" --dump-dom "file://$out/report.html" >"$out/report.dom.html" \
+    2>>"$out/chromium.log"
+fail() { echo "error: the HTML report did not render as expected: $*" >&2; exit 1; }
+test -s "$out/report.png" || fail "no screenshot (see $out/chromium.log)"
+# A blank page of this size compresses to a few KB; the report's tables and charts do not.
+bytes=$(wc -c <"$out/report.png")
+[ "$bytes" -gt 40000 ] || fail "the screenshot is nearly blank ($bytes bytes)"
+# One summary table and one chart per processor of the CLI test's history (6 processors).
+charts=$(grep -o '<svg' "$out/report.dom.html" | wc -l)
+[ "$charts" -ge 6 ] || fail "$charts charts in the rendered page, expected one per processor (6)"
+grep -q '<table' "$out/report.dom.html" || fail "no summary table in the rendered page"
+for verdict in enable consider keep not_needed not_enough_data; do
+    grep -q "$verdict" "$out/report.dom.html" || fail "verdict $verdict missing"
+done
+echo "wrote $out/report.png ($bytes bytes, $charts charts)"

@@ -8,6 +8,10 @@
 //!    once when the description is built, streamed into SHA-256) against raw
 //!    `sha2::Sha256::digest` over the same bytes; and, for honesty, the end-to-end cost of
 //!    building the description (canonical encoding and sorting of the rows).
+//! 3. What the report's indexes (migrations 0002 and 0004) cost the run path: two SQLite
+//!    ledgers of 200 k runs, one with the indexes and one without them, and
+//!    `idem run` processes alternating between them, on the completed path (a new date
+//!    each time, so the run is recorded and enters the index) and on the skip path.
 
 use std::path::Path;
 use std::process::Command;
@@ -294,8 +298,112 @@ fn hash_throughput() {
     );
 }
 
+/// Runs per ledger in [`report_index_cost`] (`IDEM_BENCH_LEDGER_RUNS`).
+fn ledger_runs() -> i64 {
+    std::env::var("IDEM_BENCH_LEDGER_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200_000)
+}
+
+fn report_index_cost() {
+    let runs = ledger_runs();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let root = std::env::temp_dir().join(format!("idem-bench-index-{}", idem::new_run_id()));
+    let mut ledgers = Vec::new();
+    for (name, keep_index) in [("with", true), ("without", false)] {
+        let dir = root.join(name);
+        std::fs::create_dir_all(dir.join("jobs")).unwrap();
+        std::fs::write(
+            dir.join("jobs/daily.toml"),
+            r#"
+name = "daily"
+processor = "sql"
+[guards]
+time_window = "1h"
+[sql]
+warehouse = "sqlite://warehouse.db"
+process = "CREATE TABLE IF NOT EXISTS t (d TEXT); INSERT INTO t VALUES (@scope)"
+"#,
+        )
+        .unwrap();
+        let store = format!("sqlite://{}", dir.join("idem.db").display());
+        time_process(&["--store", &store, "migrate"], &dir, 1, None);
+        rt.block_on(async {
+            use sqlx::{Connection, Executor};
+            let mut conn = sqlx::SqliteConnection::connect(&store).await.unwrap();
+            // Completed runs of 50 jobs over ~2 years of hourly scopes, as a busy ledger.
+            let sql = format!(
+                "INSERT INTO processing_runs (run_id, processor_name, scope, scope_date, \
+                 trigger_source, mode, started_at, finished_at, duration_ms, status, \
+                 records_processed) \
+                 WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < {last}) \
+                 SELECT 'r' || i, 'job_' || (i % 50), 's' || (i / 50), '2025-01-01', \
+                 'scheduler', 'enforce', 1700000000000000 + i * 3600000000, \
+                 1700000000000000 + i * 3600000000 + 5000000, 5000, \
+                 CASE WHEN i % 10 < 8 THEN 'completed' ELSE 'skipped' END, i % 20 FROM n; \
+                 {drop} ANALYZE;",
+                last = runs - 1,
+                drop = if keep_index {
+                    ""
+                } else {
+                    "DROP INDEX processing_runs_completed; DROP INDEX processing_runs_report;"
+                },
+            );
+            conn.execute(sql.as_str()).await.unwrap();
+        });
+        ledgers.push((dir, store));
+    }
+    let n = 100;
+    let (mut completed, mut skipped) = ([Vec::new(), Vec::new()], [Vec::new(), Vec::new()]);
+    let date = |i: usize| {
+        (chrono::NaiveDate::from_ymd_opt(2020, 1, 1).unwrap() + chrono::Days::new(i as u64))
+            .to_string()
+    };
+    for i in 0..n {
+        for (k, (dir, store)) in ledgers.iter().enumerate() {
+            let d = date(i);
+            let args = [
+                "run",
+                "daily",
+                "--date",
+                &d,
+                "--store",
+                store,
+                "--jobs-dir",
+                "jobs",
+            ];
+            completed[k].extend(time_process(&args, dir, 1, Some("completed")).samples);
+            skipped[k].extend(time_process(&args, dir, 1, Some("(time_window)")).samples);
+        }
+    }
+    let [with_c, without_c] = completed.map(Stats::new);
+    let [with_s, without_s] = skipped.map(Stats::new);
+    println!("== the report indexes' cost on the run path (SQLite, {runs} runs in the ledger) ==");
+    println!(
+        "{}",
+        with_c.line("completed `idem run`, with the report indexes")
+    );
+    println!("{}", without_c.line("completed `idem run`, without them"));
+    println!(
+        "{}",
+        with_s.line("skipped `idem run`, with the report indexes")
+    );
+    println!("{}", without_s.line("skipped `idem run`, without them"));
+    println!(
+        "with / without the report indexes, median: completed {:.2}, skipped {:.2} (target ~1.0)",
+        with_c.pct(0.5) / without_c.pct(0.5),
+        with_s.pct(0.5) / without_s.pct(0.5)
+    );
+    let _ = std::fs::remove_dir_all(&root);
+}
+
 fn main() {
     // `cargo bench` passes --bench; `cargo test --benches` passes nothing useful: run both.
     hash_throughput();
     skip_latency();
+    report_index_cost();
 }

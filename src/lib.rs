@@ -15,7 +15,7 @@
 //!
 //! The pieces: [`Processor`] (what users implement), [`guard`] (composable checks),
 //! [`Runner`] (guards + processor + ledger), [`store`] (SQLite, Postgres, BigQuery,
-//! in-memory behind one trait), [`job`] (declarative `jobs/*.toml`, and [`job::plan()`], which
+//! in-memory behind one trait; Redis for event keys only), [`job`] (declarative `jobs/*.toml`, and [`job::plan()`], which
 //! turns a job into a ready runner), [`warehouse`] (the built-in SQL processor), [`events`]
 //! (event-level identities: the event fingerprint) and `cli` (the `idem` command, reusable
 //! from your own binary; the `cli` feature, on by default).

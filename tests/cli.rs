@@ -328,6 +328,11 @@ fn an_unreachable_store_exits_3_under_strict_and_runs_under_best_effort() {
         "{}",
         stderr(&out)
     );
+    assert!(
+        stderr(&out).contains("the folder /nonexistent-dir/sub does not exist"),
+        "{}",
+        stderr(&out)
+    );
     // Nothing ran: the job's warehouse was not even opened.
     assert!(!s.dir.join("jobs/warehouse.db").exists());
 
@@ -860,4 +865,232 @@ INSERT INTO out SELECT @scope, (SELECT count(*) FROM (WITH RECURSIVE c(x) AS (SE
     );
     let e = sqlite_rows(&s.dir.join("idem.db"), "SELECT day FROM out").unwrap_err();
     assert!(e.contains("no such table: out"), "{e}");
+}
+
+#[test]
+fn reading_commands_refuse_a_missing_ledger_and_name_the_filters_that_matched_nothing() {
+    let s = Sandbox::new("idem-cli-missing-ledger");
+    let typo = s.dir.join("idme.db");
+    let typo_url = format!("sqlite://{}", typo.display());
+    // `report` refuses; `runs` lists nothing (nothing is recorded there) and warns.
+    for (args, code) in [
+        (&["report"][..], 2),
+        (&["runs"][..], 0),
+        (&["runs", "--format", "json"][..], 0),
+    ] {
+        let out = s.command_with_store(args, &typo_url).output().unwrap();
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains(&format!("no ledger at {}", typo.display()))
+                && stderr(&out).contains("does not exist"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+        assert!(!typo.exists(), "{args:?} left an empty ledger behind");
+    }
+    let out = s
+        .command_with_store(&["runs", "--format", "json"], &typo_url)
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
+
+    // An existing ledger without the asked-for runs says which filter matched nothing.
+    assert_eq!(s.idem(&["migrate"]).status.code(), Some(0));
+    let out = s.idem(&["runs", "--job", "nosuch", "--status", "failed"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("no runs of job \"nosuch\" with status failed recorded in"),
+        "{text}"
+    );
+    let out = s.idem(&["report", "--job", "nosuch"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("no runs of job \"nosuch\" recorded in the period"),
+        "{text}"
+    );
+    let (code, v, _) = s.json(&["report", "--job", "nosuch"]);
+    assert_eq!(code, 0);
+    assert_eq!(v["job"], "nosuch");
+}
+
+/// Every file under `dir`, relative, sorted (the jobs' own `.toml` files included).
+fn files_in(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p.strip_prefix(dir).unwrap().display().to_string());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn commands_that_only_look_create_nothing_and_never_overwrite_or_misread_what_they_are_given() {
+    let s = Sandbox::new("idem-cli-look");
+    s.write_job(
+        "sales",
+        &sales_job("sales", "time_window = \"1h\"", GOOD_PROCESS),
+    );
+    let before = files_in(&s.dir);
+
+    // explain judges against an empty ledger and an empty warehouse: no file appears.
+    let out = s.idem(&["explain", "sales", "--date", "2025-11-18"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("would run"));
+    assert!(stderr(&out).contains("explaining against an empty ledger"));
+    // cleanup of a ledger that is not there has nothing to clean, and makes no ledger.
+    for args in [&["cleanup", "--dry-run"][..], &["cleanup"][..]] {
+        let out = s.idem(args);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        assert!(stderr(&out).contains("no ledger at"), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("nothing to clean"),
+            "{}",
+            stderr(&out)
+        );
+    }
+    assert_eq!(files_in(&s.dir), before, "a look created files");
+
+    // A range needs both ends: --to is never ignored beside --date, --scope or --all.
+    for args in [
+        &["run", "sales", "--date", "2025-11-18", "--to", "2025-11-20"][..],
+        &[
+            "purge",
+            "sales",
+            "--date",
+            "2025-11-18",
+            "--to",
+            "2025-11-20",
+            "--yes",
+        ][..],
+        &["purge", "sales", "--all", "--to", "2025-11-20", "--yes"][..],
+    ] {
+        let out = s.idem(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("--to needs --from"),
+            "{}",
+            stderr(&out)
+        );
+    }
+    assert_eq!(files_in(&s.dir), before, "a refused command created files");
+
+    // A store path that cannot hold a ledger is a usage error, even under best_effort:
+    // the job never runs unguarded.
+    std::fs::write(s.dir.join("notes.txt"), "not a database").unwrap();
+    for (store, says) in [
+        ("sqlite://".to_string(), "no file path"),
+        (format!("sqlite://{}", s.dir.display()), "is a folder"),
+        (
+            format!("sqlite://{}", s.dir.join("notes.txt").display()),
+            "is not a SQLite database",
+        ),
+    ] {
+        let out = s
+            .command_with_store(
+                &[
+                    "run",
+                    "sales",
+                    "--date",
+                    "2025-11-18",
+                    "--on-store-failure",
+                    "best_effort",
+                ],
+                &store,
+            )
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{store}: {}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{store}: {}", stderr(&out));
+    }
+    assert!(s.warehouse_days().is_empty());
+
+    // The report never writes over a database, the ledger least of all.
+    let (code, _, err) = s.json(&["run", "sales", "--date", "2025-11-18"]);
+    assert_eq!(code, 0, "{err}");
+    let ledger = s.dir.join("idem.db");
+    let out = s.idem(&["report", "--output", ledger.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("is a SQLite database"),
+        "{}",
+        stderr(&out)
+    );
+    let (code, runs, _) = s.json(&["runs"]);
+    assert_eq!((code, runs.as_array().map(Vec::len)), (0, Some(1)));
+
+    // Text outputs honour --format json as one document.
+    let (code, v, err) = s.json(&["report", "--sql", "wasted", "--dialect", "postgres"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        (v["query"].as_str(), v["dialect"].as_str()),
+        (Some("wasted"), Some("postgres"))
+    );
+    assert!(v["sql"].as_str().unwrap().contains("processing_runs"));
+    // The help names every report query and dialect.
+    let help = String::from_utf8(s.idem(&["report", "--help"]).stdout).unwrap();
+    for name in idem::report::QUERY_NAMES {
+        assert!(help.contains(name), "{name} missing from report --help");
+    }
+    assert!(help.contains("bigquery"), "{help}");
+    // Text that is not JSON is named as such.
+    let out = s
+        .command(&["fingerprint", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(b"not json\n")?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("line 1: not a JSON object: found text that is not JSON"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn jobs_and_run_agree_which_file_holds_a_name_used_twice() {
+    let s = Sandbox::new("idem-cli-clash");
+    // `a.toml` sorts first, but `sales.toml` is the file `idem run sales` takes.
+    s.write_job(
+        "a",
+        &sales_job("sales", "time_window = \"1h\"", GOOD_PROCESS),
+    );
+    s.write_job(
+        "sales",
+        &sales_job("sales", "time_window = \"2h\"", GOOD_PROCESS),
+    );
+    let (code, v, _) = s.json(&["jobs"]);
+    assert_eq!(code, 2, "{v}");
+    let problem = v["problems"][0]["path"].as_str().unwrap_or_default();
+    assert!(problem.ends_with("a.toml"), "{v}");
+    assert!(
+        v["problems"][0]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("is used by both")),
+        "{v}"
+    );
+    let kept = v["jobs"][0]["path"].as_str().unwrap_or_default();
+    assert!(kept.ends_with("sales.toml"), "{v}");
+    let (code, run, err) = s.json(&["explain", "sales", "--date", "2025-11-18"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        run.to_string().contains("2h"),
+        "run takes sales.toml: {run}"
+    );
 }

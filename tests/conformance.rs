@@ -2,15 +2,48 @@
 //!
 //! Memory and SQLite always run. Backends behind a service run when their URL is set and
 //! skip with a message otherwise: `IDEM_TEST_POSTGRES_URL` (a database the tests may fill),
-//! `IDEM_TEST_BIGQUERY_URL` (see README).
+//! `IDEM_TEST_BIGQUERY_URL` (see README), `IDEM_TEST_REDIS_URL` (`redis://HOST:PORT`: a
+//! Redis holding event keys only, so it runs the event-key checks; each test uses a fresh
+//! key prefix and deletes its keys after).
 
 use std::sync::Arc;
 
-use idem::store::{conformance, DynStore};
+use idem::store::{conformance, DynStore, EventKeyStore};
 
 mod common;
 
-/// One `#[tokio::test]` per conformance check for a backend — the only list of the
+/// The event-key checks ([`EventKeyStore`]), one `#[tokio::test]` each — the only list of
+/// them. Expanded inside a backend's module, where `event_store()` opens its store through
+/// `open_event_keys` (the path `idem gate` takes) and may return a guard that cleans up.
+macro_rules! event_key_checks {
+    ($($check:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $check() {
+                if let Some((s, _cleanup)) = event_store().await {
+                    conformance::$check(&*s).await
+                }
+            }
+        )*
+    };
+}
+
+/// Every event-key check, for a backend module that defines `event_store()`.
+macro_rules! all_event_key_checks {
+    () => {
+        event_key_checks!(
+            event_keys_batch,
+            event_dedup_replay_and_conflict,
+            event_dedup_ttl,
+            event_dedup_real_ttl,
+            event_dedup_in_batch,
+            event_dedup_large_batch,
+        );
+    };
+}
+
+/// One `#[tokio::test]` per conformance check for a full store backend (leases, ledger,
+/// maintenance; the event-key checks through [`all_event_key_checks`]) — the only list of the
 /// checks. `$url` is an async expression giving the store's URL as `Option<String>`
 /// (None = skip; the expression already said why).
 macro_rules! conformance_tests {
@@ -26,6 +59,16 @@ macro_rules! conformance_tests {
                 let url = url().await?;
                 Some(idem::store::open(&url).await.expect("open the store"))
             }
+
+            async fn event_store() -> Option<(Arc<dyn EventKeyStore>, ())> {
+                let url = url().await?;
+                let store = idem::store::open_event_keys(&url)
+                    .await
+                    .expect("open the event-key store");
+                Some((store, ()))
+            }
+
+            all_event_key_checks!();
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn claim_excludes_and_release_frees() {
@@ -73,36 +116,6 @@ macro_rules! conformance_tests {
             async fn purge_and_cleanup() {
                 if let Some(s) = store().await {
                     conformance::purge_and_cleanup(&*s).await
-                }
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn event_keys_batch() {
-                if let Some(s) = store().await {
-                    conformance::event_keys_batch(&*s).await
-                }
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn event_dedup_replay_and_conflict() {
-                if let Some(s) = store().await {
-                    conformance::event_dedup_replay_and_conflict(&*s).await
-                }
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn event_dedup_ttl() {
-                if let Some(s) = store().await {
-                    conformance::event_dedup_ttl(&*s).await
-                }
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn event_dedup_in_batch() {
-                if let Some(s) = store().await {
-                    conformance::event_dedup_in_batch(&*s).await
-                }
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn event_dedup_large_batch() {
-                if let Some(s) = store().await {
-                    conformance::event_dedup_large_batch(&*s).await
                 }
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -164,3 +177,181 @@ conformance_tests!(
         common::BIGQUERY_HOW,
     )
 );
+
+// Redis holds event keys only: the event-key checks, each under a fresh key prefix whose
+// keys are deleted when the test ends (passed or not).
+#[cfg(feature = "redis")]
+mod redis {
+    use super::*;
+    use common::redis::{fresh_prefix_url, PrefixCleanup};
+
+    fn url() -> Option<String> {
+        common::redis_url("redis conformance check")
+    }
+
+    async fn event_store() -> Option<(Arc<dyn EventKeyStore>, PrefixCleanup)> {
+        let (url, cleanup) = fresh_prefix_url(&url()?);
+        let store = idem::store::open_event_keys(&url)
+            .await
+            .expect("open the redis store");
+        assert_eq!(store.kind(), "redis");
+        Some((store, cleanup))
+    }
+
+    all_event_key_checks!();
+
+    /// Redis expires a mark by its own clock: with the caller's `now` frozen, the mark is
+    /// still gone after its ttl (a SQL store, told the same `now`, would replay).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn ttl_expires_by_the_redis_clock() {
+        use idem::store::{EventMark, EventVerdict};
+        let Some((s, _cleanup)) = event_store().await else {
+            return;
+        };
+        let frozen = chrono::Utc::now();
+        let mark = [EventMark::key("k").ttl(std::time::Duration::from_millis(300))];
+        assert_eq!(
+            s.check_and_mark("clock", &mark, frozen).await.unwrap(),
+            vec![EventVerdict::New]
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        assert_eq!(
+            s.check_and_mark("clock", &mark, frozen).await.unwrap(),
+            vec![EventVerdict::New]
+        );
+    }
+
+    /// A run's store cannot be Redis: `open` says it holds event keys only.
+    #[tokio::test]
+    async fn open_refuses_redis_as_a_run_store() {
+        let Some(url) = url() else { return };
+        let e = idem::store::open(&url).await.unwrap_err();
+        assert!(e.is_usage(), "{e}");
+        assert!(e.to_string().contains("event keys only"), "{e}");
+    }
+
+    /// A TCP proxy to Redis that the test stops and starts on the same port.
+    struct Proxy {
+        port: u16,
+        target: String,
+        tasks: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    }
+
+    impl Proxy {
+        async fn start(port: u16, target: &str) -> Proxy {
+            let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+                .await
+                .expect("bind the proxy");
+            let port = listener.local_addr().unwrap().port();
+            let tasks = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+            let (shared, target_addr) = (tasks.clone(), target.to_string());
+            let accept = tokio::spawn(async move {
+                while let Ok((mut client, _)) = listener.accept().await {
+                    let target_addr = target_addr.clone();
+                    let copy = tokio::spawn(async move {
+                        if let Ok(mut server) = tokio::net::TcpStream::connect(&target_addr).await {
+                            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                        }
+                    });
+                    shared.lock().unwrap().push(copy);
+                }
+            });
+            tasks.lock().unwrap().push(accept);
+            Proxy {
+                port,
+                target: target.to_string(),
+                tasks,
+            }
+        }
+
+        /// Closes the listener and every proxied connection.
+        fn stop(&self) {
+            for task in self.tasks.lock().unwrap().drain(..) {
+                task.abort();
+            }
+        }
+    }
+
+    /// Redis goes away (a proxy the test controls is stopped): calls fail as outages, a
+    /// circuit breaker around the store opens; when Redis is back the connection manager
+    /// reconnects, the breaker closes after its probe, and the marks made before are there.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn outage_opens_the_breaker_and_recovery_closes_it() {
+        use idem::store::{BreakerConfig, CircuitBreakerStore, EventMark, EventVerdict};
+        use std::time::{Duration, Instant};
+        let Some(url) = url() else { return };
+        let parsed = url::Url::parse(&url).unwrap();
+        let target = format!(
+            "{}:{}",
+            parsed.host_str().unwrap(),
+            parsed.port().unwrap_or(6379)
+        );
+        let proxy = Proxy::start(0, &target).await;
+        let (proxied, _cleanup) = common::redis::fresh_prefix_url(&url);
+        let mut proxied = url::Url::parse(&proxied).unwrap();
+        proxied.set_port(Some(proxy.port)).unwrap();
+        let store = idem::store::open_event_keys(proxied.as_str())
+            .await
+            .unwrap();
+        let config = BreakerConfig {
+            failure_threshold: 2,
+            reset_timeout: Duration::from_millis(500),
+        };
+        let breaker = CircuitBreakerStore::new(store, config);
+        let now = chrono::Utc::now;
+        let mark = |k: &str| [EventMark::key(k).fingerprint("x")];
+        let first = breaker.check_and_mark("outage", &mark("a"), now()).await;
+        assert_eq!(first.unwrap(), vec![EventVerdict::New]);
+
+        proxy.stop();
+        let mut errors = Vec::new();
+        for _ in 0..4 {
+            let e = breaker
+                .check_and_mark("outage", &mark("b"), now())
+                .await
+                .unwrap_err();
+            assert!(e.is_outage(), "{e}");
+            errors.push(e.to_string());
+        }
+        assert!(
+            errors.last().unwrap().contains("circuit breaker open"),
+            "{errors:?}"
+        );
+
+        let restarted = Proxy::start(proxy.port, &proxy.target).await;
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let verdicts = loop {
+            match breaker.check_and_mark("outage", &mark("b"), now()).await {
+                Ok(v) => break v,
+                Err(e) => {
+                    assert!(e.is_outage(), "{e}");
+                    assert!(Instant::now() < deadline, "no recovery: {e}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        };
+        assert_eq!(verdicts, vec![EventVerdict::New]);
+        assert_eq!(breaker.phase(), idem::store::breaker::BreakerPhase::Closed);
+        let again = breaker
+            .check_and_mark("outage", &mark("a"), now())
+            .await
+            .unwrap();
+        assert_eq!(
+            again[0].name(),
+            "replay",
+            "marks made before the outage stay"
+        );
+        restarted.stop();
+    }
+
+    /// Nothing listening: the store is unavailable (an outage, for the failure policy and
+    /// the breaker), not a panic or a usage error.
+    #[tokio::test]
+    async fn unreachable_redis_is_an_outage() {
+        let e = idem::store::open_event_keys("redis://127.0.0.1:1")
+            .await
+            .unwrap_err();
+        assert!(e.is_outage(), "{e}");
+        assert!(e.to_string().contains("unavailable"), "{e}");
+    }
+}

@@ -1,7 +1,9 @@
 //! `idem gate` as a user runs it: verdicts on the public fund-load file checked against a
 //! model computed here, durable verdicts across runs and across a SIGKILL, strategies under
-//! an unreachable store, bad arguments. SQLite always; Postgres and the BigQuery emulator
-//! when `IDEM_TEST_POSTGRES_URL` / `IDEM_TEST_BIGQUERY_URL` are set.
+//! an unreachable store, bad arguments. SQLite always; Postgres, the BigQuery emulator and
+//! Redis when `IDEM_TEST_POSTGRES_URL` / `IDEM_TEST_BIGQUERY_URL` / `IDEM_TEST_REDIS_URL`
+//! are set (BigQuery not in the 200k-line SIGKILL and two-gates tests: too slow on the
+//! emulator).
 
 use std::collections::HashMap;
 use std::io::{BufRead, Read};
@@ -18,12 +20,47 @@ fn peer_data() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/peer-data/fund_loads_input.ndjson")
 }
 
-/// The stores to run on: SQLite in the sandbox, and the services that are configured.
-fn stores(sb: &Sandbox, test: &str) -> Vec<String> {
-    let mut out = vec![sb.store.clone()];
-    out.extend(common::postgres_url(test));
-    out.extend(common::bigquery_url(test));
-    out
+/// The stores to run on: SQLite in the sandbox, and the services that are configured
+/// (Redis under a fresh key prefix, deleted when the list is dropped).
+struct Stores {
+    urls: Vec<String>,
+    #[cfg(feature = "redis")]
+    _cleanup: Vec<common::redis::PrefixCleanup>,
+}
+
+impl<'a> IntoIterator for &'a Stores {
+    type Item = String;
+    type IntoIter = std::iter::Cloned<std::slice::Iter<'a, String>>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.urls.iter().cloned()
+    }
+}
+
+fn stores(sb: &Sandbox, test: &str) -> Stores {
+    stores_with(sb, test, true)
+}
+
+fn stores_with(sb: &Sandbox, test: &str, bigquery: bool) -> Stores {
+    let mut urls = vec![sb.store.clone()];
+    urls.extend(common::postgres_url(test));
+    if bigquery {
+        urls.extend(common::bigquery_url(test));
+    }
+    #[cfg(feature = "redis")]
+    {
+        let mut cleanup = Vec::new();
+        if let Some(url) = common::redis_url(test) {
+            let (url, guard) = common::redis::fresh_prefix_url(&url);
+            urls.push(url);
+            cleanup.push(guard);
+        }
+        Stores {
+            urls,
+            _cleanup: cleanup,
+        }
+    }
+    #[cfg(not(feature = "redis"))]
+    Stores { urls }
 }
 
 struct Gated {
@@ -113,7 +150,7 @@ fn peer_data_verdicts_match_the_model_and_are_durable() {
     let sb = Sandbox::new("gate-peer");
     let events = peer_events();
     assert_eq!(events.len(), 1000);
-    for store in stores(&sb, "peer_data_verdicts_match_the_model_and_are_durable") {
+    for store in &stores(&sb, "peer_data_verdicts_match_the_model_and_are_durable") {
         for keys in [vec!["id"], vec!["id", "customer_id"]] {
             let ns = namespace();
             let key_arg = keys.join(",");
@@ -170,7 +207,7 @@ fn a_malformed_line_is_invalid_and_the_others_flow() {
     std::fs::write(&input, lines.join("\n") + "\n").unwrap();
     let events = peer_events();
     let expected = model(&events, &["id"]);
-    for store in stores(&sb, "a_malformed_line_is_invalid_and_the_others_flow") {
+    for store in &stores(&sb, "a_malformed_line_is_invalid_and_the_others_flow") {
         let ns = namespace();
         let out = gate(&sb, &store, &input, &["--key", "id", "--namespace", &ns]);
         assert_eq!(out.code, 0, "{}", out.stderr);
@@ -236,11 +273,11 @@ fn sigkill_mid_run_loses_no_line_and_reports_nothing_unrecorded() {
     let input = sb.dir.join("big.ndjson");
     const LINES: usize = 200_000;
     write_big_input(&input, LINES, 150_000);
-    let mut stores = vec![sb.store.clone()];
-    stores.extend(common::postgres_url(
+    for store in &stores_with(
+        &sb,
         "sigkill_mid_run_loses_no_line_and_reports_nothing_unrecorded",
-    ));
-    for store in stores {
+        false,
+    ) {
         let ns = namespace();
         let first_out = sb.dir.join("first.ndjson");
         let _ = std::fs::remove_file(&first_out);
@@ -538,7 +575,7 @@ fn a_replay_carries_the_decision_recorded_by_the_first_processing() {
     let sb = Sandbox::new("gate-decision");
     let input = sb.dir.join("one.ndjson");
     std::fs::write(&input, "{\"id\":\"p-1\",\"amount\":\"5.00\"}\n").unwrap();
-    for store in stores(
+    for store in &stores(
         &sb,
         "a_replay_carries_the_decision_recorded_by_the_first_processing",
     ) {
@@ -546,7 +583,7 @@ fn a_replay_carries_the_decision_recorded_by_the_first_processing() {
         // A service processed the event first, through the library, and stored its decision.
         let rt = tokio::runtime::Runtime::new().unwrap();
         rt.block_on(async {
-            let opened = idem::store::open(&store).await.unwrap();
+            let opened = idem::store::open_event_keys(&store).await.unwrap();
             let dedup = Deduplicator::new(opened, &ns, ["id"]).unwrap();
             let gate = EventGate::new(dedup, Strategy::Strict, Default::default());
             let event = serde_json::json!({"amount": "5.00", "id": "p-1"});
@@ -575,11 +612,7 @@ fn two_gates_on_one_store_never_both_say_new() {
     let input = sb.dir.join("shared.ndjson");
     const LINES: usize = 20_000;
     write_big_input(&input, LINES, LINES);
-    let mut stores = vec![sb.store.clone()];
-    stores.extend(common::postgres_url(
-        "two_gates_on_one_store_never_both_say_new",
-    ));
-    for store in stores {
+    for store in &stores_with(&sb, "two_gates_on_one_store_never_both_say_new", false) {
         let ns = namespace();
         let children: Vec<_> = (0..2)
             .map(|n| {

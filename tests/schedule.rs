@@ -360,6 +360,23 @@ fn crontab_export_equals_the_golden_file() {
         "{}",
         stdout(&only)
     );
+    // JSON callers get the same text, whole, in one document.
+    let json = export(
+        &s.dir,
+        "sqlite://idem.db",
+        &[
+            "daily_sales",
+            "--crontab",
+            "--workdir",
+            "/srv/idem",
+            "--format",
+            "json",
+        ],
+    );
+    assert_eq!(json.status.code(), Some(0), "{}", stderr(&json));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&json)).expect("one JSON document");
+    assert_eq!(v["export"], "crontab");
+    assert_eq!(v["text"].as_str(), Some(stdout(&only).as_str()));
 }
 
 #[test]

@@ -15,7 +15,8 @@ WITH candidates AS (
         (SUM(records_processed * 1.0 * records_processed)
             - SUM(records_processed * 1.0) * SUM(records_processed * 1.0) / COUNT(records_processed))
             / NULLIF(COUNT(records_processed) - 1, 0) AS data_variance
-    FROM processing_runs
+    -- the partial index of completed runs (migration 0002) holds every column read here
+    FROM processing_runs INDEXED BY processing_runs_completed
     WHERE started_at >= ?1 AND started_at < ?2
       AND status = 'completed'
       AND (?3 IS NULL OR processor_name = ?3)

@@ -7,7 +7,8 @@ SELECT
     would_skip_reason,
     COUNT(*) AS runs,
     SUM(duration_ms) AS duration_ms
-FROM processing_runs
+-- the covering index in processor order (migration 0004): no table reads, no sort by processor
+FROM processing_runs INDEXED BY processing_runs_report
 WHERE started_at >= ?1 AND started_at < ?2
   AND mode = 'shadow'
   AND (?3 IS NULL OR processor_name = ?3)

@@ -6,6 +6,8 @@
 pub mod bigquery;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(feature = "redis")]
+pub mod redis;
 pub mod script;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
@@ -23,6 +25,9 @@ pub enum Backend {
     Postgres,
     /// `bigquery://PROJECT/DATASET`.
     BigQuery,
+    /// `redis://HOST[:PORT][/DB]` (or `rediss://`, refused: no TLS in this build): event
+    /// keys only.
+    Redis,
 }
 
 impl Backend {
@@ -36,14 +41,16 @@ impl Backend {
             "postgres" | "postgresql" => Some(Backend::Postgres),
             #[cfg(feature = "bigquery")]
             "bigquery" => Some(Backend::BigQuery),
+            #[cfg(feature = "redis")]
+            "redis" | "rediss" => Some(Backend::Redis),
             _ => None,
         }
     }
 
-    /// The SQL dialect of a warehouse on this backend (`None` for memory).
+    /// The SQL dialect of a warehouse on this backend (`None` for memory and Redis).
     pub fn dialect(self) -> Option<Dialect> {
         match self {
-            Backend::Memory => None,
+            Backend::Memory | Backend::Redis => None,
             Backend::Sqlite => Some(Dialect::Sqlite),
             Backend::Postgres => Some(Dialect::Postgres),
             Backend::BigQuery => Some(Dialect::BigQuery),

@@ -2,6 +2,7 @@
 
 use super::output;
 use super::{input, CleanupArgs, GlobalOptions, EXIT_OK};
+use crate::backend::redact_url;
 use crate::error::{Error, Result};
 use crate::model::duration::parse_duration_field;
 use crate::store::{self, CleanupPolicy, CleanupProgressFn, Store};
@@ -76,7 +77,6 @@ pub(super) async fn cleanup(args: &CleanupArgs, g: &GlobalOptions) -> Result<u8>
         .ok()
         .and_then(|keep| chrono::Utc::now().checked_sub_signed(keep))
         .ok_or_else(|| Error::input(format!("--keep {:?} is too long", args.keep)))?;
-    let store = store::open(&g.store).await?;
     // Bounded by MAX_DURATION, so the cutoff is always a valid time.
     let keep_runs = parse_duration_field("--keep-runs", &args.keep_runs).map_err(input)?;
     let runs_before = chrono::Duration::from_std(keep_runs)
@@ -89,6 +89,17 @@ pub(super) async fn cleanup(args: &CleanupArgs, g: &GlobalOptions) -> Result<u8>
         dry_run: args.dry_run,
         ..store::CleanupPolicy::before(before)
     };
+    // A SQLite ledger not made yet holds nothing to clean: say so, and create nothing.
+    if let Some(path) = super::missing_ledger(&g.store)? {
+        output::note(format_args!(
+            "warning: {}: nothing to clean",
+            super::no_ledger_message(&path)
+        ));
+        let report = store::CleanupReport::default();
+        output::print_cleanup(&redact_url(&g.store), &policy, &report, None, g.format);
+        return Ok(EXIT_OK);
+    }
+    let store = store::open(&g.store).await?;
     let report = match progress_bar(&*store, &policy, g).await? {
         Some(bar) => {
             let report = store

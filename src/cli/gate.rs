@@ -125,7 +125,7 @@ pub(super) async fn gate(args: &GateArgs, g: &GlobalOptions) -> Result<u8> {
             )),
         ),
     };
-    let store: Arc<dyn EventKeyStore> = match store::open(&g.store).await {
+    let store: Arc<dyn EventKeyStore> = match store::open_event_keys(&g.store).await {
         Ok(store) => store,
         Err(e) if e.is_store_failure() && strategy != Strategy::Strict => {
             tracing::warn!("{e}; {strategy}: every line goes through unverified");

@@ -246,12 +246,56 @@ pub(crate) struct RunArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct ExplainArgs {
-    #[command(flatten)]
-    run: RunArgs,
+    /// Job name (in --jobs-dir) or path to a job .toml file.
+    job: String,
+    /// The partition date: YYYY-MM-DD, today, yesterday or today-N (in the job's
+    /// timezone); default the job's `date`.
+    #[arg(long, allow_hyphen_values = true)]
+    date: Option<String>,
+    /// The instant the scheduler meant to fire (RFC 3339): relative dates are evaluated
+    /// there instead of at the clock.
+    #[arg(long, value_name = "RFC3339")]
+    scheduled_at: Option<String>,
+    /// Scope, when it is not just the date (default: the date).
+    #[arg(long)]
+    scope: Option<String>,
+    /// Explain under this mode instead of the job's.
+    #[arg(long, value_enum)]
+    mode: Option<Mode>,
     /// Run the job's setup first (for SQL jobs whose content query needs the tables their
-    /// setup creates); without it, explain changes nothing anywhere.
+    /// setup creates); without it, explain changes nothing in the warehouse.
     #[arg(long)]
     with_setup: bool,
+}
+
+impl ExplainArgs {
+    /// The run `idem run` would make with the same flags.
+    fn run_args(&self) -> RunArgs {
+        RunArgs {
+            job: self.job.clone(),
+            date: self.date.clone(),
+            scheduled_at: self.scheduled_at.clone(),
+            from: None,
+            to: None,
+            parallel: 1,
+            scope: self.scope.clone(),
+            trigger: None,
+            mode: self.mode,
+            on_store_failure: None,
+            run_id: None,
+        }
+    }
+}
+
+/// `--to` without `--from`: clap's `requires` is not checked when `--date` or `--scope`
+/// (which conflict with `--from`) are given, so it is checked here, never ignored.
+fn check_range(from: &Option<String>, to: &Option<String>) -> Result<()> {
+    if to.is_some() && from.is_none() {
+        return Err(Error::input(
+            "--to needs --from: a range of dates is --from D1 --to D2",
+        ));
+    }
+    Ok(())
 }
 
 #[derive(Debug, Args)]
@@ -382,10 +426,11 @@ pub(crate) struct ReportArgs {
     #[arg(long)]
     output: Option<PathBuf>,
     /// Print the SQL of one report query, ready to paste into a console, instead of
-    /// running the report: duplicates, wasted, savings, effectiveness, storage or shadow.
+    /// running the report: duplicates, wasted, savings, effectiveness, storage, shadow or
+    /// daily.
     #[arg(long, value_name = "NAME")]
     sql: Option<String>,
-    /// With --sql: the dialect, sqlite or postgres (default: the store's).
+    /// With --sql: the dialect, sqlite, postgres or bigquery (default: the store's).
     #[arg(long, requires = "sql")]
     dialect: Option<String>,
     /// The end of the period (RFC 3339) instead of now.
@@ -425,11 +470,13 @@ pub fn main_with(registry: Registry) -> ExitCode {
             return ExitCode::from(if e.use_stderr() { EXIT_USAGE } else { EXIT_OK });
         }
     };
+    // sqlx warns of every statement slower than 1 s with its whole text (the report's
+    // queries over a large ledger are, by design): that is for `RUST_LOG=sqlx=warn`.
     init_logging(if matches!(cli.command, Command::Scheduler(_)) {
         // One line per fire.
-        "warn,idem::scheduler=info"
+        "warn,sqlx::query=error,idem::scheduler=info"
     } else {
-        "warn"
+        "warn,sqlx::query=error"
     });
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -553,6 +600,34 @@ fn cancel_on_signals() -> Result<Cancel> {
 
 /// A command-line value's error (a parser that reports configuration errors, like
 /// durations): the same message, as [`Error::Input`].
+/// For commands that only read the ledger (`runs`, `report`): the path of a `sqlite://`
+/// store whose file does not exist. That is a mistake (a typo in `--store`, the wrong
+/// directory) or a ledger not made yet, never one to create: opening it would leave an
+/// empty database behind.
+fn missing_ledger(url: &str) -> Result<Option<std::path::PathBuf>> {
+    #[cfg(feature = "sqlite")]
+    if crate::backend::Backend::of(url) == Some(crate::backend::Backend::Sqlite) {
+        let options = crate::backend::sqlite::connect_options(url)?;
+        let path = options.get_filename();
+        if !path.as_os_str().is_empty()
+            && path != std::path::Path::new(":memory:")
+            && !path.exists()
+        {
+            return Ok(Some(path.to_path_buf()));
+        }
+    }
+    Ok(None)
+}
+
+/// What [`missing_ledger`] found, in words.
+fn no_ledger_message(path: &std::path::Path) -> String {
+    format!(
+        "no ledger at {}: the file does not exist (check --store or IDEM_STORE; idem \
+         creates the ledger on the first `idem run` or `idem migrate`)",
+        path.display()
+    )
+}
+
 fn input(e: Error) -> Error {
     Error::input(e)
 }

@@ -10,7 +10,7 @@ use crate::job::{Job, JobProblem};
 use crate::model::{Mode, RunRecord, RunStatus};
 use crate::runner::{Explanation, RunReport};
 use crate::schedule::{BackfillSummary, JobPlan};
-use crate::store::{CleanupPolicy, CleanupReport, PartitionExpiration};
+use crate::store::{CleanupPolicy, CleanupReport, PartitionExpiration, RunFilter};
 
 /// Output formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -67,13 +67,24 @@ pub(crate) fn print_fingerprint(fingerprint: &str, events: usize, format: Format
 }
 
 /// `idem runs`.
-pub(crate) fn print_runs(runs: &[RunRecord], store: &str, format: Format) {
+pub(crate) fn print_runs(runs: &[RunRecord], store: &str, filter: &RunFilter, format: Format) {
     if format == Format::Json {
         print_json(&runs);
         return;
     }
     if runs.is_empty() {
-        outln!("no runs recorded in {store}");
+        let mut which = Vec::new();
+        if let Some(job) = &filter.processor {
+            which.push(format!("of job {job:?}"));
+        }
+        if let Some(scope) = &filter.scope {
+            which.push(format!("for {scope:?}"));
+        }
+        if let Some(status) = &filter.status {
+            which.push(format!("with status {}", status.as_str()));
+        }
+        let which: String = which.iter().map(|w| format!(" {w}")).collect();
+        outln!("no runs{which} recorded in {store}");
     }
     for r in runs {
         let why = r

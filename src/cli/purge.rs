@@ -14,6 +14,7 @@ use crate::{schedule, store};
 /// `output.purge` = what was purged and how many keys.
 pub(super) async fn purge(args: PurgeArgs, g: &GlobalOptions) -> Result<u8> {
     use std::io::IsTerminal;
+    super::check_range(&args.from, &args.to)?;
     let job = find_job(&args.job, &g.jobs_dir, &g.store)?;
     let tz = job.scheduled()?.tz()?;
     let now = chrono::Utc::now();

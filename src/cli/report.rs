@@ -158,7 +158,17 @@ pub(super) async fn report(args: ReportArgs, g: &GlobalOptions) -> Result<u8> {
                 ))
             })?,
         };
-        report::sql_for_console(name, dialect, &options)?
+        let sql = report::sql_for_console(name, dialect, &options)?;
+        if g.format_arg == FormatArg::Json {
+            // The SQL is text to paste; JSON callers get it whole, with what it is.
+            let doc = serde_json::json!({ "query": name, "dialect": dialect.as_str(), "sql": sql });
+            format!(
+                "{}\n",
+                serde_json::to_string_pretty(&doc).unwrap_or_default()
+            )
+        } else {
+            sql
+        }
     } else {
         let format = match g.format_arg {
             // ndjson and csv are refused before any command runs (idem gate only).
@@ -167,15 +177,38 @@ pub(super) async fn report(args: ReportArgs, g: &GlobalOptions) -> Result<u8> {
             FormatArg::Markdown => OutputFormat::Markdown,
             FormatArg::Html => OutputFormat::Html,
         };
+        if let Some(path) = super::missing_ledger(&g.store)? {
+            return Err(Error::input(super::no_ledger_message(&path)));
+        }
         let report = report::run(&g.store, &options).await?;
         report::render(&report, format)
     };
     match &args.output {
         Some(path) => {
+            refuse_to_overwrite_a_database(path)?;
             std::fs::write(path, text).map_err(|e| Error::io("write the report to", path, e))?;
             output::note(format_args!("wrote {}", path.display()));
         }
         None => output::print_text(&text),
     }
     Ok(EXIT_OK)
+}
+
+/// `--output` names an existing SQLite database (the ledger itself, `--output idem.db`, or
+/// a warehouse): writing the report there would destroy it, so it is refused.
+fn refuse_to_overwrite_a_database(path: &Path) -> Result<()> {
+    use std::io::Read;
+    let mut head = [0u8; 16];
+    let is_database = std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut head))
+        .is_ok()
+        && &head == b"SQLite format 3\0";
+    if is_database {
+        return Err(Error::input(format!(
+            "--output {}: that file is a SQLite database (a ledger or a warehouse); \
+             the report would replace it. Write the report to another file",
+            path.display()
+        )));
+    }
+    Ok(())
 }

@@ -47,6 +47,7 @@ fn prepare(args: &RunArgs, g: &GlobalOptions, overrides: &Overrides) -> Result<(
 /// `idem run JOB`: one date through the guards; SIGINT/SIGTERM stop the processor and
 /// record the run as interrupted.
 pub(super) async fn run(args: &RunArgs, g: &GlobalOptions, registry: &Registry) -> Result<u8> {
+    super::check_range(&args.from, &args.to)?;
     let cancel = cancel_on_signals()?;
     let overrides = args.overrides(Trigger::Manual, Some(cancel));
     let (job, request) = prepare(args, g, &overrides)?;
@@ -62,12 +63,25 @@ pub(super) async fn explain(
     g: &GlobalOptions,
     registry: &Registry,
 ) -> Result<u8> {
-    let mut overrides = args.run.overrides(Trigger::Manual, None);
+    let run = args.run_args();
+    let mut overrides = run.overrides(Trigger::Manual, None);
     // Explain needs the store as it is: never an unavailable stand-in, and no spool.
     overrides.store_failure = Some(StoreFailurePolicy::Strict);
     overrides.spool = false;
-    let (job, request) = prepare(&args.run, g, &overrides)?;
-    let plan = plan(&job, registry, &g.store, overrides).await?;
+    let (job, request) = prepare(&run, g, &overrides)?;
+    // Explain changes nothing: on a SQLite ledger not made yet, it judges against an empty
+    // one in memory rather than create the file.
+    let store = match super::missing_ledger(&g.store)? {
+        Some(path) => {
+            output::note(format_args!(
+                "warning: {}; explaining against an empty ledger",
+                super::no_ledger_message(&path)
+            ));
+            "memory://".to_string()
+        }
+        None => g.store.clone(),
+    };
+    let plan = plan(&job, registry, &store, overrides).await?;
     let explanation = plan
         .runner
         .explain_with(&*plan.processor, &request, args.with_setup)

@@ -48,7 +48,17 @@ pub(super) fn schedule(args: ScheduleArgs, g: &GlobalOptions) -> Result<u8> {
                 )?
             }
         };
-        output::print_text(&text);
+        if g.format == output::Format::Json {
+            // The export is text to paste; JSON callers get it whole, with what it is.
+            let kind = if e.cloud_scheduler.is_some() {
+                "cloud_scheduler"
+            } else {
+                "crontab"
+            };
+            output::print_json(&serde_json::json!({ "export": kind, "text": text }));
+        } else {
+            output::print_text(&text);
+        }
         return Ok(EXIT_OK);
     }
     let after = match &args.after {

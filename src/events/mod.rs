@@ -98,6 +98,10 @@ pub struct InvalidEvent {
 
 /// How a JSON value's kind is named in error messages.
 pub(crate) fn json_kind_of_raw(raw: &str) -> &'static str {
+    // `not json` starts like `null`: name the kind only of what is JSON.
+    if serde_json::from_str::<serde::de::IgnoredAny>(raw).is_err() {
+        return "text that is not JSON";
+    }
     match raw.as_bytes().first() {
         Some(b'"') => "a string",
         Some(b'{') => "an object",

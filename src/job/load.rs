@@ -177,10 +177,18 @@ pub fn scan_jobs(jobs_dir: &Path, store_url: &str) -> Result<JobScan> {
                 continue;
             }
         };
-        if let Some(other) = scan.jobs.iter().find(|j| j.name == job.name) {
+        if let Some(i) = scan.jobs.iter().position(|j| j.name == job.name) {
+            // As `idem run NAME` does, `NAME.toml` is the job and the other file the clash.
+            let named = |j: &Job| j.path.file_stem().is_some_and(|s| s == j.name.as_str());
+            let (kept, clash) = if named(&job) && !named(&scan.jobs[i]) {
+                let other = std::mem::replace(&mut scan.jobs[i], job);
+                (scan.jobs[i].path.clone(), other.path)
+            } else {
+                (scan.jobs[i].path.clone(), job.path)
+            };
             scan.problems.push(JobProblem {
-                error: duplicate_name(&job.name, &other.path, &job.path).to_string(),
-                path,
+                error: duplicate_name(&scan.jobs[i].name, &kept, &clash).to_string(),
+                path: clash,
             });
             continue;
         }

@@ -84,9 +84,13 @@ fn human(report: &Report) -> String {
     let _ = writeln!(out, "idem report: {}", report.store);
     let _ = writeln!(out, "period: {}", period(report));
     if report.processors.is_empty() {
+        let whose = match &report.job {
+            Some(job) => format!("of job {job:?} "),
+            None => String::new(),
+        };
         let _ = writeln!(
             out,
-            "no runs recorded in the period: nothing to judge (not_enough_data)"
+            "no runs {whose}recorded in the period: nothing to judge (not_enough_data)"
         );
     }
     for p in &report.processors {

@@ -31,7 +31,7 @@ pub fn backfill_dates(from: &str, to: &str, tz: Tz, now: DateTime<Utc>) -> Resul
     let (first, last) = (resolve("--from", from)?, resolve("--to", to)?);
     if first > last {
         return Err(Error::config(format!(
-            "--from {first} is after --to {last}: a backfill runs from the older date to the newer"
+            "--from {first} is after --to {last}: a range goes from the older date to the newer"
         )));
     }
     let days = (last - first).num_days() + 1;

@@ -874,6 +874,38 @@ pub async fn event_dedup_ttl(store: &dyn EventKeyStore) {
     assert!(store.is_duplicate(&ns, &[], t).await.unwrap().is_empty());
 }
 
+/// TTL on the real clock: a mark with a short ttl (1.1 s) is a duplicate, then, after
+/// sleeping past it, new again. Every store passes this one; Redis expires marks by its own
+/// clock (`PX`), which [`event_dedup_ttl`]'s moving `now` alone would not show.
+pub async fn event_dedup_real_ttl(store: &dyn EventKeyStore) {
+    let ns = unique("realttl");
+    let ttl = Duration::from_millis(1100);
+    let mark = [EventMark::key("k").fingerprint("a").ttl(ttl)];
+    let first = store.check_and_mark(&ns, &mark, now()).await.unwrap();
+    assert_eq!(first, vec![EventVerdict::New]);
+    let again = store.check_and_mark(&ns, &mark, now()).await.unwrap();
+    assert_eq!(again[0].name(), "replay", "{again:?}");
+    assert_eq!(
+        store
+            .is_duplicate(&ns, &["k".to_string()], now())
+            .await
+            .unwrap(),
+        vec![true]
+    );
+    tokio::time::sleep(ttl + Duration::from_millis(250)).await;
+    assert_eq!(
+        store
+            .is_duplicate(&ns, &["k".to_string()], now())
+            .await
+            .unwrap(),
+        vec![false],
+        "expired after its ttl"
+    );
+    let changed = [EventMark::key("k").fingerprint("b").ttl(ttl)];
+    let later = store.check_and_mark(&ns, &changed, now()).await.unwrap();
+    assert_eq!(later, vec![EventVerdict::New], "expired: new again");
+}
+
 /// In-batch duplicates: the first occurrence decides, later ones replay or conflict
 /// against it — also when the first occurrence re-marks an expired key.
 pub async fn event_dedup_in_batch(store: &dyn EventKeyStore) {

@@ -122,7 +122,7 @@ pub(crate) fn firsts(marks: &[EventMark]) -> Vec<&EventMark> {
 }
 
 /// The verdict of `stored` for an event with fingerprint `fingerprint`.
-fn against(stored: &StoredEvent, fingerprint: Option<&str>) -> EventVerdict {
+pub(crate) fn against(stored: &StoredEvent, fingerprint: Option<&str>) -> EventVerdict {
     match (stored.fingerprint.as_deref(), fingerprint) {
         (Some(old), Some(new)) if old != new => EventVerdict::Conflict {
             stored_fingerprint: old.to_string(),
@@ -220,7 +220,7 @@ pub(crate) fn decision_text(m: &EventMark) -> Option<String> {
 }
 
 /// A decision read from a text column (unparseable text is kept as a JSON string).
-fn parse_decision(text: Option<String>) -> Option<Value> {
+pub(crate) fn parse_decision(text: Option<String>) -> Option<Value> {
     text.map(|t| serde_json::from_str(&t).unwrap_or(Value::String(t)))
 }
 

@@ -56,8 +56,7 @@ macro_rules! embed {
 }
 
 /// SQLite's migrations.
-pub const SQLITE: &[Migration] =
-    embed!("sqlite": "0001_init", "0002_report_indexes", "0003_event_dedup");
+pub const SQLITE: &[Migration] = embed!("sqlite": "0001_init", "0002_report_indexes", "0003_event_dedup", "0004_report_covering");
 
 /// Postgres's migrations.
 pub const POSTGRES: &[Migration] =

@@ -38,6 +38,8 @@ pub mod migrations;
 mod open;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(feature = "redis")]
+pub mod redis;
 pub mod retry;
 pub mod rows;
 pub mod spool;
@@ -46,7 +48,7 @@ pub mod sqlite;
 
 pub use breaker::{BreakerConfig, CircuitBreakerStore};
 pub use memory::MemoryStore;
-pub use open::{open, UnavailableStore, DEFAULT_STORE_URL};
+pub use open::{open, open_event_keys, UnavailableStore, DEFAULT_STORE_URL};
 
 /// Every store trait, for calling store methods on a concrete store type:
 /// `use idem::store::prelude::*;`.
@@ -354,7 +356,7 @@ impl Capabilities {
 /// What every store has: a name, a URL for messages, its guarantees and its schema.
 #[async_trait]
 pub trait StoreBase: Send + Sync + Debug + 'static {
-    /// Short backend name (`sqlite`, `postgres`, `bigquery`, `memory`).
+    /// Short backend name (`sqlite`, `postgres`, `bigquery`, `memory`, `redis`).
     fn kind(&self) -> &'static str;
 
     /// The store's URL with any password removed, for messages.

@@ -148,13 +148,42 @@ pub async fn open(url: &str) -> Result<Arc<DynStore>> {
         Some(Backend::BigQuery) => Arc::new(super::bigquery::BigQueryStore::connect(url).await?),
         #[cfg(feature = "postgres")]
         Some(Backend::Postgres) => Arc::new(super::postgres::PostgresStore::connect(url).await?),
+        Some(Backend::Redis) => return Err(event_keys_only(url)),
         #[allow(unreachable_patterns)]
         _ => {
+            let redis = if cfg!(feature = "redis") {
+                " (redis://… for event keys only)"
+            } else {
+                ""
+            };
             return Err(Error::config(format!(
-                "unsupported store url {:?}: expected sqlite://PATH, postgres://…, bigquery://PROJECT/DATASET or memory://",
+                "unsupported store url {:?}: expected sqlite://PATH, postgres://…, bigquery://PROJECT/DATASET or memory://{redis}",
                 redact_url(url)
-            )))
+            )));
         }
     };
     Ok(store)
+}
+
+/// Why a Redis URL cannot be a run's store.
+fn event_keys_only(url: &str) -> Error {
+    Error::config(format!(
+        "{:?} is a redis store, which holds event keys only (for idem gate): it has no leases or \
+         run ledger; give runs a sqlite://, postgres:// or bigquery:// store and use the redis url \
+         where event keys are checked",
+        redact_url(url)
+    ))
+}
+
+/// Opens (and migrates) the event-key store a URL names: any [`open`] URL, or
+/// `redis://HOST[:PORT][/DB][?prefix=P]`, which holds event keys only.
+pub async fn open_event_keys(url: &str) -> Result<Arc<dyn EventKeyStore>> {
+    match Backend::of(url) {
+        #[cfg(feature = "redis")]
+        Some(Backend::Redis) => Ok(Arc::new(super::redis::RedisStore::connect(url).await?)),
+        _ => {
+            let store: Arc<dyn EventKeyStore> = open(url).await?;
+            Ok(store)
+        }
+    }
 }

@@ -46,12 +46,20 @@ impl SqliteStore {
         let options = crate::backend::sqlite::connect_options(url)?
             .synchronous(SqliteSynchronous::Normal)
             .foreign_keys(false);
+        let folder = options
+            .get_filename()
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty() && !p.is_dir())
+            .map(|p| format!(" (the folder {} does not exist)", p.display()));
         let pool = SqlitePoolOptions::new()
             .max_connections(4)
             .min_connections(0)
             .connect_with(options)
             .await
-            .map_err(|e| Error::store(url, format!("cannot open sqlite database: {e}")))?;
+            .map_err(|e| {
+                let why = folder.unwrap_or_default();
+                Error::store(url, format!("cannot open sqlite database{why}: {e}"))
+            })?;
         let store = SqliteStore {
             pool,
             url: url.to_string(),

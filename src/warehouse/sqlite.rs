@@ -15,6 +15,8 @@ use crate::error::Result;
 pub struct SqliteWarehouse {
     pool: SqlitePool,
     url: String,
+    /// The database file (none for an in-memory database).
+    path: Option<std::path::PathBuf>,
 }
 
 impl SqliteWarehouse {
@@ -23,6 +25,8 @@ impl SqliteWarehouse {
         let options = crate::backend::sqlite::connect_options(url)?
             // Batch statements are slow by nature: no "slow statement" warnings.
             .disable_statement_logging();
+        let path =
+            Some(options.get_filename().to_path_buf()).filter(|p| p.as_os_str() != ":memory:");
         // Lazy: a run skipped by a guard never touches the warehouse; an unreachable
         // warehouse fails the run (recorded, exit 1) instead of the command.
         let pool = SqlitePoolOptions::new()
@@ -31,6 +35,7 @@ impl SqliteWarehouse {
         Ok(SqliteWarehouse {
             pool,
             url: url.to_string(),
+            path,
         })
     }
 }
@@ -101,7 +106,16 @@ impl Warehouse for SqliteWarehouse {
 
     async fn query_rows(&self, statement: &Statement, params: &Params) -> WarehouseResult<Rows> {
         let values = bind_values(statement, params)?;
-        let fetched = bind(statement, &values).fetch_all(&self.pool).await?;
+        // A read never creates the database file (`idem explain` changes nothing): on a
+        // file not made yet it reads an empty database in memory, which answers exactly as
+        // the new empty file would.
+        let fetched = if self.path.as_ref().is_some_and(|p| !p.exists()) {
+            use sqlx::Connection;
+            let mut empty = sqlx::SqliteConnection::connect("sqlite::memory:").await?;
+            bind(statement, &values).fetch_all(&mut empty).await?
+        } else {
+            bind(statement, &values).fetch_all(&self.pool).await?
+        };
         Ok(Rows::from_sqlx(&fetched, cell))
     }
 }

@@ -60,6 +60,77 @@ pub fn bigquery_url(test: &str) -> Option<String> {
     service_url("IDEM_TEST_BIGQUERY_URL", test, BIGQUERY_HOW)
 }
 
+/// How to get a Redis URL.
+#[allow(dead_code)]
+pub const REDIS_HOW: &str =
+    "set it to redis://HOST:PORT of a redis >= 7 the tests may write to (under fresh key prefixes)";
+
+/// The Redis test server (`IDEM_TEST_REDIS_URL`) for `test`, or `None` after saying why it
+/// is skipped (see [`service_url`]).
+#[allow(dead_code)]
+pub fn redis_url(test: &str) -> Option<String> {
+    service_url("IDEM_TEST_REDIS_URL", test, REDIS_HOW)
+}
+
+/// Fresh key prefixes on the shared test Redis, and deleting their keys.
+#[cfg(feature = "redis")]
+#[allow(dead_code)]
+pub mod redis {
+    /// `url` with a fresh `?prefix=idem-test-<id>:`, and a guard that deletes every key
+    /// under that prefix when dropped (also when the test panics).
+    pub fn fresh_prefix_url(url: &str) -> (String, PrefixCleanup) {
+        let prefix = format!("idem-test-{}:", idem::new_run_id());
+        let mut parsed = url::Url::parse(url).expect("IDEM_TEST_REDIS_URL is a url");
+        parsed.query_pairs_mut().append_pair("prefix", &prefix);
+        let cleanup = PrefixCleanup {
+            url: url.to_string(),
+            prefix,
+        };
+        (parsed.to_string(), cleanup)
+    }
+
+    /// Deletes the keys under a prefix on drop (`SCAN MATCH prefix*` + `DEL`).
+    pub struct PrefixCleanup {
+        pub url: String,
+        pub prefix: String,
+    }
+
+    impl PrefixCleanup {
+        /// Deletes the keys now; returns how many.
+        pub fn delete_keys(&self) -> redis::RedisResult<usize> {
+            let client = redis::Client::open(self.url.as_str())?;
+            let mut conn = client.get_connection()?;
+            let pattern = format!("{}*", self.prefix);
+            let mut cursor: u64 = 0;
+            let mut deleted = 0;
+            loop {
+                let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(1000)
+                    .query(&mut conn)?;
+                if !keys.is_empty() {
+                    deleted += redis::cmd("DEL").arg(&keys).query::<usize>(&mut conn)?;
+                }
+                if next == 0 {
+                    return Ok(deleted);
+                }
+                cursor = next;
+            }
+        }
+    }
+
+    impl Drop for PrefixCleanup {
+        fn drop(&mut self) {
+            if let Err(e) = self.delete_keys() {
+                eprintln!("could not delete test keys {}*: {e}", self.prefix);
+            }
+        }
+    }
+}
+
 /// The `idem` binary under test.
 #[allow(dead_code)]
 pub const IDEM: &str = env!("CARGO_BIN_EXE_idem");
