@@ -1,5 +1,5 @@
 //! `idem gate` end to end (the release binary as a process, NDJSON file in, records to
-//! /dev/null) on SQLite and Postgres, against Redis `SET key 1 NX EX 600` pipelined over
+//! /dev/null) on SQLite, Postgres and the Redis event-key store, against Redis `SET key 1 NX EX 600` pipelined over
 //! the same keys in the same run; and the gate's peak memory (VmHWM) for 100 k and 1 M
 //! lines.
 //!
@@ -65,6 +65,16 @@ struct GateRun {
 
 /// Runs `idem gate --key id` over `input` on `store` to the end.
 fn gate(input: &Path, store: &str, namespace: &str, batch: Option<usize>) -> GateRun {
+    gate_with(input, store, namespace, batch, &[])
+}
+
+fn gate_with(
+    input: &Path,
+    store: &str,
+    namespace: &str,
+    batch: Option<usize>,
+    extra: &[&str],
+) -> GateRun {
     let mut cmd = Command::new(IDEM);
     cmd.args([
         "gate",
@@ -85,6 +95,7 @@ fn gate(input: &Path, store: &str, namespace: &str, batch: Option<usize>) -> Gat
     if let Some(b) = batch {
         cmd.args(["--batch", &b.to_string()]);
     }
+    cmd.args(extra);
     let started = Instant::now();
     let mut child = cmd.spawn().expect("run idem gate");
     let pid = child.id();
@@ -206,6 +217,18 @@ fn main() {
         Err(_) => println!("  postgres  skipped: IDEM_TEST_POSTGRES_URL is not set"),
     }
     let addr = std::env::var("IDEM_BENCH_REDIS").unwrap_or_else(|_| "127.0.0.1:6379".into());
+    if TcpStream::connect(&addr).is_ok() {
+        // The gate on the Redis event-key store (marks expire after 10 minutes).
+        let store = format!("redis://{addr}/0?prefix=idem-bench-gate-{id}:");
+        for pass in ["first pass ", "replay pass"] {
+            let r = gate_with(&input, &store, "bench", batch, &["--ttl", "10m"]);
+            println!(
+                "  redis     {pass}: {:>9.0} lines/s ({:.2} s)  (idem gate --store redis://)",
+                rate(lines, r.seconds),
+                r.seconds
+            );
+        }
+    }
     let prefix = format!("idem-bench:{id}:");
     match redis_set_nx(&addr, &prefix, lines, batch.unwrap_or(1000)) {
         Some((s, set)) => {
