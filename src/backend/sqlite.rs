@@ -14,26 +14,27 @@ pub const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// sqlx options for `sqlite://PATH` (or `sqlite::memory:`): the file is created if
 /// missing and opened in WAL mode, so readers never block the one writer.
-///
-/// A path that can never hold a database is a configuration error naming it (exit 2), not
-/// a store outage: no path (`sqlite://`), a folder, a file that is not a SQLite database.
-/// A folder that does not exist stays an outage (an unmounted volume comes back; a typo is
-/// named by the message, and under `best_effort` the run is spooled, not lost).
+/// A URL with no path (`sqlite://`) is a configuration error (see also
+/// [`check_database_file`]).
 pub fn connect_options(url: &str) -> Result<SqliteConnectOptions> {
     let options = SqliteConnectOptions::from_str(url)
         .map_err(|e| Error::config(format!("bad sqlite url {url:?}: {e}")))?;
-    check_path(url, options.get_filename())?;
+    if options.get_filename().as_os_str().is_empty() {
+        return Err(Error::config(format!(
+            "{url}: no file path (sqlite://PATH, e.g. sqlite://idem.db)"
+        )));
+    }
     Ok(options
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
         .busy_timeout(BUSY_TIMEOUT))
 }
 
-fn check_path(url: &str, path: &Path) -> Result<()> {
+/// For the store, which opens its file at once: a path naming a folder, or a file that is
+/// not a SQLite database, is a configuration error naming it. (A warehouse opens lazily:
+/// a run a guard skips never reads its file, whatever it holds.)
+pub fn check_database_file(url: &str, path: &Path) -> Result<()> {
     let bad = |what: String| Err(Error::config(format!("{url}: {what}")));
-    if path.as_os_str().is_empty() {
-        return bad("no file path (sqlite://PATH, e.g. sqlite://idem.db)".into());
-    }
     if path == Path::new(":memory:") {
         return Ok(());
     }
@@ -44,10 +45,18 @@ fn check_path(url: &str, path: &Path) -> Result<()> {
         ));
     }
     // An empty file is a new database to SQLite; anything else must start with its header.
-    let mut head = [0u8; 16];
-    let header = std::fs::File::open(path).and_then(|mut f| f.read(&mut head));
-    if matches!(header, Ok(n) if n > 0 && (n < 16 || &head != b"SQLite format 3\0")) {
+    let empty = std::fs::metadata(path).is_ok_and(|m| m.len() == 0);
+    if path.is_file() && !empty && !is_sqlite_database(path) {
         return bad(format!("{} is not a SQLite database", path.display()));
     }
     Ok(())
+}
+
+/// Whether `path` is a file that starts with SQLite's header.
+pub fn is_sqlite_database(path: &Path) -> bool {
+    let mut head = [0u8; 16];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut head))
+        .is_ok()
+        && &head == b"SQLite format 3\0"
 }

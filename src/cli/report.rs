@@ -197,12 +197,10 @@ pub(super) async fn report(args: ReportArgs, g: &GlobalOptions) -> Result<u8> {
 /// `--output` names an existing SQLite database (the ledger itself, `--output idem.db`, or
 /// a warehouse): writing the report there would destroy it, so it is refused.
 fn refuse_to_overwrite_a_database(path: &Path) -> Result<()> {
-    use std::io::Read;
-    let mut head = [0u8; 16];
-    let is_database = std::fs::File::open(path)
-        .and_then(|mut f| f.read_exact(&mut head))
-        .is_ok()
-        && &head == b"SQLite format 3\0";
+    #[cfg(feature = "sqlite")]
+    let is_database = crate::backend::sqlite::is_sqlite_database(path);
+    #[cfg(not(feature = "sqlite"))]
+    let is_database = false;
     if is_database {
         return Err(Error::input(format!(
             "--output {}: that file is a SQLite database (a ledger or a warehouse); \

@@ -46,6 +46,11 @@ impl SqliteStore {
         let options = crate::backend::sqlite::connect_options(url)?
             .synchronous(SqliteSynchronous::Normal)
             .foreign_keys(false);
+        // A path that can never hold a ledger is a usage error (exit 2, even under
+        // best_effort), not an outage: a folder, a file that is not a SQLite database. A
+        // folder that does not exist stays an outage (an unmounted volume comes back), and
+        // the message names it.
+        crate::backend::sqlite::check_database_file(url, options.get_filename())?;
         let folder = options
             .get_filename()
             .parent()
