@@ -262,6 +262,12 @@ pub(crate) struct ExplainArgs {
     /// Explain under this mode instead of the job's.
     #[arg(long, value_enum)]
     mode: Option<Mode>,
+    /// Not for explain (which takes one --date): accepted only to say so.
+    #[arg(long, hide = true, allow_hyphen_values = true)]
+    from: Option<String>,
+    /// Not for explain: see --from.
+    #[arg(long, hide = true, allow_hyphen_values = true)]
+    to: Option<String>,
     /// Run the job's setup first (for SQL jobs whose content query needs the tables their
     /// setup creates); without it, explain changes nothing in the warehouse.
     #[arg(long)]
@@ -275,8 +281,8 @@ impl ExplainArgs {
             job: self.job.clone(),
             date: self.date.clone(),
             scheduled_at: self.scheduled_at.clone(),
-            from: None,
-            to: None,
+            from: self.from.clone(),
+            to: self.to.clone(),
             parallel: 1,
             scope: self.scope.clone(),
             trigger: None,

@@ -29,7 +29,7 @@ impl RunArgs {
 /// The job and the request of `idem run`/`idem explain` for one date (before any store is
 /// opened, so bad flags are reported as such).
 fn prepare(args: &RunArgs, g: &GlobalOptions, overrides: &Overrides) -> Result<(Job, RunRequest)> {
-    if args.from.is_some() {
+    if args.from.is_some() || args.to.is_some() {
         return Err(Error::input(
             "--from/--to backfill a range with `idem run`; explain takes one --date",
         ));
