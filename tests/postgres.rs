@@ -820,3 +820,84 @@ fn concurrent_first_use_migrates_once() {
     rt.block_on(sqlx::query(&format!("DROP SCHEMA {schema} CASCADE")).execute(&pool))
         .unwrap();
 }
+
+/// A run interrupted by SIGTERM while its `process` runs on a Postgres warehouse cancels
+/// the statement on the server before it exits: nothing of it is left running (beside the
+/// next run of the scope), and the run is recorded as interrupted, its lease released.
+#[test]
+fn an_interrupted_run_cancels_its_statement_on_the_warehouse() {
+    let Some(url) = pg_url("an_interrupted_run_cancels_its_statement_on_the_warehouse") else {
+        return;
+    };
+    let rt = runtime();
+    let pool = rt.block_on(db(&url));
+    let dir = Sandbox::with_store("idem-pg", &url);
+    let sfx = suffix();
+    let name = format!("pg_cancel_{sfx}");
+    let marker = format!("idem_cancel_{sfx}");
+    let job = dir.write_job(
+        "sleepy",
+        &sql_job(
+            &name,
+            "lease = \"1h\"",
+            &format!(
+                "warehouse = {}\nprocess = \"SELECT pg_sleep(30) AS {marker}\"",
+                toml_str(&url)
+            ),
+        ),
+    );
+    let active = |marker: &str| {
+        count(
+            &rt,
+            &pool,
+            "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
+             AND pid <> pg_backend_pid() AND strpos(query, $1) > 0",
+            marker,
+        )
+    };
+    let child = dir
+        .json_command(&["run", job.to_str().unwrap(), "--date", "2025-04-01"])
+        .spawn()
+        .expect("spawn the run");
+    let started = Instant::now();
+    while active(&marker) == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the statement never showed in pg_stat_activity"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let signalled = Instant::now();
+    let (code, v, err) = wait(child);
+    assert!(
+        signalled.elapsed() < Duration::from_secs(5),
+        "the run stops promptly: {:?}",
+        signalled.elapsed()
+    );
+    assert_eq!(code, 1, "{v}\n{err}");
+    assert_eq!(v["status"], "failed", "{v}");
+    assert_eq!(v["error"], "interrupted by SIGTERM", "{v}");
+    assert_eq!(v["recorded"], true, "{v}");
+    // The cancel was sent before idem exited; give the server a moment to act on it.
+    let exited = Instant::now();
+    let mut left = active(&marker);
+    while left > 0 && exited.elapsed() < Duration::from_secs(3) {
+        std::thread::sleep(Duration::from_millis(100));
+        left = active(&marker);
+    }
+    assert_eq!(
+        left, 0,
+        "the interrupted run's pg_sleep is still running on the warehouse after idem exited\n{err}"
+    );
+    // The lease is released: the next run may start at once.
+    let (_, e, _) = dir.json(&["explain", job.to_str().unwrap(), "--date", "2025-04-01"]);
+    assert_eq!(e["decision"], "run", "{e}");
+    let (_, runs, _) = dir.json(&["runs", "--job", &name, "--limit", "10"]);
+    assert_eq!(runs[0]["status"], "failed", "{runs}");
+    assert_eq!(runs[0]["error"], "interrupted by SIGTERM", "{runs}");
+}
