@@ -197,6 +197,118 @@ fn sigterm_releases_the_lease_and_records_an_interrupted_run() {
     assert_eq!(e["decision"], "run", "{e}");
 }
 
+/// Sends `signal` (`TERM`, `INT`) to `child`.
+fn kill(signal: &str, child: &std::process::Child) {
+    assert!(Command::new("kill")
+        .args([&format!("-{signal}"), &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+}
+
+#[test]
+fn a_signal_stops_a_run_waiting_for_the_lease_at_once_and_claims_nothing() {
+    let s = Sandbox::new("idem-cli");
+    let guards = "lease = \"1h\"\non_in_progress = \"wait\"\nwait = \"8s\"";
+    let mut holder = start_slow_run(&s, guards, &["--run-id", "the-holder"]);
+    for signal in ["TERM", "INT"] {
+        let waiter = s
+            .command(&["run", "slow", "--date", "2025-11-18", "--format", "json"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Well into its wait (the claim polls back off from 250 ms).
+        std::thread::sleep(Duration::from_millis(1500));
+        let signalled = Instant::now();
+        kill(signal, &waiter);
+        let out = waiter.wait_with_output().unwrap();
+        let took = signalled.elapsed();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            took < Duration::from_secs(2),
+            "SIG{signal} stops the wait at once, not after the 8s wait: took {took:?}\n{stderr}"
+        );
+        // As an interrupted run: failed, exit 1, recorded, saying why.
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["status"], "failed", "{v}");
+        assert!(
+            v["error"].as_str().unwrap().starts_with(&format!(
+                "interrupted by SIG{signal}, before processing: after "
+            )),
+            "{v}"
+        );
+        assert_eq!(v["recorded"], true, "{v}");
+        // It claimed nothing: the holder still holds the scope.
+        let (_, e, _) = s.json(&["explain", "slow", "--date", "2025-11-18"]);
+        assert_eq!(e["skip_reason"], "in_progress", "{e}");
+        assert!(
+            e["detail"]
+                .as_str()
+                .unwrap()
+                .contains("run the-holder holds"),
+            "{e}"
+        );
+    }
+    // A backfill's dates wait through the same runner: Ctrl-C stops them as promptly.
+    let backfill = s
+        .command(&[
+            "run",
+            "slow",
+            "--from",
+            "2025-11-18",
+            "--to",
+            "2025-11-18",
+            "--format",
+            "json",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let signalled = Instant::now();
+    kill("INT", &backfill);
+    let out = backfill.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        signalled.elapsed() < Duration::from_secs(2),
+        "{:?}\n{stderr}",
+        signalled.elapsed()
+    );
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        v["runs"][0]["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("interrupted by SIGINT, before processing: after "),
+        "{v}"
+    );
+    // Without a signal the wait ends with a skip that says it waited.
+    s.write_job(
+        "slow",
+        &sales_job(
+            "slow",
+            "lease = \"1h\"\non_in_progress = \"wait\"\nwait = \"1s\"",
+            VERY_SLOW,
+        ),
+    );
+    let (code, v, _) = s.json(&["run", "slow", "--date", "2025-11-18"]);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v["skip_reason"], "in_progress", "{v}");
+    assert!(
+        v["detail"]
+            .as_str()
+            .unwrap()
+            .ends_with(", after waiting 1s"),
+        "{v}"
+    );
+    kill("TERM", &holder);
+    holder.wait().unwrap();
+}
+
 #[test]
 fn shadow_mode_completes_and_records_the_would_skip_reason() {
     let s = Sandbox::new("idem-cli");

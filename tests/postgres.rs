@@ -820,3 +820,114 @@ fn concurrent_first_use_migrates_once() {
     rt.block_on(sqlx::query(&format!("DROP SCHEMA {schema} CASCADE")).execute(&pool))
         .unwrap();
 }
+
+/// A run interrupted by SIGTERM while its SQL runs on a Postgres warehouse cancels the
+/// statement on the server before it exits: nothing of it is left running (beside the
+/// next run of the scope), and the run is recorded as interrupted, its lease released.
+#[test]
+fn an_interrupted_run_cancels_its_statement_on_the_warehouse() {
+    let Some(url) = pg_url("an_interrupted_run_cancels_its_statement_on_the_warehouse") else {
+        return;
+    };
+    // While processing (`process`), and while deciding (the content query of a content
+    // guard, after the lease was claimed).
+    interrupt_sleeping_sql(&url, "lease = \"1h\"", "process", "interrupted by SIGTERM");
+    interrupt_sleeping_sql(
+        &url,
+        "lease = \"1h\"\ncontent_hash = \"1h\"\norder = [\"lease\", \"content_hash\"]",
+        "content",
+        "interrupted by SIGTERM, before processing: after ",
+    );
+}
+
+/// Runs a job whose `field` (`process` or `content`) is a 30 s `pg_sleep`, SIGTERMs it
+/// once the statement is active, and checks the statement is gone soon after idem exits,
+/// the run recorded as failed with an error starting `error`, and the lease free.
+fn interrupt_sleeping_sql(url: &str, guards: &str, field: &str, error: &str) {
+    let rt = runtime();
+    let pool = rt.block_on(db(url));
+    let dir = Sandbox::with_store("idem-pg", url);
+    let sfx = suffix();
+    let name = format!("pg_cancel_{sfx}");
+    let marker = format!("idem_cancel_{sfx}");
+    let sleep = format!("SELECT pg_sleep(30) AS {marker}");
+    let sql = match field {
+        "process" => format!("process = \"{sleep}\""),
+        _ => format!("{field} = \"{sleep}\"\nprocess = \"SELECT 1\""),
+    };
+    let job = dir.write_job(
+        "sleepy",
+        &sql_job(
+            &name,
+            guards,
+            &format!("warehouse = {}\n{sql}", toml_str(url)),
+        ),
+    );
+    let active = |marker: &str| {
+        count(
+            &rt,
+            &pool,
+            "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
+             AND pid <> pg_backend_pid() AND strpos(query, $1) > 0",
+            marker,
+        )
+    };
+    let child = dir
+        .json_command(&["run", job.to_str().unwrap(), "--date", "2025-04-01"])
+        .spawn()
+        .expect("spawn the run");
+    let started = Instant::now();
+    while active(&marker) == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the statement never showed in pg_stat_activity"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let held = || {
+        count(
+            &rt,
+            &pool,
+            "SELECT count(*) FROM processing_leases WHERE processor_name = $1 \
+             AND holder_run_id IS NOT NULL AND expires_at > now()",
+            &name,
+        )
+    };
+    assert_eq!(held(), 1, "{field}: the run holds its lease");
+    assert!(std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let signalled = Instant::now();
+    let (code, v, err) = wait(child);
+    assert!(
+        signalled.elapsed() < Duration::from_secs(5),
+        "the run stops promptly: {:?}",
+        signalled.elapsed()
+    );
+    assert_eq!(code, 1, "{v}\n{err}");
+    assert_eq!(v["status"], "failed", "{v}");
+    assert!(
+        v["error"].as_str().unwrap().starts_with(error),
+        "{field}: {v}"
+    );
+    assert_eq!(v["recorded"], true, "{v}");
+    // The cancel was sent before idem exited; give the server a moment to act on it.
+    let exited = Instant::now();
+    let mut left = active(&marker);
+    while left > 0 && exited.elapsed() < Duration::from_secs(3) {
+        std::thread::sleep(Duration::from_millis(100));
+        left = active(&marker);
+    }
+    assert_eq!(
+        left, 0,
+        "the interrupted run's pg_sleep ({field}) is still running on the warehouse after idem exited\n{err}"
+    );
+    // The lease is released: the next run may start at once (`explain` would run the
+    // content query, so the lease table is read directly).
+    assert_eq!(held(), 0, "{field}: the lease is released");
+    let (_, runs, _) = dir.json(&["runs", "--job", &name, "--limit", "10"]);
+    assert_eq!(runs[0]["status"], "failed", "{runs}");
+    assert_eq!(runs[0]["error"], v["error"], "{runs}");
+}

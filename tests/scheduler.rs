@@ -322,6 +322,68 @@ fn past_the_grace_period_a_running_job_is_recorded_interrupted_and_its_lease_rel
 }
 
 #[test]
+fn past_the_grace_period_a_fire_waiting_for_the_lease_stops_too() {
+    let s = Sandbox::new("idem-scheduler-wait");
+    let job = ticking_job("slow", "", &count_to(VERY_SLOW)).replace(
+        "time_window = \"1h\"",
+        "lease = \"1h\"\non_in_progress = \"wait\"\nwait = \"1h\"",
+    );
+    s.write_job("slow", &job);
+    assert_eq!(s.idem(&["migrate"]).status.code(), Some(0));
+    // A manual run holds today's scope; every fire waits for it (up to an hour).
+    let mut holder = s
+        .command(&["run", "slow", "--date", "today", "--run-id", "the-holder"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    loop {
+        let (_, e, _) = s.json(&["explain", "slow", "--date", "today"]);
+        if e["skip_reason"] == "in_progress" {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "never claimed: {e}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let child = scheduler(&s, &["slow", "--grace", "1s"]);
+    std::thread::sleep(Duration::from_millis(2500));
+    sigterm(&child);
+    let out = wait_exit(child, Duration::from_secs(15));
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let ledger = runs(&s, "slow");
+    let fires: Vec<&Value> = ledger
+        .iter()
+        .filter(|r| r["trigger"] == "scheduler")
+        .collect();
+    assert!(!fires.is_empty(), "{ledger:?}\n{err}");
+    for r in &fires {
+        assert_eq!(r["status"], "failed", "{ledger:?}");
+        assert!(
+            r["error"].as_str().unwrap().starts_with(
+                "interrupted by SIGTERM: the scheduler's 1s grace period ended, before processing"
+            ),
+            "{ledger:?}"
+        );
+    }
+    // They claimed nothing: the holder still holds the scope.
+    let (_, e, _) = s.json(&["explain", "slow", "--date", "today"]);
+    assert!(
+        e["detail"]
+            .as_str()
+            .unwrap()
+            .contains("run the-holder holds"),
+        "{e}"
+    );
+    let _ = holder.kill();
+    let _ = holder.wait();
+}
+
+#[test]
 fn bad_scheduler_input_exits_2_naming_what_is_wrong() {
     let s = Sandbox::new("idem-scheduler-bad");
     assert_eq!(s.idem(&["migrate"]).status.code(), Some(0));

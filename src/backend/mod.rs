@@ -71,6 +71,49 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
+/// Cancellations of dropped statements being sent in the background (a Postgres
+/// statement whose future was dropped, a BigQuery query job: see `send_cancel`).
+static PENDING_CANCELS: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Sends, in the background, the cancellation of a statement whose future was dropped
+/// (from a `Drop`, which cannot wait); [`cancels_sent`] waits for it.
+#[cfg_attr(not(any(feature = "postgres", feature = "bigquery")), allow(dead_code))]
+pub(crate) fn send_cancel(cancel: impl std::future::Future<Output = ()> + Send + 'static) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        tracing::warn!("no runtime to cancel a dropped warehouse statement on");
+        return;
+    };
+    let handle = runtime.spawn(cancel);
+    let mut pending = PENDING_CANCELS.lock().unwrap_or_else(|e| e.into_inner());
+    pending.retain(|h| !h.is_finished());
+    pending.push(handle);
+}
+
+/// Waits, up to `timeout`, until the cancellations of the warehouse statements dropped so
+/// far were sent. When a run is interrupted (a signal, a lost lease, the scheduler's grace
+/// period) its processor's future is dropped, but on Postgres the statement would go on
+/// running on the server: the warehouse cancels it (`pg_cancel_backend`) from a fresh
+/// connection, and the runner waits here, so the process does not exit (and the run is
+/// not recorded as interrupted, its lease released) before the cancel was sent.
+/// Returns at once when nothing is pending.
+pub async fn cancels_sent(timeout: std::time::Duration) {
+    let pending = std::mem::take(&mut *PENDING_CANCELS.lock().unwrap_or_else(|e| e.into_inner()));
+    if pending.is_empty() {
+        return;
+    }
+    let all = async {
+        for handle in pending {
+            let _ = handle.await;
+        }
+    };
+    if tokio::time::timeout(timeout, all).await.is_err() {
+        tracing::warn!(
+            "the cancellation of an interrupted warehouse statement was not sent within {timeout:?}; it may still be running"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::redact_url;

@@ -494,7 +494,13 @@ pub fn main_with(registry: Registry) -> ExitCode {
             return ExitCode::from(EXIT_RUN_FAILED);
         }
     };
-    let code = runtime.block_on(execute(cli, &registry));
+    let code = runtime.block_on(async {
+        let code = execute(cli, &registry).await;
+        // The runner waits for the cancellation of an interrupted run's warehouse
+        // statements; this catches any other (the runtime's tasks end with `main`).
+        crate::backend::cancels_sent(std::time::Duration::from_secs(2)).await;
+        code
+    });
     ExitCode::from(code)
 }
 

@@ -9,6 +9,7 @@ use crate::job::{plan, Job, Overrides, Plan};
 use crate::model::duration::parse_duration;
 use crate::model::{RunStatus, Trigger};
 use crate::processor::Registry;
+use crate::runner::Cancel;
 use crate::schedule;
 use crate::store::RunFilter;
 
@@ -39,12 +40,28 @@ pub(super) async fn scheduler(
     let clock: Arc<dyn Clock> = Arc::new(sched::SystemClock);
     let mut planner = sched::Planner::new(&scheduled, clock.now())?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(None::<String>);
+    // What a fire does besides processing (waiting for the lease, the job's setup and
+    // content queries, the store) stops at the grace period's end too: the runners'
+    // cancellation token is cancelled with the stop message.
+    let stop_runs = Cancel::new();
+    {
+        let (mut stop_rx, stop_runs) = (stop_rx.clone(), stop_runs.clone());
+        tokio::spawn(async move {
+            if let Ok(message) = stop_rx.wait_for(Option::is_some).await {
+                let message = message.clone().unwrap_or_default();
+                let reason = message.strip_prefix("interrupted by ").unwrap_or(&message);
+                // Once per scheduler process, at its end: leaking the reason is fine.
+                stop_runs.cancel(Box::leak(reason.to_string().into_boxed_str()));
+            }
+        });
+    }
     let mut targets = std::collections::HashMap::new();
     for (job, s) in jobs.into_iter().zip(&scheduled) {
         // The scheduler, not the runner, decides when a signal stops a run: after the
-        // grace period, through StopOnShutdown (so no cancellation token here).
+        // grace period, through StopOnShutdown and the `stop_runs` token.
         let overrides = Overrides {
             trigger: Some(Trigger::Scheduler),
+            cancel: Some(stop_runs.clone()),
             spool: true,
             ..Overrides::default()
         };

@@ -50,11 +50,25 @@ impl LeaseGuard {
         self.ttl
     }
 
-    fn held(&self, ctx: &GuardContext<'_>, holder: LeaseHolder) -> Verdict {
+    /// The skip for a held scope; `waited` is how long this run waited for it to free.
+    fn held(
+        &self,
+        ctx: &GuardContext<'_>,
+        holder: LeaseHolder,
+        waited: Option<Duration>,
+    ) -> Verdict {
+        let waited = waited
+            .map(|w| {
+                format!(
+                    ", after waiting {}",
+                    human_duration(Duration::from_secs(w.as_secs_f64().round() as u64))
+                )
+            })
+            .unwrap_or_default();
         Verdict::Skip(Skip {
             reason: SkipReason::InProgress,
             detail: format!(
-                "run {} holds the lease on {} for {} since {} ({}), until {}",
+                "run {} holds the lease on {} for {} since {} ({}), until {}{waited}",
                 holder.run_id,
                 ctx.request.processor,
                 ctx.request.scope,
@@ -88,7 +102,7 @@ impl Guard for LeaseGuard {
                     .lease_holder(&ctx.request.processor, &ctx.request.scope, ctx.now)
                     .await?
                 {
-                    Some(holder) => self.held(ctx, holder),
+                    Some(holder) => self.held(ctx, holder, None),
                     None => Verdict::proceed(format!(
                         "scope is free; a run would hold it for up to {}",
                         human_duration(self.ttl)
@@ -98,6 +112,8 @@ impl Guard for LeaseGuard {
         }
         let started = std::time::Instant::now();
         let mut polls = 0u32;
+        // The wait is cancelled from outside: the runner drops this future when its
+        // cancellation token fires (SIGINT/SIGTERM, the scheduler's grace period end).
         loop {
             let now = if started.elapsed().is_zero() {
                 ctx.now
@@ -126,6 +142,15 @@ impl Guard for LeaseGuard {
                 }
                 Claim::Held(holder) => match self.on_held {
                     OnHeld::Wait { max } if started.elapsed() < max && !ctx.shadow => {
+                        if polls == 0 {
+                            tracing::info!(
+                                "run {} holds the lease on {} for {}: waiting up to {} for it",
+                                holder.run_id,
+                                ctx.request.processor,
+                                ctx.request.scope,
+                                human_duration(max)
+                            );
+                        }
                         // Back off (250 ms doubling to 30 s): on BigQuery every poll is a
                         // billed query.
                         let left = max.saturating_sub(started.elapsed());
@@ -134,7 +159,10 @@ impl Guard for LeaseGuard {
                         polls += 1;
                         tokio::time::sleep(left.min(pause)).await;
                     }
-                    _ => return Ok(self.held(ctx, holder)),
+                    OnHeld::Wait { .. } if polls > 0 => {
+                        return Ok(self.held(ctx, holder, Some(started.elapsed())))
+                    }
+                    _ => return Ok(self.held(ctx, holder, None)),
                 },
             }
         }

@@ -219,6 +219,11 @@ impl GuardStack {
         self.guards.is_empty()
     }
 
+    /// True when a guard of the stack takes the run's lease.
+    pub fn takes_lease(&self) -> bool {
+        self.guards.iter().any(|g| g.takes_lease())
+    }
+
     /// The content digest the stack needs, if any guard needs one.
     pub fn content_hash(&self) -> Option<HashAlgorithm> {
         self.guards.iter().find_map(|g| g.content_hash())

@@ -400,7 +400,11 @@ impl Runner {
 
     /// When `cancel` is cancelled during processing, the processor is stopped, the run
     /// recorded as failed (`interrupted by REASON`) and the lease released, so the next run
-    /// need not wait for the lease to expire. The library installs no signal handler: the
+    /// need not wait for the lease to expire. Cancelled before processing (waiting for the
+    /// lease, in the setup or content query, between store retries), the run stops at once,
+    /// claims nothing and is recorded as failed (`interrupted by REASON, before processing: …`).
+    /// Either way the runner waits (up to 2 s) until the cancellation of the warehouse
+    /// statements it dropped was sent ([`crate::backend::cancels_sent`]). The library installs no signal handler: the
     /// CLI cancels on SIGINT/SIGTERM. None by default.
     pub fn cancel_on(mut self, cancel: Cancel) -> Self {
         self.cancel = Some(cancel);
@@ -510,10 +514,32 @@ impl Runner {
             "run requested"
         );
         let content = Describe::new(processor, &request, true);
-        let decision = match self.decide(&request, &content, &mut report).await? {
-            Decided::Go(decision) => decision,
-            Decided::Failed(lease) => {
-                return Ok(self.record(report, &request, lease, Vec::new()).await);
+        // Deciding may wait: for the lease (`on_in_progress = "wait"`), for the job's setup
+        // and content queries, for store retries. A cancellation stops all of it.
+        let deciding = std::time::Instant::now();
+        let decided = {
+            let decide = self.decide(&request, &content, &mut report);
+            match &self.cancel {
+                None => Ok(decide.await),
+                Some(cancel) => tokio::select! {
+                    biased;
+                    reason = cancel.cancelled() => Err(reason),
+                    decided = decide => Ok(decided),
+                },
+            }
+        };
+        let decision = match decided {
+            Ok(decided) => match decided? {
+                Decided::Go(decision) => decision,
+                Decided::Failed(lease) => {
+                    crate::backend::cancels_sent(CANCEL_SEND_TIMEOUT).await;
+                    return Ok(self.record(report, &request, lease, Vec::new()).await);
+                }
+            },
+            Err(reason) => {
+                return Ok(self
+                    .interrupted_deciding(report, &request, reason, deciding.elapsed())
+                    .await)
             }
         };
         report.guards = decision.verdicts;
@@ -525,10 +551,14 @@ impl Runner {
                 return Ok(self.record(report, &request, lease, Vec::new()).await);
             }
         }
-        match self
+        let processed = self
             .process(processor, &request, &content, lease.clone())
-            .await
-        {
+            .await;
+        // An interrupted processor's statements are cancelled on the warehouse (Postgres)
+        // in the background: wait (bounded) until the cancel is sent, so a run recorded as
+        // interrupted, its lease released, leaves nothing running behind it.
+        crate::backend::cancels_sent(CANCEL_SEND_TIMEOUT).await;
+        match processed {
             Ok(Outcome {
                 records_processed,
                 output,
@@ -621,6 +651,51 @@ impl Runner {
                 }
             }
         }
+    }
+
+    /// A cancellation stopped the run while it was deciding (waiting for the lease, for the
+    /// job's setup or content query, for the store): the run fails, `interrupted by
+    /// REASON`, and nothing is claimed. A claim that committed as it was being dropped is
+    /// found (the lease held under this run's id) and released with the recording.
+    async fn interrupted_deciding(
+        &self,
+        mut report: RunReport,
+        request: &RunRequest,
+        reason: &'static str,
+        waited: Duration,
+    ) -> RunReport {
+        tracing::warn!(
+            "{reason} received while checking the guards: stopping before processing, nothing claimed"
+        );
+        crate::backend::cancels_sent(CANCEL_SEND_TIMEOUT).await;
+        let holder = if self.guards.takes_lease() {
+            self.store
+                .lease_holder(&request.processor, &request.scope, now())
+                .await
+        } else {
+            Ok(None)
+        };
+        let lease = match holder {
+            Ok(Some(holder)) if holder.run_id == request.run_id => Some(Lease {
+                processor: request.processor.clone(),
+                scope: request.scope.clone(),
+                run_id: holder.run_id,
+                token: holder.token,
+                acquired_at: holder.acquired_at,
+                expires_at: holder.expires_at,
+            }),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!("could not check for a lease to release: {e}");
+                None
+            }
+        };
+        report.status = RunStatus::Failed;
+        report.error = Some(format!(
+            "interrupted by {reason}, before processing: after {:.1}s checking the guards (waiting for the lease, the job's setup or content query, or the store); nothing was processed",
+            waited.as_secs_f64()
+        ));
+        self.record(report, request, lease, Vec::new()).await
     }
 
     /// Notes a guard's skip in the report; true when the run is skipped (enforce mode),
@@ -843,6 +918,10 @@ impl Runner {
         }
     }
 }
+
+/// How long an interrupted run waits for the cancellation of its warehouse statements to
+/// be sent ([`crate::backend::cancels_sent`]).
+const CANCEL_SEND_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What [`Runner::decide`] leaves the run with.
 enum Decided {

@@ -23,7 +23,7 @@ mod processor;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
-pub use crate::backend::{prepare, Dialect, Statement};
+pub use crate::backend::{cancels_sent, prepare, Dialect, Statement};
 #[cfg(feature = "bigquery")]
 pub use bigquery::BigQueryWarehouse;
 pub use cell::{canonical_row, Cell, Rows};

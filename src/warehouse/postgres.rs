@@ -16,7 +16,8 @@ use sqlx::encode::IsNull;
 use sqlx::error::BoxDynError;
 use sqlx::postgres::types::Oid;
 use sqlx::postgres::{
-    PgArgumentBuffer, PgArguments, PgConnection, PgPool, PgPoolOptions, PgRow, PgTypeInfo, Postgres,
+    PgArgumentBuffer, PgArguments, PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow,
+    PgTypeInfo, Postgres,
 };
 use sqlx::{Arguments, ConnectOptions, Either, Executor, Row, Statement as _, TypeInfo, ValueRef};
 
@@ -59,8 +60,62 @@ const JSONB: u32 = 3802;
 #[derive(Debug, Clone)]
 pub struct PostgresWarehouse {
     pool: PgPool,
+    options: PgConnectOptions,
     url: String,
     type_names: Arc<Mutex<HashMap<u32, String>>>,
+}
+
+/// Cancels the statement a connection (backend `pid`) is running when dropped armed.
+///
+/// sqlx does not cancel a statement whose future is dropped: the server runs it to the end
+/// (an interrupted run's `process` would go on beside the next run of its scope). So each
+/// warehouse call holds one of these while it runs, and disarms it when its statements
+/// finished; dropped before that, it sends `pg_cancel_backend(pid)` from a fresh
+/// connection, in the background ([`crate::backend::send_cancel`]: a `Drop` cannot wait), and the
+/// runner waits for the send ([`super::cancels_sent`]). The cancelled statement fails,
+/// so its transaction rolls back.
+struct CancelOnDrop {
+    pid: i32,
+    options: Option<PgConnectOptions>,
+}
+
+impl CancelOnDrop {
+    fn disarm(&mut self) {
+        self.options = None;
+    }
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        let Some(options) = self.options.take() else {
+            return;
+        };
+        let pid = self.pid;
+        crate::backend::send_cancel(async move {
+            let send = async {
+                let mut conn = options.connect().await?;
+                let cancelled: bool = sqlx::query_scalar("SELECT pg_cancel_backend($1)")
+                    .bind(pid)
+                    .fetch_one(&mut conn)
+                    .await?;
+                let _ = sqlx::Connection::close(conn).await;
+                Ok::<_, sqlx::Error>(cancelled)
+            };
+            match tokio::time::timeout(ACQUIRE_TIMEOUT, send).await {
+                Ok(Ok(true)) => tracing::info!(
+                    "cancelled the interrupted statement on the warehouse (backend {pid})"
+                ),
+                Ok(Ok(false)) => tracing::debug!("backend {pid} had nothing left to cancel"),
+                Ok(Err(e)) => tracing::warn!(
+                    "could not cancel the interrupted statement on the warehouse (backend {pid}): {}",
+                    sqlx_message(&e)
+                ),
+                Err(_) => tracing::warn!(
+                    "could not cancel the interrupted statement on the warehouse (backend {pid}): no answer within {ACQUIRE_TIMEOUT:?}"
+                ),
+            }
+        });
+    }
 }
 
 /// A parameter already in its binary wire format, of a type Postgres inferred.
@@ -104,11 +159,24 @@ impl PostgresWarehouse {
             .max_connections(2)
             .min_connections(0)
             .acquire_timeout(ACQUIRE_TIMEOUT)
-            .connect_lazy_with(options);
+            .connect_lazy_with(options.clone());
         Ok(PostgresWarehouse {
             pool,
+            options,
             url: redact_url(url),
             type_names: Arc::new(Mutex::new(HashMap::new())),
+        })
+    }
+
+    /// A guard that cancels, on the server, what `conn` is running if the caller's future
+    /// is dropped before it disarms the guard (see [`CancelOnDrop`]).
+    async fn cancel_on_drop(&self, conn: &mut PgConnection) -> WarehouseResult<CancelOnDrop> {
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut *conn)
+            .await?;
+        Ok(CancelOnDrop {
+            pid,
+            options: Some(self.options.clone()),
         })
     }
 
@@ -440,21 +508,27 @@ impl Warehouse for PostgresWarehouse {
             .begin()
             .await
             .map_err(|e| WarehouseError::driver(sqlx_message(&e), e))?;
-        let mut affected = 0;
-        for (n, statement) in statements.iter().enumerate() {
-            let at = in_statement(n, statements.len());
-            let args = self
-                .arguments(&mut tx, statement, params)
-                .await
-                .map_err(&at)?;
-            let done = sqlx::query_with(&statement.sql, args)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| at(WarehouseError::from(e)))?;
-            affected = done.rows_affected();
+        let mut cancel = self.cancel_on_drop(&mut tx).await?;
+        let result = async {
+            let mut affected = 0;
+            for (n, statement) in statements.iter().enumerate() {
+                let at = in_statement(n, statements.len());
+                let args = self
+                    .arguments(&mut tx, statement, params)
+                    .await
+                    .map_err(&at)?;
+                let done = sqlx::query_with(&statement.sql, args)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| at(WarehouseError::from(e)))?;
+                affected = done.rows_affected();
+            }
+            tx.commit().await?;
+            Ok(affected)
         }
-        tx.commit().await?;
-        Ok(affected)
+        .await;
+        cancel.disarm();
+        result
     }
 
     async fn query_rows(&self, statement: &Statement, params: &Params) -> WarehouseResult<Rows> {
@@ -463,10 +537,16 @@ impl Warehouse for PostgresWarehouse {
             .acquire()
             .await
             .map_err(|e| WarehouseError::driver(sqlx_message(&e), e))?;
-        let args = self.arguments(&mut conn, statement, params).await?;
-        let fetched = sqlx::query_with(&statement.sql, args)
-            .fetch_all(&mut *conn)
-            .await?;
-        Ok(Rows::from_sqlx(&fetched, cell))
+        let mut cancel = self.cancel_on_drop(&mut conn).await?;
+        let result = async {
+            let args = self.arguments(&mut conn, statement, params).await?;
+            let fetched = sqlx::query_with(&statement.sql, args)
+                .fetch_all(&mut *conn)
+                .await?;
+            Ok(Rows::from_sqlx(&fetched, cell))
+        }
+        .await;
+        cancel.disarm();
+        result
     }
 }

@@ -45,6 +45,44 @@ impl Authenticator for EmulatorAuthenticator {
     }
 }
 
+/// Cancels a query job (`jobs.cancel`) when dropped while `client` is set: the query
+/// future of an interrupted run was dropped before its job completed. The cancel is sent
+/// in the background ([`crate::backend::send_cancel`]); the runner waits for it. A future
+/// dropped during the first `jobs.query` call cannot cancel: the job id is not known yet.
+struct CancelJobOnDrop {
+    client: Option<Client>,
+    project: String,
+    job_id: String,
+    location: Option<String>,
+}
+
+impl Drop for CancelJobOnDrop {
+    fn drop(&mut self) {
+        let Some(client) = self.client.take() else {
+            return;
+        };
+        let (project, job_id, location) = (
+            std::mem::take(&mut self.project),
+            std::mem::take(&mut self.job_id),
+            self.location.take(),
+        );
+        crate::backend::send_cancel(async move {
+            let cancel = client
+                .job()
+                .cancel_job(&project, &job_id, location.as_deref());
+            match tokio::time::timeout(Duration::from_secs(5), cancel).await {
+                Ok(Ok(_)) => tracing::info!("cancelled the interrupted BigQuery job {job_id}"),
+                Ok(Err(e)) => {
+                    tracing::warn!("could not cancel the interrupted BigQuery job {job_id}: {e}")
+                }
+                Err(_) => tracing::warn!(
+                    "could not cancel the interrupted BigQuery job {job_id}: no answer within 5s"
+                ),
+            }
+        });
+    }
+}
+
 /// A client bound to one project (and location), with the query helper.
 pub struct Connection {
     client: Client,
@@ -216,7 +254,7 @@ impl Connection {
         if let Some(errors) = response.errors.as_deref().filter(|e| !e.is_empty()) {
             return Err(ApiError::from_protos(operation, errors));
         }
-        let mut out = QueryOutput {
+        let out = QueryOutput {
             fields: response.schema.and_then(|s| s.fields).unwrap_or_default(),
             rows: response
                 .rows
@@ -229,9 +267,46 @@ impl Connection {
                 .as_deref()
                 .and_then(|n| n.parse().ok()),
         };
-        let mut complete = response.job_complete.unwrap_or(false);
-        let mut page_token = response.page_token;
+        let complete = response.job_complete.unwrap_or(false);
+        let page_token = response.page_token;
         let job = response.job_reference;
+        // From here the job has an id: if this future is dropped before the job completes
+        // (an interrupted run), the job is cancelled in BigQuery rather than left running.
+        let mut cancel = job
+            .as_ref()
+            .and_then(|j| j.job_id.clone())
+            .filter(|_| !complete)
+            .map(|job_id| CancelJobOnDrop {
+                client: Some(self.client.clone()),
+                project: self.project.clone(),
+                location: job
+                    .as_ref()
+                    .and_then(|j| j.location.clone())
+                    .or_else(|| self.location.clone()),
+                job_id,
+            });
+        let polled = self
+            .poll(operation, deadline, &format, job, complete, page_token, out)
+            .await;
+        if let Some(cancel) = &mut cancel {
+            cancel.client = None;
+        }
+        polled
+    }
+
+    /// Polls an unfinished query job until it completes, and reads the pages after the
+    /// first.
+    #[allow(clippy::too_many_arguments)]
+    async fn poll(
+        &self,
+        operation: &str,
+        deadline: Instant,
+        format: &DataFormatOptions,
+        job: Option<gcp_bigquery_client::model::job_reference::JobReference>,
+        mut complete: bool,
+        mut page_token: Option<String>,
+        mut out: QueryOutput,
+    ) -> std::result::Result<QueryOutput, ApiError> {
         while !complete || page_token.is_some() {
             let job_id = job.as_ref().and_then(|j| j.job_id.clone()).ok_or_else(|| {
                 ApiError::new(
