@@ -15,6 +15,11 @@
 
 mod common;
 
+#[path = "common/bq_limits.rs"]
+mod bq_limits;
+#[path = "common/fleet.rs"]
+mod fleet;
+
 /// One module, so `cargo test bigquery` selects these tests as it does the BigQuery
 /// conformance checks.
 mod bigquery {
@@ -282,20 +287,18 @@ mod bigquery {
     }
 
     fn table_list() -> String {
-        let tables: Vec<String> = [
-            "processing_keys",
-            "processing_runs",
-            "processing_leases",
-            "event_keys",
-        ]
-        .iter()
-        .map(|t| {
-            format!(r#"{{"tableReference":{{"projectId":"p","datasetId":"d","tableId":"{t}"}}}}"#)
-        })
-        .collect();
+        let tables: Vec<String> = idem::store::bigquery::TABLES
+            .iter()
+            .map(|t| {
+                format!(
+                    r#"{{"tableReference":{{"projectId":"p","datasetId":"d","tableId":"{t}"}}}}"#
+                )
+            })
+            .collect();
         format!(
-            r#"{{"kind":"bigquery#tableList","tables":[{}],"totalItems":4}}"#,
-            tables.join(",")
+            r#"{{"kind":"bigquery#tableList","tables":[{}],"totalItems":{}}}"#,
+            tables.join(","),
+            tables.len()
         )
     }
 
@@ -801,5 +804,58 @@ mod bigquery {
             .unwrap();
         assert_eq!(held.skip_reason, Some(SkipReason::InProgress));
         assert_eq!(store.api_calls() - before, 3);
+    }
+
+    /// A fleet fired at once, against BigQuery's DML limits (the limits simulator in front
+    /// of the emulator, scaled for CI: 200 runs, 50 ms per DML statement, the day's free
+    /// INSERTs used up after 100 per table): no run fails for a quota or a conflict, every
+    /// scope completes exactly once, and the concurrent duplicates skip.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fleet_within_bigquery_dml_limits_completes_every_scope_once() {
+        let url =
+            require_bigquery!("a_fleet_within_bigquery_dml_limits_completes_every_scope_once");
+        let url = with_dataset(&url, &unique("idem_fleet"));
+        BigQueryStore::connect(&url).await.unwrap();
+        let upstream = super::bq_limits::endpoint_of(&url).expect("an emulator endpoint");
+        let runs = std::env::var("IDEM_TEST_FLEET_RUNS")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(200);
+        let mut limits = super::bq_limits::Limits::bigquery(Duration::from_millis(50));
+        limits.insert_free_per_day = 100;
+        let sim = super::bq_limits::Simulator::start(&upstream, limits).await;
+        let fleet = super::fleet::Fleet {
+            runs,
+            duplicates: runs / 10,
+            jobs: 20,
+            work: Duration::from_millis(100),
+            lease: Duration::from_secs(3600),
+            prefix: unique("fleet"),
+        };
+        let report = super::fleet::fire(&fleet, &url, &sim).await;
+        eprintln!("{}", report.summary());
+        assert!(
+            report.failures.is_empty(),
+            "{} runs failed, e.g. {:?}",
+            report.failures.len(),
+            report.failures.iter().take(3).collect::<Vec<_>>()
+        );
+        assert_eq!(report.quota_failures, 0);
+        assert!(
+            report.wrong_completions.is_empty(),
+            "scopes not completed exactly once: {:?}",
+            report.wrong_completions.iter().take(5).collect::<Vec<_>>()
+        );
+        assert_eq!(report.completed, fleet.runs - fleet.duplicates);
+        assert_eq!(report.double_work, 0);
+        assert_eq!(
+            report.in_progress + report.time_window,
+            fleet.duplicates,
+            "every duplicate skipped"
+        );
+        assert!(
+            report.in_progress > 0,
+            "concurrent duplicates skip in_progress"
+        );
     }
 }

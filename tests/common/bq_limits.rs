@@ -161,6 +161,10 @@ struct Shared {
     limits: Limits,
     upstream: String,
     http: reqwest::Client,
+    /// Calls in flight to the emulator: it is one Python process and stalls under
+    /// hundreds of connections at once, so the proxy sends it a few at a time (a
+    /// statement's simulated latency is spent before, outside this limit).
+    upstream_slots: Semaphore,
     tables: Mutex<HashMap<String, Arc<Table>>>,
     stats: Mutex<Stats>,
 }
@@ -191,6 +195,7 @@ impl Simulator {
                 .pool_max_idle_per_host(64)
                 .build()
                 .expect("http client"),
+            upstream_slots: Semaphore::new(UPSTREAM_CALLS),
             tables: Mutex::new(HashMap::new()),
             stats: Mutex::new(Stats::default()),
         });
@@ -333,7 +338,15 @@ async fn serve(mut stream: TcpStream, shared: Arc<Shared>) -> std::io::Result<()
 
 type Answer = (u16, String, Vec<u8>);
 
+/// Calls in flight to the emulator at most.
+const UPSTREAM_CALLS: usize = 8;
+
 async fn forward(shared: &Shared, request: &Request) -> Answer {
+    let _slot = shared
+        .upstream_slots
+        .acquire()
+        .await
+        .expect("semaphore open");
     let url = format!("{}{}", shared.upstream, request.path);
     let method = reqwest::Method::from_bytes(request.method.as_bytes()).unwrap_or_default();
     let mut call = shared.http.request(method, url).body(request.body.clone());
