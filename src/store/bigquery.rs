@@ -1337,6 +1337,71 @@ impl EventKeyStore for BigQueryStore {
 mod tests {
     use super::*;
 
+    /// Quota answers and conflicts that outlast their retries are reported as what they
+    /// are, refused by a working BigQuery, never as the store being unavailable.
+    #[tokio::test]
+    async fn quota_and_conflict_errors_are_not_outages() {
+        let store = BigQueryStore::connect_lazy("bigquery://p/d?endpoint=http://127.0.0.1:9")
+            .await
+            .unwrap();
+        let quota = ApiError::dml_queue_full("claim.take", "p:d.processing_leases_03", 20)
+            .after_retries("BigQuery quota exceeded", 60, Duration::from_secs(190));
+        assert!(quota.is_quota() && !quota.is_outage());
+        let e = store.err(quota);
+        assert!(!e.is_outage(), "{e:?}");
+        assert!(matches!(e, Error::StoreRejected { .. }), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "store bigquery://p/d?endpoint=http://127.0.0.1:9 rejected the claim.take statement: \
+             bigquery claim.take failed: HTTP 400 (resourcesExceeded): BigQuery quota exceeded: \
+             Resources exceeded during query execution: Too many DML statements outstanding \
+             against table p:d.processing_leases_03, limit is 20. (sent 60 time(s) over 190.0s)"
+        );
+        let conflict = ApiError::concurrent_update("finish.release", "p:d.processing_leases_03")
+            .after_retries(
+                "BigQuery concurrent-update conflict",
+                16,
+                Duration::from_secs(20),
+            );
+        let e = store.err(conflict);
+        assert!(matches!(e, Error::StoreRejected { .. }), "{e:?}");
+        assert!(e.to_string().contains("BigQuery concurrent-update conflict: Could not serialize access to table p:d.processing_leases_03 due to concurrent update (sent 16 time(s) over 20.0s)"), "{e}");
+        for reason in ["rateLimitExceeded", "quotaExceeded"] {
+            let e = ApiError::new(
+                "x",
+                crate::backend::bigquery::ErrorShape::Http(403),
+                Some(reason),
+                "Exceeded rate limits",
+            );
+            assert!(e.is_quota() && !e.is_outage(), "{reason}");
+        }
+        let down = ApiError::new(
+            "x",
+            crate::backend::bigquery::ErrorShape::Http(503),
+            Some("backendError"),
+            "down",
+        );
+        assert!(!down.is_quota() && down.is_outage());
+    }
+
+    #[test]
+    fn lease_shards_spread_and_are_stable() {
+        let mut counts = [0usize; 16];
+        for i in 0..1600 {
+            counts[lease_shard(
+                &format!("job{}", i % 50),
+                &format!("2025-01-{:02}", i / 50 + 1),
+            )] += 1;
+        }
+        assert!(counts.iter().all(|&n| n > 50), "{counts:?}");
+        // Stable across processes and versions: a changed hash would split a lease.
+        assert_eq!(
+            lease_shard("player_game_summary", "2025-11-18"),
+            lease_shard("player_game_summary", "2025-11-18")
+        );
+        assert_ne!(lease_shard("a", "bc"), lease_shard("ab", "c"));
+    }
+
     #[test]
     fn statements_are_qualified_and_parameterised() {
         let url = BigQueryUrl::parse("bigquery://proj-1/ds_1").unwrap();

@@ -30,7 +30,7 @@
 //! effect, as in BigQuery. What it counts ([`Stats`]): statements by kind, failures by
 //! kind, internal conflict re-runs, the most statements outstanding on one table, and
 //! *modelled* bytes billed: BigQuery's on-demand minimum of 10 MB per table a statement
-//! reads (an INSERT's target table is written, not read), which is what idem's small
+//! that ran reads (an INSERT's target table is written, not read), which is what idem's small
 //! statements bill; the emulator reports `totalBytesProcessed` 0 for everything.
 //!
 //! What it cannot model: the project-wide limits (concurrent interactive queries, API
@@ -107,7 +107,11 @@ pub struct Stats {
     /// The most statements outstanding (running + queued) on one table at once, by kind.
     pub max_outstanding_mutating: usize,
     pub max_outstanding_insert: usize,
-    /// Modelled bytes billed: 10 MB per table read, per statement.
+    /// Statements that ran (were not refused or failed by the simulator; a statement the
+    /// emulator itself failed counts too).
+    pub ran: u64,
+    /// Modelled bytes billed: 10 MB per table read, per statement that ran (a statement
+    /// refused for a full queue or failed on a conflict is not billed).
     pub bytes_billed: u64,
     /// Sum of the emulator's `totalBytesProcessed` (0 with the emulator).
     pub bytes_processed_reported: u64,
@@ -445,7 +449,6 @@ async fn handle(shared: &Shared, request: Request) -> Answer {
             let name = target.rsplit('.').next().unwrap_or(target);
             *stats.by_table.entry(format!("{name} {kind}")).or_default() += 1;
         }
-        stats.bytes_billed += billed(kind, &tables);
     }
     let answer = match (kind, tables.first()) {
         ("mutating", Some(target)) => mutating(shared, &request, target).await,
@@ -456,6 +459,11 @@ async fn handle(shared: &Shared, request: Request) -> Answer {
         }
         _ => forward(shared, &request).await,
     };
+    if answer.0 == 200 {
+        let mut stats = shared.stats.lock().unwrap();
+        stats.bytes_billed += billed(kind, &tables);
+        stats.ran += 1;
+    }
     if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&answer.2) {
         if let Some(n) = v
             .get("totalBytesProcessed")

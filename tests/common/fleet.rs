@@ -100,15 +100,27 @@ impl FleetReport {
     /// A multi-line summary.
     pub fn summary(&self) -> String {
         let s = &self.sim;
-        let mut by_table = String::new();
+        // The lease shards (`processing_leases_00` …) summed as `processing_leases_NN`.
+        let mut tables: BTreeMap<String, u64> = BTreeMap::new();
         for (k, v) in &s.by_table {
+            let (table, kind) = k.split_once(' ').unwrap_or((k, ""));
+            let table = match table.rsplit_once('_') {
+                Some((base, n)) if n.len() == 2 && n.chars().all(|c| c.is_ascii_digit()) => {
+                    format!("{base}_NN")
+                }
+                _ => table.to_string(),
+            };
+            *tables.entry(format!("{table} {kind}")).or_default() += v;
+        }
+        let mut by_table = String::new();
+        for (k, v) in &tables {
             by_table.push_str(&format!("\n    {k}: {v}"));
         }
         format!(
             "runs {} over {} scopes in {:.1?}: completed {}, skipped in_progress {}, skipped time_window {}, failed {} (quota {}, conflict {})\n\
              scopes not completed exactly once: {}; work done twice: {}; duplicates not skipped: {}\n\
              time to the lease decision: p50 {:.0?}, p99 {:.0?}\n\
-             statements {} ({:.2}/run: select {}, insert {}, mutating {} = {:.2}/run); bytes billed (modelled, 10 MB/table read) {:.1} MB/run; emulator totalBytesProcessed {}\n\
+             statements sent {} ({:.2}/run: select {}, insert {}, mutating {} = {:.2}/run), ran {} ({:.2}/run); bytes billed (modelled, 10 MB/table read) {:.1} MB/run; emulator totalBytesProcessed {}\n\
              simulator: refused for a full queue {}, failed on conflict {}, conflicts BigQuery re-ran {}, most outstanding on one table: mutating {}, insert {}\n\
              statements by table:{by_table}",
             self.runs,
@@ -131,6 +143,8 @@ impl FleetReport {
             s.kind("insert"),
             s.kind("mutating"),
             self.mutating_per_run(),
+            s.ran,
+            s.ran as f64 / self.runs as f64,
             self.mb_billed_per_run(),
             s.bytes_processed_reported,
             s.quota_failures,
