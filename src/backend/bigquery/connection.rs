@@ -245,8 +245,12 @@ impl Connection {
                 .as_ref()
                 .and_then(|j| j.location.clone())
                 .or_else(|| self.location.clone());
+            // No `formatOptions` here: the client sends these parameters as a URL query
+            // string, which cannot hold that nested object (the request fails to build:
+            // "builder error: unsupported value"). Timestamps then come as seconds in
+            // scientific notation, which `parse_timestamp_cell` reads exactly.
             let parameters = GetQueryResultsParameters {
-                format_options: Some(format.clone()),
+                format_options: None,
                 location,
                 max_results: None,
                 page_token: if complete { page_token.clone() } else { None },
