@@ -831,6 +831,7 @@ mod bigquery {
             work: Duration::from_millis(100),
             lease: Duration::from_secs(3600),
             prefix: unique("fleet"),
+            spread: Duration::ZERO,
         };
         let report = super::fleet::fire(&fleet, &url, &sim).await;
         eprintln!("{}", report.summary());

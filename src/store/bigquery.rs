@@ -267,13 +267,14 @@ const CONFLICT_RETRIES: Backoff = Backoff {
 };
 /// A statement BigQuery refused for a quota (the table's DML queue is full: "Too many DML
 /// statements outstanding against table …"; a rate limit) did not run, so it is sent
-/// again after a random pause that doubles from 100 ms up to 3.2 s (plus up to 0.4 s):
-/// 60 times in all, about 3 minutes, then reported as a quota error (never as the store
-/// being unavailable).
+/// again after a random pause that doubles from 0.2 s up to 6.4 s (plus up to 1 s): 40
+/// times in all, about 4 minutes, then reported as a quota error (never as the store
+/// being unavailable). A full queue holds 20 statements of about a second each, so
+/// trying much more often only spends API calls.
 const QUOTA_RETRIES: Backoff = Backoff {
-    attempts: 60,
-    base: Duration::from_millis(100),
-    jitter: Duration::from_millis(400),
+    attempts: 40,
+    base: Duration::from_millis(200),
+    jitter: Duration::from_secs(1),
 };
 /// Claim rounds (read, then compare-and-set) before giving up; a round that lost a
 /// concurrent-update conflict pauses as [`CONFLICT_RETRIES`] does before the next (one

@@ -171,6 +171,23 @@ struct Shared {
     upstream_slots: Semaphore,
     tables: Mutex<HashMap<String, Arc<Table>>>,
     stats: Mutex<Stats>,
+    /// Statements still queued or running when their `jobs.query` call answered "not
+    /// complete yet", by the job id given to the client (which polls `getQueryResults`).
+    jobs: Mutex<HashMap<String, Job>>,
+    job_ids: AtomicU64,
+}
+
+type Job = tokio::sync::watch::Receiver<Option<Answer>>;
+
+/// How long a `jobs.query` or `getQueryResults` call waits for the statement at most
+/// before answering `jobComplete: false` (the request's `timeoutMs`, BigQuery's default
+/// 10 s when absent).
+fn server_wait(body: &serde_json::Value) -> Duration {
+    Duration::from_millis(
+        body.get("timeoutMs")
+            .and_then(|t| t.as_u64())
+            .unwrap_or(10_000),
+    )
 }
 
 /// The running proxy; stops when dropped (its task is aborted).
@@ -202,6 +219,8 @@ impl Simulator {
             upstream_slots: Semaphore::new(UPSTREAM_CALLS),
             tables: Mutex::new(HashMap::new()),
             stats: Mutex::new(Stats::default()),
+            jobs: Mutex::new(HashMap::new()),
+            job_ids: AtomicU64::new(0),
         });
         let task = {
             let shared = shared.clone();
@@ -432,11 +451,74 @@ fn billed(kind: &str, tables: &[String]) -> u64 {
     read.len() as u64 * MIN_BILLED_PER_TABLE
 }
 
-async fn handle(shared: &Shared, request: Request) -> Answer {
-    let is_query = request.method == "POST" && request.path.ends_with("/queries");
+/// Waits up to `wait` for a job's answer; `None` when it is not complete yet.
+async fn wait_for(job: &mut Job, wait: Duration) -> Option<Answer> {
+    let done = tokio::time::timeout(wait, job.wait_for(|a| a.is_some())).await;
+    match done {
+        Ok(Ok(answer)) => answer.clone(),
+        _ => None,
+    }
+}
+
+fn not_complete(kind: &str, project: &str, job_id: &str) -> Answer {
+    let body = serde_json::json!({
+        "kind": kind,
+        "jobReference": {"projectId": project, "jobId": job_id},
+        "jobComplete": false,
+    });
+    (
+        200,
+        "application/json".into(),
+        body.to_string().into_bytes(),
+    )
+}
+
+/// `jobs.query`: the statement runs in a task of its own; the call answers when it is
+/// done, or after the request's `timeoutMs` with `jobComplete: false` and a job id the
+/// client polls with `getQueryResults` (as BigQuery does while a DML statement waits in
+/// its table's queue). `getQueryResults` of such a job waits the same way.
+async fn handle(shared: &Arc<Shared>, request: Request) -> Answer {
+    let path = request.path.split('?').next().unwrap_or("").to_string();
+    if request.method == "GET" && path.contains("/queries/") {
+        let job_id = path.rsplit('/').next().unwrap_or("").to_string();
+        let job = shared.jobs.lock().unwrap().get(&job_id).cloned();
+        let Some(mut job) = job else {
+            return forward(shared, &request).await;
+        };
+        let project = path.split('/').nth(4).unwrap_or("").to_string();
+        return match wait_for(&mut job, Duration::from_secs(10)).await {
+            Some(answer) => {
+                shared.jobs.lock().unwrap().remove(&job_id);
+                answer
+            }
+            None => not_complete("bigquery#getQueryResultsResponse", &project, &job_id),
+        };
+    }
+    let is_query = request.method == "POST" && path.ends_with("/queries");
     if !is_query {
         return forward(shared, &request).await;
     }
+    let body = serde_json::from_slice::<serde_json::Value>(&request.body).unwrap_or_default();
+    let wait = server_wait(&body);
+    let (tx, mut job) = tokio::sync::watch::channel(None);
+    {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let answer = statement(&shared, request).await;
+            let _ = tx.send(Some(answer));
+        });
+    }
+    if let Some(answer) = wait_for(&mut job, wait).await {
+        return answer;
+    }
+    let job_id = format!("sim_{}", shared.job_ids.fetch_add(1, Ordering::SeqCst));
+    shared.jobs.lock().unwrap().insert(job_id.clone(), job);
+    let project = path.split('/').nth(4).unwrap_or("").to_string();
+    not_complete("bigquery#queryResponse", &project, &job_id)
+}
+
+/// Runs one `jobs.query` statement under the limits.
+async fn statement(shared: &Shared, request: Request) -> Answer {
     let sql = serde_json::from_slice::<serde_json::Value>(&request.body)
         .ok()
         .and_then(|v| v.get("query").and_then(|q| q.as_str()).map(str::to_string))

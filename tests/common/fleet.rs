@@ -33,6 +33,9 @@ pub struct Fleet {
     pub lease: Duration,
     /// Prefix of the processor names (unique per fleet).
     pub prefix: String,
+    /// The fires are spread over this long (zero: all at the same instant); a scope's
+    /// duplicate fires at the same instant as the scope's first run.
+    pub spread: Duration,
 }
 
 /// What a fleet did.
@@ -55,10 +58,10 @@ pub struct FleetReport {
     pub double_work: usize,
     /// Duplicates (second run of a scope) that did not skip.
     pub duplicates_not_skipped: usize,
-    /// Time from the fire to the lease decision: the work starting (winners) or the run
-    /// ending (skipped runs), sorted.
+    /// Time from a run's fire to its lease decision: the work starting (winners) or the
+    /// run ending (skipped runs), sorted.
     pub decision: Vec<Duration>,
-    /// Time from the fire to the last run ending.
+    /// Time from the first fire to the last run ending.
     pub wall: Duration,
     pub sim: Stats,
 }
@@ -182,10 +185,27 @@ impl Processor for Work {
     }
 }
 
+/// The scope index of run `i`.
+fn scope_index(fleet: &Fleet, i: usize) -> usize {
+    let scopes = fleet.runs - fleet.duplicates;
+    if i < scopes {
+        i
+    } else {
+        i - scopes
+    }
+}
+
+/// When run `i` fires, after the fleet's start: scopes in a scrambled order over the
+/// spread, a duplicate with its scope.
+fn fire_delay(fleet: &Fleet, i: usize) -> Duration {
+    let scopes = (fleet.runs - fleet.duplicates).max(1);
+    let slot = (scope_index(fleet, i) * 7919) % scopes;
+    fleet.spread.mul_f64(slot as f64 / scopes as f64)
+}
+
 /// The scope of run `i`: (processor, date).
 fn scope_of(fleet: &Fleet, i: usize) -> (String, chrono::NaiveDate) {
-    let scopes = fleet.runs - fleet.duplicates;
-    let s = if i < scopes { i } else { i - scopes };
+    let s = scope_index(fleet, i);
     let job = format!("{}_job{:03}", fleet.prefix, s % fleet.jobs);
     let date =
         idem::parse_date("2025-01-01").unwrap() + chrono::Duration::days((s / fleet.jobs) as i64);
@@ -197,12 +217,14 @@ pub async fn fire(fleet: &Fleet, url: &str, sim: &Simulator) -> FleetReport {
     let url = sim.url(url);
     sim.reset_stats();
     let calls = Arc::new(Mutex::new(BTreeMap::new()));
-    let fired = Instant::now();
+    let start = Instant::now();
     let mut tasks = Vec::with_capacity(fleet.runs);
     for i in 0..fleet.runs {
         let (job, date) = scope_of(fleet, i);
         let (url, calls, fleet) = (url.clone(), calls.clone(), fleet.clone());
         tasks.push(tokio::spawn(async move {
+            tokio::time::sleep(fire_delay(&fleet, i)).await;
+            let fired = Instant::now();
             let store: Arc<DynStore> =
                 Arc::new(BigQueryStore::connect_lazy(&url).await.expect("store"));
             let guards = GuardStack::builder()
@@ -270,7 +292,7 @@ pub async fn fire(fleet: &Fleet, url: &str, sim: &Simulator) -> FleetReport {
         }
         let _ = (i, scopes);
     }
-    report.wall = fired.elapsed();
+    report.wall = start.elapsed();
     report.decision.sort();
     for (scope, n) in completions {
         if n != 1 {
