@@ -26,6 +26,12 @@
 //!   statements both commit. A concurrent-update conflict on the claim means another
 //!   statement on the lease table committed first: the claim is lost, the lease is read
 //!   again and the run sees `in_progress` (never a run failure).
+//! * **Leases sharded over 16 tables** ([`LEASE_TABLES`], chosen by [`lease_shard`]), since
+//!   BigQuery's DML queues and conflicts are per table: a fleet of runs firing at once
+//!   spreads its claims and releases over 16 queues. A statement refused for a full queue
+//!   (or a rate limit) did not run and is sent again with backoff (`QUOTA_RETRIES`);
+//!   quota and conflict errors that outlast their retries are reported as such, never as
+//!   the store being unavailable. See docs/bigquery.md, "Fleets".
 //! * **`finish` is not atomic** (the emulator ignores parameters in multi-statement
 //!   scripts, and BigQuery has no cross-statement locks anyway). It runs in an order that
 //!   keeps the guarantees: first the fence (`UPDATE … WHERE token = @t AND holder_run_id =

@@ -165,7 +165,11 @@ fn exact_micros(s: &str) -> Option<i64> {
     if !rest.bytes().all(|b| b == b'0') {
         return None;
     }
-    let micros: i64 = if whole.is_empty() { 0 } else { whole.parse().ok()? };
+    let micros: i64 = if whole.is_empty() {
+        0
+    } else {
+        whole.parse().ok()?
+    };
     Some(if negative { -micros } else { micros })
 }
 
