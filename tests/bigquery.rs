@@ -896,6 +896,13 @@ mod bigquery {
                 "lease {lease}s: {stats:?}"
             );
             assert_eq!(stats.quota_failures + stats.conflict_failures, 0);
+            // Modelled on-demand bytes: 10 MB per statement that reads a table (all but the
+            // keys INSERT, which reads only its parameter).
+            assert_eq!(
+                stats.bytes_billed,
+                (statements - 1) * super::bq_limits::MIN_BILLED_PER_TABLE,
+                "lease {lease}s"
+            );
             // Released: the scope can be claimed (and the time window then skips it).
             assert!(store
                 .lease_holder(&name, "2025-11-18", Utc::now())
