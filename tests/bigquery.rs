@@ -15,6 +15,11 @@
 
 mod common;
 
+#[path = "common/bq_limits.rs"]
+mod bq_limits;
+#[path = "common/fleet.rs"]
+mod fleet;
+
 /// One module, so `cargo test bigquery` selects these tests as it does the BigQuery
 /// conformance checks.
 mod bigquery {
@@ -282,20 +287,18 @@ mod bigquery {
     }
 
     fn table_list() -> String {
-        let tables: Vec<String> = [
-            "processing_keys",
-            "processing_runs",
-            "processing_leases",
-            "event_keys",
-        ]
-        .iter()
-        .map(|t| {
-            format!(r#"{{"tableReference":{{"projectId":"p","datasetId":"d","tableId":"{t}"}}}}"#)
-        })
-        .collect();
+        let tables: Vec<String> = idem::store::bigquery::TABLES
+            .iter()
+            .map(|t| {
+                format!(
+                    r#"{{"tableReference":{{"projectId":"p","datasetId":"d","tableId":"{t}"}}}}"#
+                )
+            })
+            .collect();
         format!(
-            r#"{{"kind":"bigquery#tableList","tables":[{}],"totalItems":4}}"#,
-            tables.join(",")
+            r#"{{"kind":"bigquery#tableList","tables":[{}],"totalItems":{}}}"#,
+            tables.join(","),
+            tables.len()
         )
     }
 
@@ -801,5 +804,163 @@ mod bigquery {
             .unwrap();
         assert_eq!(held.skip_reason, Some(SkipReason::InProgress));
         assert_eq!(store.api_calls() - before, 3);
+    }
+
+    /// A fleet fired at once, against BigQuery's DML limits (the limits simulator in front
+    /// of the emulator, scaled for CI: 200 runs, 50 ms per DML statement, the day's free
+    /// INSERTs used up after 100 per table): no run fails for a quota or a conflict, every
+    /// scope completes exactly once, and the concurrent duplicates skip.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fleet_within_bigquery_dml_limits_completes_every_scope_once() {
+        let url =
+            require_bigquery!("a_fleet_within_bigquery_dml_limits_completes_every_scope_once");
+        let url = with_dataset(&url, &unique("idem_fleet"));
+        BigQueryStore::connect(&url).await.unwrap();
+        let upstream = super::bq_limits::endpoint_of(&url).expect("an emulator endpoint");
+        let runs = std::env::var("IDEM_TEST_FLEET_RUNS")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(200);
+        let mut limits = super::bq_limits::Limits::bigquery(Duration::from_millis(50));
+        limits.insert_free_per_day = 100;
+        let sim = super::bq_limits::Simulator::start(&upstream, limits).await;
+        let fleet = super::fleet::Fleet {
+            runs,
+            duplicates: runs / 10,
+            jobs: 20,
+            work: Duration::from_millis(100),
+            lease: Duration::from_secs(3600),
+            prefix: unique("fleet"),
+            spread: Duration::ZERO,
+        };
+        let report = super::fleet::fire(&fleet, &url, &sim).await;
+        eprintln!("{}", report.summary());
+        assert!(
+            report.failures.is_empty(),
+            "{} runs failed, e.g. {:?}",
+            report.failures.len(),
+            report.failures.iter().take(3).collect::<Vec<_>>()
+        );
+        assert_eq!(report.quota_failures, 0);
+        assert!(
+            report.wrong_completions.is_empty(),
+            "scopes not completed exactly once: {:?}",
+            report.wrong_completions.iter().take(5).collect::<Vec<_>>()
+        );
+        assert_eq!(report.completed, fleet.runs - fleet.duplicates);
+        assert_eq!(report.double_work, 0);
+        assert_eq!(
+            report.in_progress + report.time_window,
+            fleet.duplicates,
+            "every duplicate skipped"
+        );
+        assert!(
+            report.in_progress > 0,
+            "concurrent duplicates skip in_progress"
+        );
+    }
+
+    /// The single-run path, counted at the limits simulator (no contention): a first run
+    /// of a scope costs no more statements than before the fleet work (9, three of them
+    /// mutating: claim, fence, release), and with a lease held 10 minutes past the end of
+    /// the work (the default lease is 1 h) one fewer: the fence is not needed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_single_run_costs_no_more_statements_than_before() {
+        let url = require_bigquery!("a_single_run_costs_no_more_statements_than_before");
+        BigQueryStore::connect(&url).await.unwrap();
+        let upstream = super::bq_limits::endpoint_of(&url).expect("an emulator endpoint");
+        let sim = super::bq_limits::Simulator::start(
+            &upstream,
+            super::bq_limits::Limits::bigquery(Duration::ZERO),
+        )
+        .await;
+        let store = Arc::new(BigQueryStore::connect_lazy(&sim.url(&url)).await.unwrap());
+        let date = idem::parse_date("2025-11-18").unwrap();
+        for (lease, statements, mutating) in [(600, 9, 3), (3600, 8, 2)] {
+            let guards = GuardStack::builder()
+                .guard(idem::guard::TimeWindowGuard::new(Duration::from_secs(3600)))
+                .guard(LeaseGuard::new(Duration::from_secs(lease)))
+                .build();
+            let runner = Runner::new(store.clone() as Arc<DynStore>, guards).heartbeat(false);
+            let name = unique("single");
+            sim.reset_stats();
+            let report = runner
+                .run(&Counting::default(), RunRequest::new(name.clone(), date))
+                .await
+                .unwrap();
+            assert_eq!(report.status, RunStatus::Completed, "{report:?}");
+            let stats = sim.stats();
+            assert_eq!(
+                (stats.total(), stats.kind("mutating")),
+                (statements, mutating),
+                "lease {lease}s: {stats:?}"
+            );
+            assert_eq!(stats.quota_failures + stats.conflict_failures, 0);
+            // Modelled on-demand bytes: 10 MB per statement that reads a table (all but the
+            // keys INSERT, which reads only its parameter).
+            assert_eq!(
+                stats.bytes_billed,
+                (statements - 1) * super::bq_limits::MIN_BILLED_PER_TABLE,
+                "lease {lease}s"
+            );
+            // Released: the scope can be claimed (and the time window then skips it).
+            assert!(store
+                .lease_holder(&name, "2025-11-18", Utc::now())
+                .await
+                .unwrap()
+                .is_none());
+            sim.reset_stats();
+            let again = runner
+                .run(&Counting::default(), RunRequest::new(name, date))
+                .await
+                .unwrap();
+            assert_eq!(again.skip_reason, Some(SkipReason::TimeWindow));
+            assert_eq!(
+                sim.stats().total(),
+                2,
+                "a skipped run: check and ledger row"
+            );
+        }
+    }
+
+    /// A statement BigQuery refuses for a full DML queue did not run: it is sent again
+    /// after a pause, and the run completes (nothing is reported as a store failure).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_full_dml_queue_is_waited_out_not_a_failure() {
+        let url = require_bigquery!("a_full_dml_queue_is_waited_out_not_a_failure");
+        let refused = Arc::new(AtomicUsize::new(0));
+        let store: Arc<DynStore> = {
+            let refused = refused.clone();
+            Arc::new(
+                BigQueryStore::connect(&url)
+                    .await
+                    .unwrap()
+                    .with_fault_hook(hook(move |op| {
+                        let full = matches!(op, "claim.take" | "finish.release" | "finish.run")
+                            && refused.fetch_add(1, Ordering::SeqCst) < 6;
+                        full.then(|| {
+                            let op = op.to_string();
+                            Box::pin(async move {
+                                Some(ApiError::dml_queue_full(
+                                    op,
+                                    "idem-test:d.processing_leases_03",
+                                    20,
+                                ))
+                            }) as FaultFuture
+                        })
+                    })),
+            )
+        };
+        let report = lease_runner(store)
+            .run(
+                &Counting::default(),
+                RunRequest::new(unique("queued"), idem::parse_date("2025-11-18").unwrap()),
+            )
+            .await
+            .expect("a full queue is waited out");
+        assert!(refused.load(Ordering::SeqCst) > 6);
+        assert_eq!(report.status, RunStatus::Completed, "{report:?}");
+        assert!(report.store_errors.is_empty(), "{report:?}");
+        assert!(report.recorded());
     }
 }

@@ -26,6 +26,12 @@
 //!   statements both commit. A concurrent-update conflict on the claim means another
 //!   statement on the lease table committed first: the claim is lost, the lease is read
 //!   again and the run sees `in_progress` (never a run failure).
+//! * **Leases sharded over 16 tables** ([`LEASE_TABLES`], chosen by [`lease_shard`]), since
+//!   BigQuery's DML queues and conflicts are per table: a fleet of runs firing at once
+//!   spreads its claims and releases over 16 queues. A statement refused for a full queue
+//!   (or a rate limit) did not run and is sent again with backoff (`QUOTA_RETRIES`);
+//!   quota and conflict errors that outlast their retries are reported as such, never as
+//!   the store being unavailable. See docs/bigquery.md, "Fleets".
 //! * **`finish` is not atomic** (the emulator ignores parameters in multi-statement
 //!   scripts, and BigQuery has no cross-statement locks anyway). It runs in an order that
 //!   keeps the guarantees: first the fence (`UPDATE … WHERE token = @t AND holder_run_id =
@@ -35,7 +41,8 @@
 //!   in between leaves a ledger row without keys — the next run processes again — never a
 //!   key without its ledger row, never a key from a run whose lease was taken over.
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -70,7 +77,61 @@ pub const TABLES: &[&str] = &[
     "processing_runs",
     "processing_leases",
     "event_keys",
+    "processing_leases_00",
+    "processing_leases_01",
+    "processing_leases_02",
+    "processing_leases_03",
+    "processing_leases_04",
+    "processing_leases_05",
+    "processing_leases_06",
+    "processing_leases_07",
+    "processing_leases_08",
+    "processing_leases_09",
+    "processing_leases_10",
+    "processing_leases_11",
+    "processing_leases_12",
+    "processing_leases_13",
+    "processing_leases_14",
+    "processing_leases_15",
 ];
+
+/// The lease tables (migration 0004): a lease lives in `processing_leases_NN`, NN =
+/// [`lease_shard`] of its processor and scope. BigQuery's DML limits are per table (2
+/// mutating statements running, 20 queued) and concurrent mutating statements conflict
+/// per table, so 16 tables take 16 times the claims, renewals and releases at once.
+/// `processing_leases` (schema 1) is no longer written; cleanup still empties it.
+pub const LEASE_TABLES: [&str; 16] = [
+    "processing_leases_00",
+    "processing_leases_01",
+    "processing_leases_02",
+    "processing_leases_03",
+    "processing_leases_04",
+    "processing_leases_05",
+    "processing_leases_06",
+    "processing_leases_07",
+    "processing_leases_08",
+    "processing_leases_09",
+    "processing_leases_10",
+    "processing_leases_11",
+    "processing_leases_12",
+    "processing_leases_13",
+    "processing_leases_14",
+    "processing_leases_15",
+];
+
+/// The lease table of (processor, scope): an index into [`LEASE_TABLES`], from the first
+/// four bytes of SHA-256(processor NUL scope), so it is the same for every idem process
+/// and version.
+pub fn lease_shard(processor: &str, scope: &str) -> usize {
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new();
+    hash.update(processor.as_bytes());
+    hash.update([0u8]);
+    hash.update(scope.as_bytes());
+    let digest = hash.finalize();
+    let n = u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]]);
+    n as usize % LEASE_TABLES.len()
+}
 
 /// The partitioned tables (partition expiration applies to these).
 const PARTITIONED_TABLES: &[&str] = &["processing_keys", "processing_runs", "event_keys"];
@@ -201,18 +262,33 @@ WHERE namespace = @namespace AND event_key IN UNNEST(@keys)
 const EVENTS_DECISION_SQL: &str = "\
 UPDATE {events} SET decision = @decision WHERE namespace = @namespace AND event_key = @key";
 
-/// A mutating statement that lost a concurrent-update conflict is sent again, 4 times at
-/// most (BigQuery itself already retried it up to three times), after a short random
-/// pause.
+/// A mutating statement that lost a concurrent-update conflict (BigQuery itself already
+/// re-ran it up to three times) is sent again after a random pause that doubles from 50 ms
+/// up to 1.6 s: 16 times in all, about 20 s. Under a fleet, the statements of other scopes
+/// on the same lease table are what it conflicts with, so it soon gets through.
 const CONFLICT_RETRIES: Backoff = Backoff {
-    attempts: 5,
+    attempts: 16,
     base: Duration::from_millis(50),
     jitter: Duration::from_millis(100),
 };
+/// A statement BigQuery refused for a quota (the table's DML queue is full: "Too many DML
+/// statements outstanding against table …"; a rate limit) did not run, so it is sent
+/// again after a random pause that doubles from 0.2 s up to 6.4 s (plus up to 1 s): 40
+/// times in all, about 4 minutes, then reported as a quota error (never as the store
+/// being unavailable). A full queue holds 20 statements of about a second each, so
+/// trying much more often only spends API calls.
+const QUOTA_RETRIES: Backoff = Backoff {
+    attempts: 40,
+    base: Duration::from_millis(200),
+    jitter: Duration::from_secs(1),
+};
 /// Claim rounds (read, then compare-and-set) before giving up; a round that lost a
 /// concurrent-update conflict pauses as [`CONFLICT_RETRIES`] does before the next (one
-/// whose compare-and-set merely found the row changed reads it again at once).
-const CLAIM_ATTEMPTS: u32 = 4;
+/// whose compare-and-set merely found the row changed reads it again at once). The
+/// conflicts of a fleet are mostly with other scopes' statements on the same lease table,
+/// which do not hold this lease, so a claim keeps trying for about as long as
+/// [`CONFLICT_RETRIES`] before it settles for `in_progress` ("unknown holder").
+const CLAIM_ATTEMPTS: u32 = CONFLICT_RETRIES.attempts;
 const CLAIM_ROUNDS: Backoff = Backoff {
     attempts: CLAIM_ATTEMPTS,
     ..CONFLICT_RETRIES
@@ -228,21 +304,30 @@ const STORE_TIMEOUT: Duration = Duration::from_secs(300);
 #[derive(Debug, Clone)]
 struct Statements {
     find_keys: String,
-    lease_read: String,
-    lease_create: String,
-    lease_take: String,
-    lease_renew: String,
-    lease_hold: String,
-    lease_release: String,
+    /// The lease statements of each lease table, by shard.
+    leases: Vec<LeaseStatements>,
     run_insert: String,
     keys_insert: String,
     runs: String,
     purge: String,
     cleanup: [String; 4],
+    /// The lease cleanup of each lease table (the shards, then the schema-1 table).
+    cleanup_leases: Vec<String>,
     events_check: String,
     events_checked: String,
     events_read: String,
     events_decision: String,
+}
+
+/// The lease statements on one lease table.
+#[derive(Debug, Clone)]
+struct LeaseStatements {
+    read: String,
+    create: String,
+    take: String,
+    renew: String,
+    hold: String,
+    release: String,
 }
 
 impl Statements {
@@ -253,17 +338,22 @@ impl Statements {
                 .replace("{lease_columns}", LEASE_COLUMNS)
                 .replace("{keys}", &url.table("processing_keys"))
                 .replace("{runs}", &url.table("processing_runs"))
-                .replace("{leases}", &url.table("processing_leases"))
                 .replace("{events}", &url.table("event_keys"))
+        };
+        let leases = |table: &str| {
+            let render = |sql: &str| render(sql).replace("{leases}", &url.table(table));
+            LeaseStatements {
+                read: render(LEASE_READ_SQL),
+                create: render(LEASE_CREATE_SQL),
+                take: render(LEASE_TAKE_SQL),
+                renew: render(LEASE_RENEW_SQL),
+                hold: render(LEASE_HOLD_SQL),
+                release: render(LEASE_RELEASE_SQL),
+            }
         };
         Statements {
             find_keys: render(FIND_KEYS_SQL),
-            lease_read: render(LEASE_READ_SQL),
-            lease_create: render(LEASE_CREATE_SQL),
-            lease_take: render(LEASE_TAKE_SQL),
-            lease_renew: render(LEASE_RENEW_SQL),
-            lease_hold: render(LEASE_HOLD_SQL),
-            lease_release: render(LEASE_RELEASE_SQL),
+            leases: LEASE_TABLES.iter().map(|t| leases(t)).collect(),
             run_insert: render(RUN_INSERT_SQL),
             keys_insert: render(KEYS_INSERT_SQL),
             runs: render(RUNS_SQL),
@@ -271,9 +361,14 @@ impl Statements {
             cleanup: [
                 render(CLEANUP_KEYS_SQL),
                 render(CLEANUP_RUNS_SQL),
-                render(CLEANUP_LEASES_SQL),
+                render(CLEANUP_LEASES_SQL).replace("{leases}", &url.table("processing_leases")),
                 render(CLEANUP_EVENTS_SQL),
             ],
+            cleanup_leases: LEASE_TABLES
+                .iter()
+                .chain(["processing_leases"].iter())
+                .map(|t| render(CLEANUP_LEASES_SQL).replace("{leases}", &url.table(t)))
+                .collect(),
             events_check: render(EVENTS_CHECK_SQL),
             events_checked: render(EVENTS_CHECKED_SQL),
             events_read: render(EVENTS_READ_SQL),
@@ -365,32 +460,97 @@ impl BigQueryStore {
         )
     }
 
-    async fn query(&self, operation: &str, sql: &str, params: Vec<Param>) -> Result<QueryOutput> {
-        self.conn
-            .query(operation, sql, params)
-            .await
-            .map_err(|e| self.err(e))
-    }
-
-    /// A mutating statement (UPDATE/DELETE) whose effect does not depend on what it lost
-    /// to: sent again after a concurrent-update conflict. Returns the rows affected.
-    async fn mutate(&self, operation: &str, sql: &str, params: Vec<Param>) -> Result<u64> {
-        let params = &params;
-        let out = retry(CONFLICT_RETRIES, |attempt| async move {
-            match self.conn.query(operation, sql, params.clone()).await {
+    /// Sends one statement; a quota answer ([`ApiError::is_quota`]: the statement did not
+    /// run) is sent again as [`QUOTA_RETRIES`] says, then reported as a quota error.
+    async fn send(
+        &self,
+        operation: &str,
+        sql: &str,
+        params: &[Param],
+    ) -> std::result::Result<QueryOutput, ApiError> {
+        let started = Instant::now();
+        let sent = AtomicU32::new(0);
+        let sent = &sent;
+        retry(QUOTA_RETRIES, |attempt| async move {
+            sent.store(attempt + 1, Ordering::Relaxed);
+            match self.conn.query(operation, sql, params.to_vec()).await {
                 Ok(out) => Ok(out),
-                Err(e) if e.is_concurrent_update() => {
-                    if attempt + 1 < CONFLICT_RETRIES.attempts {
-                        tracing::info!("{e}; sending it again");
-                    }
+                Err(e) if e.is_quota() => {
+                    tracing::debug!("{e}; sending it again after a pause");
                     Err(Retry::Again(e))
                 }
                 Err(e) => Err(Retry::Stop(e)),
             }
         })
         .await
-        .map_err(|e| self.err(e))?;
+        .map_err(|e| {
+            if e.is_quota() {
+                e.after_retries(
+                    "BigQuery quota exceeded",
+                    sent.load(Ordering::Relaxed),
+                    started.elapsed(),
+                )
+            } else {
+                e
+            }
+        })
+    }
+
+    async fn query(&self, operation: &str, sql: &str, params: Vec<Param>) -> Result<QueryOutput> {
+        self.send(operation, sql, &params)
+            .await
+            .map_err(|e| self.err(e))
+    }
+
+    /// A mutating statement (UPDATE/DELETE) whose effect does not depend on what it lost
+    /// to: sent again after a concurrent-update conflict ([`CONFLICT_RETRIES`]), then
+    /// reported as a conflict. Returns the rows affected.
+    async fn mutate(&self, operation: &str, sql: &str, params: Vec<Param>) -> Result<u64> {
+        let params = &params;
+        let started = Instant::now();
+        let sent = AtomicU32::new(0);
+        let sent = &sent;
+        let out = retry(CONFLICT_RETRIES, |attempt| async move {
+            sent.store(attempt + 1, Ordering::Relaxed);
+            match self.send(operation, sql, params).await {
+                Ok(out) => Ok(out),
+                Err(e) if e.is_concurrent_update() => {
+                    tracing::debug!("{e}; sending it again");
+                    Err(Retry::Again(e))
+                }
+                Err(e) => Err(Retry::Stop(e)),
+            }
+        })
+        .await
+        .map_err(|e| {
+            let e = if e.is_concurrent_update() {
+                e.after_retries(
+                    "BigQuery concurrent-update conflict",
+                    sent.load(Ordering::Relaxed),
+                    started.elapsed(),
+                )
+            } else {
+                e
+            };
+            self.err(e)
+        })?;
         out.affected(operation).map_err(|e| self.err(e))
+    }
+
+    /// The rows past retention of cleanup table `i` ([`super::common::CLEANUP_TABLES`]),
+    /// one `{table} WHERE …` per BigQuery table: the leases are in the lease shards and
+    /// the schema-1 `processing_leases`.
+    fn cleanup_rows(&self, i: usize) -> Vec<&String> {
+        if i == 2 {
+            self.sql.cleanup_leases.iter().collect()
+        } else {
+            vec![&self.sql.cleanup[i]]
+        }
+    }
+
+    /// The lease statements of (processor, scope)'s lease table.
+    fn leases(&self, processor: &str, scope: &str) -> &LeaseStatements {
+        &self.sql.leases[lease_shard(processor, scope)]
     }
 
     /// `ALTER TABLE … SET OPTIONS (partition_expiration_days = N | NULL)` on each
@@ -513,7 +673,7 @@ impl BigQueryStore {
         let out = self
             .query(
                 operation,
-                &self.sql.lease_read,
+                &self.leases(processor, scope).read,
                 vec![string("processor", processor), string("scope", scope)],
             )
             .await?;
@@ -632,7 +792,7 @@ impl LeaseStore for BigQueryStore {
                 None => {
                     self.query(
                         "claim.create",
-                        &self.sql.lease_create,
+                        &self.leases(request.processor, request.scope).create,
                         vec![
                             string("processor", request.processor),
                             string("scope", request.scope),
@@ -644,11 +804,10 @@ impl LeaseStore for BigQueryStore {
                 }
             };
             let taken = self
-                .conn
-                .query(
+                .send(
                     "claim.take",
-                    &self.sql.lease_take,
-                    vec![
+                    &self.leases(request.processor, request.scope).take,
+                    &[
                         string("processor", request.processor),
                         string("scope", request.scope),
                         string("run_id", request.run_id),
@@ -688,7 +847,8 @@ impl LeaseStore for BigQueryStore {
             // holding this lease now: still "someone else was writing", not a failure.
             return Ok(Claim::Held(LeaseHolder {
                 run_id: format!(
-                    "unknown (the claim lost {conflicts} concurrent update conflict(s) on processing_leases)"
+                    "unknown (the claim lost {conflicts} concurrent update conflict(s) on {})",
+                    LEASE_TABLES[lease_shard(request.processor, request.scope)]
                 ),
                 token: row.map_or(0, |r| r.token),
                 acquired_at: now,
@@ -717,7 +877,8 @@ impl LeaseStore for BigQueryStore {
         let expires_at = lease_expiry(micros(now), ttl);
         let mut params = Self::fenced_params(lease);
         params.push(timestamp("expires_at", expires_at));
-        if self.mutate("renew", &self.sql.lease_renew, params).await? >= 1 {
+        let sql = &self.leases(&lease.processor, &lease.scope).renew;
+        if self.mutate("renew", sql, params).await? >= 1 {
             return Ok(Lease {
                 expires_at,
                 ..lease.clone()
@@ -730,7 +891,11 @@ impl LeaseStore for BigQueryStore {
         let mut params = Self::fenced_params(lease);
         params.push(timestamp("now", micros(now)));
         Ok(self
-            .mutate("release", &self.sql.lease_release, params)
+            .mutate(
+                "release",
+                &self.leases(&lease.processor, &lease.scope).release,
+                params,
+            )
             .await?
             >= 1)
     }
@@ -795,8 +960,17 @@ impl LedgerStore for BigQueryStore {
         // 1. The fence: nothing is written for a run whose lease was taken over. A run
         //    that writes keys keeps its lease (held a little longer) until they are
         //    written, so a run claiming the scope after it re-checks and sees them; any
-        //    other run releases at once.
-        if let Some(lease) = &finish.lease {
+        //    other run releases at once. A lease that is held for FINISH_HOLD more anyway
+        //    needs no fence: it cannot have been taken over (a claim takes only an expired
+        //    lease) and stays held while the keys are written — one mutating statement
+        //    less per run, which is what a fleet is short of.
+        let hold = chrono::Duration::from_std(FINISH_HOLD).unwrap_or_default();
+        let fence = finish
+            .lease
+            .as_ref()
+            .filter(|l| !writes_keys || l.expires_at < run.finished_at + hold);
+        if let Some(lease) = fence {
+            let statements = self.leases(&lease.processor, &lease.scope);
             let mut params = Self::fenced_params(lease);
             let (operation, sql) = if writes_keys {
                 params.push(timestamp(
@@ -806,10 +980,10 @@ impl LedgerStore for BigQueryStore {
                             + chrono::Duration::from_std(FINISH_HOLD).unwrap_or_default(),
                     ),
                 ));
-                ("finish.fence", &self.sql.lease_hold)
+                ("finish.fence", &statements.hold)
             } else {
                 params.push(timestamp("now", micros(run.finished_at)));
-                ("finish.release", &self.sql.lease_release)
+                ("finish.release", &statements.release)
             };
             if self.mutate(operation, sql, params).await? == 0 {
                 return Err(self.lease_lost(lease).await);
@@ -901,7 +1075,11 @@ impl LedgerStore for BigQueryStore {
                 // The result is recorded whatever happens here, so this cannot fail the
                 // finish; a lease not released expires by itself.
                 match self
-                    .mutate("finish.release", &self.sql.lease_release, params)
+                    .mutate(
+                        "finish.release",
+                        &self.leases(&lease.processor, &lease.scope).release,
+                        params,
+                    )
                     .await
                 {
                     Ok(0) => tracing::warn!(
@@ -987,8 +1165,18 @@ impl MaintenanceStore for BigQueryStore {
             policy,
             false,
             |i, cutoff| async move {
-                let (rows, operation) = (&self.sql.cleanup[i], OPERATIONS[i]);
-                let sql = format!("SELECT COUNT(*) AS n FROM {rows}");
+                let operation = OPERATIONS[i];
+                let sql = match self.cleanup_rows(i).as_slice() {
+                    [rows] => format!("SELECT COUNT(*) AS n FROM {rows}"),
+                    tables => format!(
+                        "SELECT COUNT(*) AS n FROM ({})",
+                        tables
+                            .iter()
+                            .map(|rows| format!("SELECT 1 FROM {rows}"))
+                            .collect::<Vec<_>>()
+                            .join(" UNION ALL ")
+                    ),
+                };
                 let out = self.query(operation, &sql, params(cutoff)).await?;
                 let n = out
                     .records()
@@ -1000,9 +1188,12 @@ impl MaintenanceStore for BigQueryStore {
                 Ok(u64::try_from(n).unwrap_or(0))
             },
             |i, cutoff| async move {
-                let (rows, operation) = (&self.sql.cleanup[i], OPERATIONS[i]);
-                let sql = format!("DELETE FROM {rows}");
-                self.mutate(operation, &sql, params(cutoff)).await
+                let mut deleted = 0;
+                for rows in self.cleanup_rows(i) {
+                    let sql = format!("DELETE FROM {rows}");
+                    deleted += self.mutate(OPERATIONS[i], &sql, params(cutoff)).await?;
+                }
+                Ok(deleted)
             },
         )
         .await
@@ -1153,6 +1344,71 @@ impl EventKeyStore for BigQueryStore {
 mod tests {
     use super::*;
 
+    /// Quota answers and conflicts that outlast their retries are reported as what they
+    /// are, refused by a working BigQuery, never as the store being unavailable.
+    #[tokio::test]
+    async fn quota_and_conflict_errors_are_not_outages() {
+        let store = BigQueryStore::connect_lazy("bigquery://p/d?endpoint=http://127.0.0.1:9")
+            .await
+            .unwrap();
+        let quota = ApiError::dml_queue_full("claim.take", "p:d.processing_leases_03", 20)
+            .after_retries("BigQuery quota exceeded", 60, Duration::from_secs(190));
+        assert!(quota.is_quota() && !quota.is_outage());
+        let e = store.err(quota);
+        assert!(!e.is_outage(), "{e:?}");
+        assert!(matches!(e, Error::StoreRejected { .. }), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "store bigquery://p/d?endpoint=http://127.0.0.1:9 rejected the claim.take statement: \
+             bigquery claim.take failed: HTTP 400 (resourcesExceeded): BigQuery quota exceeded: \
+             Resources exceeded during query execution: Too many DML statements outstanding \
+             against table p:d.processing_leases_03, limit is 20. (sent 60 time(s) over 190.0s)"
+        );
+        let conflict = ApiError::concurrent_update("finish.release", "p:d.processing_leases_03")
+            .after_retries(
+                "BigQuery concurrent-update conflict",
+                16,
+                Duration::from_secs(20),
+            );
+        let e = store.err(conflict);
+        assert!(matches!(e, Error::StoreRejected { .. }), "{e:?}");
+        assert!(e.to_string().contains("BigQuery concurrent-update conflict: Could not serialize access to table p:d.processing_leases_03 due to concurrent update (sent 16 time(s) over 20.0s)"), "{e}");
+        for reason in ["rateLimitExceeded", "quotaExceeded"] {
+            let e = ApiError::new(
+                "x",
+                crate::backend::bigquery::ErrorShape::Http(403),
+                Some(reason),
+                "Exceeded rate limits",
+            );
+            assert!(e.is_quota() && !e.is_outage(), "{reason}");
+        }
+        let down = ApiError::new(
+            "x",
+            crate::backend::bigquery::ErrorShape::Http(503),
+            Some("backendError"),
+            "down",
+        );
+        assert!(!down.is_quota() && down.is_outage());
+    }
+
+    #[test]
+    fn lease_shards_spread_and_are_stable() {
+        let mut counts = [0usize; 16];
+        for i in 0..1600 {
+            counts[lease_shard(
+                &format!("job{}", i % 50),
+                &format!("2025-01-{:02}", i / 50 + 1),
+            )] += 1;
+        }
+        assert!(counts.iter().all(|&n| n > 50), "{counts:?}");
+        // Stable across processes and versions: a changed hash would split a lease.
+        assert_eq!(
+            lease_shard("player_game_summary", "2025-11-18"),
+            lease_shard("player_game_summary", "2025-11-18")
+        );
+        assert_ne!(lease_shard("a", "bc"), lease_shard("ab", "c"));
+    }
+
     #[test]
     fn statements_are_qualified_and_parameterised() {
         let url = BigQueryUrl::parse("bigquery://proj-1/ds_1").unwrap();
@@ -1163,7 +1419,12 @@ mod tests {
         assert!(sql
             .find_keys
             .contains("WHERE k.processed_at >= @oldest_since"));
-        for s in [&sql.find_keys, &sql.run_insert, &sql.runs, &sql.lease_take] {
+        for s in [
+            &sql.find_keys,
+            &sql.run_insert,
+            &sql.runs,
+            &sql.leases[15].take,
+        ] {
             assert!(!s.contains('{'), "unrendered placeholder in {s}");
         }
         let ddl = render_migration(migrations::BIGQUERY[0].sql, &url);
@@ -1172,7 +1433,7 @@ mod tests {
             "PARTITION BY DATE(processed_at)\nCLUSTER BY processing_key, processor_name"
         ));
         let statements = crate::backend::prepare(&ddl, crate::backend::Dialect::BigQuery).unwrap();
-        assert_eq!(statements.len(), TABLES.len());
+        assert_eq!(statements.len(), 4, "0001 creates the four schema-1 tables");
         assert!(statements.iter().all(|s| s.params.is_empty()));
     }
 }

@@ -63,7 +63,11 @@ pub const POSTGRES: &[Migration] =
     embed!("postgres": "0001_init", "0002_report_indexes", "0003_event_dedup");
 
 /// BigQuery's migrations (`{project}` and `{dataset}` are replaced by the validated ids).
-pub const BIGQUERY: &[Migration] = embed!("bigquery": "0001_init", "0003_event_dedup");
+pub const BIGQUERY: &[Migration] = embed!(
+    "bigquery": "0001_init",
+    "0003_event_dedup",
+    "0004_lease_shards"
+);
 
 /// The latest version of a list (0 when empty).
 pub fn latest(migrations: &[Migration]) -> i64 {

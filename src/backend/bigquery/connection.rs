@@ -232,14 +232,13 @@ impl Connection {
             }
         }
         let deadline = Instant::now() + self.timeout;
-        let format = DataFormatOptions {
-            use_int64_timestamp: Some(true),
-        };
         let mut request = QueryRequest::new(sql);
         request.use_legacy_sql = false;
         request.location = self.location.clone();
         request.timeout_ms = Some(SERVER_WAIT_MS);
-        request.format_options = Some(format.clone());
+        request.format_options = Some(DataFormatOptions {
+            use_int64_timestamp: Some(true),
+        });
         if !params.is_empty() {
             request.parameter_mode = Some("NAMED".into());
             request.query_parameters = Some(params);
@@ -286,7 +285,7 @@ impl Connection {
                 job_id,
             });
         let polled = self
-            .poll(operation, deadline, &format, job, complete, page_token, out)
+            .poll(operation, deadline, job, complete, page_token, out)
             .await;
         if let Some(cancel) = &mut cancel {
             cancel.client = None;
@@ -301,7 +300,6 @@ impl Connection {
         &self,
         operation: &str,
         deadline: Instant,
-        format: &DataFormatOptions,
         job: Option<gcp_bigquery_client::model::job_reference::JobReference>,
         mut complete: bool,
         mut page_token: Option<String>,
@@ -320,8 +318,12 @@ impl Connection {
                 .as_ref()
                 .and_then(|j| j.location.clone())
                 .or_else(|| self.location.clone());
+            // No `formatOptions` here: the client sends these parameters as a URL query
+            // string, which cannot hold that nested object (the request fails to build:
+            // "builder error: unsupported value"). Timestamps then come as seconds in
+            // scientific notation, which `parse_timestamp_cell` reads exactly.
             let parameters = GetQueryResultsParameters {
-                format_options: Some(format.clone()),
+                format_options: None,
                 location,
                 max_results: None,
                 page_token: if complete { page_token.clone() } else { None },

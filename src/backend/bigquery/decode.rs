@@ -124,8 +124,53 @@ pub fn parse_timestamp_cell(s: &str) -> Option<DateTime<Utc>> {
     if let Ok(micros) = s.parse::<i64>() {
         return DateTime::from_timestamp_micros(micros);
     }
+    if let Some(micros) = exact_micros(s) {
+        return DateTime::from_timestamp_micros(micros);
+    }
     let secs: f64 = s.parse().ok()?;
     DateTime::from_timestamp_micros((secs * 1e6).round() as i64)
+}
+
+/// Seconds in decimal or scientific notation (`1.714979289123456E9`, BigQuery's answer
+/// without `useInt64Timestamp`) as whole microseconds, exactly (an f64 can be a
+/// microsecond off at today's magnitudes); `None` for anything else or sub-microsecond
+/// digits that are not zero.
+fn exact_micros(s: &str) -> Option<i64> {
+    let (negative, s) = match s.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, s),
+    };
+    let (mantissa, exp) = match s.split_once(['E', 'e']) {
+        Some((m, e)) => (m, e.parse::<i32>().ok()?),
+        None => (s, 0),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    if int.is_empty() && frac.is_empty()
+        || !int.bytes().chain(frac.bytes()).all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    let digits = format!("{int}{frac}");
+    // The decimal point of `digits`, counted from the left, in microseconds.
+    let point = int.len() as i32 + exp + 6;
+    if point < 0 {
+        return digits.bytes().all(|b| b == b'0').then_some(0);
+    }
+    let point = point as usize;
+    let (whole, rest) = if point >= digits.len() {
+        (format!("{digits}{}", "0".repeat(point - digits.len())), "")
+    } else {
+        (digits[..point].to_string(), &digits[point..])
+    };
+    if !rest.bytes().all(|b| b == b'0') {
+        return None;
+    }
+    let micros: i64 = if whole.is_empty() {
+        0
+    } else {
+        whole.parse().ok()?
+    };
+    Some(if negative { -micros } else { micros })
 }
 
 /// Whether a schema field is a given type (BigQuery answers with legacy names: INTEGER,

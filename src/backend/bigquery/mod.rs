@@ -126,5 +126,21 @@ mod tests {
         assert_eq!(parse_timestamp_cell("1714979289123456"), Some(t));
         assert_eq!(parse_timestamp_cell("1.714979289123456E9"), Some(t));
         assert_eq!(parse_timestamp_cell("x"), None);
+        // Exact where an f64 is not: every microsecond of a recent second.
+        for us in 0..1000 {
+            let t = DateTime::from_timestamp_micros(1_764_000_000_999_000 + us).unwrap();
+            let text = format!("{}E9", (1_764_000_000_999_000 + us) as f64 / 1e15);
+            let sci = format!("1.{:015}E9", 764_000_000_999_000 + us);
+            assert_eq!(parse_timestamp_cell(&sci), Some(t), "{sci}");
+            assert!(parse_timestamp_cell(&text).is_some());
+        }
+        assert_eq!(
+            parse_timestamp_cell("1.7E9"),
+            DateTime::from_timestamp_micros(1_700_000_000_000_000)
+        );
+        assert_eq!(
+            parse_timestamp_cell("-1.5E0"),
+            DateTime::from_timestamp_micros(-1_500_000)
+        );
     }
 }

@@ -1,0 +1,677 @@
+//! A test double of BigQuery's DML *limits*, in front of the emulator.
+//!
+//! The emulator (`.ci/bqemulator.sh`) serialises DML and enforces no quota, so on its own
+//! it cannot show what a fleet of runs does to real BigQuery. [`Simulator::start`] opens a
+//! local HTTP proxy: point a store's `endpoint=` at [`Simulator::endpoint`] and every API
+//! call goes through it to the emulator. `jobs.query` calls (every idem statement) are
+//! classified by their SQL and held to BigQuery's documented per-table DML limits
+//! (<https://cloud.google.com/bigquery/docs/data-manipulation-language#limitations>):
+//!
+//! * **Mutating DML** (UPDATE, DELETE, MERGE) on one table: at most
+//!   [`Limits::mutating_running`] (2) run at once, up to [`Limits::mutating_queue`] (20)
+//!   more wait in a FIFO queue; one more fails at once with BigQuery's error: HTTP 400,
+//!   "Resources exceeded during query execution: Too many DML statements outstanding
+//!   against table PROJECT:DATASET.TABLE, limit is 20."
+//! * **INSERT** on one table: the first [`Limits::insert_free_per_day`] (1,500) of the
+//!   simulator's "day" run at once; after that at most 10 run and 100 wait, the excess
+//!   fails with the same error ("limit is 100"). The day never ends in a simulation, so a
+//!   test scales the free allowance down to reach the limited regime.
+//! * **Snapshot isolation conflicts**: a mutating statement reads the table at its start;
+//!   if another mutating statement changed rows of the same table before it commits, it
+//!   is re-run (BigQuery retries up to 3 times by itself) and then fails with HTTP 400
+//!   `invalidQuery` "Could not serialize access to table PROJECT:DATASET.TABLE due to
+//!   concurrent update". The table is one partition (idem's lease tables are not
+//!   partitioned), so any two overlapping mutating statements on it conflict.
+//! * **Latency**: every DML statement takes [`Limits::dml_latency`] while it holds its slot
+//!   (real DML takes about a second; tests scale it down), reads [`Limits::read_latency`],
+//!   so concurrent statements really overlap.
+//!
+//! A statement refused or failed by the simulator never reaches the emulator, so it has no
+//! effect, as in BigQuery. What it counts ([`Stats`]): statements by kind, failures by
+//! kind, internal conflict re-runs, the most statements outstanding on one table, and
+//! *modelled* bytes billed: BigQuery's on-demand minimum of 10 MB per table a statement
+//! that ran reads (an INSERT's target table is written, not read), which is what idem's small
+//! statements bill; the emulator reports `totalBytesProcessed` 0 for everything.
+//!
+//! What it cannot model: the project-wide limits (concurrent interactive queries, API
+//! requests per second, the 6 h queue time), partition-level conflicts on partitioned
+//! tables (it treats a table as one partition, which is right for the lease tables and
+//! stricter than BigQuery for the partitioned ones, whose DML is INSERT only), real
+//! latencies and their variance, and a statement's job continuing after the client gave
+//! up. The conflict rule is conservative: any commit that changed rows of the table
+//! between a statement's start and its commit fails it, even if it would have affected no
+//! row.
+
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+
+/// The limits and latencies the simulator applies.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Mutating DML statements running at once per table (BigQuery: 2).
+    pub mutating_running: usize,
+    /// Mutating DML statements queued per table (BigQuery: 20).
+    pub mutating_queue: usize,
+    /// INSERTs per table that run without the INSERT limits (BigQuery: 1,500 a day).
+    pub insert_free_per_day: u64,
+    /// INSERTs running at once per table once the free ones are used (BigQuery: 10).
+    pub insert_running: usize,
+    /// INSERTs queued per table once the free ones are used (BigQuery: 100).
+    pub insert_queue: usize,
+    /// Conflict re-runs BigQuery does itself before failing a statement (3).
+    pub conflict_retries: u32,
+    /// Time one DML statement runs (holding its slot).
+    pub dml_latency: Duration,
+    /// Time one query (SELECT) runs.
+    pub read_latency: Duration,
+}
+
+impl Limits {
+    /// BigQuery's documented limits, with `dml_latency` per DML statement and a third of
+    /// it per read.
+    pub fn bigquery(dml_latency: Duration) -> Self {
+        Limits {
+            mutating_running: 2,
+            mutating_queue: 20,
+            insert_free_per_day: 1500,
+            insert_running: 10,
+            insert_queue: 100,
+            conflict_retries: 3,
+            dml_latency,
+            read_latency: dml_latency / 3,
+        }
+    }
+}
+
+/// What the simulator saw.
+#[derive(Debug, Default, Clone)]
+pub struct Stats {
+    /// `jobs.query` calls (statements), by kind: `select`, `insert`, `mutating`, `other`.
+    pub statements: BTreeMap<&'static str, u64>,
+    /// Statements by target table and kind (`table kind`).
+    pub by_table: BTreeMap<String, u64>,
+    /// Statements failed for a full queue ("too many DML statements outstanding").
+    pub quota_failures: u64,
+    /// Statements failed with a concurrent-update conflict (after BigQuery's own re-runs).
+    pub conflict_failures: u64,
+    /// Conflicts BigQuery resolved itself by re-running the statement.
+    pub conflict_reruns: u64,
+    /// The most statements outstanding (running + queued) on one table at once, by kind.
+    pub max_outstanding_mutating: usize,
+    pub max_outstanding_insert: usize,
+    /// Statements that ran (were not refused or failed by the simulator; a statement the
+    /// emulator itself failed counts too).
+    pub ran: u64,
+    /// Modelled bytes billed: 10 MB per table read, per statement that ran (a statement
+    /// refused for a full queue or failed on a conflict is not billed).
+    pub bytes_billed: u64,
+    /// Sum of the emulator's `totalBytesProcessed` (0 with the emulator).
+    pub bytes_processed_reported: u64,
+}
+
+impl Stats {
+    /// All statements.
+    pub fn total(&self) -> u64 {
+        self.statements.values().sum()
+    }
+
+    /// Statements of one kind.
+    pub fn kind(&self, kind: &str) -> u64 {
+        self.statements.get(kind).copied().unwrap_or(0)
+    }
+}
+
+/// The on-demand minimum billed per table a query references.
+pub const MIN_BILLED_PER_TABLE: u64 = 10 * 1024 * 1024;
+
+/// A queue of one kind of DML on one table: `running` slots, `queue` waiting places.
+struct Gate {
+    slots: Semaphore,
+    outstanding: AtomicUsize,
+    limit: usize,
+    queue: usize,
+}
+
+impl Gate {
+    fn new(running: usize, queue: usize) -> Self {
+        Gate {
+            slots: Semaphore::new(running),
+            outstanding: AtomicUsize::new(0),
+            limit: running + queue,
+            queue,
+        }
+    }
+}
+
+struct Table {
+    mutating: Gate,
+    insert: Gate,
+    inserts: AtomicU64,
+    /// Bumped by every committed mutating statement that changed rows.
+    version: AtomicU64,
+    /// Held while a statement checks for conflicts and commits (forwards to the emulator).
+    commit: tokio::sync::Mutex<()>,
+}
+
+struct Shared {
+    limits: Limits,
+    upstream: String,
+    http: reqwest::Client,
+    /// Calls in flight to the emulator: it is one Python process and stalls under
+    /// hundreds of connections at once, so the proxy sends it a few at a time (a
+    /// statement's simulated latency is spent before, outside this limit).
+    upstream_slots: Semaphore,
+    tables: Mutex<HashMap<String, Arc<Table>>>,
+    stats: Mutex<Stats>,
+    /// Statements still queued or running when their `jobs.query` call answered "not
+    /// complete yet", by the job id given to the client (which polls `getQueryResults`).
+    jobs: Mutex<HashMap<String, Job>>,
+    job_ids: AtomicU64,
+}
+
+type Job = tokio::sync::watch::Receiver<Option<Answer>>;
+
+/// How long a `jobs.query` or `getQueryResults` call waits for the statement at most
+/// before answering `jobComplete: false` (the request's `timeoutMs`, BigQuery's default
+/// 10 s when absent).
+fn server_wait(body: &serde_json::Value) -> Duration {
+    Duration::from_millis(
+        body.get("timeoutMs")
+            .and_then(|t| t.as_u64())
+            .unwrap_or(10_000),
+    )
+}
+
+/// The running proxy; stops when dropped (its task is aborted).
+pub struct Simulator {
+    endpoint: String,
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Simulator {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Simulator {
+    /// Starts a proxy to the emulator at `upstream` (`http://HOST:PORT`) on a free local
+    /// port, on the current tokio runtime.
+    pub async fn start(upstream: &str, limits: Limits) -> Simulator {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let endpoint = format!("http://{}", listener.local_addr().expect("addr"));
+        let shared = Arc::new(Shared {
+            limits,
+            upstream: upstream.trim_end_matches('/').to_string(),
+            http: reqwest::Client::builder()
+                .pool_max_idle_per_host(64)
+                .build()
+                .expect("http client"),
+            upstream_slots: Semaphore::new(UPSTREAM_CALLS),
+            tables: Mutex::new(HashMap::new()),
+            stats: Mutex::new(Stats::default()),
+            jobs: Mutex::new(HashMap::new()),
+            job_ids: AtomicU64::new(0),
+        });
+        let task = {
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                loop {
+                    let Ok((stream, _)) = listener.accept().await else {
+                        continue;
+                    };
+                    let shared = shared.clone();
+                    tokio::spawn(async move {
+                        let _ = serve(stream, shared).await;
+                    });
+                }
+            })
+        };
+        Simulator {
+            endpoint,
+            shared,
+            task,
+        }
+    }
+
+    /// The proxy's base URL, for a store URL's `endpoint=`.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// `url` (a `bigquery://…?endpoint=…` URL) with its endpoint pointed at the proxy.
+    pub fn url(&self, url: &str) -> String {
+        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let mut params: Vec<String> = query
+            .split('&')
+            .filter(|p| !p.is_empty() && !p.starts_with("endpoint="))
+            .map(str::to_string)
+            .collect();
+        params.insert(0, format!("endpoint={}", self.endpoint));
+        format!("{base}?{}", params.join("&"))
+    }
+
+    /// A copy of the counters.
+    pub fn stats(&self) -> Stats {
+        self.shared.stats.lock().unwrap().clone()
+    }
+
+    /// Zeroes the counters (the tables' queues and versions stay).
+    pub fn reset_stats(&self) {
+        *self.shared.stats.lock().unwrap() = Stats::default();
+    }
+}
+
+/// The emulator URL inside a `bigquery://…?endpoint=URL…` URL.
+pub fn endpoint_of(url: &str) -> Option<String> {
+    let query = url.split_once('?')?.1;
+    query
+        .split('&')
+        .find_map(|p| p.strip_prefix("endpoint="))
+        .map(percent_decode)
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let Ok(b) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+struct Request {
+    method: String,
+    path: String,
+    content_type: Option<String>,
+    body: Vec<u8>,
+}
+
+async fn read_request(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Request> {
+    let mut chunk = [0u8; 8192];
+    let head_end = loop {
+        if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break p + 4;
+        }
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
+    let header = |name: &str| {
+        head.lines().skip(1).find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_string())
+        })
+    };
+    let length: usize = header("content-length")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    while buf.len() < head_end + length {
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let body = buf[head_end..head_end + length].to_vec();
+    buf.drain(..head_end + length);
+    let mut first = head.lines().next().unwrap_or("").split_whitespace();
+    Some(Request {
+        method: first.next().unwrap_or("GET").to_string(),
+        path: first.next().unwrap_or("/").to_string(),
+        content_type: header("content-type"),
+        body,
+    })
+}
+
+async fn serve(mut stream: TcpStream, shared: Arc<Shared>) -> std::io::Result<()> {
+    let mut buf = Vec::new();
+    while let Some(request) = read_request(&mut stream, &mut buf).await {
+        let (status, content_type, body) = handle(&shared, request).await;
+        let head = format!(
+            "HTTP/1.1 {status} X\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: keep-alive\r\n\r\n",
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).await?;
+        stream.write_all(&body).await?;
+    }
+    Ok(())
+}
+
+type Answer = (u16, String, Vec<u8>);
+
+/// Calls in flight to the emulator at most.
+const UPSTREAM_CALLS: usize = 8;
+
+async fn forward(shared: &Shared, request: &Request) -> Answer {
+    let _slot = shared
+        .upstream_slots
+        .acquire()
+        .await
+        .expect("semaphore open");
+    let url = format!("{}{}", shared.upstream, request.path);
+    let method = reqwest::Method::from_bytes(request.method.as_bytes()).unwrap_or_default();
+    let mut call = shared.http.request(method, url).body(request.body.clone());
+    if let Some(ct) = &request.content_type {
+        call = call.header("content-type", ct);
+    }
+    match call.send().await {
+        Ok(response) => {
+            let status = response.status().as_u16();
+            let ct = response
+                .headers()
+                .get("content-type")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("application/json")
+                .to_string();
+            let body = response
+                .bytes()
+                .await
+                .map(|b| b.to_vec())
+                .unwrap_or_default();
+            (status, ct, body)
+        }
+        Err(e) => (502, "text/plain".into(), format!("proxy: {e}").into_bytes()),
+    }
+}
+
+fn google_error(reason: &str, message: &str) -> Answer {
+    let body = serde_json::json!({
+        "error": {
+            "code": 400,
+            "message": message,
+            "errors": [{"message": message, "domain": "global", "reason": reason}],
+            "status": "INVALID_ARGUMENT",
+        }
+    });
+    (
+        400,
+        "application/json; charset=UTF-8".into(),
+        body.to_string().into_bytes(),
+    )
+}
+
+/// The kind of a statement and the tables it names (backquoted), target first.
+fn classify(sql: &str) -> (&'static str, Vec<String>) {
+    let first = sql
+        .trim_start()
+        .split(|c: char| c.is_whitespace())
+        .next()
+        .unwrap_or("")
+        .to_ascii_uppercase();
+    let kind = match first.as_str() {
+        "SELECT" | "WITH" => "select",
+        "INSERT" => "insert",
+        "UPDATE" | "DELETE" | "MERGE" => "mutating",
+        _ => "other",
+    };
+    let tables = sql
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect();
+    (kind, tables)
+}
+
+/// `project.dataset.table` as BigQuery names it in errors: `project:dataset.table`.
+fn error_name(table: &str) -> String {
+    table.replacen('.', ":", 1)
+}
+
+fn billed(kind: &str, tables: &[String]) -> u64 {
+    let mut read: Vec<&String> = match kind {
+        // The target of an INSERT is written, not read; it is read when it appears again.
+        "insert" => tables.iter().skip(1).collect(),
+        _ => tables.iter().collect(),
+    };
+    read.sort();
+    read.dedup();
+    read.len() as u64 * MIN_BILLED_PER_TABLE
+}
+
+/// Waits up to `wait` for a job's answer; `None` when it is not complete yet.
+async fn wait_for(job: &mut Job, wait: Duration) -> Option<Answer> {
+    let done = tokio::time::timeout(wait, job.wait_for(|a| a.is_some())).await;
+    match done {
+        Ok(Ok(answer)) => answer.clone(),
+        _ => None,
+    }
+}
+
+fn not_complete(kind: &str, project: &str, job_id: &str) -> Answer {
+    let body = serde_json::json!({
+        "kind": kind,
+        "jobReference": {"projectId": project, "jobId": job_id},
+        "jobComplete": false,
+    });
+    (
+        200,
+        "application/json".into(),
+        body.to_string().into_bytes(),
+    )
+}
+
+/// `jobs.query`: the statement runs in a task of its own; the call answers when it is
+/// done, or after the request's `timeoutMs` with `jobComplete: false` and a job id the
+/// client polls with `getQueryResults` (as BigQuery does while a DML statement waits in
+/// its table's queue). `getQueryResults` of such a job waits the same way.
+async fn handle(shared: &Arc<Shared>, request: Request) -> Answer {
+    let path = request.path.split('?').next().unwrap_or("").to_string();
+    if request.method == "GET" && path.contains("/queries/") {
+        let job_id = path.rsplit('/').next().unwrap_or("").to_string();
+        let job = shared.jobs.lock().unwrap().get(&job_id).cloned();
+        let Some(mut job) = job else {
+            return forward(shared, &request).await;
+        };
+        let project = path.split('/').nth(4).unwrap_or("").to_string();
+        return match wait_for(&mut job, Duration::from_secs(10)).await {
+            Some(answer) => {
+                shared.jobs.lock().unwrap().remove(&job_id);
+                answer
+            }
+            None => not_complete("bigquery#getQueryResultsResponse", &project, &job_id),
+        };
+    }
+    let is_query = request.method == "POST" && path.ends_with("/queries");
+    if !is_query {
+        return forward(shared, &request).await;
+    }
+    let body = serde_json::from_slice::<serde_json::Value>(&request.body).unwrap_or_default();
+    let wait = server_wait(&body);
+    let (tx, mut job) = tokio::sync::watch::channel(None);
+    {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let answer = statement(&shared, request).await;
+            let _ = tx.send(Some(answer));
+        });
+    }
+    if let Some(answer) = wait_for(&mut job, wait).await {
+        return answer;
+    }
+    let job_id = format!("sim_{}", shared.job_ids.fetch_add(1, Ordering::SeqCst));
+    shared.jobs.lock().unwrap().insert(job_id.clone(), job);
+    let project = path.split('/').nth(4).unwrap_or("").to_string();
+    not_complete("bigquery#queryResponse", &project, &job_id)
+}
+
+/// Runs one `jobs.query` statement under the limits.
+async fn statement(shared: &Shared, request: Request) -> Answer {
+    let sql = serde_json::from_slice::<serde_json::Value>(&request.body)
+        .ok()
+        .and_then(|v| v.get("query").and_then(|q| q.as_str()).map(str::to_string))
+        .unwrap_or_default();
+    let (kind, tables) = classify(&sql);
+    {
+        let mut stats = shared.stats.lock().unwrap();
+        *stats.statements.entry(kind).or_default() += 1;
+        if let Some(target) = tables.first() {
+            let name = target.rsplit('.').next().unwrap_or(target);
+            *stats.by_table.entry(format!("{name} {kind}")).or_default() += 1;
+        }
+    }
+    let answer = match (kind, tables.first()) {
+        ("mutating", Some(target)) => mutating(shared, &request, target).await,
+        ("insert", Some(target)) => insert(shared, &request, target).await,
+        ("select", _) => {
+            tokio::time::sleep(shared.limits.read_latency).await;
+            forward(shared, &request).await
+        }
+        _ => forward(shared, &request).await,
+    };
+    if answer.0 == 200 {
+        let mut stats = shared.stats.lock().unwrap();
+        stats.bytes_billed += billed(kind, &tables);
+        stats.ran += 1;
+    }
+    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&answer.2) {
+        if let Some(n) = v
+            .get("totalBytesProcessed")
+            .and_then(|n| n.as_str())
+            .and_then(|n| n.parse::<u64>().ok())
+        {
+            shared.stats.lock().unwrap().bytes_processed_reported += n;
+        }
+    }
+    answer
+}
+
+fn table(shared: &Shared, name: &str) -> Arc<Table> {
+    let limits = &shared.limits;
+    shared
+        .tables
+        .lock()
+        .unwrap()
+        .entry(name.to_string())
+        .or_insert_with(|| {
+            Arc::new(Table {
+                mutating: Gate::new(limits.mutating_running, limits.mutating_queue),
+                insert: Gate::new(limits.insert_running, limits.insert_queue),
+                inserts: AtomicU64::new(0),
+                version: AtomicU64::new(0),
+                commit: tokio::sync::Mutex::new(()),
+            })
+        })
+        .clone()
+}
+
+/// Admits a statement to `gate` (running or queued) or refuses it: BigQuery's error.
+async fn admit<'a>(
+    shared: &Shared,
+    gate: &'a Gate,
+    target: &str,
+    insert: bool,
+) -> Result<tokio::sync::SemaphorePermit<'a>, Answer> {
+    let outstanding = gate.outstanding.fetch_add(1, Ordering::SeqCst) + 1;
+    if outstanding > gate.limit {
+        gate.outstanding.fetch_sub(1, Ordering::SeqCst);
+        shared.stats.lock().unwrap().quota_failures += 1;
+        return Err(google_error(
+            "resourcesExceeded",
+            &format!(
+                "Resources exceeded during query execution: Too many DML statements outstanding against table {}, limit is {}.",
+                error_name(target),
+                gate.queue
+            ),
+        ));
+    }
+    {
+        let mut stats = shared.stats.lock().unwrap();
+        let max = if insert {
+            &mut stats.max_outstanding_insert
+        } else {
+            &mut stats.max_outstanding_mutating
+        };
+        *max = (*max).max(outstanding);
+    }
+    Ok(gate.slots.acquire().await.expect("semaphore open"))
+}
+
+fn affected_rows(answer: &Answer) -> u64 {
+    serde_json::from_slice::<serde_json::Value>(&answer.2)
+        .ok()
+        .and_then(|v| {
+            v.get("numDmlAffectedRows")
+                .and_then(|n| n.as_str())
+                .and_then(|n| n.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+async fn mutating(shared: &Shared, request: &Request, target: &str) -> Answer {
+    let t = table(shared, target);
+    let permit = match admit(shared, &t.mutating, target, false).await {
+        Ok(p) => p,
+        Err(answer) => return answer,
+    };
+    let mut attempt = 0;
+    let answer = loop {
+        let snapshot = t.version.load(Ordering::SeqCst);
+        tokio::time::sleep(shared.limits.dml_latency).await;
+        let commit = t.commit.lock().await;
+        if t.version.load(Ordering::SeqCst) != snapshot {
+            drop(commit);
+            if attempt < shared.limits.conflict_retries {
+                attempt += 1;
+                shared.stats.lock().unwrap().conflict_reruns += 1;
+                continue;
+            }
+            shared.stats.lock().unwrap().conflict_failures += 1;
+            break google_error(
+                "invalidQuery",
+                &format!(
+                    "Could not serialize access to table {} due to concurrent update",
+                    error_name(target)
+                ),
+            );
+        }
+        let answer = forward(shared, request).await;
+        if affected_rows(&answer) > 0 {
+            t.version.fetch_add(1, Ordering::SeqCst);
+        }
+        break answer;
+    };
+    drop(permit);
+    t.mutating.outstanding.fetch_sub(1, Ordering::SeqCst);
+    answer
+}
+
+async fn insert(shared: &Shared, request: &Request, target: &str) -> Answer {
+    let t = table(shared, target);
+    let n = t.inserts.fetch_add(1, Ordering::SeqCst);
+    if n < shared.limits.insert_free_per_day {
+        tokio::time::sleep(shared.limits.dml_latency).await;
+        return forward(shared, request).await;
+    }
+    let permit = match admit(shared, &t.insert, target, true).await {
+        Ok(p) => p,
+        Err(answer) => return answer,
+    };
+    tokio::time::sleep(shared.limits.dml_latency).await;
+    let answer = forward(shared, request).await;
+    drop(permit);
+    t.insert.outstanding.fetch_sub(1, Ordering::SeqCst);
+    answer
+}
