@@ -9,7 +9,7 @@ use super::{FormatArg, GateArgs, GlobalOptions, EXIT_OK};
 use crate::error::{Error, Result};
 use crate::events::dedup::{Deduplicator, Ttl};
 use crate::events::strategy::{EventGate, Strategy};
-use crate::events::stream::{self, OutputFormat, Stream, StreamSummary};
+use crate::events::stream::{self, OutputFormat, Stream, StreamCursor, StreamSummary};
 use crate::events::ContentHashExtractor;
 use crate::model::duration::parse_duration_field;
 use crate::store::{self, BreakerConfig, EventKeyStore, UnavailableStore};
@@ -59,6 +59,26 @@ fn stdio_or(path: Option<&Path>) -> Option<&Path> {
     path.filter(|p| p.as_os_str() != "-")
 }
 
+/// The cursor `--cursor` and `--order-by` describe.
+fn stream_cursor(args: &GateArgs) -> Result<Option<StreamCursor>> {
+    let (Some(name), Some(order_by)) = (&args.cursor, &args.order_by) else {
+        return Ok(None);
+    };
+    if name.trim().is_empty() {
+        return Err(Error::input("--cursor must not be empty"));
+    }
+    match fields("--order-by", order_by)?.as_slice() {
+        [timestamp, id] => Ok(Some(StreamCursor {
+            name: name.clone(),
+            timestamp_field: timestamp.clone(),
+            id_field: id.clone(),
+        })),
+        _ => Err(Error::input(format!(
+            "--order-by {order_by:?}: give two fields, TIMESTAMP,ID"
+        ))),
+    }
+}
+
 /// The deduplicator the arguments describe.
 fn deduplicator(args: &GateArgs, store: Arc<dyn EventKeyStore>) -> Result<Deduplicator> {
     let keys = fields("--key", &args.key)?;
@@ -94,6 +114,7 @@ pub(super) async fn gate(args: &GateArgs, g: &GlobalOptions) -> Result<u8> {
     }
     // Every argument is checked before the store is opened.
     deduplicator(args, Arc::new(store::MemoryStore::new()))?;
+    let cursor = stream_cursor(args)?;
     let (input_name, input): (String, Box<dyn BufRead + Send>) =
         match stdio_or(args.input.as_deref()) {
             Some(path) => {
@@ -142,9 +163,13 @@ pub(super) async fn gate(args: &GateArgs, g: &GlobalOptions) -> Result<u8> {
         strategy,
         BreakerConfig::default(),
     );
+    if let Some(c) = &cursor {
+        // A store without cursors (BigQuery) says so before any line is read.
+        gate.cursor(&c.name).await?;
+    }
     let bar = output::gate_bar();
     let mut done = StreamSummary::default();
-    let result = stream::run(
+    let result = stream::run_with_cursor(
         &gate,
         Stream {
             input,
@@ -154,6 +179,7 @@ pub(super) async fn gate(args: &GateArgs, g: &GlobalOptions) -> Result<u8> {
         },
         format,
         args.batch as usize,
+        cursor.as_ref(),
         |s| {
             done.clone_from(s);
             if let Some(bar) = &bar {
@@ -182,10 +208,14 @@ pub(super) async fn gate(args: &GateArgs, g: &GlobalOptions) -> Result<u8> {
 }
 
 fn progress_message(s: &StreamSummary) -> String {
-    format!(
+    let mut text = format!(
         "{} new, {} replay, {} conflict, {} invalid",
         s.new, s.replay, s.conflict, s.invalid
-    )
+    );
+    if s.before_cursor > 0 {
+        text.push_str(&format!(", {} before_cursor", s.before_cursor));
+    }
+    text
 }
 
 /// `gate: N lines …` for stderr.
@@ -213,6 +243,12 @@ fn summary_line(s: &StreamSummary, gate: &EventGate) -> String {
             "; batch latency avg {:.1} ms, p99 {:.1} ms",
             stats.avg_batch_latency_us as f64 / 1000.0,
             stats.p99_batch_latency_us as f64 / 1000.0
+        ));
+    }
+    if let Some(c) = &s.cursor {
+        line.push_str(&format!(
+            "; cursor at ({}, {})",
+            c.last_timestamp, c.last_id
         ));
     }
     if s.output_closed {

@@ -407,6 +407,14 @@ pub(crate) struct GateArgs {
     /// best_effort).
     #[arg(long, default_value = "strict")]
     strategy: String,
+    /// A named cursor in the store (seed 003): events at or before it in --order-by order
+    /// are skipped without a store lookup (`before_cursor`); it advances with each batch's
+    /// marks.
+    #[arg(long, value_name = "NAME", requires = "order_by")]
+    cursor: Option<String>,
+    /// The timestamp field and the id field that order the input (with --cursor).
+    #[arg(long, value_name = "TIMESTAMP,ID", requires = "cursor")]
+    order_by: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -43,7 +43,9 @@ use super::dedup::Deduplicator;
 use super::InvalidEvent;
 use crate::error::{Error, Result};
 use crate::store::breaker::BreakerPhase;
-use crate::store::{BreakerConfig, CircuitBreakerStore, EventKeyStore, EventVerdict, StoreBase};
+use crate::store::{
+    BreakerConfig, CircuitBreakerStore, Cursor, EventKeyStore, EventVerdict, StoreBase,
+};
 
 /// What a store failure does to a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
@@ -345,16 +347,38 @@ impl EventGate {
         events: &[Value],
         now: DateTime<Utc>,
     ) -> Result<Vec<std::result::Result<Admission, InvalidEvent>>> {
+        self.check_and_mark_advancing(events, now, None).await
+    }
+
+    /// The named cursor of the gate's namespace (through the breaker).
+    pub async fn cursor(&self, name: &str) -> Result<Option<Cursor>> {
+        self.breaker.cursor(self.dedup.namespace(), name).await
+    }
+
+    /// [`check_and_mark`](Self::check_and_mark), advancing cursor `advance.0` to
+    /// `advance.1` with the batch's marks ([`EventKeyStore::check_and_mark_advancing`]).
+    /// When the store call fails (a fallback), nothing is marked and the cursor stays.
+    pub async fn check_and_mark_advancing(
+        &self,
+        events: &[Value],
+        now: DateTime<Utc>,
+        advance: Option<(&str, &Cursor)>,
+    ) -> Result<Vec<std::result::Result<Admission, InvalidEvent>>> {
         let (marks, slots) = self.dedup.marks(events);
         let invalid = events.len() - marks.len();
-        let outcome = if marks.is_empty() {
+        let namespace = self.dedup.namespace();
+        let outcome = if marks.is_empty() && advance.is_none() {
             Ok(Vec::new())
         } else {
             let started = Instant::now();
-            let outcome = self
-                .breaker
-                .check_and_mark(self.dedup.namespace(), &marks, now)
-                .await;
+            let outcome = match advance {
+                None => self.breaker.check_and_mark(namespace, &marks, now).await,
+                Some((name, to)) => {
+                    self.breaker
+                        .check_and_mark_advancing(namespace, &marks, now, name, to)
+                        .await
+                }
+            };
             let mut r = self.recorder();
             r.latencies.record(started.elapsed());
             r.stats.batches += 1;
