@@ -941,3 +941,157 @@ fn cursor_sigkill_property_no_event_lost_or_new_twice() {
         }
     }
 }
+
+/// The samples of a Prometheus text file, checking every line is `# HELP`, `# TYPE` or
+/// `name{labels} value`: (name with its labels, value).
+fn prometheus_samples(text: &str) -> HashMap<String, f64> {
+    let mut samples = HashMap::new();
+    assert!(text.ends_with('\n'), "the file ends with a line feed");
+    for line in text.lines() {
+        if line.starts_with("# HELP ") || line.starts_with("# TYPE ") {
+            continue;
+        }
+        let (series, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("not `name value`: {line:?}"));
+        let name_end = series.find('{').unwrap_or(series.len());
+        let name = &series[..name_end];
+        assert!(
+            !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "metric name {name:?} in {line:?}"
+        );
+        if name_end < series.len() {
+            assert!(series.ends_with('}'), "labels in {line:?}");
+        }
+        let value: f64 = match value {
+            "+Inf" => f64::INFINITY,
+            v => v.parse().unwrap_or_else(|_| panic!("value in {line:?}")),
+        };
+        samples.insert(series.to_string(), value);
+    }
+    samples
+}
+
+#[test]
+fn metrics_file_is_prometheus_text_matching_the_summary_and_never_partial() {
+    let sb = Sandbox::new("gate-metrics");
+    let metrics = sb.dir.join("prom").join("idem_gate.prom");
+    std::fs::create_dir_all(metrics.parent().unwrap()).unwrap();
+    let ns = namespace();
+    // A reader that keeps reading the file while gates rewrite it: every read it makes is
+    // a whole file (the temp file + rename), never a prefix.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (stop, path) = (stop.clone(), metrics.clone());
+        std::thread::spawn(move || {
+            let mut reads = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                if let Ok(text) = std::fs::read_to_string(&path) {
+                    assert!(
+                        text.trim_end().lines().last().is_some_and(
+                            |l| l.starts_with("idem_gate_batch_duration_seconds_count")
+                        ),
+                        "a partial metrics file was visible: {text:?}"
+                    );
+                    reads += 1;
+                }
+            }
+            reads
+        })
+    };
+    let mut last = None;
+    for _ in 0..5 {
+        let run = gate(
+            &sb,
+            &sb.store,
+            &peer_data(),
+            &[
+                "--key",
+                "id",
+                "--namespace",
+                &ns,
+                "--batch",
+                "100",
+                "--metrics-file",
+                metrics.to_str().unwrap(),
+                "--stats-format",
+                "json",
+            ],
+        );
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        last = Some(run);
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(reader.join().unwrap() > 0, "the reader saw the file");
+    let leftovers: Vec<_> = std::fs::read_dir(metrics.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(leftovers, [std::ffi::OsString::from("idem_gate.prom")]);
+
+    let run = last.unwrap();
+    let stats: Value = serde_json::from_str(run.stderr.trim().lines().last().unwrap())
+        .unwrap_or_else(|e| panic!("{e}: {}", run.stderr));
+    let summary = &stats["summary"];
+    assert_eq!(summary["lines"], 1000);
+    assert_eq!(summary["replay"], 984, "{stats}");
+    let m = prometheus_samples(&std::fs::read_to_string(&metrics).unwrap());
+    let get = |series: &str| {
+        *m.get(series)
+            .unwrap_or_else(|| panic!("{series} missing from {m:?}"))
+    };
+    let label = format!("namespace=\"{ns}\"");
+    for verdict in [
+        "new",
+        "replay",
+        "conflict",
+        "invalid",
+        "before_cursor",
+        "blank",
+    ] {
+        assert_eq!(
+            get(&format!(
+                "idem_gate_lines_total{{{label},verdict=\"{verdict}\"}}"
+            )),
+            summary[verdict].as_f64().unwrap(),
+            "{verdict}"
+        );
+    }
+    for (metric, stat) in [
+        ("checked_total", "checked"),
+        ("unique_total", "unique"),
+        ("duplicates_total", "duplicates"),
+        ("store_errors_total", "store_errors"),
+        ("extraction_failures_total", "extraction_failures"),
+        ("fallbacks_total", "fallbacks"),
+        ("batches_total", "batches"),
+    ] {
+        assert_eq!(
+            get(&format!("idem_gate_{metric}{{{label}}}")),
+            stats["stats"][stat].as_f64().unwrap(),
+            "{metric}"
+        );
+    }
+    assert_eq!(get(&format!("idem_gate_batches_total{{{label}}}")), 10.0);
+    assert_eq!(
+        get(&format!("idem_gate_circuit_breaker_state{{{label}}}")),
+        0.0
+    );
+    assert_eq!(
+        get(&format!(
+            "idem_gate_batch_duration_seconds_bucket{{{label},le=\"+Inf\"}}"
+        )),
+        10.0
+    );
+    assert_eq!(
+        get(&format!(
+            "idem_gate_batch_duration_seconds_count{{{label}}}"
+        )),
+        10.0
+    );
+    assert!(get(&format!("idem_gate_batch_duration_seconds_sum{{{label}}}")) > 0.0);
+    assert!((get(&format!("idem_gate_duplicate_ratio{{{label}}}")) - 1.0).abs() < 1e-9);
+}
