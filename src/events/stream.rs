@@ -6,7 +6,8 @@
 //! counted, so `line` is always the line's true 1-based number in the input):
 //!
 //! * `line`: the input line number;
-//! * `verdict`: `new`, `replay`, `conflict` or `invalid`;
+//! * `verdict`: `new`, `replay`, `conflict` or `invalid` (and `before_cursor`, see
+//!   [`run_with_cursor`]);
 //! * `key`: the event's key (`null` when invalid);
 //! * `pass`: whether the event goes on (new, or anything under `log_only`);
 //! * `event`: the input object, byte for byte — or, for `invalid`, `error` naming the line
