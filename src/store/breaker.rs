@@ -270,6 +270,11 @@ impl<S: EventKeyStore + ?Sized> EventKeyStore for CircuitBreakerStore<S> {
             .await
     }
 
+    async fn forget_event_keys(&self, namespace: &str, keys: &[String]) -> Result<u64> {
+        self.guarded(self.inner.forget_event_keys(namespace, keys))
+            .await
+    }
+
     async fn cursor(&self, namespace: &str, name: &str) -> Result<Option<Cursor>> {
         self.guarded(self.inner.cursor(namespace, name)).await
     }

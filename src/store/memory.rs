@@ -398,6 +398,23 @@ impl EventKeyStore for MemoryStore {
         Ok(true)
     }
 
+    async fn forget_event_keys(&self, namespace: &str, keys: &[String]) -> Result<u64> {
+        let mut state = self.lock();
+        let mut gone = 0;
+        for key in keys {
+            let removed = state
+                .events
+                .get_mut(namespace)
+                .and_then(|seen| seen.remove(key))
+                .is_some();
+            state
+                .event_rows
+                .remove(&(namespace.to_string(), key.clone()));
+            gone += u64::from(removed);
+        }
+        Ok(gone)
+    }
+
     async fn cursor(&self, namespace: &str, name: &str) -> Result<Option<Cursor>> {
         Ok(self
             .lock()

@@ -524,6 +524,17 @@ pub trait EventKeyStore: StoreBase {
         Ok(verdicts.iter().map(EventVerdict::is_new).collect())
     }
 
+    /// Deletes event keys of a namespace (their marks, fingerprints and decisions), in one
+    /// round trip: how many were marked. A store that cannot answers
+    /// [`Error::Unsupported`](crate::error::Error::Unsupported).
+    async fn forget_event_keys(&self, namespace: &str, keys: &[String]) -> Result<u64> {
+        let _ = (namespace, keys);
+        Err(crate::error::Error::Unsupported {
+            store: self.kind(),
+            operation: "deleting event keys",
+        })
+    }
+
     /// The named cursor of a namespace (seed 003), `None` before its first advance. A
     /// store without cursors answers [`Error::Unsupported`](crate::error::Error::Unsupported).
     async fn cursor(&self, namespace: &str, name: &str) -> Result<Option<Cursor>> {

@@ -423,6 +423,20 @@ impl EventKeyStore for RedisStore {
         Ok(found.verdicts(marks, now))
     }
 
+    async fn forget_event_keys(&self, namespace: &str, keys: &[String]) -> Result<u64> {
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let mut cmd = redis::cmd("DEL");
+        for key in keys {
+            cmd.arg(self.redis_key(namespace, key));
+        }
+        let mut conn = self.conn.clone();
+        cmd.query_async::<u64>(&mut conn)
+            .await
+            .map_err(|e| self.err("forget_event_keys", e))
+    }
+
     async fn cursor(&self, namespace: &str, name: &str) -> Result<Option<Cursor>> {
         let mut conn = self.conn.clone();
         let value: Option<String> = redis::cmd("GET")

@@ -598,6 +598,22 @@ impl EventKeyStore for SqliteStore {
             .await
     }
 
+    async fn forget_event_keys(&self, namespace: &str, keys: &[String]) -> Result<u64> {
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let done = sqlx::query(
+            "DELETE FROM event_keys WHERE namespace = ?1 \
+             AND event_key IN (SELECT value FROM json_each(?2))",
+        )
+        .bind(namespace)
+        .bind(serde_json::to_string(keys).unwrap_or_default())
+        .execute(&self.pool)
+        .await
+        .map_err(|e| self.err(e))?;
+        Ok(done.rows_affected())
+    }
+
     async fn cursor(&self, namespace: &str, name: &str) -> Result<Option<Cursor>> {
         let row: Option<(String, String)> = sqlx::query_as(
             "SELECT position, value FROM event_cursors WHERE namespace = ?1 AND name = ?2",
