@@ -404,6 +404,25 @@ fn strategies_under_an_unreachable_store() {
     assert_eq!(log_only.code, 0, "{}", log_only.stderr);
     assert_eq!(log_only.records.len(), 1000);
     assert!(log_only.records.iter().all(|r| r["pass"] == true));
+
+    // A cursor is read at the start, whatever the strategy: no store, no run.
+    let cursor = gate(
+        &sb,
+        dead,
+        &peer_data(),
+        &[
+            "--key",
+            "id",
+            "--strategy",
+            "best_effort",
+            "--cursor",
+            "c",
+            "--order-by",
+            "time,id",
+        ],
+    );
+    assert_eq!(cursor.code, 3, "{}", cursor.stderr);
+    assert!(cursor.records.is_empty());
 }
 
 #[test]

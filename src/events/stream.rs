@@ -274,10 +274,12 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
             (Some(c), Some(end)) => Some((c.name.as_str(), end)),
             _ => None,
         };
+        let failures = advance.map(|_| gate.stats().store_errors);
         let admitted = gate
             .check_and_mark_advancing(&events, Utc::now(), advance)
             .await?;
-        if advance.is_some() && admitted.iter().flatten().all(Admission::verified) {
+        // A store call that failed (a fallback) marked nothing and moved no cursor.
+        if failures.is_some_and(|before| gate.stats().store_errors == before) {
             summary.cursor = batch_end.take();
         }
         record.clear();
