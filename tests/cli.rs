@@ -1206,3 +1206,63 @@ fn jobs_and_run_agree_which_file_holds_a_name_used_twice() {
         "run takes sales.toml: {run}"
     );
 }
+
+#[test]
+fn run_metrics_file_has_status_duration_records_and_skip_reason() {
+    let s = Sandbox::new("cli-metrics");
+    s.write_job(
+        "sales",
+        &sales_job("sales", "time_window = \"1h\"", GOOD_PROCESS),
+    );
+    let prom = s.dir.join("run.prom");
+    let prom_arg = prom.to_str().unwrap();
+    let read = || std::fs::read_to_string(&prom).unwrap();
+    let (code, first, _) = s.json(&[
+        "run",
+        "sales",
+        "--date",
+        "2025-11-18",
+        "--metrics-file",
+        prom_arg,
+    ]);
+    assert_eq!(code, 0, "{first}");
+    let text = read();
+    for line in text.lines() {
+        assert!(
+            line.starts_with("# HELP ")
+                || line.starts_with("# TYPE ")
+                || line.starts_with("idem_run_"),
+            "{line}"
+        );
+    }
+    let status = first["status"].as_str().unwrap();
+    assert!(
+        text.contains(&format!("status=\"{status}\",skip_reason=\"\"")),
+        "{text}"
+    );
+    assert!(text.contains("idem_run_success{job=\"sales\",scope=\"2025-11-18\"} 1\n"));
+    assert!(text.contains("idem_run_duration_seconds{job=\"sales\",scope=\"2025-11-18\"} "));
+    let records = first["records_processed"].as_i64().unwrap_or(0);
+    assert!(
+        text.contains(&format!(
+            "idem_run_records_processed{{job=\"sales\",scope=\"2025-11-18\"}} {records}\n"
+        )),
+        "{text}"
+    );
+    // The same date again: skipped, the reason as a label.
+    let (code, again, _) = s.json(&[
+        "run",
+        "sales",
+        "--date",
+        "2025-11-18",
+        "--metrics-file",
+        prom_arg,
+    ]);
+    assert_eq!(code, 0, "{again}");
+    let reason = again["skip_reason"].as_str().expect("skipped");
+    assert!(
+        read().contains(&format!("status=\"skipped\",skip_reason=\"{reason}\"")),
+        "{}",
+        read()
+    );
+}

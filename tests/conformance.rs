@@ -38,8 +38,104 @@ macro_rules! all_event_key_checks {
             event_dedup_real_ttl,
             event_dedup_in_batch,
             event_dedup_large_batch,
+            event_cursor,
         );
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn result_cache() {
+            if let Some((s, _cleanup)) = event_store().await {
+                crate::result_cache_check(s).await
+            }
+        }
     };
+}
+
+/// The result cache (seed 000) on a store: a retry with the same events (in another
+/// order) returns the stored result without calling the closure; other events for the same
+/// request id call it again; a failed call is not cached; `clear` removes the entry (not on
+/// BigQuery, which keeps it until its TTL).
+async fn result_cache_check(store: Arc<dyn EventKeyStore>) {
+    use idem::events::cache::{CacheOrigin, ResultCache};
+    use serde_json::json;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    let cache = ResultCache::new(store.clone(), format!("cache-{}", idem::new_run_id()));
+    let calls = AtomicUsize::new(0);
+    let work = |result: serde_json::Value| {
+        let calls = &calls;
+        move || async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Ok(result)
+        }
+    };
+    let events = [
+        json!({"account_id": "a1", "side": "buy", "price": "10.50", "quantity": 3}),
+        json!({"account_id": "a2", "side": "sell", "price": "9.00", "quantity": 1}),
+    ];
+    let reordered = [events[1].clone(), events[0].clone()];
+    let changed = [events[0].clone()];
+
+    let first = cache
+        .cached("req-1", &events, work(json!({"sequences": [1, 2]})))
+        .await
+        .unwrap();
+    assert_eq!(first, json!({"sequences": [1, 2]}));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    // The retry, same events in another order: the stored result, no call.
+    let (again, origin) = cache
+        .cached_with_origin("req-1", &reordered, work(json!("not called")))
+        .await
+        .unwrap();
+    assert_eq!((again, origin), (first.clone(), CacheOrigin::Hit));
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "a retry does not call again"
+    );
+    // Other events for the same request: called again, and cached apart.
+    let other = cache
+        .cached("req-1", &changed, work(json!({"sequences": []})))
+        .await
+        .unwrap();
+    assert_eq!(other, json!({"sequences": []}));
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "other events call again");
+    let cached_other = cache
+        .cached("req-1", &changed, work(json!("not called")))
+        .await
+        .unwrap();
+    assert_eq!(cached_other, other);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+
+    // A failure is not cached: the next call runs the work.
+    let failed = cache
+        .cached("req-2", &events, || async {
+            Err(idem::Error::input("the algorithm failed"))
+        })
+        .await;
+    assert!(failed.is_err());
+    let retried = cache
+        .cached("req-2", &events, work(json!("second try")))
+        .await
+        .unwrap();
+    assert_eq!(retried, json!("second try"));
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+
+    // Cleared on completion.
+    if store.kind() == "bigquery" {
+        assert!(matches!(
+            cache.clear("req-1", &events).await,
+            Err(idem::Error::Unsupported { .. })
+        ));
+        return;
+    }
+    assert!(cache.clear("req-1", &events).await.unwrap());
+    assert!(!cache.clear("req-1", &events).await.unwrap());
+    let recomputed = cache
+        .cached("req-1", &events, work(json!("after clear")))
+        .await
+        .unwrap();
+    assert_eq!(recomputed, json!("after clear"));
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
 }
 
 /// One `#[tokio::test]` per conformance check for a full store backend (leases, ledger,

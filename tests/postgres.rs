@@ -816,7 +816,10 @@ fn concurrent_first_use_migrates_once() {
         idem::store::migrations::POSTGRES.len() as i64,
         "each migration applied once"
     );
-    assert_eq!(tables, 5, "four idem tables and the migrations table");
+    assert_eq!(
+        tables, 6,
+        "five idem tables (event_cursors too) and the migrations table"
+    );
     rt.block_on(sqlx::query(&format!("DROP SCHEMA {schema} CASCADE")).execute(&pool))
         .unwrap();
 }

@@ -4,14 +4,15 @@ use std::io::{BufRead, Write};
 use std::path::Path;
 use std::sync::Arc;
 
-use super::output;
+use super::{metrics, output};
 use super::{FormatArg, GateArgs, GlobalOptions, EXIT_OK};
 use crate::error::{Error, Result};
 use crate::events::dedup::{Deduplicator, Ttl};
 use crate::events::strategy::{EventGate, Strategy};
-use crate::events::stream::{self, OutputFormat, Stream, StreamSummary};
+use crate::events::stream::{self, OutputFormat, Stream, StreamCursor, StreamSummary};
 use crate::events::ContentHashExtractor;
 use crate::model::duration::parse_duration_field;
+use crate::store::breaker::BreakerPhase;
 use crate::store::{self, BreakerConfig, EventKeyStore, UnavailableStore};
 
 /// A comma-separated field list of `flag`: at least one field, none empty.
@@ -59,6 +60,26 @@ fn stdio_or(path: Option<&Path>) -> Option<&Path> {
     path.filter(|p| p.as_os_str() != "-")
 }
 
+/// The cursor `--cursor` and `--order-by` describe.
+fn stream_cursor(args: &GateArgs) -> Result<Option<StreamCursor>> {
+    let (Some(name), Some(order_by)) = (&args.cursor, &args.order_by) else {
+        return Ok(None);
+    };
+    if name.trim().is_empty() {
+        return Err(Error::input("--cursor must not be empty"));
+    }
+    match fields("--order-by", order_by)?.as_slice() {
+        [timestamp, id] => Ok(Some(StreamCursor {
+            name: name.clone(),
+            timestamp_field: timestamp.clone(),
+            id_field: id.clone(),
+        })),
+        _ => Err(Error::input(format!(
+            "--order-by {order_by:?}: give two fields, TIMESTAMP,ID"
+        ))),
+    }
+}
+
 /// The deduplicator the arguments describe.
 fn deduplicator(args: &GateArgs, store: Arc<dyn EventKeyStore>) -> Result<Deduplicator> {
     let keys = fields("--key", &args.key)?;
@@ -94,6 +115,7 @@ pub(super) async fn gate(args: &GateArgs, g: &GlobalOptions) -> Result<u8> {
     }
     // Every argument is checked before the store is opened.
     deduplicator(args, Arc::new(store::MemoryStore::new()))?;
+    let cursor = stream_cursor(args)?;
     let (input_name, input): (String, Box<dyn BufRead + Send>) =
         match stdio_or(args.input.as_deref()) {
             Some(path) => {
@@ -142,9 +164,15 @@ pub(super) async fn gate(args: &GateArgs, g: &GlobalOptions) -> Result<u8> {
         strategy,
         BreakerConfig::default(),
     );
+    if let Some(c) = &cursor {
+        // A store without cursors (BigQuery) says so before any line is read.
+        gate.cursor(&c.name).await?;
+    }
     let bar = output::gate_bar();
     let mut done = StreamSummary::default();
-    let result = stream::run(
+    let mut metrics_written = std::time::Instant::now();
+    let mut metrics_error: Option<Error> = None;
+    let result = stream::run_with_cursor(
         &gate,
         Stream {
             input,
@@ -154,8 +182,18 @@ pub(super) async fn gate(args: &GateArgs, g: &GlobalOptions) -> Result<u8> {
         },
         format,
         args.batch as usize,
+        cursor.as_ref(),
         |s| {
             done.clone_from(s);
+            if let Some(path) = &args.metrics_file {
+                if metrics_written.elapsed() >= METRICS_EVERY && metrics_error.is_none() {
+                    metrics_written = std::time::Instant::now();
+                    let text = metrics::gate_metrics(s, &gate, false);
+                    if let Err(e) = metrics::write_atomically(path, &text) {
+                        metrics_error = Some(e);
+                    }
+                }
+            }
             if let Some(bar) = &bar {
                 bar.set_position(s.lines);
                 bar.set_message(progress_message(s));
@@ -166,26 +204,81 @@ pub(super) async fn gate(args: &GateArgs, g: &GlobalOptions) -> Result<u8> {
     if let Some(bar) = &bar {
         bar.finish_and_clear();
     }
+    if let Some(e) = metrics_error {
+        return Err(e);
+    }
+    let json = args.stats_format == "json";
     let summary = match result {
         Ok(summary) => summary,
         Err(e) => {
+            if let Some(path) = &args.metrics_file {
+                metrics::write_atomically(path, &metrics::gate_metrics(&done, &gate, false))?;
+            }
             // What was written before the failure is recorded: say how far it got.
-            output::print_gate_summary(&format!(
-                "{} (the batch after these failed; its lines have no record)",
-                summary_line(&done, &gate)
-            ));
+            if json {
+                output::print_gate_summary(&stats_json(&done, &gate, Some(&e)));
+            } else {
+                output::print_gate_summary(&format!(
+                    "{} (the batch after these failed; its lines have no record)",
+                    summary_line(&done, &gate)
+                ));
+            }
             return Err(e);
         }
     };
-    output::print_gate_summary(&summary_line(&summary, &gate));
+    if let Some(path) = &args.metrics_file {
+        metrics::write_atomically(path, &metrics::gate_metrics(&summary, &gate, true))?;
+    }
+    if json {
+        output::print_gate_summary(&stats_json(&summary, &gate, None));
+    } else {
+        output::print_gate_summary(&summary_line(&summary, &gate));
+    }
     Ok(EXIT_OK)
 }
 
+/// How often `--metrics-file` is rewritten while the gate runs.
+const METRICS_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// `--stats-format json`: the summary, the gate's counters and rates, the latency
+/// histogram and the breaker, as one JSON document.
+fn stats_json(s: &StreamSummary, gate: &EventGate, error: Option<&Error>) -> String {
+    let stats = gate.stats();
+    serde_json::json!({
+        "summary": s,
+        "elapsed_seconds": s.elapsed.as_secs_f64(),
+        "lines_per_second": s.lines_per_second(),
+        "stats": stats,
+        "rates": {
+            "duplicate": stats.duplicate_rate(),
+            "store_error": stats.error_rate(),
+            "fallback": stats.fallback_rate(),
+            "extraction_failure": stats.extraction_failure_rate(),
+        },
+        "batch_latency": gate.batch_latency_histogram(),
+        "breaker": match gate.breaker_phase() {
+            BreakerPhase::Closed => "closed",
+            BreakerPhase::HalfOpen => "half_open",
+            BreakerPhase::Open => "open",
+        },
+        "store": gate.location(),
+        "namespace": gate.deduplicator().namespace(),
+        "strategy": gate.strategy().name(),
+        "finished": error.is_none(),
+        "error": error.map(ToString::to_string),
+    })
+    .to_string()
+}
+
 fn progress_message(s: &StreamSummary) -> String {
-    format!(
+    let mut text = format!(
         "{} new, {} replay, {} conflict, {} invalid",
         s.new, s.replay, s.conflict, s.invalid
-    )
+    );
+    if s.before_cursor > 0 {
+        text.push_str(&format!(", {} before_cursor", s.before_cursor));
+    }
+    text
 }
 
 /// `gate: N lines …` for stderr.
@@ -213,6 +306,12 @@ fn summary_line(s: &StreamSummary, gate: &EventGate) -> String {
             "; batch latency avg {:.1} ms, p99 {:.1} ms",
             stats.avg_batch_latency_us as f64 / 1000.0,
             stats.p99_batch_latency_us as f64 / 1000.0
+        ));
+    }
+    if let Some(c) = &s.cursor {
+        line.push_str(&format!(
+            "; cursor at ({}, {})",
+            c.last_timestamp, c.last_id
         ));
     }
     if s.output_closed {

@@ -49,6 +49,7 @@ mod cleanup;
 mod fingerprint;
 mod gate;
 mod jobs;
+mod metrics;
 pub mod output;
 mod purge;
 mod report;
@@ -242,6 +243,10 @@ pub(crate) struct RunArgs {
     /// theirs across retries and tasks), the run is recorded as ID.<8 hex digits>.
     #[arg(long)]
     run_id: Option<String>,
+    /// Write the run's metrics to FILE in Prometheus text format (for node_exporter's
+    /// textfile collector), atomically, when the run ends (not with --from/--to).
+    #[arg(long, value_name = "FILE", conflicts_with = "from")]
+    metrics_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -289,6 +294,7 @@ impl ExplainArgs {
             mode: self.mode,
             on_store_failure: None,
             run_id: None,
+            metrics_file: None,
         }
     }
 }
@@ -413,6 +419,21 @@ pub(crate) struct GateArgs {
     /// best_effort).
     #[arg(long, default_value = "strict")]
     strategy: String,
+    /// A named cursor in the store (seed 003): events at or before it in --order-by order
+    /// are skipped without a store lookup (`before_cursor`); it advances with each batch's
+    /// marks.
+    #[arg(long, value_name = "NAME", requires = "order_by")]
+    cursor: Option<String>,
+    /// The timestamp field and the id field that order the input (with --cursor).
+    #[arg(long, value_name = "TIMESTAMP,ID", requires = "cursor")]
+    order_by: Option<String>,
+    /// Write the gate's metrics to FILE in Prometheus text format (for node_exporter's
+    /// textfile collector), atomically: every 10 s while running and at the end.
+    #[arg(long, value_name = "FILE")]
+    metrics_file: Option<PathBuf>,
+    /// The summary on standard error: `human` (one line) or `json` (one JSON document).
+    #[arg(long, value_name = "FORMAT", default_value = "human", value_parser = ["human", "json"])]
+    stats_format: String,
 }
 
 #[derive(Debug, Args)]

@@ -54,6 +54,9 @@ pub(super) async fn run(args: &RunArgs, g: &GlobalOptions, registry: &Registry) 
     let plan = plan(&job, registry, &g.store, overrides).await?;
     let report = plan.runner.run(&*plan.processor, request).await?;
     output::print_report(&report, g.format);
+    if let Some(path) = &args.metrics_file {
+        super::metrics::write_atomically(path, &super::metrics::run_metrics(&report))?;
+    }
     Ok(report.exit_code())
 }
 

@@ -17,6 +17,7 @@
 //! it in an [`InvalidEvent`] naming the event's position, so a bad line in a file of a
 //! million is found at once.
 
+pub mod cache;
 pub mod dedup;
 pub mod extract;
 pub mod fingerprint;

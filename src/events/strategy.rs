@@ -43,7 +43,9 @@ use super::dedup::Deduplicator;
 use super::InvalidEvent;
 use crate::error::{Error, Result};
 use crate::store::breaker::BreakerPhase;
-use crate::store::{BreakerConfig, CircuitBreakerStore, EventKeyStore, EventVerdict, StoreBase};
+use crate::store::{
+    BreakerConfig, CircuitBreakerStore, Cursor, EventKeyStore, EventVerdict, StoreBase,
+};
 
 /// What a store failure does to a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
@@ -175,6 +177,23 @@ impl DedupStats {
     }
 }
 
+/// The upper bounds (seconds) of [`BatchLatencyHistogram`]'s buckets, `+Inf` aside.
+pub const BATCH_LATENCY_BOUNDS: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// The batch store-call durations as a Prometheus-style histogram: cumulative counts per
+/// upper bound ([`BATCH_LATENCY_BOUNDS`], counted exactly as each batch is recorded).
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+pub struct BatchLatencyHistogram {
+    /// (upper bound in seconds, batches that took at most that long), bounds ascending.
+    pub buckets: Vec<(f64, u64)>,
+    /// Every batch's duration added up, in seconds.
+    pub sum_seconds: f64,
+    /// Batches recorded (the `+Inf` bucket).
+    pub count: u64,
+}
+
 /// Batch latencies in a fixed histogram (8 buckets per power of two of microseconds), so
 /// the p99 needs no memory that grows with the batches.
 #[derive(Debug, Clone)]
@@ -182,6 +201,8 @@ struct Latencies {
     buckets: Vec<u64>,
     count: u64,
     total_us: u128,
+    /// Per [`BATCH_LATENCY_BOUNDS`] bound (not cumulative).
+    coarse: [u64; BATCH_LATENCY_BOUNDS.len()],
 }
 
 const SUB_BUCKETS: u32 = 8;
@@ -192,6 +213,7 @@ impl Default for Latencies {
             buckets: vec![0; (64 * SUB_BUCKETS) as usize],
             count: 0,
             total_us: 0,
+            coarse: [0; BATCH_LATENCY_BOUNDS.len()],
         }
     }
 }
@@ -220,6 +242,10 @@ impl Latencies {
     fn record(&mut self, d: Duration) {
         let us = d.as_micros().min(u64::MAX as u128) as u64;
         self.buckets[Self::bucket(us)] += 1;
+        let secs = d.as_secs_f64();
+        if let Some(i) = BATCH_LATENCY_BOUNDS.iter().position(|b| secs <= *b) {
+            self.coarse[i] += 1;
+        }
         self.count += 1;
         self.total_us += us as u128;
     }
@@ -332,6 +358,25 @@ impl EventGate {
         }
     }
 
+    /// The batch store-call durations so far, as a histogram.
+    pub fn batch_latency_histogram(&self) -> BatchLatencyHistogram {
+        let r = self.recorder();
+        let mut cumulative = 0;
+        let buckets = BATCH_LATENCY_BOUNDS
+            .iter()
+            .zip(r.latencies.coarse)
+            .map(|(bound, n)| {
+                cumulative += n;
+                (*bound, cumulative)
+            })
+            .collect();
+        BatchLatencyHistogram {
+            buckets,
+            sum_seconds: r.latencies.total_us as f64 / 1e6,
+            count: r.latencies.count,
+        }
+    }
+
     /// Checks and marks a batch in one store round trip, as the strategy says: one result
     /// per event, in order (an [`InvalidEvent`] where the key or fingerprint could not be
     /// taken). `Err` only under `strict` when the store fails, or for an error that is not
@@ -345,16 +390,38 @@ impl EventGate {
         events: &[Value],
         now: DateTime<Utc>,
     ) -> Result<Vec<std::result::Result<Admission, InvalidEvent>>> {
+        self.check_and_mark_advancing(events, now, None).await
+    }
+
+    /// The named cursor of the gate's namespace (through the breaker).
+    pub async fn cursor(&self, name: &str) -> Result<Option<Cursor>> {
+        self.breaker.cursor(self.dedup.namespace(), name).await
+    }
+
+    /// [`check_and_mark`](Self::check_and_mark), advancing cursor `advance.0` to
+    /// `advance.1` with the batch's marks ([`EventKeyStore::check_and_mark_advancing`]).
+    /// When the store call fails (a fallback), nothing is marked and the cursor stays.
+    pub async fn check_and_mark_advancing(
+        &self,
+        events: &[Value],
+        now: DateTime<Utc>,
+        advance: Option<(&str, &Cursor)>,
+    ) -> Result<Vec<std::result::Result<Admission, InvalidEvent>>> {
         let (marks, slots) = self.dedup.marks(events);
         let invalid = events.len() - marks.len();
-        let outcome = if marks.is_empty() {
+        let namespace = self.dedup.namespace();
+        let outcome = if marks.is_empty() && advance.is_none() {
             Ok(Vec::new())
         } else {
             let started = Instant::now();
-            let outcome = self
-                .breaker
-                .check_and_mark(self.dedup.namespace(), &marks, now)
-                .await;
+            let outcome = match advance {
+                None => self.breaker.check_and_mark(namespace, &marks, now).await,
+                Some((name, to)) => {
+                    self.breaker
+                        .check_and_mark_advancing(namespace, &marks, now, name, to)
+                        .await
+                }
+            };
             let mut r = self.recorder();
             r.latencies.record(started.elapsed());
             r.stats.batches += 1;

@@ -6,7 +6,8 @@
 //! counted, so `line` is always the line's true 1-based number in the input):
 //!
 //! * `line`: the input line number;
-//! * `verdict`: `new`, `replay`, `conflict` or `invalid`;
+//! * `verdict`: `new`, `replay`, `conflict` or `invalid` (and `before_cursor`, see
+//!   [`run_with_cursor`]);
 //! * `key`: the event's key (`null` when invalid);
 //! * `pass`: whether the event goes on (new, or anything under `log_only`);
 //! * `event`: the input object, byte for byte — or, for `invalid`, `error` naming the line
@@ -28,9 +29,9 @@ use chrono::Utc;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::strategy::{Admission, EventGate};
+use super::strategy::{Admission, EventGate, Strategy};
 use crate::error::{Error, Result};
-use crate::store::EventVerdict;
+use crate::store::{Cursor, EventVerdict};
 
 /// How the records are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -71,6 +72,8 @@ pub struct StreamSummary {
     pub conflict: u64,
     /// Lines that were not a usable event.
     pub invalid: u64,
+    /// Events at or before the cursor (`--cursor`): skipped without a store lookup.
+    pub before_cursor: u64,
     /// New events let through without the store (a subset of `new`).
     pub unverified: u64,
     /// Whoever read the output went away (a closed pipe): the stream stopped there.
@@ -78,12 +81,15 @@ pub struct StreamSummary {
     /// Time since the stream started.
     #[serde(skip)]
     pub elapsed: Duration,
+    /// Where the cursor (`--cursor`) stands: after the last batch whose marks (and the
+    /// cursor's advance) the store recorded.
+    pub cursor: Option<Cursor>,
 }
 
 impl StreamSummary {
     /// Records written (lines that were not blank).
     pub fn records(&self) -> u64 {
-        self.new + self.replay + self.conflict + self.invalid
+        self.new + self.replay + self.conflict + self.invalid + self.before_cursor
     }
 
     /// Input lines per second.
@@ -109,9 +115,25 @@ pub struct Stream<'a, R, W> {
     pub output_name: &'a str,
 }
 
+/// A named cursor in front of the dedup set (seed 003): events at or before it in
+/// (timestamp, id) order are skipped without a store lookup (`before_cursor`); after each
+/// batch it advances to the batch's last (timestamp, id), in the same transaction as the
+/// batch's marks where the store has one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamCursor {
+    /// The cursor's name (in the gate's namespace).
+    pub name: String,
+    /// The event field holding the timestamp.
+    pub timestamp_field: String,
+    /// The event field holding the id that orders events of one timestamp.
+    pub id_field: String,
+}
+
 /// One line of the batch being worked on.
 struct Pending {
     number: u64,
+    /// At or before the cursor: no store lookup.
+    before_cursor: bool,
     /// The line without its end of line (`\n`, `\r\n`) and surrounding blanks.
     text: String,
     /// Why it is not an event, when parsing already says so.
@@ -125,6 +147,19 @@ pub async fn run<R: BufRead, W: Write>(
     stream: Stream<'_, R, W>,
     format: OutputFormat,
     batch: usize,
+    progress: impl FnMut(&StreamSummary),
+) -> Result<StreamSummary> {
+    run_with_cursor(gate, stream, format, batch, None, progress).await
+}
+
+/// [`run`] with a [`StreamCursor`] (`None`: none). The cursor is read once at the start;
+/// a store that has no cursors fails here, before any line is read.
+pub async fn run_with_cursor<R: BufRead, W: Write>(
+    gate: &EventGate,
+    stream: Stream<'_, R, W>,
+    format: OutputFormat,
+    batch: usize,
+    cursor: Option<&StreamCursor>,
     mut progress: impl FnMut(&StreamSummary),
 ) -> Result<StreamSummary> {
     let Stream {
@@ -136,6 +171,10 @@ pub async fn run<R: BufRead, W: Write>(
     let batch = batch.max(1);
     let started = Instant::now();
     let mut summary = StreamSummary::default();
+    if let Some(c) = cursor {
+        summary.cursor = gate.cursor(&c.name).await?;
+    }
+    let log_only = gate.strategy() == Strategy::LogOnly;
     let mut pending: Vec<Pending> = Vec::with_capacity(batch);
     let mut events: Vec<Value> = Vec::with_capacity(batch);
     let mut buf: Vec<u8> = Vec::with_capacity(1 << 12);
@@ -155,6 +194,7 @@ pub async fn run<R: BufRead, W: Write>(
     while !eof {
         pending.clear();
         events.clear();
+        let mut batch_end: Option<Cursor> = None;
         while pending.len() < batch {
             buf.clear();
             let n = input
@@ -171,6 +211,7 @@ pub async fn run<R: BufRead, W: Write>(
                 Err(_) => {
                     pending.push(Pending {
                         number,
+                        before_cursor: false,
                         text: String::new(),
                         error: Some(format!("line {number}: not UTF-8 text")),
                     });
@@ -183,15 +224,33 @@ pub async fn run<R: BufRead, W: Write>(
             }
             match serde_json::from_str::<Value>(text) {
                 Ok(event @ Value::Object(_)) => {
-                    events.push(event);
-                    pending.push(Pending {
+                    let mut line = Pending {
                         number,
+                        before_cursor: false,
                         text: text.to_string(),
                         error: None,
-                    });
+                    };
+                    if let Some(c) = cursor {
+                        match Cursor::of_event(&event, &c.timestamp_field, &c.id_field) {
+                            Err(e) => line.error = Some(format!("line {number}: {e}")),
+                            Ok(at) if summary.cursor.as_ref().is_some_and(|p| at <= *p) => {
+                                line.before_cursor = true;
+                            }
+                            Ok(at) => {
+                                if batch_end.as_ref().is_none_or(|end| *end < at) {
+                                    batch_end = Some(at);
+                                }
+                            }
+                        }
+                    }
+                    if line.error.is_none() && !line.before_cursor {
+                        events.push(event);
+                    }
+                    pending.push(line);
                 }
                 Ok(other) => pending.push(Pending {
                     number,
+                    before_cursor: false,
                     text: String::new(),
                     error: Some(format!(
                         "line {number}: not a JSON object (found {})",
@@ -200,6 +259,7 @@ pub async fn run<R: BufRead, W: Write>(
                 }),
                 Err(e) => pending.push(Pending {
                     number,
+                    before_cursor: false,
                     text: String::new(),
                     error: Some(format!("line {number}: not JSON: {e}")),
                 }),
@@ -208,11 +268,50 @@ pub async fn run<R: BufRead, W: Write>(
         if pending.is_empty() {
             break;
         }
-        // The store call: only after it returned are the batch's records written.
-        let admitted = gate.check_and_mark(&events, Utc::now()).await?;
+        // The store call: only after it returned are the batch's records written. With a
+        // cursor, it advances to the batch's last (timestamp, id) with the marks.
+        let advance = match (cursor, &batch_end) {
+            (Some(c), Some(end)) => Some((c.name.as_str(), end)),
+            _ => None,
+        };
+        let failures = advance.map(|_| gate.stats().store_errors);
+        let admitted = gate
+            .check_and_mark_advancing(&events, Utc::now(), advance)
+            .await?;
+        // A store call that failed (a fallback) marked nothing and moved no cursor.
+        if failures.is_some_and(|before| gate.stats().store_errors == before) {
+            summary.cursor = batch_end.take();
+        }
         record.clear();
         let mut admitted = admitted.into_iter();
         for line in &pending {
+            if line.before_cursor {
+                summary.before_cursor += 1;
+                match format {
+                    OutputFormat::Ndjson => {
+                        record.extend_from_slice(b"{\"line\":");
+                        record.extend_from_slice(line.number.to_string().as_bytes());
+                        record.extend_from_slice(
+                            b",\"verdict\":\"before_cursor\",\"key\":null,\"pass\":",
+                        );
+                        record.extend_from_slice(if log_only { b"true" } else { b"false" });
+                        record.extend_from_slice(b",\"event\":");
+                        record.extend_from_slice(line.text.as_bytes());
+                        record.extend_from_slice(b"}\n");
+                    }
+                    OutputFormat::Csv => {
+                        record.extend_from_slice(line.number.to_string().as_bytes());
+                        record.extend_from_slice(if log_only {
+                            b",before_cursor,,true,true,"
+                        } else {
+                            b",before_cursor,,false,true,"
+                        });
+                        csv_field(&mut record, &line.text);
+                        record.extend_from_slice(b",,\n");
+                    }
+                }
+                continue;
+            }
             let outcome = match &line.error {
                 Some(error) => Err(error.clone()),
                 None => admitted

@@ -19,9 +19,9 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::{
-    Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, EventKeyStore, EventMark,
-    EventVerdict, Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore, MaintenanceStore,
-    PartitionExpiration, RunFilter, StoreBase,
+    Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, Cursor, EventKeyStore,
+    EventMark, EventVerdict, Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore,
+    MaintenanceStore, PartitionExpiration, RunFilter, StoreBase,
 };
 use crate::error::{Error, Result};
 use crate::model::{KeyRecord, RunRecord};
@@ -268,6 +268,35 @@ impl<S: EventKeyStore + ?Sized> EventKeyStore for CircuitBreakerStore<S> {
     ) -> Result<bool> {
         self.guarded(self.inner.record_decision(namespace, key, decision))
             .await
+    }
+
+    async fn forget_event_keys(&self, namespace: &str, keys: &[String]) -> Result<u64> {
+        self.guarded(self.inner.forget_event_keys(namespace, keys))
+            .await
+    }
+
+    async fn cursor(&self, namespace: &str, name: &str) -> Result<Option<Cursor>> {
+        self.guarded(self.inner.cursor(namespace, name)).await
+    }
+
+    async fn advance_cursor(&self, namespace: &str, name: &str, to: &Cursor) -> Result<()> {
+        self.guarded(self.inner.advance_cursor(namespace, name, to))
+            .await
+    }
+
+    async fn check_and_mark_advancing(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+        cursor: &str,
+        to: &Cursor,
+    ) -> Result<Vec<EventVerdict>> {
+        self.guarded(
+            self.inner
+                .check_and_mark_advancing(namespace, marks, now, cursor, to),
+        )
+        .await
     }
 }
 

@@ -15,7 +15,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use serde_json::json;
 
 use super::{
-    Claim, ClaimRequest, CleanupPolicy, CleanupProgress, CleanupProgressFn, CleanupReport,
+    Claim, ClaimRequest, CleanupPolicy, CleanupProgress, CleanupProgressFn, CleanupReport, Cursor,
     EventKeyStore, EventMark, EventVerdict, Finish, KeyLookup, Lease, LeaseStore, LedgerStore,
     RunFilter, Store,
 };
@@ -691,6 +691,56 @@ pub async fn event_keys_batch(store: &dyn EventKeyStore) {
         .unwrap();
     assert_eq!(other, vec![true], "namespaces are independent");
     assert!(store.mark_event_keys(&ns, &[], t).await.unwrap().is_empty());
+}
+
+/// Cursors (seed 003): absent until the first advance; advance with a batch's marks (both
+/// recorded), never backwards; ties on the timestamp ordered by the id; per namespace and
+/// name. A store without cursors (BigQuery) says `Unsupported` for each method.
+pub async fn event_cursor(store: &dyn EventKeyStore) {
+    let ns = unique("cursor");
+    let t = now();
+    let at = |ts: serde_json::Value, id: serde_json::Value| Cursor::at(&ts, &id).unwrap();
+    if store.kind() == "bigquery" {
+        let unsupported = |e: Error| matches!(e, Error::Unsupported { .. });
+        assert!(unsupported(store.cursor(&ns, "c").await.unwrap_err()));
+        let to = at(json!(1), json!("a"));
+        assert!(unsupported(
+            store.advance_cursor(&ns, "c", &to).await.unwrap_err()
+        ));
+        return;
+    }
+    assert_eq!(store.cursor(&ns, "c").await.unwrap(), None);
+    let first = at(json!(10), json!("b"));
+    let verdicts = store
+        .check_and_mark_advancing(&ns, &[EventMark::key("10:b")], t, "c", &first)
+        .await
+        .unwrap();
+    assert_eq!(verdicts, vec![EventVerdict::New]);
+    assert_eq!(store.cursor(&ns, "c").await.unwrap(), Some(first.clone()));
+    assert_eq!(
+        store
+            .is_duplicate(&ns, &["10:b".to_string()], t)
+            .await
+            .unwrap(),
+        vec![true],
+        "the marks are recorded with the cursor"
+    );
+    // Never backwards: same timestamp, smaller id; an earlier timestamp.
+    for behind in [at(json!(10), json!("a")), at(json!(9), json!("z"))] {
+        store.advance_cursor(&ns, "c", &behind).await.unwrap();
+        assert_eq!(store.cursor(&ns, "c").await.unwrap(), Some(first.clone()));
+    }
+    let tie = at(json!(10), json!("c"));
+    store
+        .check_and_mark_advancing(&ns, &[], t, "c", &tie)
+        .await
+        .unwrap();
+    assert_eq!(store.cursor(&ns, "c").await.unwrap(), Some(tie.clone()));
+    let text = at(json!("2024-05-01T10:00:00Z"), json!(42));
+    store.advance_cursor(&ns, "other", &text).await.unwrap();
+    assert_eq!(store.cursor(&ns, "other").await.unwrap(), Some(text));
+    assert_eq!(store.cursor(&ns, "c").await.unwrap(), Some(tie));
+    assert_eq!(store.cursor(&unique("cursor"), "c").await.unwrap(), None);
 }
 
 fn replayed(v: &EventVerdict) -> Option<Option<serde_json::Value>> {

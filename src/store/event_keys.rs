@@ -224,6 +224,114 @@ pub(crate) fn parse_decision(text: Option<String>) -> Option<Value> {
     text.map(|t| serde_json::from_str(&t).unwrap_or(Value::String(t)))
 }
 
+/// A named cursor's position (seed 003): the (timestamp, id) of the last event a stream
+/// got past, every event at or before it in that order having been marked.
+///
+/// Timestamps are JSON integers (e.g. Unix seconds or milliseconds) or RFC 3339 strings
+/// (compared as microseconds since the epoch): one stream uses one form. Ids are JSON
+/// integers (compared as numbers, before every string) or strings (compared byte-wise).
+/// [`Cursor::position`] encodes the pair as lowercase hex whose byte order is the
+/// (timestamp, id) order, so every store compares positions as plain text.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct Cursor {
+    /// The last timestamp, as the event had it.
+    pub last_timestamp: Value,
+    /// The last id, as the event had it.
+    pub last_id: Value,
+    /// The sortable encoding of (timestamp, id).
+    pub position: String,
+}
+
+/// An i64 as 16 hex digits in numeric order.
+fn sortable_i64(n: i64) -> String {
+    format!("{:016x}", (n as u64) ^ (1u64 << 63))
+}
+
+impl Cursor {
+    /// The cursor at an event's `timestamp` and `id`; `Err` says why they cannot be
+    /// ordered.
+    pub fn at(timestamp: &Value, id: &Value) -> std::result::Result<Cursor, String> {
+        let ts = match timestamp {
+            Value::Number(n) => n.as_i64().ok_or_else(|| {
+                format!("timestamp {n} is not an integer (give integers or RFC 3339 text)")
+            })?,
+            Value::String(s) => DateTime::parse_from_rfc3339(s)
+                .map_err(|e| format!("timestamp {s:?} is not RFC 3339: {e}"))?
+                .timestamp_micros(),
+            other => {
+                return Err(format!(
+                    "timestamp {other} is neither an integer nor RFC 3339 text"
+                ))
+            }
+        };
+        let mut position = sortable_i64(ts);
+        match id {
+            Value::Number(n) => {
+                let n = n
+                    .as_i64()
+                    .ok_or_else(|| format!("id {n} is not an integer or a string"))?;
+                position.push('0');
+                position.push_str(&sortable_i64(n));
+            }
+            Value::String(s) => {
+                position.push('1');
+                for b in s.as_bytes() {
+                    position.push_str(&format!("{b:02x}"));
+                }
+            }
+            other => return Err(format!("id {other} is neither an integer nor a string")),
+        }
+        Ok(Cursor {
+            last_timestamp: timestamp.clone(),
+            last_id: id.clone(),
+            position,
+        })
+    }
+
+    /// The cursor an event's `timestamp_field` and `id_field` give.
+    pub fn of_event(
+        event: &Value,
+        timestamp_field: &str,
+        id_field: &str,
+    ) -> std::result::Result<Cursor, String> {
+        let field = |name: &str| {
+            event
+                .get(name)
+                .filter(|v| !v.is_null())
+                .ok_or_else(|| format!("field `{name}` (--order-by) is missing"))
+        };
+        Cursor::at(field(timestamp_field)?, field(id_field)?)
+    }
+
+    /// The (timestamp, id) as JSON text, for a store's text column.
+    pub(crate) fn value_text(&self) -> String {
+        serde_json::json!({"last_timestamp": self.last_timestamp, "last_id": self.last_id})
+            .to_string()
+    }
+
+    /// A cursor read back from a store: its position and [`Cursor::value_text`].
+    pub(crate) fn from_stored(position: String, text: &str) -> Cursor {
+        let v: Value = serde_json::from_str(text).unwrap_or(Value::Null);
+        Cursor {
+            last_timestamp: v.get("last_timestamp").cloned().unwrap_or(Value::Null),
+            last_id: v.get("last_id").cloned().unwrap_or(Value::Null),
+            position,
+        }
+    }
+}
+
+impl PartialOrd for Cursor {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Cursor {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.position.cmp(&other.position)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -262,5 +370,30 @@ mod tests {
         );
         assert!(matches!(v[3], EventVerdict::Replay { .. }));
         assert_eq!(firsts(&marks).len(), 2);
+    }
+
+    #[test]
+    fn cursor_positions_sort_as_timestamp_then_id() {
+        use serde_json::json;
+        let c = |t: Value, i: Value| Cursor::at(&t, &i).unwrap();
+        let ordered = [
+            c(json!(-5), json!("z")),
+            c(json!(9), json!(2)),
+            c(json!(9), json!(10)),
+            c(json!(9), json!("")),
+            c(json!(9), json!("a")),
+            c(json!(9), json!("ab")),
+            c(json!(9), json!("b")),
+            c(json!(10), json!(1)),
+        ];
+        assert!(ordered.windows(2).all(|w| w[0] < w[1]));
+        assert!(
+            c(json!("2024-01-01T00:00:00Z"), json!(1))
+                < c(json!("2024-01-01T01:00:00+00:30"), json!(0))
+        );
+        assert!(Cursor::at(&json!(1.5), &json!(1)).is_err());
+        assert!(Cursor::at(&json!(1), &json!(null)).is_err());
+        let back = Cursor::from_stored(ordered[4].position.clone(), &ordered[4].value_text());
+        assert_eq!(back, ordered[4]);
     }
 }

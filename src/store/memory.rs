@@ -14,9 +14,9 @@ use super::common::report_cleanup_done;
 use super::event_keys::{self, StoredEvent};
 use super::rows::LeaseRow;
 use super::{
-    lease_expiry, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, EventKeyStore,
-    EventMark, EventVerdict, Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore,
-    MaintenanceStore, RunFilter, StoreBase,
+    lease_expiry, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, Cursor,
+    EventKeyStore, EventMark, EventVerdict, Finish, KeyLookup, Lease, LeaseHolder, LeaseStore,
+    LedgerStore, MaintenanceStore, RunFilter, StoreBase,
 };
 use crate::error::{Error, Result};
 use crate::model::{micros, KeyKind, KeyRecord, RunRecord, RunStatus};
@@ -30,6 +30,8 @@ struct State {
     /// Fingerprint, decision and expiry of the keys in `events` (a key absent from
     /// `events` is not marked, whatever this holds).
     event_rows: HashMap<(String, String), EventRow>,
+    /// Named cursors by (namespace, name).
+    cursors: HashMap<(String, String), Cursor>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -394,5 +396,42 @@ impl EventKeyStore for MemoryStore {
             .or_default();
         row.decision = Some(decision.clone());
         Ok(true)
+    }
+
+    async fn forget_event_keys(&self, namespace: &str, keys: &[String]) -> Result<u64> {
+        let mut state = self.lock();
+        let mut gone = 0;
+        for key in keys {
+            let removed = state
+                .events
+                .get_mut(namespace)
+                .and_then(|seen| seen.remove(key))
+                .is_some();
+            state
+                .event_rows
+                .remove(&(namespace.to_string(), key.clone()));
+            gone += u64::from(removed);
+        }
+        Ok(gone)
+    }
+
+    async fn cursor(&self, namespace: &str, name: &str) -> Result<Option<Cursor>> {
+        Ok(self
+            .lock()
+            .cursors
+            .get(&(namespace.to_string(), name.to_string()))
+            .cloned())
+    }
+
+    async fn advance_cursor(&self, namespace: &str, name: &str, to: &Cursor) -> Result<()> {
+        let mut state = self.lock();
+        let slot = state
+            .cursors
+            .entry((namespace.to_string(), name.to_string()))
+            .or_insert_with(|| to.clone());
+        if *slot < *to {
+            *slot = to.clone();
+        }
+        Ok(())
     }
 }

@@ -56,11 +56,10 @@ macro_rules! embed {
 }
 
 /// SQLite's migrations.
-pub const SQLITE: &[Migration] = embed!("sqlite": "0001_init", "0002_report_indexes", "0003_event_dedup", "0004_report_covering");
+pub const SQLITE: &[Migration] = embed!("sqlite": "0001_init", "0002_report_indexes", "0003_event_dedup", "0004_report_covering", "0005_event_cursors");
 
 /// Postgres's migrations.
-pub const POSTGRES: &[Migration] =
-    embed!("postgres": "0001_init", "0002_report_indexes", "0003_event_dedup");
+pub const POSTGRES: &[Migration] = embed!("postgres": "0001_init", "0002_report_indexes", "0003_event_dedup", "0005_event_cursors");
 
 /// BigQuery's migrations (`{project}` and `{dataset}` are replaced by the validated ids).
 pub const BIGQUERY: &[Migration] = embed!(

@@ -25,7 +25,7 @@ use serde::Serialize;
 pub use crate::backend::redact_url;
 use crate::error::{Error, Result};
 use crate::model::{KeyKind, KeyRecord, RunRecord, RunStatus};
-pub use event_keys::{EventMark, EventVerdict};
+pub use event_keys::{Cursor, EventMark, EventVerdict};
 
 #[cfg(feature = "bigquery")]
 pub mod bigquery;
@@ -522,6 +522,54 @@ pub trait EventKeyStore: StoreBase {
         let marks: Vec<EventMark> = keys.iter().map(EventMark::key).collect();
         let verdicts = self.check_and_mark(namespace, &marks, now).await?;
         Ok(verdicts.iter().map(EventVerdict::is_new).collect())
+    }
+
+    /// Deletes event keys of a namespace (their marks, fingerprints and decisions), in one
+    /// round trip: how many were marked. A store that cannot answers
+    /// [`Error::Unsupported`](crate::error::Error::Unsupported).
+    async fn forget_event_keys(&self, namespace: &str, keys: &[String]) -> Result<u64> {
+        let _ = (namespace, keys);
+        Err(crate::error::Error::Unsupported {
+            store: self.kind(),
+            operation: "deleting event keys",
+        })
+    }
+
+    /// The named cursor of a namespace (seed 003), `None` before its first advance. A
+    /// store without cursors answers [`Error::Unsupported`](crate::error::Error::Unsupported).
+    async fn cursor(&self, namespace: &str, name: &str) -> Result<Option<Cursor>> {
+        let _ = (namespace, name);
+        Err(crate::error::Error::Unsupported {
+            store: self.kind(),
+            operation: "event cursors (--cursor)",
+        })
+    }
+
+    /// Moves the named cursor to `to` when `to` is after it (never backwards: with two
+    /// writers, the furthest position wins).
+    async fn advance_cursor(&self, namespace: &str, name: &str, to: &Cursor) -> Result<()> {
+        let _ = (namespace, name, to);
+        Err(crate::error::Error::Unsupported {
+            store: self.kind(),
+            operation: "event cursors (--cursor)",
+        })
+    }
+
+    /// [`check_and_mark`](Self::check_and_mark), then
+    /// [`advance_cursor`](Self::advance_cursor) to `to`: in one transaction on the SQL
+    /// stores; by default (Redis, memory) the advance is sent once the marks returned, so
+    /// the cursor never passes a key that is not marked.
+    async fn check_and_mark_advancing(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+        cursor: &str,
+        to: &Cursor,
+    ) -> Result<Vec<EventVerdict>> {
+        let verdicts = self.check_and_mark(namespace, marks, now).await?;
+        self.advance_cursor(namespace, cursor, to).await?;
+        Ok(verdicts)
     }
 }
 

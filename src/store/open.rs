@@ -133,6 +133,18 @@ impl EventKeyStore for UnavailableStore {
     async fn record_decision(&self, _: &str, _: &str, _: &serde_json::Value) -> Result<bool> {
         self.fail()
     }
+
+    async fn forget_event_keys(&self, _: &str, _: &[String]) -> Result<u64> {
+        self.fail()
+    }
+
+    async fn cursor(&self, _: &str, _: &str) -> Result<Option<super::Cursor>> {
+        self.fail()
+    }
+
+    async fn advance_cursor(&self, _: &str, _: &str, _: &super::Cursor) -> Result<()> {
+        self.fail()
+    }
 }
 
 /// The default store URL: a SQLite file in the current directory.

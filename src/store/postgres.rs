@@ -40,7 +40,7 @@ use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPool, PgPool
 use sqlx::{Arguments, Connection, Executor, FromRow, Row};
 
 use super::common::{cleanup_tables, statements, upsert_claim, CLEANUP_TABLES};
-use super::event_keys::{self, Found};
+use super::event_keys::{self, Cursor, Found};
 use super::migrations::{self, Migration, Schema};
 use super::rows::{KeyRow, LeaseColumns, LeaseRow, RunRow, KEY_COLUMNS, RUN_COLUMNS};
 use super::{
@@ -592,6 +592,112 @@ impl PostgresStore {
     }
 }
 
+/// Moves cursor ($1, $2) to position $3 (value $4) when $3 is after it.
+async fn advance(
+    conn: &mut sqlx::PgConnection,
+    namespace: &str,
+    name: &str,
+    to: &Cursor,
+) -> std::result::Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO event_cursors AS c (namespace, name, position, value, updated_at) \
+         VALUES ($1, $2, $3, $4::jsonb, now()) \
+         ON CONFLICT (namespace, name) DO UPDATE SET \
+           position = EXCLUDED.position, value = EXCLUDED.value, updated_at = EXCLUDED.updated_at \
+         WHERE c.position COLLATE \"C\" < EXCLUDED.position COLLATE \"C\"",
+    )
+    .bind(namespace)
+    .bind(name)
+    .bind(&to.position)
+    .bind(to.value_text())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+impl PostgresStore {
+    /// `check_and_mark`, and the cursor's advance in the same transaction.
+    async fn mark_batch(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+        cursor: Option<(&str, &Cursor)>,
+    ) -> Result<Vec<EventVerdict>> {
+        if marks.is_empty() {
+            if let Some((name, to)) = cursor {
+                return self
+                    .advance_cursor(namespace, name, to)
+                    .await
+                    .map(|()| Vec::new());
+            }
+            return Ok(Vec::new());
+        }
+        // One round trip (a transaction with the cursor). Repeats inside the batch are removed here and the keys sent in
+        // byte order, the order the function scan inserts them in: two batches sharing
+        // keys lock them in the same order, so they cannot deadlock.
+        let firsts = event_keys::firsts(marks);
+        let keys: Vec<&str> = firsts.iter().map(|m| m.key.as_str()).collect();
+        let fingerprints: Vec<Option<&str>> =
+            firsts.iter().map(|m| m.fingerprint.as_deref()).collect();
+        let decisions: Vec<Option<String>> = firsts
+            .iter()
+            .map(|m| event_keys::decision_text(m))
+            .collect();
+        let expiries: Vec<Option<DateTime<Utc>>> =
+            firsts.iter().map(|m| m.expires_at(now)).collect();
+        let query = sqlx::query_as(EVENTS_MARK_SQL)
+            .bind(namespace)
+            .bind(&keys)
+            .bind(&fingerprints)
+            .bind(&decisions)
+            .bind(&expiries)
+            .bind(micros(now));
+        type Marked = (
+            String,
+            bool,
+            bool,
+            Option<String>,
+            Option<String>,
+            Option<DateTime<Utc>>,
+        );
+        let rows: Vec<Marked> = match cursor {
+            None => query.fetch_all(&self.pool).await,
+            Some((name, to)) => {
+                // The marks and the cursor's advance commit together.
+                let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
+                let rows = query.fetch_all(&mut *tx).await.map_err(|e| self.err(e))?;
+                advance(&mut tx, namespace, name, to)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                tx.commit().await.map(|()| rows)
+            }
+        }
+        .map_err(|e| self.err(e))?;
+        let mut found = Found::default();
+        let mut unseen = Vec::new();
+        for (key, is_new, present, fingerprint, decision, first_seen) in rows {
+            match (is_new, present, first_seen) {
+                (true, _, _) => found.marked(key),
+                (false, true, Some(first_seen)) => {
+                    found.stored(key, fingerprint, decision, first_seen)
+                }
+                _ => unseen.push(key),
+            }
+        }
+        if !unseen.is_empty() {
+            // Rare: committed by a concurrent batch after this statement's snapshot.
+            let unseen: Vec<&str> = unseen.iter().map(String::as_str).collect();
+            for (key, fingerprint, decision, first_seen) in
+                self.read_events(namespace, &unseen, now).await?
+            {
+                found.stored(key, fingerprint, decision, first_seen);
+            }
+        }
+        Ok(found.verdicts(marks, now))
+    }
+}
+
 #[async_trait]
 impl EventKeyStore for PostgresStore {
     /// The plain batch mark (no fingerprint, decision or TTL) keeps its own statement, as
@@ -640,60 +746,53 @@ impl EventKeyStore for PostgresStore {
         marks: &[EventMark],
         now: DateTime<Utc>,
     ) -> Result<Vec<EventVerdict>> {
-        if marks.is_empty() {
-            return Ok(Vec::new());
-        }
-        // One round trip. Repeats inside the batch are removed here and the keys sent in
-        // byte order, the order the function scan inserts them in: two batches sharing
-        // keys lock them in the same order, so they cannot deadlock.
-        let firsts = event_keys::firsts(marks);
-        let keys: Vec<&str> = firsts.iter().map(|m| m.key.as_str()).collect();
-        let fingerprints: Vec<Option<&str>> =
-            firsts.iter().map(|m| m.fingerprint.as_deref()).collect();
-        let decisions: Vec<Option<String>> = firsts
-            .iter()
-            .map(|m| event_keys::decision_text(m))
-            .collect();
-        let expiries: Vec<Option<DateTime<Utc>>> =
-            firsts.iter().map(|m| m.expires_at(now)).collect();
-        let rows: Vec<(
-            String,
-            bool,
-            bool,
-            Option<String>,
-            Option<String>,
-            Option<DateTime<Utc>>,
-        )> = sqlx::query_as(EVENTS_MARK_SQL)
-            .bind(namespace)
-            .bind(&keys)
-            .bind(&fingerprints)
-            .bind(&decisions)
-            .bind(&expiries)
-            .bind(micros(now))
-            .fetch_all(&self.pool)
+        self.mark_batch(namespace, marks, now, None).await
+    }
+
+    async fn check_and_mark_advancing(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+        cursor: &str,
+        to: &Cursor,
+    ) -> Result<Vec<EventVerdict>> {
+        self.mark_batch(namespace, marks, now, Some((cursor, to)))
             .await
-            .map_err(|e| self.err(e))?;
-        let mut found = Found::default();
-        let mut unseen = Vec::new();
-        for (key, is_new, present, fingerprint, decision, first_seen) in rows {
-            match (is_new, present, first_seen) {
-                (true, _, _) => found.marked(key),
-                (false, true, Some(first_seen)) => {
-                    found.stored(key, fingerprint, decision, first_seen)
-                }
-                _ => unseen.push(key),
-            }
+    }
+
+    async fn forget_event_keys(&self, namespace: &str, keys: &[String]) -> Result<u64> {
+        if keys.is_empty() {
+            return Ok(0);
         }
-        if !unseen.is_empty() {
-            // Rare: committed by a concurrent batch after this statement's snapshot.
-            let unseen: Vec<&str> = unseen.iter().map(String::as_str).collect();
-            for (key, fingerprint, decision, first_seen) in
-                self.read_events(namespace, &unseen, now).await?
-            {
-                found.stored(key, fingerprint, decision, first_seen);
-            }
-        }
-        Ok(found.verdicts(marks, now))
+        let done = sqlx::query(
+            "DELETE FROM event_keys WHERE namespace = $1 AND event_key = ANY($2::text[])",
+        )
+        .bind(namespace)
+        .bind(keys)
+        .execute(&self.pool)
+        .await
+        .map_err(|e| self.err(e))?;
+        Ok(done.rows_affected())
+    }
+
+    async fn cursor(&self, namespace: &str, name: &str) -> Result<Option<Cursor>> {
+        let row: Option<(String, String)> = sqlx::query_as(
+            "SELECT position, value::text FROM event_cursors WHERE namespace = $1 AND name = $2",
+        )
+        .bind(namespace)
+        .bind(name)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(|e| self.err(e))?;
+        Ok(row.map(|(position, value)| Cursor::from_stored(position, &value)))
+    }
+
+    async fn advance_cursor(&self, namespace: &str, name: &str, to: &Cursor) -> Result<()> {
+        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        advance(&mut conn, namespace, name, to)
+            .await
+            .map_err(|e| self.err(e))
     }
 
     async fn is_duplicate(

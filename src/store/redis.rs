@@ -41,7 +41,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use redis::aio::ConnectionManager;
 
-use super::event_keys::{against, parse_decision, Found, StoredEvent};
+use super::event_keys::{against, parse_decision, Cursor, Found, StoredEvent};
 use super::{redact_url, Capabilities, EventKeyStore, EventMark, EventVerdict, StoreBase};
 use crate::backend::redis::{connect, error, parse_url};
 use crate::error::{Error, Result};
@@ -74,6 +74,19 @@ return false
 /// Rounds of re-marking keys expired by the caller's clock before the last value read
 /// stands as stored.
 const REMARK_ROUNDS: usize = 3;
+
+/// Moves a cursor (value `POSITION\nJSON`) to ARGV[1] (value ARGV[2]) when ARGV[1] is
+/// after its stored position; positions are lowercase hex, so Lua's string order is
+/// their byte order.
+const ADVANCE_CURSOR: &str = r"
+local v = redis.call('GET', KEYS[1])
+if v then
+  local p = string.match(v, '^[^\n]*')
+  if not (p < ARGV[1]) then return 0 end
+end
+redis.call('SET', KEYS[1], ARGV[1] .. '\n' .. ARGV[2])
+return 1
+";
 
 /// The Redis event-key store.
 #[derive(Clone)]
@@ -193,6 +206,13 @@ pub fn redis_key(prefix: &str, namespace: &str, key: &str) -> String {
     } else {
         format!("{prefix}{{{namespace}}}:{key}")
     }
+}
+
+/// The Redis key of a namespace's named cursor: `PREFIX{NAMESPACE}#cursor:NAME`, in the
+/// namespace's slot and apart from every event key (those have `}:` after the tag).
+pub fn cursor_key(prefix: &str, namespace: &str, name: &str) -> String {
+    let event = redis_key(prefix, namespace, "");
+    format!("{}#cursor:{name}", &event[..event.len() - 1])
 }
 
 impl RedisStore {
@@ -401,6 +421,47 @@ impl EventKeyStore for RedisStore {
             pending = retry.iter().map(|(i, _)| *i).zip(answers).collect();
         }
         Ok(found.verdicts(marks, now))
+    }
+
+    async fn forget_event_keys(&self, namespace: &str, keys: &[String]) -> Result<u64> {
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let mut cmd = redis::cmd("DEL");
+        for key in keys {
+            cmd.arg(self.redis_key(namespace, key));
+        }
+        let mut conn = self.conn.clone();
+        cmd.query_async::<u64>(&mut conn)
+            .await
+            .map_err(|e| self.err("forget_event_keys", e))
+    }
+
+    async fn cursor(&self, namespace: &str, name: &str) -> Result<Option<Cursor>> {
+        let mut conn = self.conn.clone();
+        let value: Option<String> = redis::cmd("GET")
+            .arg(cursor_key(&self.prefix, namespace, name))
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.err("cursor", e))?;
+        Ok(value.map(|v| {
+            let (position, json) = v.split_once('\n').unwrap_or((&v, ""));
+            Cursor::from_stored(position.to_string(), json)
+        }))
+    }
+
+    async fn advance_cursor(&self, namespace: &str, name: &str, to: &Cursor) -> Result<()> {
+        let mut conn = self.conn.clone();
+        redis::cmd("EVAL")
+            .arg(ADVANCE_CURSOR)
+            .arg(1)
+            .arg(cursor_key(&self.prefix, namespace, name))
+            .arg(&to.position)
+            .arg(to.value_text())
+            .query_async::<i64>(&mut conn)
+            .await
+            .map_err(|e| self.err("advance_cursor", e))?;
+        Ok(())
     }
 
     async fn is_duplicate(

@@ -13,7 +13,7 @@ use sqlx::sqlite::{SqliteConnection, SqlitePool, SqlitePoolOptions, SqliteSynchr
 use sqlx::{Connection, Row};
 
 use super::common::{cleanup_tables, statements, upsert_claim, CLEANUP_TABLES};
-use super::event_keys::{self, Found};
+use super::event_keys::{self, Cursor, Found};
 use super::migrations::{self, Migration, Schema};
 use super::rows::{KeyRow, LeaseColumns, LeaseRow, RunRow, KEY_COLUMNS, RUN_COLUMNS};
 use super::{
@@ -461,15 +461,47 @@ async fn read_events(
         .await
 }
 
-#[async_trait]
-impl EventKeyStore for SqliteStore {
-    async fn check_and_mark(
+/// Moves cursor (?1, ?2) to position ?3 (value ?4, at ?5) when ?3 is after it.
+const CURSOR_ADVANCE_SQL: &str = "\
+INSERT INTO event_cursors (namespace, name, position, value, updated_at)
+VALUES (?1, ?2, ?3, ?4, ?5)
+ON CONFLICT (namespace, name) DO UPDATE SET
+  position = excluded.position, value = excluded.value, updated_at = excluded.updated_at
+WHERE event_cursors.position < excluded.position";
+
+impl SqliteStore {
+    async fn advance_in(
+        &self,
+        conn: &mut SqliteConnection,
+        namespace: &str,
+        name: &str,
+        to: &Cursor,
+    ) -> Result<()> {
+        sqlx::query(CURSOR_ADVANCE_SQL)
+            .bind(namespace)
+            .bind(name)
+            .bind(&to.position)
+            .bind(to.value_text())
+            .bind(ts(Utc::now()))
+            .execute(conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    /// `check_and_mark`, and the cursor's advance in the same transaction.
+    async fn mark_batch(
         &self,
         namespace: &str,
         marks: &[EventMark],
         now: DateTime<Utc>,
+        cursor: Option<(&str, &Cursor)>,
     ) -> Result<Vec<EventVerdict>> {
         if marks.is_empty() {
+            if let Some((name, to)) = cursor {
+                let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+                self.advance_in(&mut conn, namespace, name, to).await?;
+            }
             return Ok(Vec::new());
         }
         let firsts = event_keys::firsts(marks);
@@ -532,11 +564,71 @@ impl EventKeyStore for SqliteStore {
                 .await
                 .map_err(|e| self.err(e))?;
         }
+        if let Some((name, to)) = cursor {
+            self.advance_in(&mut tx, namespace, name, to).await?;
+        }
         tx.commit().await.map_err(|e| self.err(e))?;
         for m in &batch {
             found.marked(m.k.to_string());
         }
         Ok(found.verdicts(marks, now))
+    }
+}
+
+#[async_trait]
+impl EventKeyStore for SqliteStore {
+    async fn check_and_mark(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<EventVerdict>> {
+        self.mark_batch(namespace, marks, now, None).await
+    }
+
+    async fn check_and_mark_advancing(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+        cursor: &str,
+        to: &Cursor,
+    ) -> Result<Vec<EventVerdict>> {
+        self.mark_batch(namespace, marks, now, Some((cursor, to)))
+            .await
+    }
+
+    async fn forget_event_keys(&self, namespace: &str, keys: &[String]) -> Result<u64> {
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let done = sqlx::query(
+            "DELETE FROM event_keys WHERE namespace = ?1 \
+             AND event_key IN (SELECT value FROM json_each(?2))",
+        )
+        .bind(namespace)
+        .bind(serde_json::to_string(keys).unwrap_or_default())
+        .execute(&self.pool)
+        .await
+        .map_err(|e| self.err(e))?;
+        Ok(done.rows_affected())
+    }
+
+    async fn cursor(&self, namespace: &str, name: &str) -> Result<Option<Cursor>> {
+        let row: Option<(String, String)> = sqlx::query_as(
+            "SELECT position, value FROM event_cursors WHERE namespace = ?1 AND name = ?2",
+        )
+        .bind(namespace)
+        .bind(name)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(|e| self.err(e))?;
+        Ok(row.map(|(position, value)| Cursor::from_stored(position, &value)))
+    }
+
+    async fn advance_cursor(&self, namespace: &str, name: &str, to: &Cursor) -> Result<()> {
+        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        self.advance_in(&mut conn, namespace, name, to).await
     }
 
     async fn is_duplicate(
