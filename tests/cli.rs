@@ -1266,3 +1266,45 @@ fn run_metrics_file_has_status_duration_records_and_skip_reason() {
         read()
     );
 }
+
+#[test]
+fn processes_opening_a_new_sqlite_ledger_at_once_all_get_it() {
+    // The first open of a file switches it to WAL; processes racing for that switch used
+    // to fail with "database is locked" (exit 3) instead of waiting their turn.
+    for round in 0..10 {
+        let s = Sandbox::new("idem-cli-first-open");
+        s.write_job(
+            "sales",
+            &sales_job("sales", "time_window = \"1h\"", GOOD_PROCESS),
+        );
+        let children: Vec<_> = (0..12)
+            .map(|i| {
+                let args: &[&str] = if i % 3 == 0 {
+                    &["migrate"]
+                } else {
+                    &["run", "sales", "--date", "2025-11-18"]
+                };
+                s.command(args)
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for child in children {
+            let out = child.wait_with_output().unwrap();
+            assert_eq!(
+                out.status.code(),
+                Some(0),
+                "round {round}: {}",
+                stderr(&out)
+            );
+        }
+        let (_, runs, _) = s.json(&["runs", "--status", "completed"]);
+        assert_eq!(
+            runs.as_array().map(Vec::len),
+            Some(1),
+            "round {round}: {runs}"
+        );
+    }
+}

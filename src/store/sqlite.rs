@@ -56,15 +56,33 @@ impl SqliteStore {
             .parent()
             .filter(|p| !p.as_os_str().is_empty() && !p.is_dir())
             .map(|p| format!(" (the folder {} does not exist)", p.display()));
-        let pool = SqlitePoolOptions::new()
-            .max_connections(4)
-            .min_connections(0)
-            .connect_with(options)
-            .await
-            .map_err(|e| {
-                let why = folder.unwrap_or_default();
-                Error::store(url, format!("cannot open sqlite database{why}: {e}"))
-            })?;
+        // Opening switches the file to WAL; two processes opening a new file at once can
+        // find it locked for that switch, which SQLite's busy timeout does not cover: such
+        // an open is tried again (for up to about 5 s) instead of failing the run.
+        let policy = super::retry::Backoff {
+            attempts: 40,
+            base: std::time::Duration::from_millis(5),
+            jitter: std::time::Duration::from_millis(20),
+        };
+        let pool = super::retry::retry(policy, |_| {
+            let options = options.clone();
+            async move {
+                SqlitePoolOptions::new()
+                    .max_connections(4)
+                    .min_connections(0)
+                    .connect_with(options)
+                    .await
+                    .map_err(|e| match is_busy(&e) {
+                        true => super::retry::Retry::Again(e),
+                        false => super::retry::Retry::Stop(e),
+                    })
+            }
+        })
+        .await
+        .map_err(|e| {
+            let why = folder.unwrap_or_default();
+            Error::store(url, format!("cannot open sqlite database{why}: {e}"))
+        })?;
         let store = SqliteStore {
             pool,
             url: url.to_string(),
@@ -664,4 +682,13 @@ impl EventKeyStore for SqliteStore {
         .map_err(|e| self.err(e))?;
         Ok(done.rows_affected() > 0)
     }
+}
+
+/// SQLITE_BUSY or SQLITE_LOCKED (any extended code): another connection holds the lock.
+fn is_busy(e: &sqlx::Error) -> bool {
+    let code = match e {
+        sqlx::Error::Database(d) => d.code().and_then(|c| c.parse::<i32>().ok()),
+        _ => None,
+    };
+    matches!(code.map(|c| c & 0xff), Some(5 | 6))
 }
