@@ -287,8 +287,7 @@ mod bigquery {
     }
 
     fn table_list() -> String {
-        let tables: Vec<String> = idem::store::bigquery::TABLES
-            .iter()
+        let tables: Vec<String> = idem::store::bigquery::tables()
             .map(|t| {
                 format!(
                     r#"{{"tableReference":{{"projectId":"p","datasetId":"d","tableId":"{t}"}}}}"#
