@@ -9,7 +9,8 @@
 //! ```
 //!
 //! Settings (environment): `IDEM_BENCH_LINES` (throughput input, default 200000),
-//! `IDEM_BENCH_BATCH` (`--batch`, default the gate's 1000), `IDEM_BENCH_REDIS`
+//! `IDEM_BENCH_BATCH` (`--batch`, default the gate's 1000), `IDEM_BENCH_BIN` (another
+//! `idem` binary to measure instead of this build's), `IDEM_BENCH_REDIS`
 //! (host:port, default 127.0.0.1:6379; unreachable: skipped), `IDEM_TEST_POSTGRES_URL`
 //! (unset: Postgres skipped), `IDEM_BENCH_MEMORY=0` to skip the 1 M-line memory runs.
 
@@ -20,6 +21,11 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const IDEM: &str = env!("CARGO_BIN_EXE_idem");
+
+/// The binary under test: `IDEM_BENCH_BIN` (another build, to compare two) or this build's.
+fn idem() -> String {
+    std::env::var("IDEM_BENCH_BIN").unwrap_or_else(|_| IDEM.to_string())
+}
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -75,7 +81,7 @@ fn gate_with(
     batch: Option<usize>,
     extra: &[&str],
 ) -> GateRun {
-    let mut cmd = Command::new(IDEM);
+    let mut cmd = Command::new(idem());
     cmd.args([
         "gate",
         "--key",

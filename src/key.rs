@@ -306,8 +306,8 @@ enum Hasher {
 /// 8 KiB.
 struct DigestWriter {
     hasher: Hasher,
-    /// Up to [`DIGEST_BUF`] bytes not hashed yet (allocated, not zeroed: most digests are
-    /// of a few hundred bytes).
+    /// Up to [`DIGEST_BUF`] bytes not hashed yet (most digests are of a few hundred
+    /// bytes).
     buf: Vec<u8>,
 }
 
@@ -321,7 +321,8 @@ impl DigestWriter {
         };
         DigestWriter {
             hasher,
-            buf: Vec::with_capacity(DIGEST_BUF),
+            // Grows (by doubling) up to DIGEST_BUF for large contents only.
+            buf: Vec::with_capacity(256),
         }
     }
 
@@ -370,12 +371,12 @@ impl Write for DigestWriter {
 /// Lower-case hex of `bytes` (digests are shown this way everywhere).
 pub(crate) fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
+    let mut s = Vec::with_capacity(bytes.len() * 2);
     for b in bytes {
-        s.push(DIGITS[(b >> 4) as usize] as char);
-        s.push(DIGITS[(b & 15) as usize] as char);
+        s.push(DIGITS[(b >> 4) as usize]);
+        s.push(DIGITS[(b & 15) as usize]);
     }
-    s
+    String::from_utf8(s).expect("hex digits are ASCII")
 }
 
 #[cfg(test)]

@@ -505,10 +505,16 @@ pub fn main_with(registry: Registry) -> ExitCode {
     } else {
         "warn,sqlx::query=error"
     });
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    // `gate` prepares the next batch while a task of its own waits on the store (and the
+    // Redis driver runs its connection): one worker thread beside the main one.
+    let mut builder = if matches!(cli.command, Command::Gate(_)) {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(1);
+        b
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             output::print_error_line(format_args!("cannot start the async runtime: {e}"));

@@ -166,7 +166,7 @@ impl Deduplicator {
         &self.namespace
     }
 
-    fn mark(&self, event: &Value) -> std::result::Result<EventMark, EventError> {
+    pub(super) fn mark(&self, event: &Value) -> std::result::Result<EventMark, EventError> {
         let key = self.key.extract(event)?;
         let fingerprint = match &self.fingerprint {
             Some(spec) => Some(spec.extract(event)?),

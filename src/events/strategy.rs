@@ -44,7 +44,7 @@ use super::InvalidEvent;
 use crate::error::{Error, Result};
 use crate::store::breaker::BreakerPhase;
 use crate::store::{
-    BreakerConfig, CircuitBreakerStore, Cursor, EventKeyStore, EventVerdict, StoreBase,
+    BreakerConfig, CircuitBreakerStore, Cursor, EventKeyStore, EventMark, EventVerdict, StoreBase,
 };
 
 /// What a store failure does to a batch.
@@ -296,12 +296,37 @@ pub struct Health {
 }
 
 /// A [`Deduplicator`] with a failure [`Strategy`], a circuit breaker and [`DedupStats`].
-#[derive(Debug)]
+///
+/// Cloning is cheap, and the clones share the breaker and the counters (so a batch's store
+/// call can run in a task of its own).
+#[derive(Debug, Clone)]
 pub struct EventGate {
     dedup: Deduplicator,
     breaker: Arc<CircuitBreakerStore<dyn EventKeyStore>>,
     strategy: Strategy,
-    recorder: Mutex<Recorder>,
+    recorder: Arc<Mutex<Recorder>>,
+}
+
+/// A batch's marks taken before its store call (keys, fingerprints, TTLs: the CPU part of
+/// a check), made with [`EventGate::prepare`] or event by event with
+/// [`EventGate::prepare_event`], and checked with [`EventGate::admit`].
+#[derive(Debug, Default)]
+pub struct PreparedBatch {
+    marks: Vec<EventMark>,
+    /// Per event: its mark's index, or why it has none.
+    slots: Vec<std::result::Result<usize, InvalidEvent>>,
+}
+
+impl PreparedBatch {
+    /// Events in the batch (valid or not).
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Whether the batch holds no event.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
 }
 
 fn phase_name(phase: BreakerPhase) -> &'static str {
@@ -320,7 +345,7 @@ impl EventGate {
             dedup,
             breaker,
             strategy,
-            recorder: Mutex::new(Recorder::default()),
+            recorder: Arc::new(Mutex::new(Recorder::default())),
         }
     }
 
@@ -407,8 +432,43 @@ impl EventGate {
         now: DateTime<Utc>,
         advance: Option<(&str, &Cursor)>,
     ) -> Result<Vec<std::result::Result<Admission, InvalidEvent>>> {
-        let (marks, slots) = self.dedup.marks(events);
-        let invalid = events.len() - marks.len();
+        self.admit(self.prepare(events), now, advance).await
+    }
+
+    /// The marks of `events` (see [`PreparedBatch`]).
+    pub fn prepare(&self, events: &[Value]) -> PreparedBatch {
+        let mut batch = PreparedBatch {
+            marks: Vec::with_capacity(events.len()),
+            slots: Vec::with_capacity(events.len()),
+        };
+        for event in events {
+            self.prepare_event(&mut batch, event);
+        }
+        batch
+    }
+
+    /// Adds `event`'s mark (or the reason it has none) to `batch`.
+    pub fn prepare_event(&self, batch: &mut PreparedBatch, event: &Value) {
+        let position = batch.slots.len() + 1;
+        let slot = match self.dedup.mark(event) {
+            Ok(mark) => {
+                batch.marks.push(mark);
+                Ok(batch.marks.len() - 1)
+            }
+            Err(err) => Err(err.at(position)),
+        };
+        batch.slots.push(slot);
+    }
+
+    /// [`check_and_mark_advancing`](Self::check_and_mark_advancing) of a prepared batch.
+    pub async fn admit(
+        &self,
+        batch: PreparedBatch,
+        now: DateTime<Utc>,
+        advance: Option<(&str, &Cursor)>,
+    ) -> Result<Vec<std::result::Result<Admission, InvalidEvent>>> {
+        let PreparedBatch { mut marks, slots } = batch;
+        let invalid = slots.len() - marks.len();
         let namespace = self.dedup.namespace();
         let outcome = if marks.is_empty() && advance.is_none() {
             Ok(Vec::new())
@@ -428,7 +488,7 @@ impl EventGate {
             outcome
         };
         let mut r = self.recorder();
-        r.stats.checked += events.len() as u64;
+        r.stats.checked += slots.len() as u64;
         r.stats.extraction_failures += invalid as u64;
         let verdicts = match outcome {
             Ok(v) => Some(v),
@@ -449,7 +509,7 @@ impl EventGate {
         };
         let mut verdicts = verdicts.map(|v| v.into_iter().map(Some).collect::<Vec<_>>());
         let log_only = self.strategy == Strategy::LogOnly;
-        let mut out = Vec::with_capacity(events.len());
+        let mut out = Vec::with_capacity(slots.len());
         for slot in slots {
             let i = match slot {
                 Ok(i) => i,
@@ -458,7 +518,7 @@ impl EventGate {
                     continue;
                 }
             };
-            let key = marks[i].key.clone();
+            let key = std::mem::take(&mut marks[i].key);
             let verdict = verdicts
                 .as_mut()
                 .map(|v| v[i].take().expect("one verdict per mark"));
@@ -535,7 +595,7 @@ impl EventGate {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{EventMark, MemoryStore};
+    use crate::store::MemoryStore;
     use async_trait::async_trait;
     use serde_json::json;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -29,7 +29,8 @@ use chrono::Utc;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::strategy::{Admission, EventGate, Strategy};
+use super::strategy::{Admission, EventGate, PreparedBatch, Strategy};
+use super::InvalidEvent;
 use crate::error::{Error, Result};
 use crate::store::{Cursor, EventVerdict};
 
@@ -140,6 +141,102 @@ struct Pending {
     error: Option<String>,
 }
 
+/// A batch read from the input: its lines, the marks of its events, and what it counts.
+#[derive(Default)]
+struct Batch {
+    pending: Vec<Pending>,
+    prepared: PreparedBatch,
+    /// The greatest (timestamp, id) of its events after the cursor.
+    end: Option<Cursor>,
+    /// Input lines read, blank ones included.
+    lines: u64,
+    blank: u64,
+    /// The input ended in it.
+    eof: bool,
+}
+
+/// Reads up to `size` non-blank lines after line `read` and takes the marks of their
+/// events (parsing, key, fingerprint: the CPU part of a batch). With a cursor, events at
+/// or before `position` are `before_cursor`.
+fn read_batch<R: BufRead>(
+    gate: &EventGate,
+    input: &mut R,
+    input_name: &str,
+    size: usize,
+    read: u64,
+    cursor: Option<(&StreamCursor, Option<&Cursor>)>,
+    buf: &mut Vec<u8>,
+) -> Result<Batch> {
+    let mut batch = Batch {
+        pending: Vec::with_capacity(size),
+        ..Batch::default()
+    };
+    while batch.pending.len() < size {
+        buf.clear();
+        let n = input
+            .read_until(b'\n', buf)
+            .map_err(|e| Error::io("read", input_name, e))?;
+        if n == 0 {
+            batch.eof = true;
+            break;
+        }
+        batch.lines += 1;
+        let number = read + batch.lines;
+        let bad = |error: String| Pending {
+            number,
+            before_cursor: false,
+            text: String::new(),
+            error: Some(error),
+        };
+        let Ok(text) = std::str::from_utf8(buf) else {
+            batch
+                .pending
+                .push(bad(format!("line {number}: not UTF-8 text")));
+            continue;
+        };
+        let text = text.trim();
+        if text.is_empty() {
+            batch.blank += 1;
+            continue;
+        }
+        match serde_json::from_str::<Value>(text) {
+            Ok(event @ Value::Object(_)) => {
+                let mut line = Pending {
+                    number,
+                    before_cursor: false,
+                    text: text.to_string(),
+                    error: None,
+                };
+                if let Some((c, position)) = cursor {
+                    match Cursor::of_event(&event, &c.timestamp_field, &c.id_field) {
+                        Err(e) => line.error = Some(format!("line {number}: {e}")),
+                        Ok(at) if position.is_some_and(|p| at <= *p) => {
+                            line.before_cursor = true;
+                        }
+                        Ok(at) => {
+                            if batch.end.as_ref().is_none_or(|end| *end < at) {
+                                batch.end = Some(at);
+                            }
+                        }
+                    }
+                }
+                if line.error.is_none() && !line.before_cursor {
+                    gate.prepare_event(&mut batch.prepared, &event);
+                }
+                batch.pending.push(line);
+            }
+            Ok(other) => batch.pending.push(bad(format!(
+                "line {number}: not a JSON object (found {})",
+                super::json_kind_of_raw(&other.to_string())
+            ))),
+            Err(e) => batch
+                .pending
+                .push(bad(format!("line {number}: not JSON: {e}"))),
+        }
+    }
+    Ok(batch)
+}
+
 /// Runs the gate over `stream` in batches of `batch` lines; `progress` is called after
 /// each batch. Stops early (with `output_closed`) when the output's reader went away.
 pub async fn run<R: BufRead, W: Write>(
@@ -154,6 +251,12 @@ pub async fn run<R: BufRead, W: Write>(
 
 /// [`run`] with a [`StreamCursor`] (`None`: none). The cursor is read once at the start;
 /// a store that has no cursors fails here, before any line is read.
+///
+/// Without a cursor, the next batch is read and prepared while the store works on the
+/// current one (its call runs as a task of its own, so on a multi-threaded runtime the two
+/// overlap); its records are still written only after its own store call returned. With a
+/// cursor, batches go one after the other: which events are before the cursor depends on
+/// where the previous batch left it.
 pub async fn run_with_cursor<R: BufRead, W: Write>(
     gate: &EventGate,
     stream: Stream<'_, R, W>,
@@ -168,15 +271,13 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
         mut output,
         output_name,
     } = stream;
-    let batch = batch.max(1);
+    let size = batch.max(1);
     let started = Instant::now();
     let mut summary = StreamSummary::default();
     if let Some(c) = cursor {
         summary.cursor = gate.cursor(&c.name).await?;
     }
     let log_only = gate.strategy() == Strategy::LogOnly;
-    let mut pending: Vec<Pending> = Vec::with_capacity(batch);
-    let mut events: Vec<Value> = Vec::with_capacity(batch);
     let mut buf: Vec<u8> = Vec::with_capacity(1 << 12);
     let mut record = Vec::with_capacity(1 << 16);
     let write_err = |e: std::io::Error| Error::io("write", output_name, e);
@@ -190,165 +291,271 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
             other => other.map_err(write_err)?,
         }
     }
-    let mut eof = false;
-    while !eof {
-        pending.clear();
-        events.clear();
-        let mut batch_end: Option<Cursor> = None;
-        while pending.len() < batch {
-            buf.clear();
-            let n = input
-                .read_until(b'\n', &mut buf)
-                .map_err(|e| Error::io("read", input_name, e))?;
-            if n == 0 {
-                eof = true;
+    let mut read: u64 = 0;
+    let mut next = {
+        let position = cursor.map(|c| (c, summary.cursor.as_ref()));
+        read_batch(gate, &mut input, input_name, size, 0, position, &mut buf)?
+    };
+    read += next.lines;
+    let mut in_flight: Option<InFlight> = None;
+    let mut read_error: Option<Error> = None;
+    loop {
+        // Launch the batch read last; with a cursor its store call is done here, before
+        // the next batch is read.
+        let Batch {
+            pending,
+            prepared,
+            end,
+            lines,
+            blank,
+            eof,
+        } = std::mem::take(&mut next);
+        // The batch before it: its store call's outcome first (one call at a time, so a
+        // key in two batches gets its verdicts in input order).
+        let done = match in_flight.take() {
+            Some(f) => Some(f.finish().await?),
+            None => None,
+        };
+        let launched = if pending.is_empty() {
+            summary.lines += lines;
+            summary.blank += blank;
+            None
+        } else {
+            let call = match cursor {
+                None => {
+                    let (store_gate, now) = (gate.clone(), Utc::now());
+                    Call::Running(tokio::spawn(async move {
+                        store_gate.admit(prepared, now, None).await
+                    }))
+                }
+                Some(c) => {
+                    // The cursor advances to the batch's last (timestamp, id) with the
+                    // marks; a store call that failed (a fallback) marked nothing and
+                    // moved no cursor.
+                    let advance = end.as_ref().map(|end| (c.name.as_str(), end));
+                    let failures = advance.map(|_| gate.stats().store_errors);
+                    let admitted = gate.admit(prepared, Utc::now(), advance).await?;
+                    if failures.is_some_and(|before| gate.stats().store_errors == before) {
+                        summary.cursor = end;
+                    }
+                    Call::Done(admitted)
+                }
+            };
+            Some(InFlight {
+                pending,
+                lines,
+                blank,
+                call,
+            })
+        };
+        // The batch before it: its records, while the store works on this one.
+        if let Some(done) = done {
+            let closed = write_batch(
+                &mut output,
+                &mut record,
+                &mut summary,
+                done,
+                format,
+                log_only,
+            )
+            .map_err(write_err)?;
+            summary.elapsed = started.elapsed();
+            if closed {
+                summary.output_closed = true;
+                if let Some(InFlight {
+                    call: Call::Running(call),
+                    ..
+                }) = launched
+                {
+                    // Not reported, but let it finish rather than cut it off.
+                    let _ = call.await;
+                }
                 break;
             }
-            summary.lines += 1;
-            let number = summary.lines;
-            let text = match std::str::from_utf8(&buf) {
-                Ok(text) => text.trim(),
-                Err(_) => {
-                    pending.push(Pending {
-                        number,
-                        before_cursor: false,
-                        text: String::new(),
-                        error: Some(format!("line {number}: not UTF-8 text")),
-                    });
-                    continue;
-                }
-            };
-            if text.is_empty() {
-                summary.blank += 1;
-                continue;
-            }
-            match serde_json::from_str::<Value>(text) {
-                Ok(event @ Value::Object(_)) => {
-                    let mut line = Pending {
-                        number,
-                        before_cursor: false,
-                        text: text.to_string(),
-                        error: None,
-                    };
-                    if let Some(c) = cursor {
-                        match Cursor::of_event(&event, &c.timestamp_field, &c.id_field) {
-                            Err(e) => line.error = Some(format!("line {number}: {e}")),
-                            Ok(at) if summary.cursor.as_ref().is_some_and(|p| at <= *p) => {
-                                line.before_cursor = true;
-                            }
-                            Ok(at) => {
-                                if batch_end.as_ref().is_none_or(|end| *end < at) {
-                                    batch_end = Some(at);
-                                }
-                            }
-                        }
-                    }
-                    if line.error.is_none() && !line.before_cursor {
-                        events.push(event);
-                    }
-                    pending.push(line);
-                }
-                Ok(other) => pending.push(Pending {
-                    number,
-                    before_cursor: false,
-                    text: String::new(),
-                    error: Some(format!(
-                        "line {number}: not a JSON object (found {})",
-                        super::json_kind_of_raw(&other.to_string())
-                    )),
-                }),
-                Err(e) => pending.push(Pending {
-                    number,
-                    before_cursor: false,
-                    text: String::new(),
-                    error: Some(format!("line {number}: not JSON: {e}")),
-                }),
-            }
+            progress(&summary);
         }
-        if pending.is_empty() {
+        in_flight = launched;
+        let Some(current) = in_flight.as_mut() else {
             break;
-        }
-        // The store call: only after it returned are the batch's records written. With a
-        // cursor, it advances to the batch's last (timestamp, id) with the marks.
-        let advance = match (cursor, &batch_end) {
-            (Some(c), Some(end)) => Some((c.name.as_str(), end)),
-            _ => None,
         };
-        let failures = advance.map(|_| gate.stats().store_errors);
-        let admitted = gate
-            .check_and_mark_advancing(&events, Utc::now(), advance)
-            .await?;
-        // A store call that failed (a fallback) marked nothing and moved no cursor.
-        if failures.is_some_and(|before| gate.stats().store_errors == before) {
-            summary.cursor = batch_end.take();
-        }
-        record.clear();
-        let mut admitted = admitted.into_iter();
-        for line in &pending {
-            if line.before_cursor {
-                summary.before_cursor += 1;
-                match format {
-                    OutputFormat::Ndjson => {
-                        record.extend_from_slice(b"{\"line\":");
-                        record.extend_from_slice(line.number.to_string().as_bytes());
-                        record.extend_from_slice(
-                            b",\"verdict\":\"before_cursor\",\"key\":null,\"pass\":",
-                        );
-                        record.extend_from_slice(if log_only { b"true" } else { b"false" });
-                        record.extend_from_slice(b",\"event\":");
-                        record.extend_from_slice(line.text.as_bytes());
-                        record.extend_from_slice(b"}\n");
-                    }
-                    OutputFormat::Csv => {
-                        record.extend_from_slice(line.number.to_string().as_bytes());
-                        record.extend_from_slice(if log_only {
-                            b",before_cursor,,true,true,"
-                        } else {
-                            b",before_cursor,,false,true,"
-                        });
-                        csv_field(&mut record, &line.text);
-                        record.extend_from_slice(b",,\n");
-                    }
-                }
-                continue;
-            }
-            let outcome = match &line.error {
-                Some(error) => Err(error.clone()),
-                None => admitted
-                    .next()
-                    .expect("one admission per event")
-                    .map_err(|invalid| format!("line {}: {}", line.number, invalid.error)),
-            };
-            match &outcome {
-                Err(_) => summary.invalid += 1,
-                Ok(a) => {
-                    match a.verdict_name() {
-                        "new" => summary.new += 1,
-                        "replay" => summary.replay += 1,
-                        _ => summary.conflict += 1,
-                    }
-                    if !a.verified() {
-                        summary.unverified += 1;
-                    }
-                }
-            }
-            match format {
-                OutputFormat::Ndjson => write_ndjson(&mut record, line, &outcome),
-                OutputFormat::Csv => write_csv(&mut record, line, &outcome),
-            }
-        }
-        summary.elapsed = started.elapsed();
-        match output.write_all(&record).and_then(|()| output.flush()) {
-            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+        // With a cursor, batches go one after the other: write this one before reading on.
+        if matches!(current.call, Call::Done(_)) {
+            let done = in_flight
+                .take()
+                .expect("a batch in flight")
+                .finish()
+                .await?;
+            let closed = write_batch(
+                &mut output,
+                &mut record,
+                &mut summary,
+                done,
+                format,
+                log_only,
+            )
+            .map_err(write_err)?;
+            summary.elapsed = started.elapsed();
+            if closed {
                 summary.output_closed = true;
                 break;
             }
-            other => other.map_err(write_err)?,
+            progress(&summary);
         }
-        progress(&summary);
+        if eof {
+            next.eof = true;
+            continue;
+        }
+        let position = cursor.map(|c| (c, summary.cursor.as_ref()));
+        match read_batch(gate, &mut input, input_name, size, read, position, &mut buf) {
+            Ok(batch) => {
+                read += batch.lines;
+                next = batch;
+            }
+            Err(e) => {
+                // The batch in flight is reported first.
+                read_error = Some(e);
+                next.eof = true;
+            }
+        }
+    }
+    if let Some(e) = read_error {
+        return Err(e);
     }
     summary.elapsed = started.elapsed();
     Ok(summary)
+}
+
+/// A batch whose store call was made: running as a task of its own, or done.
+enum Call {
+    Running(tokio::task::JoinHandle<Result<Vec<std::result::Result<Admission, InvalidEvent>>>>),
+    Done(Vec<std::result::Result<Admission, InvalidEvent>>),
+}
+
+/// A batch between its store call and its records.
+struct InFlight {
+    pending: Vec<Pending>,
+    lines: u64,
+    blank: u64,
+    call: Call,
+}
+
+/// A batch whose store call returned.
+struct Finished {
+    pending: Vec<Pending>,
+    lines: u64,
+    blank: u64,
+    admitted: Vec<std::result::Result<Admission, InvalidEvent>>,
+}
+
+impl InFlight {
+    /// Waits for the store call; a store error (under `strict`) is returned as it is.
+    async fn finish(self) -> Result<Finished> {
+        let admitted = match self.call {
+            Call::Done(admitted) => admitted,
+            Call::Running(call) => match call.await {
+                Ok(admitted) => admitted?,
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(e) => return Err(Error::input(format!("the store call stopped: {e}"))),
+            },
+        };
+        Ok(Finished {
+            pending: self.pending,
+            lines: self.lines,
+            blank: self.blank,
+            admitted,
+        })
+    }
+}
+
+/// Writes and flushes a finished batch's records; `Ok(true)` when the output's reader
+/// went away.
+fn write_batch<W: Write>(
+    output: &mut W,
+    record: &mut Vec<u8>,
+    summary: &mut StreamSummary,
+    batch: Finished,
+    format: OutputFormat,
+    log_only: bool,
+) -> std::result::Result<bool, std::io::Error> {
+    let admitted = batch.admitted;
+    summary.lines += batch.lines;
+    summary.blank += batch.blank;
+    record.clear();
+    let mut admitted = admitted.into_iter();
+    for line in &batch.pending {
+        if line.before_cursor {
+            summary.before_cursor += 1;
+            match format {
+                OutputFormat::Ndjson => {
+                    record.extend_from_slice(b"{\"line\":");
+                    push_number(record, line.number);
+                    record.extend_from_slice(
+                        b",\"verdict\":\"before_cursor\",\"key\":null,\"pass\":",
+                    );
+                    record.extend_from_slice(if log_only { b"true" } else { b"false" });
+                    record.extend_from_slice(b",\"event\":");
+                    record.extend_from_slice(line.text.as_bytes());
+                    record.extend_from_slice(b"}\n");
+                }
+                OutputFormat::Csv => {
+                    push_number(record, line.number);
+                    record.extend_from_slice(if log_only {
+                        b",before_cursor,,true,true,"
+                    } else {
+                        b",before_cursor,,false,true,"
+                    });
+                    csv_field(record, &line.text);
+                    record.extend_from_slice(b",,\n");
+                }
+            }
+            continue;
+        }
+        let outcome = match &line.error {
+            Some(error) => Err(error.clone()),
+            None => admitted
+                .next()
+                .expect("one admission per event")
+                .map_err(|invalid| format!("line {}: {}", line.number, invalid.error)),
+        };
+        match &outcome {
+            Err(_) => summary.invalid += 1,
+            Ok(a) => {
+                match a.verdict_name() {
+                    "new" => summary.new += 1,
+                    "replay" => summary.replay += 1,
+                    _ => summary.conflict += 1,
+                }
+                if !a.verified() {
+                    summary.unverified += 1;
+                }
+            }
+        }
+        match format {
+            OutputFormat::Ndjson => write_ndjson(record, line, &outcome),
+            OutputFormat::Csv => write_csv(record, line, &outcome),
+        }
+    }
+    match output.write_all(record).and_then(|()| output.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(true),
+        Err(e) => Err(e),
+        Ok(()) => Ok(false),
+    }
+}
+
+/// Writes `n` in decimal (no allocation).
+fn push_number(out: &mut Vec<u8>, n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    let mut n = n;
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
 }
 
 fn json_string(out: &mut Vec<u8>, s: &str) {
@@ -368,7 +575,7 @@ fn write_ndjson(
     outcome: &std::result::Result<Admission, String>,
 ) {
     out.extend_from_slice(b"{\"line\":");
-    out.extend_from_slice(line.number.to_string().as_bytes());
+    push_number(out, line.number);
     match outcome {
         Err(error) => {
             out.extend_from_slice(
@@ -412,7 +619,7 @@ fn csv_field(out: &mut Vec<u8>, field: &str) {
 }
 
 fn write_csv(out: &mut Vec<u8>, line: &Pending, outcome: &std::result::Result<Admission, String>) {
-    out.extend_from_slice(line.number.to_string().as_bytes());
+    push_number(out, line.number);
     match outcome {
         Err(error) => {
             out.extend_from_slice(b",invalid,,false,,,");
