@@ -226,9 +226,9 @@ pub fn error(store: &str, operation: &str, e: RedisError) -> Error {
     if is_outage(&e) {
         let message = match tls_error(&e) {
             Some(rustls::Error::InvalidCertificate(why)) => format!(
-                "{operation} to redis failed: the server's TLS certificate failed verification ({e}): {}; \
-                 for a private CA give its certificate with ?tls_ca=CA.pem",
-                certificate_hint(why)
+                "{operation} to redis failed: the server's TLS certificate failed verification \
+                 ({e}): {}",
+                certificate_hint(why, store.contains("tls_ca="))
             ),
             Some(_) => format!(
                 "{operation} to redis failed: the TLS handshake failed ({e}); \
@@ -288,13 +288,14 @@ fn tls_error(e: &RedisError) -> Option<&rustls::Error> {
     None
 }
 
-/// What a refused certificate means for the user.
-fn certificate_hint(why: &rustls::CertificateError) -> &'static str {
+/// What a refused certificate means for the user (`tls_ca`: the URL names a CA file).
+fn certificate_hint(why: &rustls::CertificateError, tls_ca: bool) -> &'static str {
     use rustls::CertificateError as C;
     match why {
+        C::UnknownIssuer if tls_ca => "it is not signed by a CA of the tls_ca file",
         C::UnknownIssuer => {
-            "it is not signed by a CA idem trusts (the system's root certificates, or the \
-             tls_ca file when given)"
+            "it is not signed by a CA this machine trusts (the system's root certificates); \
+             for a server with a private CA, give that CA's certificate with ?tls_ca=CA.pem"
         }
         C::NotValidForName | C::NotValidForNameContext { .. } => {
             "it is not issued for the host name in the url (connect by the name or address \
@@ -381,5 +382,14 @@ mod tests {
             assert!(!text.contains("secret"), "{text}");
         }
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn certificate_hints_point_at_tls_ca_only_when_it_can_help() {
+        use rustls::CertificateError as C;
+        assert!(certificate_hint(&C::UnknownIssuer, false).contains("?tls_ca=CA.pem"));
+        assert!(certificate_hint(&C::UnknownIssuer, true).contains("of the tls_ca file"));
+        assert!(certificate_hint(&C::NotValidForName, false).contains("host name"));
+        assert!(certificate_hint(&C::Expired, true).contains("expired"));
     }
 }
