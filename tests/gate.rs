@@ -1114,3 +1114,97 @@ fn metrics_file_is_prometheus_text_matching_the_summary_and_never_partial() {
     assert!(get(&format!("idem_gate_batch_duration_seconds_sum{{{label}}}")) > 0.0);
     assert!((get(&format!("idem_gate_duplicate_ratio{{{label}}}")) - 1.0).abs() < 1e-9);
 }
+
+/// `rediss://` end to end against a TLS-only `redis-server` of the test's own, whose
+/// certificate a throwaway CA signed: verified with `tls_ca` (new, then replays); refused
+/// without it (the system's roots do not know the CA) and over plain `redis://`, both as an
+/// unusable store (exit 3) saying why; a missing CA file is a config error (exit 2).
+#[cfg(feature = "redis")]
+#[test]
+fn rediss_with_a_private_ca_verifies_and_refuses_untrusted_or_plain() {
+    let test = "gate::rediss_with_a_private_ca_verifies_and_refuses_untrusted_or_plain";
+    // A Redis test like the others: it runs where IDEM_TEST_REDIS_URL says Redis is wanted.
+    if common::redis_url(test).is_none() {
+        return;
+    }
+    let Some(server) = common::redis_tls::TlsRedis::start(test) else {
+        return;
+    };
+    let sb = Sandbox::new("gate-tls");
+    let input = sb.dir.join("events.ndjson");
+    std::fs::write(
+        &input,
+        "{\"id\":\"a\",\"v\":1}\n{\"id\":\"b\",\"v\":2}\n{\"id\":\"a\",\"v\":1}\n",
+    )
+    .unwrap();
+    let port = server.port;
+    let ca = server.ca.display().to_string();
+    let trusted = format!("rediss://127.0.0.1:{port}/?tls_ca={ca}");
+    let no_panic = |g: &Gated| assert!(!g.stderr.contains("panicked"), "{}", g.stderr);
+
+    let first = gate(&sb, &trusted, &input, &["--key", "id"]);
+    assert_eq!(first.code, 0, "{}", first.stderr);
+    assert_eq!(verdicts(&first.records), ["new", "new", "replay"]);
+    let second = gate(&sb, &trusted, &input, &["--key", "id"]);
+    assert_eq!(second.code, 0, "{}", second.stderr);
+    assert_eq!(verdicts(&second.records), ["replay", "replay", "replay"]);
+
+    // The redis crate's #insecure: no verification, same data.
+    let insecure = format!("rediss://127.0.0.1:{port}/#insecure");
+    let third = gate(&sb, &insecure, &input, &["--key", "id"]);
+    assert_eq!(third.code, 0, "{}", third.stderr);
+    assert_eq!(verdicts(&third.records), ["replay", "replay", "replay"]);
+
+    let untrusted = gate(
+        &sb,
+        &format!("rediss://127.0.0.1:{port}/"),
+        &input,
+        &["--key", "id"],
+    );
+    assert_eq!(untrusted.code, 3, "{}", untrusted.stderr);
+    assert!(untrusted.records.is_empty());
+    assert!(
+        untrusted
+            .stderr
+            .contains("TLS certificate failed verification")
+            && untrusted.stderr.contains("UnknownIssuer")
+            && untrusted.stderr.contains("tls_ca="),
+        "{}",
+        untrusted.stderr
+    );
+    no_panic(&untrusted);
+
+    let plain = gate(
+        &sb,
+        &format!("redis://127.0.0.1:{port}/"),
+        &input,
+        &["--key", "id"],
+    );
+    assert_eq!(plain.code, 3, "{}", plain.stderr);
+    assert!(plain.records.is_empty());
+    assert!(
+        plain.stderr.contains("unavailable") && plain.stderr.contains("rediss://"),
+        "{}",
+        plain.stderr
+    );
+    no_panic(&plain);
+
+    let missing = sb.dir.join("no-such-ca.pem");
+    let bad_ca = gate(
+        &sb,
+        &format!(
+            "rediss://:s3cret@127.0.0.1:{port}/?tls_ca={}",
+            missing.display()
+        ),
+        &input,
+        &["--key", "id"],
+    );
+    assert_eq!(bad_ca.code, 2, "{}", bad_ca.stderr);
+    assert!(
+        bad_ca.stderr.contains(&missing.display().to_string()),
+        "{}",
+        bad_ca.stderr
+    );
+    assert!(!bad_ca.stderr.contains("s3cret"), "{}", bad_ca.stderr);
+    no_panic(&bad_ca);
+}

@@ -25,8 +25,7 @@ pub enum Backend {
     Postgres,
     /// `bigquery://PROJECT/DATASET`.
     BigQuery,
-    /// `redis://HOST[:PORT][/DB]` (or `rediss://`, refused: no TLS in this build): event
-    /// keys only.
+    /// `redis://HOST[:PORT][/DB]` or `rediss://…` (TLS): event keys only.
     Redis,
 }
 

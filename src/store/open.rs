@@ -188,7 +188,8 @@ fn event_keys_only(url: &str) -> Error {
 }
 
 /// Opens (and migrates) the event-key store a URL names: any [`open`] URL, or
-/// `redis://HOST[:PORT][/DB][?prefix=P]`, which holds event keys only.
+/// `redis://HOST[:PORT][/DB][?prefix=P]` (`rediss://` for TLS), which holds event keys
+/// only.
 pub async fn open_event_keys(url: &str) -> Result<Arc<dyn EventKeyStore>> {
     match Backend::of(url) {
         #[cfg(feature = "redis")]

@@ -6,7 +6,8 @@
 //! # Keys and values
 //!
 //! One string key per (namespace, event key): `PREFIX{NAMESPACE}:KEY`, the prefix from the
-//! URL (`redis://HOST[:PORT][/DB]?prefix=P`, default `idem:ev:`). The namespace is a
+//! URL (`redis://HOST[:PORT][/DB]?prefix=P`, or `rediss://…` for TLS, see
+//! [`crate::backend::redis`]; default `idem:ev:`). The namespace is a
 //! Redis Cluster hash tag, so all keys of one namespace live in one slot and a batch can be
 //! pipelined to one node; `%` and `}` in a namespace are percent-encoded so no namespace can
 //! end the tag early or collide with another. The value is one compact line
@@ -216,7 +217,8 @@ pub fn cursor_key(prefix: &str, namespace: &str, name: &str) -> String {
 }
 
 impl RedisStore {
-    /// Opens `redis://HOST[:PORT][/DB][?prefix=P]` and checks it answers `PING`.
+    /// Opens `redis://HOST[:PORT][/DB][?prefix=P]` (or `rediss://…[&tls_ca=CA.pem]`, TLS)
+    /// and checks it answers `PING`.
     pub async fn connect(url: &str) -> Result<Self> {
         let parsed = parse_url(url)?;
         let redacted = redact_url(url);

@@ -17,21 +17,27 @@ pub fn service_url(var: &str, test: &str, how: &str) -> Option<String> {
     match std::env::var(var) {
         Ok(url) if !url.trim().is_empty() => Some(url),
         _ => {
-            let message = format!("skipped {test}: {var} is not set ({how})");
-            if std::env::var("IDEM_REQUIRE_SERVICES").as_deref() == Ok("1") {
-                panic!("{message}, but IDEM_REQUIRE_SERVICES=1 requires it");
-            }
-            eprintln!("{message}");
-            if let Ok(path) = std::env::var("IDEM_SKIP_LOG") {
-                if let Ok(mut f) = std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)
-                {
-                    let _ = writeln!(f, "{message}");
-                }
-            }
+            skip(format!("skipped {test}: {var} is not set ({how})"));
             None
+        }
+    }
+}
+
+/// Says why a test is skipped and logs it to `IDEM_SKIP_LOG`; under
+/// `IDEM_REQUIRE_SERVICES=1` panics instead (see [`service_url`]).
+#[allow(dead_code)]
+pub fn skip(message: String) {
+    if std::env::var("IDEM_REQUIRE_SERVICES").as_deref() == Ok("1") {
+        panic!("{message}, but IDEM_REQUIRE_SERVICES=1 requires it");
+    }
+    eprintln!("{message}");
+    if let Ok(path) = std::env::var("IDEM_SKIP_LOG") {
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = writeln!(f, "{message}");
         }
     }
 }
@@ -71,6 +77,11 @@ pub const REDIS_HOW: &str =
 pub fn redis_url(test: &str) -> Option<String> {
     service_url("IDEM_TEST_REDIS_URL", test, REDIS_HOW)
 }
+
+/// A throwaway TLS Redis server (its own `redis-server`, certificates made with `openssl`).
+#[cfg(feature = "redis")]
+#[allow(dead_code)]
+pub mod redis_tls;
 
 /// Fresh key prefixes on the shared test Redis, and deleting their keys.
 #[cfg(feature = "redis")]
