@@ -9,6 +9,7 @@
 //! ```
 //!
 //! Settings (environment): `IDEM_BENCH_LINES` (throughput input, default 200000),
+//! `IDEM_BENCH_ROUNDS` (default 3: every case once a round, the ratios' median printed),
 //! `IDEM_BENCH_BATCH` (`--batch`, default the gate's 1000), `IDEM_BENCH_BIN` (another
 //! `idem` binary to measure instead of this build's), `IDEM_BENCH_REDIS`
 //! (host:port, default 127.0.0.1:6379; unreachable: skipped), `IDEM_TEST_POSTGRES_URL`
@@ -173,8 +174,34 @@ fn run_id() -> String {
     )
 }
 
+/// Deletes `prefix` + every bench key (`UNLINK`, pipelined), so rounds do not pile up keys
+/// Redis then spends time expiring.
+fn redis_unlink(addr: &str, prefix: &str, lines: usize) -> Option<()> {
+    let stream = TcpStream::connect(addr).ok()?;
+    let mut reader = BufReader::new(stream.try_clone().ok()?);
+    let mut writer = BufWriter::with_capacity(1 << 20, stream);
+    let mut reply = String::new();
+    for chunk in (0..lines).collect::<Vec<_>>().chunks(1000) {
+        write!(writer, "*{}\r\n$6\r\nUNLINK\r\n", chunk.len() + 1).ok()?;
+        for i in chunk {
+            let k = format!("{prefix}{}", key(*i));
+            write!(writer, "${}\r\n{k}\r\n", k.len()).ok()?;
+        }
+        writer.flush().ok()?;
+        reply.clear();
+        reader.read_line(&mut reply).ok()?;
+    }
+    Some(())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 fn main() {
     let lines = env_usize("IDEM_BENCH_LINES", 200_000);
+    let rounds = env_usize("IDEM_BENCH_ROUNDS", 3).max(1);
     let batch = std::env::var("IDEM_BENCH_BATCH")
         .ok()
         .and_then(|v| v.parse().ok());
@@ -182,50 +209,61 @@ fn main() {
     std::fs::create_dir_all(&dir).unwrap();
     let input = dir.join("events.ndjson");
     write_input(&input, lines);
-    let id = run_id();
     println!(
-        "idem gate --key id, {lines} lines of distinct ids, --batch {}",
+        "idem gate --key id, {lines} lines of distinct ids, --batch {}, {rounds} round(s); \
+         each round runs every case once, raw Redis SET NX EX last",
         batch.map_or("1000 (default)".to_string(), |b: usize| b.to_string())
     );
     let rate = |n: usize, s: f64| n as f64 / s;
-
-    let sqlite = format!("sqlite://{}", dir.join("gate.db").display());
-    let r = gate(&input, &sqlite, &format!("bench-{id}"), batch);
-    println!(
-        "  sqlite    first pass : {:>9.0} lines/s ({:.2} s, peak {} MiB)",
-        rate(lines, r.seconds),
-        r.seconds,
-        r.peak_kib / 1024
-    );
-    let r = gate(&input, &sqlite, &format!("bench-{id}"), batch);
-    println!(
-        "  sqlite    replay pass: {:>9.0} lines/s ({:.2} s)",
-        rate(lines, r.seconds),
-        r.seconds
-    );
-    match std::env::var("IDEM_TEST_POSTGRES_URL") {
-        Ok(pg) => {
-            let ns = format!("bench-{id}");
-            let r = gate(&input, &pg, &ns, batch);
+    let addr = std::env::var("IDEM_BENCH_REDIS").unwrap_or_else(|_| "127.0.0.1:6379".into());
+    let redis_up = TcpStream::connect(&addr).is_ok();
+    let postgres = std::env::var("IDEM_TEST_POSTGRES_URL").ok();
+    if postgres.is_none() {
+        println!("  postgres  skipped: IDEM_TEST_POSTGRES_URL is not set");
+    }
+    if !redis_up {
+        println!("  redis     skipped: nothing answers at {addr}");
+    }
+    // Per case, the ratio of each round's rate to that round's raw Redis rate (fresh keys).
+    let mut ratios: Vec<(String, Vec<f64>)> = Vec::new();
+    let mut record = |case: String, r: f64| match ratios.iter_mut().find(|(c, _)| *c == case) {
+        Some((_, v)) => v.push(r),
+        None => ratios.push((case, vec![r])),
+    };
+    for round in 1..=rounds {
+        let id = run_id();
+        println!("round {round}:");
+        let mut measured: Vec<(String, f64)> = Vec::new();
+        let sqlite = format!("sqlite://{}", dir.join(format!("gate-{id}.db")).display());
+        let ns = format!("bench-{id}");
+        for pass in ["first pass ", "replay pass"] {
+            let r = gate(&input, &sqlite, &ns, batch);
             println!(
-                "  postgres  first pass : {:>9.0} lines/s ({:.2} s, peak {} MiB)",
+                "  sqlite    {pass}: {:>9.0} lines/s ({:.2} s, peak {} MiB)",
                 rate(lines, r.seconds),
                 r.seconds,
                 r.peak_kib / 1024
             );
-            let r = gate(&input, &pg, &ns, batch);
-            println!(
-                "  postgres  replay pass: {:>9.0} lines/s ({:.2} s)",
-                rate(lines, r.seconds),
-                r.seconds
-            );
+            measured.push((format!("sqlite {pass}"), rate(lines, r.seconds)));
         }
-        Err(_) => println!("  postgres  skipped: IDEM_TEST_POSTGRES_URL is not set"),
-    }
-    let addr = std::env::var("IDEM_BENCH_REDIS").unwrap_or_else(|_| "127.0.0.1:6379".into());
-    if TcpStream::connect(&addr).is_ok() {
+        if let Some(pg) = &postgres {
+            for pass in ["first pass ", "replay pass"] {
+                let r = gate(&input, pg, &ns, batch);
+                println!(
+                    "  postgres  {pass}: {:>9.0} lines/s ({:.2} s, peak {} MiB)",
+                    rate(lines, r.seconds),
+                    r.seconds,
+                    r.peak_kib / 1024
+                );
+                measured.push((format!("postgres {pass}"), rate(lines, r.seconds)));
+            }
+        }
+        if !redis_up {
+            continue;
+        }
         // The gate on the Redis event-key store (marks expire after 10 minutes).
-        let store = format!("redis://{addr}/0?prefix=idem-bench-gate-{id}:");
+        let gate_prefix = format!("idem-bench-gate-{id}:");
+        let store = format!("redis://{addr}/0?prefix={gate_prefix}");
         for pass in ["first pass ", "replay pass"] {
             let r = gate_with(&input, &store, "bench", batch, &["--ttl", "10m"]);
             println!(
@@ -233,22 +271,38 @@ fn main() {
                 rate(lines, r.seconds),
                 r.seconds
             );
+            measured.push((format!("redis gate {pass}"), rate(lines, r.seconds)));
         }
+        let prefix = format!("idem-bench:{id}:");
+        let Some((s, set)) = redis_set_nx(&addr, &prefix, lines, batch.unwrap_or(1000)) else {
+            println!("  redis     raw SET NX EX failed");
+            continue;
+        };
+        let raw = rate(lines, s);
+        println!("  redis SET NX EX pipelined, same keys: {raw:>9.0} keys/s ({s:.2} s, {set} set)");
+        let (s, set) = redis_set_nx(&addr, &prefix, lines, batch.unwrap_or(1000)).unwrap();
+        println!(
+            "  redis SET NX EX again (all exist)   : {:>9.0} keys/s ({s:.2} s, {set} set)",
+            rate(lines, s)
+        );
+        for (case, r) in measured {
+            record(case, r / raw);
+        }
+        let _ = redis_unlink(&addr, &prefix, lines);
+        let _ = redis_unlink(&addr, &format!("{gate_prefix}{{bench}}:"), lines);
     }
-    let prefix = format!("idem-bench:{id}:");
-    match redis_set_nx(&addr, &prefix, lines, batch.unwrap_or(1000)) {
-        Some((s, set)) => {
+    if !ratios.is_empty() {
+        println!("median over the rounds of (lines/s) / (raw Redis SET NX EX keys/s, fresh keys):");
+        for (case, v) in &ratios {
             println!(
-                "  redis SET NX EX pipelined, same keys: {:>9.0} keys/s ({s:.2} s, {set} set)",
-                rate(lines, s)
-            );
-            let (s, set) = redis_set_nx(&addr, &prefix, lines, batch.unwrap_or(1000)).unwrap();
-            println!(
-                "  redis SET NX EX again (all exist)   : {:>9.0} keys/s ({s:.2} s, {set} set)",
-                rate(lines, s)
+                "  {case:<24}: {:.2}  (rounds: {})",
+                median(v.clone()),
+                v.iter()
+                    .map(|r| format!("{r:.2}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
             );
         }
-        None => println!("  redis     skipped: nothing answers at {addr}"),
     }
 
     if std::env::var("IDEM_BENCH_MEMORY").as_deref() != Ok("0") {

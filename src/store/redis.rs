@@ -166,28 +166,61 @@ impl Stored {
     }
 }
 
-fn encode(m: &EventMark, now: DateTime<Utc>) -> Vec<u8> {
-    use std::io::Write as _;
-    let first_seen = micros(now).timestamp_micros();
-    let mut value = Vec::with_capacity(48 + m.fingerprint.as_ref().map_or(0, String::len));
-    let _ = write!(value, "{first_seen}:");
-    if let Some(e) = m.expires_at(now) {
-        let _ = write!(value, "{}", e.timestamp_micros().saturating_sub(first_seen));
-    }
-    value.push(b':');
-    if let Some(f) = &m.fingerprint {
-        value.push(b'=');
-        if f.contains(['%', '\n']) {
-            value.extend_from_slice(f.replace('%', "%25").replace('\n', "%0A").as_bytes());
-        } else {
-            value.extend_from_slice(f.as_bytes());
+/// Writes stored values for the marks of one call: the parts every value of the call
+/// shares (`FIRST_SEEN:`, and the TTL's text for the last TTL seen) are made once.
+struct Encoder {
+    now: DateTime<Utc>,
+    /// `FIRST_SEEN:`.
+    head: String,
+    first_seen: i64,
+    /// The last TTL encoded and its `TTL` text.
+    ttl: Option<(std::time::Duration, String)>,
+}
+
+impl Encoder {
+    fn new(now: DateTime<Utc>) -> Self {
+        let first_seen = micros(now).timestamp_micros();
+        Encoder {
+            now,
+            head: format!("{first_seen}:"),
+            first_seen,
+            ttl: None,
         }
     }
-    value.push(b'\n');
-    if let Some(d) = &m.decision {
-        let _ = serde_json::to_writer(&mut value, d);
+
+    fn encode(&mut self, m: &EventMark) -> Vec<u8> {
+        let mut value = Vec::with_capacity(40 + m.fingerprint.as_ref().map_or(0, String::len));
+        value.extend_from_slice(self.head.as_bytes());
+        if let Some(ttl) = m.ttl {
+            if self.ttl.as_ref().is_none_or(|(last, _)| *last != ttl) {
+                let expires = m.expires_at(self.now).map_or(0, |e| e.timestamp_micros());
+                let text = expires.saturating_sub(self.first_seen).to_string();
+                self.ttl = Some((ttl, text));
+            }
+            if let Some((_, text)) = &self.ttl {
+                value.extend_from_slice(text.as_bytes());
+            }
+        }
+        value.push(b':');
+        if let Some(f) = &m.fingerprint {
+            value.push(b'=');
+            if f.contains(['%', '\n']) {
+                value.extend_from_slice(f.replace('%', "%25").replace('\n', "%0A").as_bytes());
+            } else {
+                value.extend_from_slice(f.as_bytes());
+            }
+        }
+        value.push(b'\n');
+        if let Some(d) = &m.decision {
+            let _ = serde_json::to_writer(&mut value, d);
+        }
+        value
     }
-    value
+}
+
+#[cfg(test)]
+fn encode(m: &EventMark, now: DateTime<Utc>) -> Vec<u8> {
+    Encoder::new(now).encode(m)
 }
 
 /// The longest `PX` sent (100 years): Redis refuses an expiry that overflows its clock.
@@ -363,14 +396,18 @@ impl EventKeyStore for RedisStore {
             .iter()
             .map(|m| self.redis_key(namespace, &m.key))
             .collect();
-        let values: Vec<Vec<u8>> = firsts.iter().map(|m| encode(m, now)).collect();
-        let mut pipe = redis::pipe();
+        let mut encoder = Encoder::new(now);
+        let values: Vec<Vec<u8>> = firsts.iter().map(|m| encoder.encode(m)).collect();
+        let mut pipe = redis::Pipeline::with_capacity(firsts.len());
         for ((m, key), value) in firsts.iter().zip(&keys).zip(&values) {
-            let cmd = pipe.cmd("SET").arg(key).arg(value).arg("NX");
+            // SET key value NX [PX ms] GET, sized up front (no regrowth per argument).
+            let mut cmd = redis::Cmd::with_capacity(7, key.len() + value.len() + 32);
+            cmd.arg("SET").arg(key).arg(value).arg("NX");
             if let Some(ms) = px(m) {
                 cmd.arg("PX").arg(ms);
             }
             cmd.arg("GET");
+            pipe.add_command(cmd);
         }
         let mut conn = self.conn.clone();
         let answers: Vec<Option<Vec<u8>>> = pipe
