@@ -250,6 +250,28 @@ pub(crate) fn digest_object_without(
     w.finish_hex()
 }
 
+/// [`digest_value`] of an object given as (name, value text) entries already in name
+/// order, each name needing no escapes and each value's text canonical as it is (the flat
+/// event lines of [`crate::events::extract`]'s fast path).
+pub(crate) fn digest_raw_entries<'a>(
+    entries: impl Iterator<Item = (&'a str, &'a str)>,
+    algorithm: HashAlgorithm,
+) -> String {
+    let mut w = DigestWriter::new(algorithm);
+    w.put(b"{");
+    for (i, (name, raw)) in entries.enumerate() {
+        if i > 0 {
+            w.put(b",");
+        }
+        w.put(b"\"");
+        w.put(name.as_bytes());
+        w.put(b"\":");
+        w.put(raw.as_bytes());
+    }
+    w.put(b"}");
+    w.finish_hex()
+}
+
 /// The canonical encoding of a JSON value: object keys sorted, compact.
 pub fn canonical_json(value: &Value) -> String {
     let mut out = Vec::new();

@@ -30,10 +30,15 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
-use super::extract::{CompositeExtractor, ContentHashExtractor, Extractor, FieldExtractor};
+use super::extract::{
+    CompositeExtractor, ContentHashExtractor, Extractor, FieldExtractor, FlatSpec,
+};
 use super::{EventError, FieldPath, InvalidEvent};
 use crate::error::{Error, Result};
 use crate::store::{EventKeyStore, EventMark, EventVerdict};
+
+/// What joins the fields of a key of several ([`Deduplicator::new`]).
+const KEY_SEPARATOR: &str = ":";
 
 /// How long a mark lasts: the same for every event, or per event type.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -115,6 +120,12 @@ pub struct Deduplicator {
     key: Arc<dyn Extractor>,
     fingerprint: Option<ContentHashExtractor>,
     ttl: Ttl,
+    /// The key fields (top-level, when all are) and fingerprint for event lines taken
+    /// without a `Value` ([`FlatSpec::mark`]); `None` when a custom key extractor, a
+    /// fingerprint over nested fields or a per-type TTL needs the parsed event.
+    flat: Option<FlatSpec>,
+    /// The key's fields as given to [`Deduplicator::new`].
+    key_fields: Vec<FieldPath>,
 }
 
 impl Deduplicator {
@@ -132,32 +143,50 @@ impl Deduplicator {
         let key: Arc<dyn Extractor> = match fields.as_slice() {
             [] => return Err(Error::config("a dedup key needs at least one field")),
             [one] => Arc::new(FieldExtractor::new(one)?),
-            many => Arc::new(CompositeExtractor::new(many, ":")?),
+            many => Arc::new(CompositeExtractor::new(many, KEY_SEPARATOR)?),
         };
+        let fingerprint = Some(ContentHashExtractor::new().exclude(&fields)?);
+        let key_fields = fields
+            .iter()
+            .map(|f| FieldPath::parse(f))
+            .collect::<Result<Vec<_>>>()?;
         Ok(Deduplicator {
             store,
             namespace: namespace.to_string(),
             key,
-            fingerprint: Some(ContentHashExtractor::new().exclude(&fields)?),
+            flat: FlatSpec::new(&key_fields, KEY_SEPARATOR, fingerprint.as_ref()),
+            fingerprint,
             ttl: Ttl::never(),
+            key_fields,
         })
     }
 
     /// Another key extractor (the fingerprint spec stays as it is).
     pub fn key_extractor(mut self, key: impl Extractor + 'static) -> Self {
         self.key = Arc::new(key);
+        self.flat = None;
+        self.key_fields.clear();
         self
     }
 
     /// The payload fingerprint (`None`: no fingerprint, so never a conflict).
     pub fn fingerprint(mut self, spec: Option<ContentHashExtractor>) -> Self {
         self.fingerprint = spec;
+        self.flat = self.flat_spec();
         self
+    }
+
+    fn flat_spec(&self) -> Option<FlatSpec> {
+        if self.key_fields.is_empty() || self.ttl.type_field.is_some() {
+            return None;
+        }
+        FlatSpec::new(&self.key_fields, KEY_SEPARATOR, self.fingerprint.as_ref())
     }
 
     /// How long marks last.
     pub fn ttl(mut self, ttl: Ttl) -> Self {
         self.ttl = ttl;
+        self.flat = self.flat_spec();
         self
     }
 
@@ -176,6 +205,18 @@ impl Deduplicator {
             key,
             fingerprint,
             ttl: self.ttl.of(event),
+            decision: None,
+        })
+    }
+
+    /// The mark of the event on `line` taken from its text, when its shape allows (see
+    /// [`FlatSpec::mark`]); `None`: parse it and use [`mark`](Self::mark).
+    pub(super) fn mark_line(&self, line: &str) -> Option<EventMark> {
+        let (key, fingerprint) = self.flat.as_ref()?.mark(line)?;
+        Some(EventMark {
+            key,
+            fingerprint,
+            ttl: self.ttl.default,
             decision: None,
         })
     }

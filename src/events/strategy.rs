@@ -460,6 +460,19 @@ impl EventGate {
         batch.slots.push(slot);
     }
 
+    /// Adds the mark of the event on `line` (JSON text) to `batch` straight from the text,
+    /// when the deduplicator's fields and the line's shape allow it (top-level key and
+    /// fingerprint fields; a flat object of plain values): `false` when they do not, and
+    /// the line must be parsed and given to [`prepare_event`](Self::prepare_event).
+    pub fn prepare_line(&self, batch: &mut PreparedBatch, line: &str) -> bool {
+        let Some(mark) = self.dedup.mark_line(line) else {
+            return false;
+        };
+        batch.marks.push(mark);
+        batch.slots.push(Ok(batch.marks.len() - 1));
+        true
+    }
+
     /// [`check_and_mark_advancing`](Self::check_and_mark_advancing) of a prepared batch.
     pub async fn admit(
         &self,

@@ -199,6 +199,17 @@ fn read_batch<R: BufRead>(
             batch.blank += 1;
             continue;
         }
+        // Without a cursor, a flat event's mark comes from its text (no `Value` built);
+        // any other line takes the parse below, which also names its problem.
+        if cursor.is_none() && gate.prepare_line(&mut batch.prepared, text) {
+            batch.pending.push(Pending {
+                number,
+                before_cursor: false,
+                text: text.to_string(),
+                error: None,
+            });
+            continue;
+        }
         match serde_json::from_str::<Value>(text) {
             Ok(event @ Value::Object(_)) => {
                 let mut line = Pending {
