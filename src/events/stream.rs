@@ -302,6 +302,14 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
             other => other.map_err(write_err)?,
         }
     }
+    let mut sink = Sink {
+        output: &mut output,
+        output_name,
+        record: &mut record,
+        format,
+        log_only,
+        started,
+    };
     let mut read: u64 = 0;
     let mut next = {
         let position = cursor.map(|c| (c, summary.cursor.as_ref()));
@@ -361,18 +369,7 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
         };
         // The batch before it: its records, while the store works on this one.
         if let Some(done) = done {
-            let closed = write_batch(
-                &mut output,
-                &mut record,
-                &mut summary,
-                done,
-                format,
-                log_only,
-            )
-            .map_err(write_err)?;
-            summary.elapsed = started.elapsed();
-            if closed {
-                summary.output_closed = true;
+            if sink.emit(&mut summary, done, &mut progress)? {
                 if let Some(InFlight {
                     call: Call::Running(call),
                     ..
@@ -383,7 +380,6 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
                 }
                 break;
             }
-            progress(&summary);
         }
         in_flight = launched;
         let Some(current) = in_flight.as_mut() else {
@@ -396,21 +392,9 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
                 .expect("a batch in flight")
                 .finish()
                 .await?;
-            let closed = write_batch(
-                &mut output,
-                &mut record,
-                &mut summary,
-                done,
-                format,
-                log_only,
-            )
-            .map_err(write_err)?;
-            summary.elapsed = started.elapsed();
-            if closed {
-                summary.output_closed = true;
+            if sink.emit(&mut summary, done, &mut progress)? {
                 break;
             }
-            progress(&summary);
         }
         if eof {
             next.eof = true;
@@ -475,6 +459,43 @@ impl InFlight {
             blank: self.blank,
             admitted,
         })
+    }
+}
+
+/// Where a stream's records go.
+struct Sink<'a, W> {
+    output: &'a mut W,
+    output_name: &'a str,
+    record: &'a mut Vec<u8>,
+    format: OutputFormat,
+    log_only: bool,
+    started: Instant,
+}
+
+impl<W: Write> Sink<'_, W> {
+    /// Writes a finished batch's records and reports progress; `Ok(true)` (and
+    /// `output_closed`) when the output's reader went away.
+    fn emit(
+        &mut self,
+        summary: &mut StreamSummary,
+        done: Finished,
+        progress: &mut impl FnMut(&StreamSummary),
+    ) -> Result<bool> {
+        let closed = write_batch(
+            self.output,
+            self.record,
+            summary,
+            done,
+            self.format,
+            self.log_only,
+        )
+        .map_err(|e| Error::io("write", self.output_name, e))?;
+        summary.elapsed = self.started.elapsed();
+        summary.output_closed = closed;
+        if !closed {
+            progress(summary);
+        }
+        Ok(closed)
     }
 }
 
