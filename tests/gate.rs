@@ -369,6 +369,95 @@ fn sigkill_mid_run_loses_no_line_and_reports_nothing_unrecorded() {
     }
 }
 
+/// SIGINT mid-run: the gate reads no further, marks and writes every line it had read,
+/// prints its summary and exits 1; the output holds only whole records, and the same
+/// input again continues exactly where it stopped: the first run's records for the lines
+/// it reached, then the second run's for the rest, equal one uninterrupted run's.
+#[test]
+fn sigint_stops_after_the_lines_read_and_marks_nothing_unreported() {
+    let sb = Sandbox::new("gate-sigint");
+    let input = sb.dir.join("big.ndjson");
+    const LINES: usize = 200_000;
+    write_big_input(&input, LINES, 150_000);
+    for store in &stores_with(
+        &sb,
+        "sigint_stops_after_the_lines_read_and_marks_nothing_unreported",
+        false,
+    ) {
+        let run = |ns: &str, out: &Path| {
+            sb.command_with_store(
+                &[
+                    "gate",
+                    "--key",
+                    "id",
+                    "--namespace",
+                    ns,
+                    "--batch",
+                    "500",
+                    "--input",
+                    input.to_str().unwrap(),
+                    "--output",
+                    out.to_str().unwrap(),
+                ],
+                &store,
+            )
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+        };
+        let (ns, reference_ns) = (namespace(), namespace());
+        let first_out = sb.dir.join("first.ndjson");
+        let _ = std::fs::remove_file(&first_out);
+        let child = run(&ns, &first_out);
+        loop {
+            if std::fs::metadata(&first_out).is_ok_and(|m| m.len() > 0) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        let kill = std::process::Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(kill.success());
+        let done = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&done.stderr);
+        assert_eq!(done.status.code(), Some(1), "{store}: {stderr}");
+        assert!(
+            stderr.contains("stopped by SIGINT: the lines after line"),
+            "{store}: {stderr}"
+        );
+        let text = std::fs::read_to_string(&first_out).unwrap();
+        assert!(text.ends_with('\n'), "{store}: a record was cut");
+        let first = complete_records(&first_out);
+        let reached = first.len();
+        assert!(reached > 0 && reached < LINES, "{store}: {reached} lines");
+
+        let second_out = sb.dir.join("second.ndjson");
+        let second = run(&ns, &second_out).wait_with_output().unwrap();
+        assert!(second.status.success(), "{store}");
+        let reference_out = sb.dir.join("reference.ndjson");
+        let reference = run(&reference_ns, &reference_out)
+            .wait_with_output()
+            .unwrap();
+        assert!(reference.status.success(), "{store}");
+        let verdicts = |records: &[Value]| -> Vec<String> {
+            records
+                .iter()
+                .map(|r| r["verdict"].as_str().unwrap().to_string())
+                .collect()
+        };
+        let mut resumed = verdicts(&first);
+        resumed.extend(verdicts(&complete_records(&second_out)).split_off(reached));
+        assert_eq!(
+            resumed,
+            verdicts(&complete_records(&reference_out)),
+            "{store}: stopped after line {reached}"
+        );
+    }
+}
+
 #[test]
 fn strategies_under_an_unreachable_store() {
     let sb = Sandbox::new("gate-down");

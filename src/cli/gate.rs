@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::{metrics, output};
-use super::{FormatArg, GateArgs, GlobalOptions, EXIT_OK};
+use super::{FormatArg, GateArgs, GlobalOptions, EXIT_OK, EXIT_RUN_FAILED};
 use crate::error::{Error, Result};
 use crate::events::dedup::{Deduplicator, Ttl};
 use crate::events::strategy::{EventGate, Strategy};
@@ -168,6 +168,23 @@ pub(super) async fn gate(args: &GateArgs, g: &GlobalOptions) -> Result<u8> {
         // A store without cursors (BigQuery) says so before any line is read.
         gate.cursor(&c.name).await?;
     }
+    // SIGINT/SIGTERM: read no further, mark and write the batches already read, print
+    // the summary, exit 1. A second signal stops at once (e.g. when waiting on a terminal
+    // for the next input line).
+    let stop = super::cancel_on_signals()?;
+    {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let reason = stop.cancelled().await;
+            output::print_gate_summary(&format!(
+                "gate: {reason}: stopping after the lines already read (again to stop now)"
+            ));
+            if let Ok(again) = super::cancel_on_signals() {
+                again.cancelled().await;
+                std::process::exit(i32::from(EXIT_RUN_FAILED));
+            }
+        });
+    }
     let bar = output::gate_bar();
     let mut done = StreamSummary::default();
     let mut metrics_written = std::time::Instant::now();
@@ -179,6 +196,7 @@ pub(super) async fn gate(args: &GateArgs, g: &GlobalOptions) -> Result<u8> {
             input_name: &input_name,
             output: out,
             output_name: &output_name,
+            stop: Some(&stop),
         },
         format,
         args.batch as usize,
@@ -227,14 +245,25 @@ pub(super) async fn gate(args: &GateArgs, g: &GlobalOptions) -> Result<u8> {
         }
     };
     if let Some(path) = &args.metrics_file {
-        metrics::write_atomically(path, &metrics::gate_metrics(&summary, &gate, true))?;
+        metrics::write_atomically(
+            path,
+            &metrics::gate_metrics(
+                &summary,
+                &gate,
+                summary.interrupted.is_none() && !summary.output_closed,
+            ),
+        )?;
     }
     if json {
         output::print_gate_summary(&stats_json(&summary, &gate, None));
     } else {
         output::print_gate_summary(&summary_line(&summary, &gate));
     }
-    Ok(EXIT_OK)
+    Ok(if summary.interrupted.is_some() {
+        EXIT_RUN_FAILED
+    } else {
+        EXIT_OK
+    })
 }
 
 /// How often `--metrics-file` is rewritten while the gate runs.
@@ -264,7 +293,9 @@ fn stats_json(s: &StreamSummary, gate: &EventGate, error: Option<&Error>) -> Str
         "store": gate.location(),
         "namespace": gate.deduplicator().namespace(),
         "strategy": gate.strategy().name(),
-        "finished": error.is_none(),
+        // Read to the end of the input without an error (not stopped by a signal or a
+        // closed output: `summary.interrupted`, `summary.output_closed` say which).
+        "finished": error.is_none() && s.interrupted.is_none() && !s.output_closed,
         "error": error.map(ToString::to_string),
     })
     .to_string()
@@ -316,6 +347,12 @@ fn summary_line(s: &StreamSummary, gate: &EventGate) -> String {
     }
     if s.output_closed {
         line.push_str("; stopped: the output was closed");
+    }
+    if let Some(reason) = s.interrupted {
+        line.push_str(&format!(
+            "; stopped by {reason}: the lines after line {} were not read",
+            s.lines
+        ));
     }
     line
 }

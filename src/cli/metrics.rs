@@ -186,7 +186,7 @@ pub(super) fn gate_metrics(s: &StreamSummary, gate: &EventGate, finished: bool) 
         ),
         (
             "idem_gate_finished",
-            "1 when the input was read to its end, 0 when the gate stopped on an error.",
+            "1 when the input was read to its end, 0 when the gate stopped early (an error, a signal, a closed output).",
             if finished { 1.0 } else { 0.0 },
         ),
         (

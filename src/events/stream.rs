@@ -32,6 +32,7 @@ use serde_json::Value;
 use super::strategy::{Admission, EventGate, PreparedBatch, Strategy};
 use super::InvalidEvent;
 use crate::error::{Error, Result};
+use crate::runner::Cancel;
 use crate::store::{Cursor, EventVerdict};
 
 /// How the records are written.
@@ -79,6 +80,9 @@ pub struct StreamSummary {
     pub unverified: u64,
     /// Whoever read the output went away (a closed pipe): the stream stopped there.
     pub output_closed: bool,
+    /// The stream was told to stop ([`Stream::stop`], e.g. `SIGINT`): it read no further,
+    /// and every batch it had read was marked and written. The reason.
+    pub interrupted: Option<&'static str>,
     /// Time since the stream started.
     #[serde(skip)]
     pub elapsed: Duration,
@@ -114,6 +118,9 @@ pub struct Stream<'a, R, W> {
     pub output: W,
     /// Its name.
     pub output_name: &'a str,
+    /// When cancelled, the stream reads no further: the batches already read are marked and
+    /// written, then it ends with [`StreamSummary::interrupted`]. `None`: never.
+    pub stop: Option<&'a Cancel>,
 }
 
 /// A named cursor in front of the dedup set (seed 003): events at or before it in
@@ -281,6 +288,7 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
         input_name,
         mut output,
         output_name,
+        stop,
     } = stream;
     let size = batch.max(1);
     let started = Instant::now();
@@ -395,6 +403,12 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
             if sink.emit(&mut summary, done, &mut progress)? {
                 break;
             }
+        }
+        if let Some(reason) = stop.filter(|c| c.is_cancelled()).and_then(Cancel::reason) {
+            // Read no further; the batch in flight is written on the next turn.
+            summary.interrupted = Some(reason);
+            next.eof = true;
+            continue;
         }
         if eof {
             next.eof = true;
@@ -694,6 +708,7 @@ mod tests {
                 input_name: "input",
                 output: &mut out,
                 output_name: "output",
+                stop: None,
             },
             format,
             2,

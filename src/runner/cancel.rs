@@ -35,6 +35,12 @@ impl Cancel {
         &self.token
     }
 
+    /// The reason, once cancelled (`None` before).
+    pub fn reason(&self) -> Option<&'static str> {
+        self.is_cancelled()
+            .then(|| self.reason.get().copied().unwrap_or("cancellation"))
+    }
+
     /// Resolves when cancelled, to the reason.
     pub async fn cancelled(&self) -> &'static str {
         self.token.cancelled().await;
