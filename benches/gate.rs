@@ -236,26 +236,18 @@ fn main() {
         let mut measured: Vec<(String, f64)> = Vec::new();
         let sqlite = format!("sqlite://{}", dir.join(format!("gate-{id}.db")).display());
         let ns = format!("bench-{id}");
-        for pass in ["first pass ", "replay pass"] {
-            let r = gate(&input, &sqlite, &ns, batch);
-            println!(
-                "  sqlite    {pass}: {:>9.0} lines/s ({:.2} s, peak {} MiB)",
-                rate(lines, r.seconds),
-                r.seconds,
-                r.peak_kib / 1024
-            );
-            measured.push((format!("sqlite {pass}"), rate(lines, r.seconds)));
-        }
-        if let Some(pg) = &postgres {
+        let durable =
+            std::iter::once(("sqlite", &sqlite)).chain(postgres.iter().map(|pg| ("postgres", pg)));
+        for (name, store) in durable {
             for pass in ["first pass ", "replay pass"] {
-                let r = gate(&input, pg, &ns, batch);
+                let r = gate(&input, store, &ns, batch);
                 println!(
-                    "  postgres  {pass}: {:>9.0} lines/s ({:.2} s, peak {} MiB)",
+                    "  {name:<9} {pass}: {:>9.0} lines/s ({:.2} s, peak {} MiB)",
                     rate(lines, r.seconds),
                     r.seconds,
                     r.peak_kib / 1024
                 );
-                measured.push((format!("postgres {pass}"), rate(lines, r.seconds)));
+                measured.push((format!("{name} {pass}"), rate(lines, r.seconds)));
             }
         }
         if !redis_up {

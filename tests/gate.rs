@@ -267,6 +267,36 @@ fn complete_records(path: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// `idem gate --key id --batch 500` over `input` into `out`, started (stderr piped).
+fn spawn_gate(
+    sb: &Sandbox,
+    store: &str,
+    ns: &str,
+    input: &Path,
+    out: &Path,
+) -> std::process::Child {
+    sb.command_with_store(
+        &[
+            "gate",
+            "--key",
+            "id",
+            "--namespace",
+            ns,
+            "--batch",
+            "500",
+            "--input",
+            input.to_str().unwrap(),
+            "--output",
+            out.to_str().unwrap(),
+        ],
+        store,
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap()
+}
+
 #[test]
 fn sigkill_mid_run_loses_no_line_and_reports_nothing_unrecorded() {
     let sb = Sandbox::new("gate-kill");
@@ -281,27 +311,7 @@ fn sigkill_mid_run_loses_no_line_and_reports_nothing_unrecorded() {
         let ns = namespace();
         let first_out = sb.dir.join("first.ndjson");
         let _ = std::fs::remove_file(&first_out);
-        let mut child = sb
-            .command_with_store(
-                &[
-                    "gate",
-                    "--key",
-                    "id",
-                    "--namespace",
-                    &ns,
-                    "--batch",
-                    "500",
-                    "--input",
-                    input.to_str().unwrap(),
-                    "--output",
-                    first_out.to_str().unwrap(),
-                ],
-                &store,
-            )
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut child = spawn_gate(&sb, &store, &ns, &input, &first_out);
         // Kill as soon as some output exists.
         loop {
             if std::fs::metadata(&first_out).is_ok_and(|m| m.len() > 0) {
@@ -384,28 +394,7 @@ fn sigint_stops_after_the_lines_read_and_marks_nothing_unreported() {
         "sigint_stops_after_the_lines_read_and_marks_nothing_unreported",
         false,
     ) {
-        let run = |ns: &str, out: &Path| {
-            sb.command_with_store(
-                &[
-                    "gate",
-                    "--key",
-                    "id",
-                    "--namespace",
-                    ns,
-                    "--batch",
-                    "500",
-                    "--input",
-                    input.to_str().unwrap(),
-                    "--output",
-                    out.to_str().unwrap(),
-                ],
-                &store,
-            )
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-        };
+        let run = |ns: &str, out: &Path| spawn_gate(&sb, &store, ns, &input, out);
         let (ns, reference_ns) = (namespace(), namespace());
         let first_out = sb.dir.join("first.ndjson");
         let _ = std::fs::remove_file(&first_out);

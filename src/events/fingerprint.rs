@@ -455,7 +455,8 @@ fn push_unit(out: &mut Vec<u8>, u: u16) {
     ]);
 }
 
-fn write_int(out: &mut Vec<u8>, n: i128) {
+/// Writes `n` in decimal, without allocating.
+pub(super) fn write_int(out: &mut Vec<u8>, n: i128) {
     if n < 0 {
         out.push(b'-');
     }

@@ -29,6 +29,7 @@ use chrono::Utc;
 use serde::Serialize;
 use serde_json::Value;
 
+use super::fingerprint::write_int;
 use super::strategy::{Admission, EventGate, PreparedBatch, Strategy};
 use super::InvalidEvent;
 use crate::error::{Error, Result};
@@ -534,7 +535,7 @@ fn write_batch<W: Write>(
             match format {
                 OutputFormat::Ndjson => {
                     record.extend_from_slice(b"{\"line\":");
-                    push_number(record, line.number);
+                    write_int(record, i128::from(line.number));
                     record.extend_from_slice(
                         b",\"verdict\":\"before_cursor\",\"key\":null,\"pass\":",
                     );
@@ -544,7 +545,7 @@ fn write_batch<W: Write>(
                     record.extend_from_slice(b"}\n");
                 }
                 OutputFormat::Csv => {
-                    push_number(record, line.number);
+                    write_int(record, i128::from(line.number));
                     record.extend_from_slice(if log_only {
                         b",before_cursor,,true,true,"
                     } else {
@@ -588,22 +589,6 @@ fn write_batch<W: Write>(
     }
 }
 
-/// Writes `n` in decimal (no allocation).
-fn push_number(out: &mut Vec<u8>, n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    let mut n = n;
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[i..]);
-}
-
 fn json_string(out: &mut Vec<u8>, s: &str) {
     serde_json::to_writer(&mut *out, s).expect("writing to a Vec");
 }
@@ -621,7 +606,7 @@ fn write_ndjson(
     outcome: &std::result::Result<Admission, String>,
 ) {
     out.extend_from_slice(b"{\"line\":");
-    push_number(out, line.number);
+    write_int(out, i128::from(line.number));
     match outcome {
         Err(error) => {
             out.extend_from_slice(
@@ -665,7 +650,7 @@ fn csv_field(out: &mut Vec<u8>, field: &str) {
 }
 
 fn write_csv(out: &mut Vec<u8>, line: &Pending, outcome: &std::result::Result<Admission, String>) {
-    push_number(out, line.number);
+    write_int(out, i128::from(line.number));
     match outcome {
         Err(error) => {
             out.extend_from_slice(b",invalid,,false,,,");
