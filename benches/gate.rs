@@ -199,6 +199,70 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// The Postgres floor: seconds to `COPY` the rows the gate writes for `lines` fresh keys
+/// into a new table shaped like `event_keys` (its primary key and `first_seen` index), in
+/// one statement on one connection: bulk loading, no conflict check, no read-back, no
+/// client work. The table is dropped after.
+#[cfg(feature = "postgres")]
+fn postgres_copy_floor(url: &str, lines: usize) -> f64 {
+    use sqlx::Connection;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+        let table = format!("idem_bench_copy_{}", run_id().replace('-', "_"));
+        sqlx::query(&format!(
+            "CREATE TABLE {table} (LIKE event_keys INCLUDING DEFAULTS INCLUDING INDEXES)"
+        ))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        let mut rows = String::with_capacity(lines * 140);
+        for i in 0..lines {
+            use std::fmt::Write as _;
+            writeln!(
+                rows,
+                "bench-floor\t{}\t2026-01-01 00:00:00+00\t{:064x}\t\\N\t2026-01-02 00:00:00+00",
+                key(i),
+                i.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            )
+            .unwrap();
+        }
+        let started = Instant::now();
+        let mut copy = conn
+            .copy_in_raw(&format!(
+                "COPY {table} (namespace, event_key, first_seen, fingerprint, decision, expires_at) FROM STDIN"
+            ))
+            .await
+            .unwrap();
+        copy.send(rows.as_bytes()).await.unwrap();
+        copy.finish().await.unwrap();
+        let seconds = started.elapsed().as_secs_f64();
+        sqlx::query(&format!("DROP TABLE {table}"))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        seconds
+    })
+}
+
+/// Deletes the bench's `lines` keys of `namespace` from the store at `url`.
+fn forget(url: &str, namespace: &str, lines: usize) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let store = idem::store::open_event_keys(url).await.unwrap();
+        let keys: Vec<String> = (0..lines).map(key).collect();
+        for chunk in keys.chunks(10_000) {
+            store.forget_event_keys(namespace, chunk).await.unwrap();
+        }
+    });
+}
+
 fn main() {
     let lines = env_usize("IDEM_BENCH_LINES", 200_000);
     let rounds = env_usize("IDEM_BENCH_ROUNDS", 3).max(1);
@@ -250,6 +314,19 @@ fn main() {
                 measured.push((format!("{name} {pass}"), rate(lines, r.seconds)));
             }
         }
+        if let Some(pg) = &postgres {
+            // The round's rows go, so rounds (and runs) do not grow the table they measure.
+            forget(pg, &ns, lines);
+            #[cfg(feature = "postgres")]
+            {
+                let s = postgres_copy_floor(pg, lines);
+                println!(
+                    "  postgres  COPY floor : {:>9.0} rows/s ({s:.2} s: bulk COPY into a table shaped like event_keys)",
+                    rate(lines, s)
+                );
+                measured.push(("postgres COPY floor".to_string(), rate(lines, s)));
+            }
+        }
         if !redis_up {
             continue;
         }
@@ -294,6 +371,23 @@ fn main() {
                     .collect::<Vec<_>>()
                     .join(" ")
             );
+        }
+    }
+
+    // The Postgres gate against what Postgres itself can load in the same round.
+    let of = |case: &str| {
+        ratios
+            .iter()
+            .find(|(c, _)| c == case)
+            .map(|(_, v)| v.clone())
+    };
+    if let Some(floor) = of("postgres COPY floor") {
+        println!("median over the rounds of (lines/s) / (Postgres COPY floor rows/s):");
+        for pass in ["first pass ", "replay pass"] {
+            if let Some(v) = of(&format!("postgres {pass}")) {
+                let r: Vec<f64> = v.iter().zip(&floor).map(|(g, f)| g / f).collect();
+                println!("  postgres {pass:<15}: {:.2}", median(r));
+            }
         }
     }
 

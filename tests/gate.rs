@@ -133,6 +133,20 @@ fn model(events: &[Value], keys: &[&str]) -> Vec<String> {
         .collect()
 }
 
+/// What a second pass over the same input must say: every `new` is now a `replay`.
+fn second_pass(first: &[String]) -> Vec<String> {
+    first
+        .iter()
+        .map(|v| {
+            if v == "new" {
+                "replay".into()
+            } else {
+                v.clone()
+            }
+        })
+        .collect()
+}
+
 fn peer_events() -> Vec<Value> {
     std::fs::read_to_string(peer_data())
         .expect("../shared/peer-data/fund_loads_input.ndjson")
@@ -182,16 +196,7 @@ fn peer_data_verdicts_match_the_model_and_are_durable() {
             let second = gate(&sb, &store, &peer_data(), &args);
             assert_eq!(second.code, 0, "{}", second.stderr);
             let again = verdicts(&second.records);
-            let want: Vec<String> = expected
-                .iter()
-                .map(|v| {
-                    if v == "new" {
-                        "replay".into()
-                    } else {
-                        v.clone()
-                    }
-                })
-                .collect();
+            let want = second_pass(&expected);
             assert_eq!(again, want, "{store} key {key_arg}: second pass");
         }
     }
@@ -226,6 +231,78 @@ fn a_malformed_line_is_invalid_and_the_others_flow() {
         assert_eq!(out.records[499]["line"], 500);
         assert_eq!(out.records[501]["line"], 502);
         assert_eq!(out.records[501]["event"], events[500]);
+    }
+}
+
+/// Events whose keys come back 20 to 80 lines after they were first seen (one line in
+/// twenty), with the same payload or (one in three) another: with small batches, a key is
+/// often still in a batch whose store call has not returned when it comes back.
+fn near_repeats(lines: usize, seed: u64) -> Vec<Value> {
+    let mut state = seed;
+    let mut next = |n: u64| {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (state >> 33) % n
+    };
+    let mut events: Vec<Value> = Vec::with_capacity(lines);
+    for i in 0..lines {
+        let event = if i >= 80 && next(20) == 0 {
+            let back = &events[i - 20 - next(61) as usize];
+            let mut again = back.clone();
+            if next(3) == 0 {
+                again["v"] = serde_json::json!(back["v"].as_u64().unwrap() + 1);
+            }
+            again
+        } else {
+            serde_json::json!({"id": format!("k{i}"), "v": next(1000)})
+        };
+        events.push(event);
+    }
+    events
+}
+
+#[test]
+fn a_key_back_while_its_batch_is_in_flight_keeps_input_order() {
+    // Stores that run several batch calls at once (Postgres, Redis) must still give a key's
+    // verdicts in input order: its first line new, later ones replay/conflict against it.
+    let sb = Sandbox::new("gate-near-repeats");
+    let events = near_repeats(4000, 7);
+    let input = sb.dir.join("near-repeats.ndjson");
+    write_lines(&input, &events);
+    let expected = model(&events, &["id"]);
+    let repeats = expected.iter().filter(|v| *v != "new").count();
+    assert!(repeats > 150, "the input repeats keys ({repeats})");
+    let name = "a_key_back_while_its_batch_is_in_flight_keeps_input_order";
+    for store in &stores_with(&sb, name, false) {
+        for batch in ["16", "50"] {
+            let ns = namespace();
+            let args = ["--key", "id", "--namespace", &ns, "--batch", batch];
+            let first = gate(&sb, &store, &input, &args);
+            assert_eq!(first.code, 0, "{store}: {}", first.stderr);
+            assert_eq!(
+                verdicts(&first.records),
+                expected,
+                "{store} --batch {batch}"
+            );
+            let lines: Vec<u64> = first
+                .records
+                .iter()
+                .map(|r| r["line"].as_u64().unwrap())
+                .collect();
+            assert_eq!(
+                lines,
+                (1..=4000).collect::<Vec<u64>>(),
+                "records in input order"
+            );
+            let second = gate(&sb, &store, &input, &args);
+            let want = second_pass(&expected);
+            assert_eq!(
+                verdicts(&second.records),
+                want,
+                "{store} --batch {batch}: second pass"
+            );
+        }
     }
 }
 

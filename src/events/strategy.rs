@@ -327,6 +327,11 @@ impl PreparedBatch {
     pub fn is_empty(&self) -> bool {
         self.slots.is_empty()
     }
+
+    /// The keys its store call will check and mark (repeats included).
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.marks.iter().map(|m| m.key.as_str())
+    }
 }
 
 fn phase_name(phase: BreakerPhase) -> &'static str {
@@ -433,6 +438,12 @@ impl EventGate {
         advance: Option<(&str, &Cursor)>,
     ) -> Result<Vec<std::result::Result<Admission, InvalidEvent>>> {
         self.admit(self.prepare(events), now, advance).await
+    }
+
+    /// How many [`admit`](Self::admit) calls on batches sharing no key are worth running at
+    /// once: the store's [`EventKeyStore::batch_concurrency`].
+    pub fn batch_concurrency(&self) -> usize {
+        self.breaker.batch_concurrency().max(1)
     }
 
     /// The marks of `events` (see [`PreparedBatch`]).

@@ -22,6 +22,7 @@
 //! A batch's records are written and flushed only after its store call returned, so a
 //! crash never leaves a `new` in the output for a key the store did not record.
 
+use std::collections::VecDeque;
 use std::io::{BufRead, Write};
 use std::time::{Duration, Instant};
 
@@ -325,114 +326,135 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
         read_batch(gate, &mut input, input_name, size, 0, position, &mut buf)?
     };
     read += next.lines;
-    let mut in_flight: Option<InFlight> = None;
+    // Batches whose store call was made and whose records are not written yet, oldest
+    // first. Without a cursor, up to `window` calls run at once, on batches that share no
+    // key (a key's verdicts come in input order); records are written oldest first.
+    let window = gate.batch_concurrency();
+    let mut in_flight: VecDeque<InFlight> = VecDeque::new();
     let mut read_error: Option<Error> = None;
-    loop {
-        // Launch the batch read last; with a cursor its store call is done here, before
-        // the next batch is read.
-        let Batch {
-            pending,
-            prepared,
-            end,
-            lines,
-            blank,
-            eof,
-        } = std::mem::take(&mut next);
-        // The batch before it: its store call's outcome first (one call at a time, so a
-        // key in two batches gets its verdicts in input order).
-        let done = match in_flight.take() {
-            Some(f) => Some(f.finish().await?),
-            None => None,
-        };
-        let launched = if pending.is_empty() {
-            summary.lines += lines;
-            summary.blank += blank;
-            None
-        } else {
-            let call = match cursor {
-                None => {
-                    let (store_gate, now) = (gate.clone(), Utc::now());
-                    Call::Running(tokio::spawn(async move {
-                        store_gate.admit(prepared, now, None).await
-                    }))
+    let outcome: Result<()> = async {
+        loop {
+            let Batch {
+                pending,
+                prepared,
+                end,
+                lines,
+                blank,
+                eof,
+            } = std::mem::take(&mut next);
+            let (call, keys) = if prepared.is_empty() {
+                (Call::Done(Vec::new()), KeySet::default())
+            } else if let Some(c) = cursor {
+                // With a cursor, batches go one after the other: which events are before
+                // the cursor depends on where the previous batch left it. The cursor
+                // advances to the batch's last (timestamp, id) with the marks; a store
+                // call that failed (a fallback) marked nothing and moved no cursor.
+                let advance = end.as_ref().map(|end| (c.name.as_str(), end));
+                let failures = advance.map(|_| gate.stats().store_errors);
+                let admitted = gate.admit(prepared, Utc::now(), advance).await?;
+                if failures.is_some_and(|before| gate.stats().store_errors == before) {
+                    summary.cursor = end;
                 }
-                Some(c) => {
-                    // The cursor advances to the batch's last (timestamp, id) with the
-                    // marks; a store call that failed (a fallback) marked nothing and
-                    // moved no cursor.
-                    let advance = end.as_ref().map(|end| (c.name.as_str(), end));
-                    let failures = advance.map(|_| gate.stats().store_errors);
-                    let admitted = gate.admit(prepared, Utc::now(), advance).await?;
-                    if failures.is_some_and(|before| gate.stats().store_errors == before) {
-                        summary.cursor = end;
+                (Call::Done(admitted), KeySet::default())
+            } else {
+                let keys = KeySet::of(prepared.keys());
+                // Room for it: a full window, or a batch in flight with one of its keys,
+                // waits for the oldest batches to be written first.
+                while in_flight.len() >= window || in_flight.iter().any(|f| f.keys.shares(&keys)) {
+                    if sink
+                        .emit_oldest(&mut in_flight, &mut summary, &mut progress)
+                        .await?
+                    {
+                        return Ok(());
                     }
-                    Call::Done(admitted)
                 }
+                let (store_gate, now) = (gate.clone(), Utc::now());
+                let call = tokio::spawn(async move { store_gate.admit(prepared, now, None).await });
+                (Call::Running(call), keys)
             };
-            Some(InFlight {
+            in_flight.push_back(InFlight {
                 pending,
                 lines,
                 blank,
+                keys,
                 call,
-            })
-        };
-        // The batch before it: its records, while the store works on this one.
-        if let Some(done) = done {
-            if sink.emit(&mut summary, done, &mut progress)? {
-                if let Some(InFlight {
-                    call: Call::Running(call),
-                    ..
-                }) = launched
+            });
+            // Every batch whose store call returned is written now, oldest first.
+            while in_flight.front().is_some_and(InFlight::is_done) {
+                if sink
+                    .emit_oldest(&mut in_flight, &mut summary, &mut progress)
+                    .await?
                 {
-                    // Not reported, but let it finish rather than cut it off.
-                    let _ = call.await;
+                    return Ok(());
                 }
+            }
+            if let Some(reason) = stop.filter(|c| c.is_cancelled()).and_then(Cancel::reason) {
+                // Read no further; the batches in flight are written below.
+                summary.interrupted = Some(reason);
+                break;
+            }
+            if eof {
+                break;
+            }
+            let position = cursor.map(|c| (c, summary.cursor.as_ref()));
+            match read_batch(gate, &mut input, input_name, size, read, position, &mut buf) {
+                Ok(batch) => {
+                    read += batch.lines;
+                    next = batch;
+                }
+                Err(e) => {
+                    // The batches in flight are reported first.
+                    read_error = Some(e);
+                    break;
+                }
+            }
+        }
+        while !in_flight.is_empty() {
+            if sink
+                .emit_oldest(&mut in_flight, &mut summary, &mut progress)
+                .await?
+            {
                 break;
             }
         }
-        in_flight = launched;
-        let Some(current) = in_flight.as_mut() else {
-            break;
-        };
-        // With a cursor, batches go one after the other: write this one before reading on.
-        if matches!(current.call, Call::Done(_)) {
-            let done = in_flight
-                .take()
-                .expect("a batch in flight")
-                .finish()
-                .await?;
-            if sink.emit(&mut summary, done, &mut progress)? {
-                break;
-            }
-        }
-        if let Some(reason) = stop.filter(|c| c.is_cancelled()).and_then(Cancel::reason) {
-            // Read no further; the batch in flight is written on the next turn.
-            summary.interrupted = Some(reason);
-            next.eof = true;
-            continue;
-        }
-        if eof {
-            next.eof = true;
-            continue;
-        }
-        let position = cursor.map(|c| (c, summary.cursor.as_ref()));
-        match read_batch(gate, &mut input, input_name, size, read, position, &mut buf) {
-            Ok(batch) => {
-                read += batch.lines;
-                next = batch;
-            }
-            Err(e) => {
-                // The batch in flight is reported first.
-                read_error = Some(e);
-                next.eof = true;
-            }
+        Ok(())
+    }
+    .await;
+    // Calls not reported (the output closed, or a store error under `strict`): let them
+    // finish rather than cut them off.
+    for f in in_flight {
+        if let Call::Running(call) = f.call {
+            let _ = call.await;
         }
     }
+    outcome?;
     if let Some(e) = read_error {
         return Err(e);
     }
     summary.elapsed = started.elapsed();
     Ok(summary)
+}
+
+/// The keys of a batch in flight, hashed (two keys with the same hash only make a batch
+/// wait when it need not).
+#[derive(Default)]
+struct KeySet(std::collections::HashSet<u64>);
+
+impl KeySet {
+    fn of<'k>(keys: impl Iterator<Item = &'k str>) -> Self {
+        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+        let hasher = BuildHasherDefault::<DefaultHasher>::default();
+        KeySet(keys.map(|k| hasher.hash_one(k)).collect())
+    }
+
+    fn shares(&self, other: &KeySet) -> bool {
+        let (small, large) = if self.0.len() <= other.0.len() {
+            (&self.0, &other.0)
+        } else {
+            (&other.0, &self.0)
+        };
+        small.iter().any(|k| large.contains(k))
+    }
 }
 
 /// A batch whose store call was made: running as a task of its own, or done.
@@ -446,6 +468,8 @@ struct InFlight {
     pending: Vec<Pending>,
     lines: u64,
     blank: u64,
+    /// The keys its store call marks (empty when the call is done).
+    keys: KeySet,
     call: Call,
 }
 
@@ -458,6 +482,14 @@ struct Finished {
 }
 
 impl InFlight {
+    /// Whether its store call returned.
+    fn is_done(&self) -> bool {
+        match &self.call {
+            Call::Done(_) => true,
+            Call::Running(call) => call.is_finished(),
+        }
+    }
+
     /// Waits for the store call; a store error (under `strict`) is returned as it is.
     async fn finish(self) -> Result<Finished> {
         let admitted = match self.call {
@@ -511,6 +543,20 @@ impl<W: Write> Sink<'_, W> {
             progress(summary);
         }
         Ok(closed)
+    }
+
+    /// Waits for the oldest batch in flight and writes it (see [`emit`](Self::emit)).
+    async fn emit_oldest(
+        &mut self,
+        in_flight: &mut VecDeque<InFlight>,
+        summary: &mut StreamSummary,
+        progress: &mut impl FnMut(&StreamSummary),
+    ) -> Result<bool> {
+        let Some(oldest) = in_flight.pop_front() else {
+            return Ok(false);
+        };
+        let done = oldest.finish().await?;
+        self.emit(summary, done, progress)
     }
 }
 
@@ -769,5 +815,123 @@ mod tests {
         let bad = lines.next().unwrap();
         assert!(bad.starts_with("2,invalid,,false,,,"), "{bad}");
         assert!(bad.contains("line 2: not JSON: "), "{bad}");
+    }
+
+    /// A real memory store whose batch calls take longer the earlier they were made
+    /// (40, 30, 20, 10 ms, again), so a later call overtakes an earlier one unless the
+    /// stream waits; it runs up to 4 at once and counts the most that ran together.
+    #[derive(Debug, Default)]
+    struct Overtaking {
+        inner: MemoryStore,
+        calls: std::sync::atomic::AtomicU64,
+        running: std::sync::atomic::AtomicU64,
+        most: std::sync::atomic::AtomicU64,
+    }
+
+    #[async_trait::async_trait]
+    impl crate::store::StoreBase for Overtaking {
+        fn kind(&self) -> &'static str {
+            "overtaking"
+        }
+        fn location(&self) -> String {
+            "overtaking://".into()
+        }
+        fn capabilities(&self) -> crate::store::Capabilities {
+            self.inner.capabilities()
+        }
+        async fn migrate(&self) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl crate::store::EventKeyStore for Overtaking {
+        fn batch_concurrency(&self) -> usize {
+            4
+        }
+        async fn check_and_mark(
+            &self,
+            namespace: &str,
+            marks: &[crate::store::EventMark],
+            now: chrono::DateTime<Utc>,
+        ) -> Result<Vec<EventVerdict>> {
+            use std::sync::atomic::Ordering::SeqCst;
+            let call = self.calls.fetch_add(1, SeqCst);
+            let running = self.running.fetch_add(1, SeqCst) + 1;
+            self.most.fetch_max(running, SeqCst);
+            tokio::time::sleep(Duration::from_millis(40 - 10 * (call % 4))).await;
+            let verdicts = self.inner.check_and_mark(namespace, marks, now).await;
+            self.running.fetch_sub(1, SeqCst);
+            verdicts
+        }
+        async fn is_duplicate(
+            &self,
+            namespace: &str,
+            keys: &[String],
+            now: chrono::DateTime<Utc>,
+        ) -> Result<Vec<bool>> {
+            self.inner.is_duplicate(namespace, keys, now).await
+        }
+        async fn record_decision(
+            &self,
+            namespace: &str,
+            key: &str,
+            decision: &Value,
+        ) -> Result<bool> {
+            self.inner.record_decision(namespace, key, decision).await
+        }
+    }
+
+    async fn overtaking_run(input: &str) -> (Vec<(u64, String)>, u64) {
+        let store = Arc::new(Overtaking::default());
+        let dedup = Deduplicator::new(store.clone(), "t", ["id"]).unwrap();
+        let gate = EventGate::new(dedup, Strategy::Strict, BreakerConfig::default());
+        let mut out = Vec::new();
+        let stream = Stream {
+            input: input.as_bytes(),
+            input_name: "input",
+            output: &mut out,
+            output_name: "output",
+            stop: None,
+        };
+        run(&gate, stream, OutputFormat::Ndjson, 2, |_| {})
+            .await
+            .unwrap();
+        let records = String::from_utf8(out)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let r: Value = serde_json::from_str(l).unwrap();
+                (
+                    r["line"].as_u64().unwrap(),
+                    r["verdict"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        (
+            records,
+            store.most.load(std::sync::atomic::Ordering::SeqCst),
+        )
+    }
+
+    #[tokio::test]
+    async fn batches_sharing_no_key_run_at_once_and_a_shared_key_waits() {
+        // Eight batches of two distinct keys: up to 4 calls at once, records in input order.
+        let input: String = (0..16).map(|i| format!("{{\"id\":\"k{i}\"}}\n")).collect();
+        let (records, most) = overtaking_run(&input).await;
+        assert_eq!(most, 4, "the store's 4 calls ran at once");
+        let want: Vec<(u64, String)> = (1..=16).map(|n| (n, "new".to_string())).collect();
+        assert_eq!(records, want);
+
+        // Key `a` comes back in the next batch, whose call would finish first: it waits.
+        let input =
+            "{\"id\":\"a\",\"v\":1}\n{\"id\":\"b\"}\n{\"id\":\"c\"}\n{\"id\":\"a\",\"v\":2}\n\
+                     {\"id\":\"d\"}\n{\"id\":\"e\"}\n{\"id\":\"a\",\"v\":1}\n{\"id\":\"f\"}\n";
+        let (records, _) = overtaking_run(input).await;
+        let verdicts: Vec<&str> = records.iter().map(|(_, v)| v.as_str()).collect();
+        assert_eq!(
+            verdicts,
+            ["new", "new", "new", "conflict", "new", "new", "replay", "new"]
+        );
     }
 }

@@ -250,6 +250,10 @@ impl<S: EventKeyStore + ?Sized> EventKeyStore for CircuitBreakerStore<S> {
             .await
     }
 
+    fn batch_concurrency(&self) -> usize {
+        self.inner.batch_concurrency()
+    }
+
     async fn is_duplicate(
         &self,
         namespace: &str,

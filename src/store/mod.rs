@@ -492,6 +492,14 @@ pub trait EventKeyStore: StoreBase {
         now: DateTime<Utc>,
     ) -> Result<Vec<EventVerdict>>;
 
+    /// How many [`check_and_mark`](Self::check_and_mark) calls on batches that share no
+    /// key one caller may usefully have running at once: more than 1 where the store
+    /// works on them side by side (Postgres, one connection each) or queues them in order
+    /// on one connection (Redis); 1 (the default) where writers wait for each other anyway.
+    fn batch_concurrency(&self) -> usize {
+        1
+    }
+
     /// Whether each key is marked and unexpired at `now` (read-only, one round trip).
     async fn is_duplicate(
         &self,

@@ -544,17 +544,32 @@ impl MaintenanceStore for PostgresStore {
     }
 }
 
-/// In one statement: marks the first occurrence of each key that is absent or expired at
-/// $6, and reads the stored row of the others. `found` is false for a key that neither
-/// was marked nor is visible to the statement's snapshot (a concurrent batch committed it
-/// meanwhile): read again with [`EVENTS_READ_SQL`].
+/// In one statement: reads the stored rows of keys unexpired at $6, and marks the first
+/// occurrence of each other key (absent, or expired: the upsert's WHERE). A stored key is
+/// never sent to the upsert: `ON CONFLICT DO UPDATE` locks the row it conflicts with even
+/// when its WHERE is false, a write (and WAL) per replayed key. `found` is false for a key
+/// that neither was marked nor is visible to the statement's snapshot (a concurrent batch
+/// committed it meanwhile): read again with [`EVENTS_READ_SQL`]. Keys are inserted in the
+/// order they were sent (byte order), whatever the plan. The stored rows are looked up one
+/// key at a time through the primary key (`LATERAL … LIMIT 1` is never turned into a join
+/// the planner could choose to run as a scan of the table, e.g. on statistics taken while
+/// it was still small).
 const EVENTS_MARK_SQL: &str = "\
 WITH input AS (
   SELECT * FROM UNNEST($2::text[], $3::text[], $4::text[], $5::timestamptz[])
-    AS i(event_key, fingerprint, decision, expires_at)
+    WITH ORDINALITY AS i(event_key, fingerprint, decision, expires_at, n)
+), stored AS (
+  SELECT s.* FROM input i CROSS JOIN LATERAL (
+    SELECT s.event_key, s.fingerprint, s.decision, s.first_seen FROM event_keys s
+    WHERE s.namespace = $1 AND s.event_key = i.event_key
+      AND (s.expires_at IS NULL OR s.expires_at > $6)
+    LIMIT 1
+  ) s
 ), marked AS (
   INSERT INTO event_keys AS e (namespace, event_key, first_seen, fingerprint, decision, expires_at)
-  SELECT $1, event_key, $6, fingerprint, decision::jsonb, expires_at FROM input
+  SELECT $1, event_key, $6, fingerprint, decision::jsonb, expires_at FROM input i
+  WHERE NOT EXISTS (SELECT 1 FROM stored s WHERE s.event_key = i.event_key)
+  ORDER BY i.n
   ON CONFLICT (namespace, event_key) DO UPDATE SET
     first_seen = EXCLUDED.first_seen, fingerprint = EXCLUDED.fingerprint,
     decision = EXCLUDED.decision, expires_at = EXCLUDED.expires_at
@@ -565,8 +580,7 @@ SELECT i.event_key, m.event_key IS NOT NULL AS new, s.event_key IS NOT NULL AS f
        s.fingerprint, s.decision::text AS decision, s.first_seen
 FROM input i
 LEFT JOIN marked m ON m.event_key = i.event_key
-LEFT JOIN event_keys s ON m.event_key IS NULL AND s.namespace = $1
-  AND s.event_key = i.event_key AND (s.expires_at IS NULL OR s.expires_at > $6)";
+LEFT JOIN stored s ON s.event_key = i.event_key";
 
 /// The unexpired rows of keys $2.
 const EVENTS_READ_SQL: &str = "\
@@ -700,6 +714,12 @@ impl PostgresStore {
 
 #[async_trait]
 impl EventKeyStore for PostgresStore {
+    /// Batches on keys they do not share run in transactions side by side, one per pooled
+    /// connection (each locks its keys in byte order, so they cannot deadlock).
+    fn batch_concurrency(&self) -> usize {
+        MAX_CONNECTIONS as usize
+    }
+
     /// The plain batch mark (no fingerprint, decision or TTL) keeps its own statement, as
     /// fast as a hand-written batch insert: `check_and_mark` joins back to the stored rows
     /// for replay/conflict, which a yes/no answer does not need.

@@ -376,6 +376,13 @@ impl StoreBase for RedisStore {
 
 #[async_trait]
 impl EventKeyStore for RedisStore {
+    /// Batches sent while others are still out queue behind them on the one connection, so
+    /// Redis has the next one to work on as soon as it answered one (measured: 2 at once
+    /// 0.91× raw pipelined `SET NX`, 3 and 4 about 1.05×, 1 0.78×).
+    fn batch_concurrency(&self) -> usize {
+        4
+    }
+
     async fn check_and_mark(
         &self,
         namespace: &str,
