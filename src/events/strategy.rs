@@ -440,6 +440,16 @@ impl EventGate {
         self.admit(self.prepare(events), now, advance).await
     }
 
+    /// Deletes the marks of `keys` in the gate's namespace (straight to the store, not
+    /// through the breaker): how many there were. Used to take back the marks of a batch
+    /// that was checked but whose verdicts nobody saw.
+    pub async fn forget(&self, keys: &[String]) -> Result<u64> {
+        self.dedup
+            .store
+            .forget_event_keys(self.dedup.namespace(), keys)
+            .await
+    }
+
     /// How many [`admit`](Self::admit) calls on batches sharing no key are worth running at
     /// once: the store's [`EventKeyStore::batch_concurrency`].
     pub fn batch_concurrency(&self) -> usize {

@@ -420,19 +420,43 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
         Ok(())
     }
     .await;
-    // Calls not reported (the output closed, or a store error under `strict`): let them
-    // finish rather than cut them off.
-    for f in in_flight {
-        if let Call::Running(call) = f.call {
-            let _ = call.await;
-        }
-    }
+    take_back(gate, in_flight).await;
     outcome?;
     if let Some(e) = read_error {
         return Err(e);
     }
     summary.elapsed = started.elapsed();
     Ok(summary)
+}
+
+/// Batches whose records will not be written (the output closed, or an earlier batch's
+/// store call failed under `strict`): their calls are let finish rather than cut off, and
+/// the keys they marked new are forgotten again, so the same input again says `new` for
+/// those lines, not `replay` for lines nobody was told were new.
+async fn take_back(gate: &EventGate, in_flight: VecDeque<InFlight>) {
+    let mut marked: Vec<String> = Vec::new();
+    for f in in_flight {
+        // A call already done was one the stream made itself (`--cursor`, an empty batch):
+        // it is written at once, never left here with marks.
+        if let Call::Running(call) = f.call {
+            if let Ok(Ok(admitted)) = call.await {
+                marked.extend(admitted.into_iter().filter_map(|a| match a {
+                    Ok(a) if matches!(a.verdict, Some(EventVerdict::New)) => Some(a.key),
+                    _ => None,
+                }));
+            }
+        }
+    }
+    if marked.is_empty() {
+        return;
+    }
+    if let Err(e) = gate.forget(&marked).await {
+        tracing::warn!(
+            "{} key(s) were marked new by batches whose records were not written, and could \
+             not be unmarked ({e}): the same input again says `replay` for them",
+            marked.len()
+        );
+    }
 }
 
 /// The keys of a batch in flight, hashed (two keys with the same hash only make a batch
@@ -826,6 +850,8 @@ mod tests {
         calls: std::sync::atomic::AtomicU64,
         running: std::sync::atomic::AtomicU64,
         most: std::sync::atomic::AtomicU64,
+        /// The first call fails (after its 40 ms), as a store outage would.
+        fail_first: bool,
     }
 
     #[async_trait::async_trait]
@@ -860,7 +886,14 @@ mod tests {
             let running = self.running.fetch_add(1, SeqCst) + 1;
             self.most.fetch_max(running, SeqCst);
             tokio::time::sleep(Duration::from_millis(40 - 10 * (call % 4))).await;
-            let verdicts = self.inner.check_and_mark(namespace, marks, now).await;
+            let verdicts = if call == 0 && self.fail_first {
+                Err(crate::error::Error::store(
+                    "overtaking://",
+                    "connection reset",
+                ))
+            } else {
+                self.inner.check_and_mark(namespace, marks, now).await
+            };
             self.running.fetch_sub(1, SeqCst);
             verdicts
         }
@@ -879,6 +912,9 @@ mod tests {
             decision: &Value,
         ) -> Result<bool> {
             self.inner.record_decision(namespace, key, decision).await
+        }
+        async fn forget_event_keys(&self, namespace: &str, keys: &[String]) -> Result<u64> {
+            self.inner.forget_event_keys(namespace, keys).await
         }
     }
 
@@ -933,5 +969,37 @@ mod tests {
             verdicts,
             ["new", "new", "new", "conflict", "new", "new", "replay", "new"]
         );
+    }
+
+    #[tokio::test]
+    async fn a_failed_call_under_strict_leaves_the_later_batches_unmarked() {
+        // Calls 2-4 finish (and mark) before call 1 fails; their records are never
+        // written, so their marks are taken back: the next run says `new` for them.
+        let store = Arc::new(Overtaking {
+            fail_first: true,
+            ..Overtaking::default()
+        });
+        let dedup = Deduplicator::new(store.clone(), "t", ["id"]).unwrap();
+        let gate = EventGate::new(dedup, Strategy::Strict, BreakerConfig::default());
+        let input: String = (0..8).map(|i| format!("{{\"id\":\"k{i}\"}}\n")).collect();
+        let mut out = Vec::new();
+        let stream = Stream {
+            input: input.as_bytes(),
+            input_name: "input",
+            output: &mut out,
+            output_name: "output",
+            stop: None,
+        };
+        let err = run(&gate, stream, OutputFormat::Ndjson, 2, |_| {})
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("connection reset"), "{err}");
+        assert!(out.is_empty(), "no record before the failed batch's");
+        let keys: Vec<String> = (0..8).map(|i| format!("k{i}")).collect();
+        let seen = crate::store::EventKeyStore::is_duplicate(&store.inner, "t", &keys, Utc::now())
+            .await
+            .unwrap();
+        assert_eq!(seen, [false; 8], "nothing left marked");
+        assert!(store.calls.load(std::sync::atomic::Ordering::SeqCst) >= 4);
     }
 }
