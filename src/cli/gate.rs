@@ -237,7 +237,7 @@ pub(super) async fn gate(args: &GateArgs, g: &GlobalOptions) -> Result<u8> {
                 output::print_gate_summary(&stats_json(&done, &gate, Some(&e)));
             } else {
                 output::print_gate_summary(&format!(
-                    "{} (the batch after these failed; its lines have no record)",
+                    "{} (stopped there: the lines after these have no record)",
                     summary_line(&done, &gate)
                 ));
             }

@@ -35,6 +35,7 @@ use super::strategy::{Admission, EventGate, PreparedBatch, Strategy};
 use super::InvalidEvent;
 use crate::error::{Error, Result};
 use crate::runner::Cancel;
+use crate::store::breaker::BreakerPhase;
 use crate::store::{Cursor, EventVerdict};
 
 /// How the records are written.
@@ -329,7 +330,7 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
     // Batches whose store call was made and whose records are not written yet, oldest
     // first. Without a cursor, up to `window` calls run at once, on batches that share no
     // key (a key's verdicts come in input order); records are written oldest first.
-    let window = gate.batch_concurrency();
+    let concurrency = gate.batch_concurrency();
     let mut in_flight: VecDeque<InFlight> = VecDeque::new();
     let mut read_error: Option<Error> = None;
     let outcome: Result<()> = async {
@@ -343,7 +344,7 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
                 eof,
             } = std::mem::take(&mut next);
             let (call, keys) = if prepared.is_empty() {
-                (Call::Done(Vec::new()), KeySet::default())
+                (Call::Done(Ok(Vec::new())), KeySet::default())
             } else if let Some(c) = cursor {
                 // With a cursor, batches go one after the other: which events are before
                 // the cursor depends on where the previous batch left it. The cursor
@@ -355,17 +356,40 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
                 if failures.is_some_and(|before| gate.stats().store_errors == before) {
                     summary.cursor = end;
                 }
-                (Call::Done(admitted), KeySet::default())
+                (Call::Done(Ok(admitted)), KeySet::default())
             } else {
                 let keys = KeySet::of(prepared.keys());
-                // Room for it: a full window, or a batch in flight with one of its keys,
-                // waits for the oldest batches to be written first.
-                while in_flight.len() >= window || in_flight.iter().any(|f| f.keys.shares(&keys)) {
-                    if sink
-                        .emit_oldest(&mut in_flight, &mut summary, &mut progress)
-                        .await?
-                    {
-                        return Ok(());
+                // Room for it: while the calls still running fill the window, or one of
+                // them has one of its keys, wait for the oldest running call (batches
+                // whose calls returned are written below, while this batch's call runs).
+                // One call at a time while the breaker is not closed: a recovering store
+                // gets its one probe, not a window of refusals.
+                loop {
+                    let window = match gate.breaker_phase() {
+                        BreakerPhase::Closed => concurrency,
+                        _ => 1,
+                    };
+                    let running = in_flight.iter().filter(|f| !f.is_done()).count();
+                    let blocked = in_flight
+                        .iter()
+                        .any(|f| !f.is_done() && f.keys.shares(&keys));
+                    if running < window && !blocked {
+                        break;
+                    }
+                    // (Calls finish on their own meanwhile: none may be left running.)
+                    let Some(oldest) = in_flight.iter_mut().find(|f| !f.is_done()) else {
+                        continue;
+                    };
+                    if !oldest.settle().await {
+                        // It failed (under `strict`): write what came before it, and stop.
+                        while !in_flight.is_empty() {
+                            if sink
+                                .emit_oldest(&mut in_flight, &mut summary, &mut progress)
+                                .await?
+                            {
+                                return Ok(());
+                            }
+                        }
                     }
                 }
                 let (store_gate, now) = (gate.clone(), Utc::now());
@@ -420,7 +444,9 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
         Ok(())
     }
     .await;
-    take_back(gate, in_flight).await;
+    if cursor.is_none() {
+        take_back(gate, in_flight).await;
+    }
     outcome?;
     if let Some(e) = read_error {
         return Err(e);
@@ -436,16 +462,18 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
 async fn take_back(gate: &EventGate, in_flight: VecDeque<InFlight>) {
     let mut marked: Vec<String> = Vec::new();
     for f in in_flight {
-        // A call already done was one the stream made itself (`--cursor`, an empty batch):
-        // it is written at once, never left here with marks.
-        if let Call::Running(call) = f.call {
-            if let Ok(Ok(admitted)) = call.await {
-                marked.extend(admitted.into_iter().filter_map(|a| match a {
-                    Ok(a) if matches!(a.verdict, Some(EventVerdict::New)) => Some(a.key),
-                    _ => None,
-                }));
-            }
-        }
+        let admitted = match f.call {
+            Call::Done(Ok(admitted)) => admitted,
+            Call::Running(call) => match call.await {
+                Ok(Ok(admitted)) => admitted,
+                _ => continue,
+            },
+            Call::Done(Err(_)) => continue,
+        };
+        marked.extend(admitted.into_iter().filter_map(|a| match a {
+            Ok(a) if matches!(a.verdict, Some(EventVerdict::New)) => Some(a.key),
+            _ => None,
+        }));
     }
     if marked.is_empty() {
         return;
@@ -481,10 +509,23 @@ impl KeySet {
     }
 }
 
-/// A batch whose store call was made: running as a task of its own, or done.
+type Admitted = Vec<std::result::Result<Admission, InvalidEvent>>;
+
+/// A batch whose store call was made: running as a task of its own, or returned.
 enum Call {
-    Running(tokio::task::JoinHandle<Result<Vec<std::result::Result<Admission, InvalidEvent>>>>),
-    Done(Vec<std::result::Result<Admission, InvalidEvent>>),
+    Running(tokio::task::JoinHandle<Result<Admitted>>),
+    Done(Result<Admitted>),
+}
+
+/// The outcome of a store call's task.
+fn joined(
+    outcome: std::result::Result<Result<Admitted>, tokio::task::JoinError>,
+) -> Result<Admitted> {
+    match outcome {
+        Ok(admitted) => admitted,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => Err(Error::input(format!("the store call stopped: {e}"))),
+    }
 }
 
 /// A batch between its store call and its records.
@@ -514,15 +555,19 @@ impl InFlight {
         }
     }
 
+    /// Waits for its store call to return, keeping the outcome: `false` when it failed.
+    async fn settle(&mut self) -> bool {
+        if let Call::Running(call) = &mut self.call {
+            self.call = Call::Done(joined(call.await));
+        }
+        matches!(self.call, Call::Done(Ok(_)))
+    }
+
     /// Waits for the store call; a store error (under `strict`) is returned as it is.
     async fn finish(self) -> Result<Finished> {
         let admitted = match self.call {
-            Call::Done(admitted) => admitted,
-            Call::Running(call) => match call.await {
-                Ok(admitted) => admitted?,
-                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-                Err(e) => return Err(Error::input(format!("the store call stopped: {e}"))),
-            },
+            Call::Done(admitted) => admitted?,
+            Call::Running(call) => joined(call.await)?,
         };
         Ok(Finished {
             pending: self.pending,

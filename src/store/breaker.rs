@@ -51,6 +51,19 @@ struct BreakerState {
     probing: bool,
     total_failures: u64,
     rejected: u64,
+    /// Failures counted towards `consecutive_failures` so far: a call that fails counts
+    /// only when none was counted since it started, so calls running side by side that
+    /// fail in one outage count once.
+    counted: u64,
+}
+
+/// What a call was let through as.
+#[derive(Debug, Clone, Copy)]
+struct Ticket {
+    /// The half-open breaker's one probe.
+    probe: bool,
+    /// `BreakerState::counted` when it started.
+    counted: u64,
 }
 
 /// Observable breaker state.
@@ -106,8 +119,9 @@ impl<S: StoreBase + ?Sized> CircuitBreakerStore<S> {
         self.lock().rejected
     }
 
-    fn before(&self) -> Result<()> {
+    fn before(&self) -> Result<Ticket> {
         let mut s = self.lock();
+        let mut probe = false;
         if let Some(opened) = s.opened_at {
             let elapsed = opened.elapsed();
             if elapsed < self.config.reset_timeout || s.probing {
@@ -123,18 +137,35 @@ impl<S: StoreBase + ?Sized> CircuitBreakerStore<S> {
                 });
             }
             s.probing = true;
+            probe = true;
         }
-        Ok(())
+        Ok(Ticket {
+            probe,
+            counted: s.counted,
+        })
     }
 
-    fn after<T>(&self, result: Result<T>) -> Result<T> {
+    fn ticket(&self) -> Ticket {
+        Ticket {
+            probe: false,
+            counted: self.lock().counted,
+        }
+    }
+
+    fn after<T>(&self, result: Result<T>, ticket: Ticket) -> Result<T> {
         let mut s = self.lock();
-        s.probing = false;
+        if ticket.probe {
+            // Only the probe's own outcome ends the probe.
+            s.probing = false;
+        }
         match &result {
             Err(e) if e.is_outage() => {
-                s.consecutive_failures += 1;
                 s.total_failures += 1;
-                if s.consecutive_failures >= self.config.failure_threshold {
+                if ticket.counted == s.counted {
+                    s.counted += 1;
+                    s.consecutive_failures += 1;
+                }
+                if ticket.probe || s.consecutive_failures >= self.config.failure_threshold {
                     s.opened_at = Some(Instant::now());
                 }
             }
@@ -148,14 +179,15 @@ impl<S: StoreBase + ?Sized> CircuitBreakerStore<S> {
 
     /// A call that the open breaker refuses: `call` runs only when the breaker lets it.
     async fn guarded<T>(&self, call: impl Future<Output = Result<T>>) -> Result<T> {
-        self.before()?;
-        self.after(call.await)
+        let ticket = self.before()?;
+        self.after(call.await, ticket)
     }
 
     /// A call that is always tried, even while the breaker is open (see the module docs);
     /// its outcome still counts.
     async fn always<T>(&self, call: impl Future<Output = Result<T>>) -> Result<T> {
-        self.after(call.await)
+        let ticket = self.ticket();
+        self.after(call.await, ticket)
     }
 }
 
@@ -364,5 +396,43 @@ mod tests {
         }
         assert_eq!(breaker.phase(), BreakerPhase::Closed);
         assert_eq!(breaker.total_failures(), 0);
+    }
+
+    #[tokio::test]
+    async fn calls_side_by_side_failing_in_one_outage_count_once_and_only_the_probe_ends_probing() {
+        let breaker = CircuitBreakerStore::new(
+            Arc::new(crate::store::MemoryStore::new()),
+            BreakerConfig {
+                failure_threshold: 2,
+                reset_timeout: Duration::from_millis(30),
+            },
+        );
+        let outage = || -> Result<()> { Err(Error::store("x://", "connection refused")) };
+        // Three calls under way when the store goes: one failure towards the threshold.
+        let tickets: Vec<Ticket> = (0..3).map(|_| breaker.before().unwrap()).collect();
+        for t in tickets {
+            assert!(breaker.after(outage(), t).is_err());
+        }
+        assert_eq!(breaker.phase(), BreakerPhase::Closed);
+        assert_eq!(breaker.total_failures(), 3);
+        // The next call that fails is a second failure in a row: open.
+        let t = breaker.before().unwrap();
+        let slow = breaker.ticket();
+        assert!(breaker.after(outage(), t).is_err());
+        assert_eq!(breaker.phase(), BreakerPhase::Open);
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        // Half-open: one probe; a call from before (`slow`) ending meanwhile does not let
+        // a second probe through.
+        let probe = breaker.before().unwrap();
+        assert!(probe.probe);
+        assert!(breaker.after(outage(), slow).is_err());
+        assert!(matches!(breaker.before(), Err(Error::CircuitOpen { .. })));
+        // The probe fails: open again, whatever was counted meanwhile.
+        assert!(breaker.after(outage(), probe).is_err());
+        assert_eq!(breaker.phase(), BreakerPhase::Open);
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        let probe = breaker.before().unwrap();
+        assert!(breaker.after(Ok(()), probe).is_ok());
+        assert_eq!(breaker.phase(), BreakerPhase::Closed);
     }
 }
