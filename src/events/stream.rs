@@ -1,6 +1,9 @@
 //! The NDJSON gate as a stream (what `idem gate` runs): read a batch of lines, check and
 //! mark the batch in one store round trip through an [`EventGate`], write one output
-//! record per line, flush, repeat. Memory holds one batch, whatever the input's size.
+//! record per line, flush, repeat. The next batch is read while the store works, and on
+//! stores that can ([`EventKeyStore::batch_concurrency`](crate::store::EventKeyStore::batch_concurrency))
+//! several batch calls run at once on batches that share no key. Memory holds a few
+//! batches, whatever the input's size.
 //!
 //! Output, one record per input line that is not blank (blank lines are skipped, but
 //! counted, so `line` is always the line's true 1-based number in the input):
@@ -275,9 +278,12 @@ pub async fn run<R: BufRead, W: Write>(
 ///
 /// Without a cursor, the next batch is read and prepared while the store works on the
 /// current one (its call runs as a task of its own, so on a multi-threaded runtime the two
-/// overlap); its records are still written only after its own store call returned. With a
-/// cursor, batches go one after the other: which events are before the cursor depends on
-/// where the previous batch left it.
+/// overlap), and up to [`EventGate::batch_concurrency`] calls run at once on batches that
+/// share no key (one while the breaker is not closed); records are written in input
+/// order, each batch's only after its own store call returned. Batches whose calls ran but
+/// whose records are not written (the output closed, an earlier call failed) have the keys
+/// they marked new forgotten again. With a cursor, batches go one after the other: which
+/// events are before the cursor depends on where the previous batch left it.
 pub async fn run_with_cursor<R: BufRead, W: Write>(
     gate: &EventGate,
     stream: Stream<'_, R, W>,
