@@ -39,6 +39,7 @@ macro_rules! all_event_key_checks {
             event_dedup_in_batch,
             event_dedup_large_batch,
             event_cursor,
+            event_unmark,
         );
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

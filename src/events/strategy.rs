@@ -440,13 +440,14 @@ impl EventGate {
         self.admit(self.prepare(events), now, advance).await
     }
 
-    /// Deletes the marks of `keys` in the gate's namespace (straight to the store, not
-    /// through the breaker): how many there were. Used to take back the marks of a batch
+    /// Takes back the marks of `keys` made by a call at `first_seen` (its `now`), leaving
+    /// any other mark of them alone (see [`EventKeyStore::unmark_event_keys`]): how many
+    /// were deleted. Straight to the store, not through the breaker: used once, for a batch
     /// that was checked but whose verdicts nobody saw.
-    pub async fn forget(&self, keys: &[String]) -> Result<u64> {
+    pub async fn unmark(&self, keys: &[String], first_seen: DateTime<Utc>) -> Result<u64> {
         self.dedup
             .store
-            .forget_event_keys(self.dedup.namespace(), keys)
+            .unmark_event_keys(self.dedup.namespace(), keys, first_seen)
             .await
     }
 

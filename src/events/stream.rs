@@ -29,7 +29,7 @@ use std::collections::VecDeque;
 use std::io::{BufRead, Write};
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -349,8 +349,8 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
                 blank,
                 eof,
             } = std::mem::take(&mut next);
-            let (call, keys) = if prepared.is_empty() {
-                (Call::Done(Ok(Vec::new())), KeySet::default())
+            let (call, keys, marked_at) = if prepared.is_empty() {
+                (Call::Done(Ok(Vec::new())), KeySet::default(), None)
             } else if let Some(c) = cursor {
                 // With a cursor, batches go one after the other: which events are before
                 // the cursor depends on where the previous batch left it. The cursor
@@ -362,7 +362,7 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
                 if failures.is_some_and(|before| gate.stats().store_errors == before) {
                     summary.cursor = end;
                 }
-                (Call::Done(Ok(admitted)), KeySet::default())
+                (Call::Done(Ok(admitted)), KeySet::default(), None)
             } else {
                 let keys = KeySet::of(prepared.keys());
                 // Room for it: while the calls still running fill the window, or one of
@@ -400,13 +400,14 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
                 }
                 let (store_gate, now) = (gate.clone(), Utc::now());
                 let call = tokio::spawn(async move { store_gate.admit(prepared, now, None).await });
-                (Call::Running(call), keys)
+                (Call::Running(call), keys, Some(now))
             };
             in_flight.push_back(InFlight {
                 pending,
                 lines,
                 blank,
                 keys,
+                marked_at,
                 call,
             });
             // Every batch whose store call returned is written now, oldest first.
@@ -466,29 +467,38 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
 /// the keys they marked new are forgotten again, so the same input again says `new` for
 /// those lines, not `replay` for lines nobody was told were new.
 async fn take_back(gate: &EventGate, in_flight: VecDeque<InFlight>) {
-    let mut marked: Vec<String> = Vec::new();
+    let (mut left, mut failed) = (0, None);
     for f in in_flight {
-        let admitted = match f.call {
-            Call::Done(Ok(admitted)) => admitted,
-            Call::Running(call) => match call.await {
-                Ok(Ok(admitted)) => admitted,
-                _ => continue,
-            },
-            Call::Done(Err(_)) => continue,
+        // A call the stream made itself (`--cursor`, an empty batch) is written at once.
+        let Some(now) = f.marked_at else {
+            continue;
         };
-        marked.extend(admitted.into_iter().filter_map(|a| match a {
-            Ok(a) if matches!(a.verdict, Some(EventVerdict::New)) => Some(a.key),
-            _ => None,
-        }));
+        let outcome = match f.call {
+            Call::Running(call) => joined(call.await),
+            Call::Done(outcome) => outcome,
+        };
+        let Ok(admitted) = outcome else {
+            continue;
+        };
+        let marked: Vec<String> = admitted
+            .into_iter()
+            .filter_map(|a| match a {
+                Ok(a) if matches!(a.verdict, Some(EventVerdict::New)) => Some(a.key),
+                _ => None,
+            })
+            .collect();
+        if marked.is_empty() {
+            continue;
+        }
+        if let Err(e) = gate.unmark(&marked, now).await {
+            left += marked.len();
+            failed = Some(e);
+        }
     }
-    if marked.is_empty() {
-        return;
-    }
-    if let Err(e) = gate.forget(&marked).await {
+    if let Some(e) = failed {
         tracing::warn!(
-            "{} key(s) were marked new by batches whose records were not written, and could \
-             not be unmarked ({e}): the same input again says `replay` for them",
-            marked.len()
+            "{left} key(s) were marked new by batches whose records were not written, and could \
+             not be unmarked ({e}): the same input again says `replay` for them"
         );
     }
 }
@@ -539,8 +549,11 @@ struct InFlight {
     pending: Vec<Pending>,
     lines: u64,
     blank: u64,
-    /// The keys its store call marks (empty when the call is done).
+    /// The keys its store call marks (empty when the stream made the call itself).
     keys: KeySet,
+    /// The `now` of its store call, when it runs as a task of its own (what the marks it
+    /// makes hold as first seen).
+    marked_at: Option<DateTime<Utc>>,
     call: Call,
 }
 
@@ -964,8 +977,15 @@ mod tests {
         ) -> Result<bool> {
             self.inner.record_decision(namespace, key, decision).await
         }
-        async fn forget_event_keys(&self, namespace: &str, keys: &[String]) -> Result<u64> {
-            self.inner.forget_event_keys(namespace, keys).await
+        async fn unmark_event_keys(
+            &self,
+            namespace: &str,
+            keys: &[String],
+            first_seen: chrono::DateTime<Utc>,
+        ) -> Result<u64> {
+            self.inner
+                .unmark_event_keys(namespace, keys, first_seen)
+                .await
         }
     }
 

@@ -311,6 +311,16 @@ impl<S: EventKeyStore + ?Sized> EventKeyStore for CircuitBreakerStore<S> {
             .await
     }
 
+    async fn unmark_event_keys(
+        &self,
+        namespace: &str,
+        keys: &[String],
+        first_seen: DateTime<Utc>,
+    ) -> Result<u64> {
+        self.guarded(self.inner.unmark_event_keys(namespace, keys, first_seen))
+            .await
+    }
+
     async fn cursor(&self, namespace: &str, name: &str) -> Result<Option<Cursor>> {
         self.guarded(self.inner.cursor(namespace, name)).await
     }

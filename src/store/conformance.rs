@@ -924,6 +924,78 @@ pub async fn event_dedup_ttl(store: &dyn EventKeyStore) {
     assert!(store.is_duplicate(&ns, &[], t).await.unwrap().is_empty());
 }
 
+/// Taking back marks ([`EventKeyStore::unmark_event_keys`]): only the marks made at the
+/// given first-seen instant go; a mark made at another instant (another caller's, after
+/// the first one expired) and other keys stay. A store without it must not run calls side
+/// by side.
+pub async fn event_unmark(store: &dyn EventKeyStore) {
+    let ns = unique("unmark");
+    let t = now();
+    let hour = Duration::from_secs(3600);
+    let keys = |ks: &[&str]| ks.iter().map(|k| k.to_string()).collect::<Vec<_>>();
+    let marks = [
+        EventMark::key("a").fingerprint("x").ttl(hour),
+        EventMark::key("b").fingerprint("x").ttl(hour),
+        EventMark::key("c").fingerprint("x"),
+    ];
+    store.check_and_mark(&ns, &marks, t).await.unwrap();
+    // `a` expires and another caller marks it anew.
+    let later = t + chrono::Duration::seconds(3600);
+    let again = store
+        .check_and_mark(
+            &ns,
+            &[EventMark::key("a").fingerprint("y").ttl(hour)],
+            later,
+        )
+        .await
+        .unwrap();
+    assert_eq!(again[0], EventVerdict::New);
+    let unmarked = match store.unmark_event_keys(&ns, &keys(&["a", "b"]), t).await {
+        Err(crate::error::Error::Unsupported { .. }) => {
+            assert_eq!(store.batch_concurrency(), 1, "runs calls side by side");
+            return;
+        }
+        other => other.unwrap(),
+    };
+    assert_eq!(unmarked, 1, "b only: a holds a later mark");
+    let at = later + chrono::Duration::seconds(1);
+    assert_eq!(
+        store
+            .is_duplicate(&ns, &keys(&["a", "b", "c"]), at)
+            .await
+            .unwrap(),
+        vec![true, false, true]
+    );
+    // `b` is new again. Of a, b, c, only c still holds its mark from `t`.
+    let b = store
+        .check_and_mark(&ns, &[EventMark::key("b").fingerprint("z")], at)
+        .await
+        .unwrap();
+    assert_eq!(b[0], EventVerdict::New);
+    assert_eq!(
+        store
+            .unmark_event_keys(&ns, &keys(&["a", "b", "c"]), t)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        store
+            .is_duplicate(&ns, &keys(&["a", "b", "c"]), at)
+            .await
+            .unwrap(),
+        vec![true, true, false]
+    );
+    assert_eq!(
+        store
+            .unmark_event_keys(&ns, &keys(&["a"]), later)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(store.unmark_event_keys(&ns, &[], t).await.unwrap(), 0);
+}
+
 /// TTL on the real clock: a mark with a short ttl (1.1 s) is a duplicate, then, after
 /// sleeping past it, new again. Every store passes this one; Redis expires marks by its own
 /// clock (`PX`), which [`event_dedup_ttl`]'s moving `now` alone would not show.

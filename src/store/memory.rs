@@ -415,6 +415,30 @@ impl EventKeyStore for MemoryStore {
         Ok(gone)
     }
 
+    async fn unmark_event_keys(
+        &self,
+        namespace: &str,
+        keys: &[String],
+        first_seen: DateTime<Utc>,
+    ) -> Result<u64> {
+        let at = micros(first_seen);
+        let mut state = self.lock();
+        let mut gone = 0;
+        for key in keys {
+            let Some(seen) = state.events.get_mut(namespace) else {
+                break;
+            };
+            if seen.get(key).is_some_and(|t| micros(*t) == at) {
+                seen.remove(key);
+                state
+                    .event_rows
+                    .remove(&(namespace.to_string(), key.clone()));
+                gone += 1;
+            }
+        }
+        Ok(gone)
+    }
+
     async fn cursor(&self, namespace: &str, name: &str) -> Result<Option<Cursor>> {
         Ok(self
             .lock()

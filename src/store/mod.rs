@@ -543,6 +543,25 @@ pub trait EventKeyStore: StoreBase {
         })
     }
 
+    /// Takes back marks nobody was told about: deletes the marks of `keys` made at
+    /// `first_seen` (by a [`check_and_mark`](Self::check_and_mark) whose `now` it was),
+    /// and leaves any other mark of those keys alone (one another caller made after this
+    /// one expired): how many were deleted. Needed by a store whose
+    /// [`batch_concurrency`](Self::batch_concurrency) is above 1; a store that cannot
+    /// answers [`Error::Unsupported`](crate::error::Error::Unsupported).
+    async fn unmark_event_keys(
+        &self,
+        namespace: &str,
+        keys: &[String],
+        first_seen: DateTime<Utc>,
+    ) -> Result<u64> {
+        let _ = (namespace, keys, first_seen);
+        Err(crate::error::Error::Unsupported {
+            store: self.kind(),
+            operation: "taking back event marks",
+        })
+    }
+
     /// The named cursor of a namespace (seed 003), `None` before its first advance. A
     /// store without cursors answers [`Error::Unsupported`](crate::error::Error::Unsupported).
     async fn cursor(&self, namespace: &str, name: &str) -> Result<Option<Cursor>> {

@@ -796,6 +796,28 @@ impl EventKeyStore for PostgresStore {
         Ok(done.rows_affected())
     }
 
+    async fn unmark_event_keys(
+        &self,
+        namespace: &str,
+        keys: &[String],
+        first_seen: DateTime<Utc>,
+    ) -> Result<u64> {
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let done = sqlx::query(
+            "DELETE FROM event_keys WHERE namespace = $1 AND event_key = ANY($2::text[]) \
+             AND first_seen = $3",
+        )
+        .bind(namespace)
+        .bind(keys)
+        .bind(micros(first_seen))
+        .execute(&self.pool)
+        .await
+        .map_err(|e| self.err(e))?;
+        Ok(done.rows_affected())
+    }
+
     async fn cursor(&self, namespace: &str, name: &str) -> Result<Option<Cursor>> {
         let row: Option<(String, String)> = sqlx::query_as(
             "SELECT position, value::text FROM event_cursors WHERE namespace = $1 AND name = $2",

@@ -72,6 +72,15 @@ end
 return false
 ";
 
+/// Deletes a key whose stored value begins with ARGV[1] (`FIRST_SEEN:`): 1 when deleted.
+const UNMARK: &str = r"
+local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, string.len(ARGV[1])) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+";
+
 /// Rounds of re-marking keys expired by the caller's clock before the last value read
 /// stands as stored.
 const REMARK_ROUNDS: usize = 3;
@@ -481,6 +490,33 @@ impl EventKeyStore for RedisStore {
         cmd.query_async::<u64>(&mut conn)
             .await
             .map_err(|e| self.err("forget_event_keys", e))
+    }
+
+    async fn unmark_event_keys(
+        &self,
+        namespace: &str,
+        keys: &[String],
+        first_seen: DateTime<Utc>,
+    ) -> Result<u64> {
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        // The stored value begins `FIRST_SEEN:` (see `Header`).
+        let head = format!("{}:", micros(first_seen).timestamp_micros());
+        let mut pipe = redis::pipe();
+        for key in keys {
+            pipe.cmd("EVAL")
+                .arg(UNMARK)
+                .arg(1)
+                .arg(self.redis_key(namespace, key))
+                .arg(&head);
+        }
+        let mut conn = self.conn.clone();
+        let deleted: Vec<u64> = pipe
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.err("unmark_event_keys", e))?;
+        Ok(deleted.iter().sum())
     }
 
     async fn cursor(&self, namespace: &str, name: &str) -> Result<Option<Cursor>> {

@@ -657,6 +657,28 @@ impl EventKeyStore for SqliteStore {
         Ok(done.rows_affected())
     }
 
+    async fn unmark_event_keys(
+        &self,
+        namespace: &str,
+        keys: &[String],
+        first_seen: DateTime<Utc>,
+    ) -> Result<u64> {
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let done = sqlx::query(
+            "DELETE FROM event_keys WHERE namespace = ?1 AND first_seen = ?3 \
+             AND event_key IN (SELECT value FROM json_each(?2))",
+        )
+        .bind(namespace)
+        .bind(serde_json::to_string(keys).unwrap_or_default())
+        .bind(ts(first_seen))
+        .execute(&self.pool)
+        .await
+        .map_err(|e| self.err(e))?;
+        Ok(done.rows_affected())
+    }
+
     async fn cursor(&self, namespace: &str, name: &str) -> Result<Option<Cursor>> {
         let row: Option<(String, String)> = sqlx::query_as(
             "SELECT position, value FROM event_cursors WHERE namespace = ?1 AND name = ?2",
