@@ -767,6 +767,65 @@ fn a_closed_stdout_is_not_a_crash_and_marks_nothing_unreported() {
 }
 
 #[test]
+fn lines_that_trickle_in_are_written_without_waiting_for_a_full_batch() {
+    // `tail -f events.ndjson | idem gate`: batches are 1000 lines by default, but lines that
+    // come one at a time get their records as soon as they are marked.
+    use std::io::Write;
+    let sb = Sandbox::new("gate-trickle");
+    let name = "lines_that_trickle_in_are_written_without_waiting_for_a_full_batch";
+    for store in &stores_with(&sb, name, false) {
+        let ns = namespace();
+        let mut child = sb
+            .command_with_store(&["gate", "--key", "id", "--namespace", &ns], &store)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<Value>();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let record = serde_json::from_str(&line.unwrap()).unwrap();
+                if tx.send(record).is_err() {
+                    break;
+                }
+            }
+        });
+        let records = |n: usize| -> Vec<(u64, String)> {
+            (0..n)
+                .map(|_| {
+                    let r = rx
+                        .recv_timeout(std::time::Duration::from_secs(20))
+                        .expect("a record without waiting for more input");
+                    (
+                        r["line"].as_u64().unwrap(),
+                        r["verdict"].as_str().unwrap().to_string(),
+                    )
+                })
+                .collect()
+        };
+        let pair = |line: u64, verdict: &str| (line, verdict.to_string());
+        stdin
+            .write_all(b"{\"id\":\"a\",\"v\":1}\n{\"id\":\"b\",\"v\":1}\n")
+            .unwrap();
+        stdin.flush().unwrap();
+        assert_eq!(records(2), [pair(1, "new"), pair(2, "new")], "{store}");
+        stdin.write_all(b"{\"id\":\"a\",\"v\":1}\n").unwrap();
+        stdin.flush().unwrap();
+        assert_eq!(records(1), [pair(3, "replay")], "{store}");
+        stdin.write_all(b"{\"id\":\"b\",\"v\":2}\n").unwrap();
+        drop(stdin);
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{stderr}");
+        assert_eq!(records(1), [pair(4, "conflict")], "{store}");
+        assert!(stderr.contains("4 line(s)"), "{stderr}");
+    }
+}
+
+#[test]
 fn a_replay_carries_the_decision_recorded_by_the_first_processing() {
     use idem::events::dedup::Deduplicator;
     use idem::events::strategy::{EventGate, Strategy};

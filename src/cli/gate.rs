@@ -1,6 +1,6 @@
 //! `idem gate`: the idempotency gate over NDJSON ([`crate::events::stream`] does the work).
 
-use std::io::{BufRead, Write};
+use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -116,20 +116,18 @@ pub(super) async fn gate(args: &GateArgs, g: &GlobalOptions) -> Result<u8> {
     // Every argument is checked before the store is opened.
     deduplicator(args, Arc::new(store::MemoryStore::new()))?;
     let cursor = stream_cursor(args)?;
-    let (input_name, input): (String, Box<dyn BufRead + Send>) =
-        match stdio_or(args.input.as_deref()) {
-            Some(path) => {
-                let f = std::fs::File::open(path).map_err(|e| Error::io("read", path, e))?;
-                (
-                    path.display().to_string(),
-                    Box::new(std::io::BufReader::with_capacity(1 << 18, f)),
-                )
-            }
-            None => (
-                "standard input".into(),
-                Box::new(std::io::BufReader::with_capacity(1 << 18, std::io::stdin())),
-            ),
-        };
+    let (input_name, source): (String, Box<dyn Read + Send>) = match stdio_or(args.input.as_deref())
+    {
+        Some(path) => {
+            let f = std::fs::File::open(path).map_err(|e| Error::io("read", path, e))?;
+            (path.display().to_string(), Box::new(f))
+        }
+        None => ("standard input".into(), Box::new(std::io::stdin())),
+    };
+    // Read on a thread of its own, so a batch goes as soon as the input pauses (a
+    // terminal, `tail -f`) instead of waiting for a full one.
+    let input = super::feed::Feed::new(source).map_err(|e| Error::io("read", &input_name, e))?;
+    let ready = input.ready();
     let (output_name, out): (String, Box<dyn Write + Send>) = match stdio_or(args.output.as_deref())
     {
         Some(path) => {
@@ -197,6 +195,7 @@ pub(super) async fn gate(args: &GateArgs, g: &GlobalOptions) -> Result<u8> {
             output: out,
             output_name: &output_name,
             stop: Some(&stop),
+            ready: Some(&ready),
         },
         format,
         args.batch as usize,

@@ -46,6 +46,7 @@ macro_rules! errln {
 }
 
 mod cleanup;
+mod feed;
 mod fingerprint;
 mod gate;
 mod jobs;

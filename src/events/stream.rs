@@ -127,6 +127,11 @@ pub struct Stream<'a, R, W> {
     /// When cancelled, the stream reads no further: the batches already read are marked and
     /// written, then it ends with [`StreamSummary::interrupted`]. `None`: never.
     pub stop: Option<&'a Cancel>,
+    /// Whether a whole next line can be read without waiting. When it says no, a batch
+    /// that holds lines ends there, so lines that trickle in (a terminal, `tail -f`) are
+    /// marked and written at once rather than held until a full batch came. `None`:
+    /// batches are full until the input ends.
+    pub ready: Option<&'a (dyn Fn() -> bool + Sync)>,
 }
 
 /// A named cursor in front of the dedup set (seed 003): events at or before it in
@@ -171,6 +176,7 @@ struct Batch {
 /// Reads up to `size` non-blank lines after line `read` and takes the marks of their
 /// events (parsing, key, fingerprint: the CPU part of a batch). With a cursor, events at
 /// or before `position` are `before_cursor`.
+#[allow(clippy::too_many_arguments)]
 fn read_batch<R: BufRead>(
     gate: &EventGate,
     input: &mut R,
@@ -178,6 +184,7 @@ fn read_batch<R: BufRead>(
     size: usize,
     read: u64,
     cursor: Option<(&StreamCursor, Option<&Cursor>)>,
+    ready: Option<&(dyn Fn() -> bool + Sync)>,
     buf: &mut Vec<u8>,
 ) -> Result<Batch> {
     let mut batch = Batch {
@@ -185,6 +192,10 @@ fn read_batch<R: BufRead>(
         ..Batch::default()
     };
     while batch.pending.len() < size {
+        if !batch.pending.is_empty() && ready.is_some_and(|ready| !ready()) {
+            // The next line is not there yet: this batch goes now.
+            break;
+        }
         buf.clear();
         let n = input
             .read_until(b'\n', buf)
@@ -298,6 +309,7 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
         mut output,
         output_name,
         stop,
+        ready,
     } = stream;
     let size = batch.max(1);
     let started = Instant::now();
@@ -330,7 +342,9 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
     let mut read: u64 = 0;
     let mut next = {
         let position = cursor.map(|c| (c, summary.cursor.as_ref()));
-        read_batch(gate, &mut input, input_name, size, 0, position, &mut buf)?
+        read_batch(
+            gate, &mut input, input_name, size, 0, position, ready, &mut buf,
+        )?
     };
     read += next.lines;
     // Batches whose store call was made and whose records are not written yet, oldest
@@ -427,8 +441,22 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
             if eof {
                 break;
             }
+            if ready.is_some_and(|ready| !ready()) {
+                // The input makes us wait: write what is in flight first, so the lines
+                // read so far are not held back until more come.
+                while !in_flight.is_empty() {
+                    if sink
+                        .emit_oldest(&mut in_flight, &mut summary, &mut progress)
+                        .await?
+                    {
+                        return Ok(());
+                    }
+                }
+            }
             let position = cursor.map(|c| (c, summary.cursor.as_ref()));
-            match read_batch(gate, &mut input, input_name, size, read, position, &mut buf) {
+            match read_batch(
+                gate, &mut input, input_name, size, read, position, ready, &mut buf,
+            ) {
                 Ok(batch) => {
                     read += batch.lines;
                     next = batch;
@@ -828,6 +856,7 @@ mod tests {
                 output: &mut out,
                 output_name: "output",
                 stop: None,
+                ready: None,
             },
             format,
             2,
@@ -1000,6 +1029,7 @@ mod tests {
             output: &mut out,
             output_name: "output",
             stop: None,
+            ready: None,
         };
         run(&gate, stream, OutputFormat::Ndjson, 2, |_| {})
             .await
@@ -1060,6 +1090,7 @@ mod tests {
             output: &mut out,
             output_name: "output",
             stop: None,
+            ready: None,
         };
         let err = run(&gate, stream, OutputFormat::Ndjson, 2, |_| {})
             .await
