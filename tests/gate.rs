@@ -826,6 +826,61 @@ fn lines_that_trickle_in_are_written_without_waiting_for_a_full_batch() {
 }
 
 #[test]
+fn an_output_that_would_destroy_the_input_or_the_ledger_is_refused_before_anything_runs() {
+    let sb = Sandbox::new("gate-overwrite");
+    let input = sb.dir.join("in.ndjson");
+    std::fs::copy(peer_data(), &input).unwrap();
+    let db = sb.dir.join("gate.db");
+    let store = format!("sqlite://{}", db.display());
+    let other = sb.dir.join("out.ndjson");
+    let refused = |args: &[&str], what: &str| {
+        let mut all = vec!["gate", "--key", "id", "--input", input.to_str().unwrap()];
+        all.extend(args);
+        let out = sb.command_with_store(&all, &store).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(what), "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?}: nothing ran");
+    };
+    let same_name = sb.dir.join(".").join("in.ndjson");
+    refused(&["--output", input.to_str().unwrap()], "the same file as");
+    refused(
+        &["--output", same_name.to_str().unwrap()],
+        "the same file as",
+    );
+    // The ledger, before it exists and after.
+    refused(&["--output", db.to_str().unwrap()], "SQLite database");
+    refused(
+        &["--metrics-file", input.to_str().unwrap()],
+        "the same file as",
+    );
+    refused(
+        &[
+            "--output",
+            other.to_str().unwrap(),
+            "--metrics-file",
+            other.to_str().unwrap(),
+        ],
+        "the same file as",
+    );
+    refused(&["--metrics-file", "/nonexistent/m.prom"], "does not exist");
+    assert_eq!(
+        std::fs::read(&input).unwrap(),
+        std::fs::read(peer_data()).unwrap(),
+        "the input is untouched"
+    );
+    assert!(!db.exists(), "nothing was recorded");
+    let ok = gate(&sb, &store, &input, &["--key", "id"]);
+    assert_eq!(ok.code, 0, "{}", ok.stderr);
+    assert_eq!(
+        counts(&verdicts(&ok.records))["new"],
+        984,
+        "every key new: none marked before"
+    );
+    refused(&["--output", db.to_str().unwrap()], "SQLite database");
+}
+
+#[test]
 fn a_replay_carries_the_decision_recorded_by_the_first_processing() {
     use idem::events::dedup::Deduplicator;
     use idem::events::strategy::{EventGate, Strategy};

@@ -116,8 +116,18 @@ pub(super) async fn gate(args: &GateArgs, g: &GlobalOptions) -> Result<u8> {
     // Every argument is checked before the store is opened.
     deduplicator(args, Arc::new(store::MemoryStore::new()))?;
     let cursor = stream_cursor(args)?;
-    let (input_name, source): (String, Box<dyn Read + Send>) = match stdio_or(args.input.as_deref())
-    {
+    // An output file must not be the input, the other output or a SQLite database (the
+    // ledger): writing it would destroy what the gate reads or records.
+    let input_path = stdio_or(args.input.as_deref());
+    let output_path = stdio_or(args.output.as_deref());
+    if let Some(out) = output_path {
+        super::refuse_to_overwrite("--output", out, input_path.as_slice(), &g.store)?;
+    }
+    if let Some(m) = &args.metrics_file {
+        let others: Vec<&std::path::Path> = input_path.into_iter().chain(output_path).collect();
+        super::refuse_to_overwrite("--metrics-file", m, &others, &g.store)?;
+    }
+    let (input_name, source): (String, Box<dyn Read + Send>) = match input_path {
         Some(path) => {
             let f = std::fs::File::open(path).map_err(|e| Error::io("read", path, e))?;
             (path.display().to_string(), Box::new(f))
@@ -128,8 +138,7 @@ pub(super) async fn gate(args: &GateArgs, g: &GlobalOptions) -> Result<u8> {
     // terminal, `tail -f`) instead of waiting for a full one.
     let input = super::feed::Feed::new(source).map_err(|e| Error::io("read", &input_name, e))?;
     let ready = input.ready();
-    let (output_name, out): (String, Box<dyn Write + Send>) = match stdio_or(args.output.as_deref())
-    {
+    let (output_name, out): (String, Box<dyn Write + Send>) = match output_path {
         Some(path) => {
             let f = std::fs::File::create(path).map_err(|e| Error::io("write", path, e))?;
             (

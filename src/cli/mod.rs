@@ -81,6 +81,7 @@ pub struct Cli {
 #[derive(Debug, Args)]
 pub(crate) struct GlobalOptions {
     /// Store URL: sqlite://PATH, postgres://USER@HOST/DB, bigquery://PROJECT/DATASET, memory://
+    /// (idem gate also redis://HOST[:PORT][/DB][?prefix=P], rediss:// for TLS)
     #[arg(long, global = true, env = "IDEM_STORE", default_value = store::DEFAULT_STORE_URL)]
     store: String,
     /// Folder with the job files (*.toml).
@@ -387,7 +388,8 @@ pub(crate) struct FingerprintArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct GateArgs {
-    /// The event's key: a field, or several joined with `:` (dotted paths for nested ones).
+    /// The event's key: a field, or several separated by commas (`id,customer_id`: their
+    /// values joined with `:`); dotted paths for nested ones.
     #[arg(long, value_name = "FIELD[,FIELD...]")]
     key: String,
     /// Fingerprint only these fields of the payload (default: every field but the key's).
@@ -698,4 +700,72 @@ fn scheduled_jobs(names: &[String], g: &GlobalOptions) -> Result<Vec<crate::job:
         jobs.push(job);
     }
     Ok(jobs)
+}
+
+/// Refuses an output file (`flag`) that cannot be written (its folder does not exist) or
+/// would destroy something: an existing SQLite database (a ledger or a warehouse), the
+/// SQLite store `store` names (even before it exists), or one of `inputs` (the same file
+/// under any name). Checked before anything runs.
+pub(crate) fn refuse_to_overwrite(
+    flag: &str,
+    path: &std::path::Path,
+    inputs: &[&std::path::Path],
+    store: &str,
+) -> Result<()> {
+    #[cfg(feature = "sqlite")]
+    let is_database = crate::backend::sqlite::is_sqlite_database(path);
+    #[cfg(not(feature = "sqlite"))]
+    let is_database = false;
+    #[cfg(feature = "sqlite")]
+    let store_file = store
+        .starts_with("sqlite:")
+        .then(|| crate::backend::sqlite::connect_options(store).ok())
+        .flatten()
+        .map(|o| o.get_filename().to_path_buf());
+    #[cfg(not(feature = "sqlite"))]
+    let store_file: Option<std::path::PathBuf> = None;
+    if is_database || store_file.is_some_and(|db| same_file(path, &db)) {
+        return Err(Error::input(format!(
+            "{flag} {}: that file is a SQLite database (a ledger or a warehouse); \
+             writing there would destroy it. Write to another file",
+            path.display()
+        )));
+    }
+    if let Some(folder) = path
+        .parent()
+        .filter(|f| !f.as_os_str().is_empty() && !f.is_dir())
+    {
+        return Err(Error::input(format!(
+            "{flag} {}: the folder {} does not exist",
+            path.display(),
+            folder.display()
+        )));
+    }
+    if let Some(input) = inputs.iter().find(|input| same_file(path, input)) {
+        return Err(Error::input(format!(
+            "{flag} {}: that is the same file as {}, which this command also reads or \
+             writes; writing there would destroy it. Write to another file",
+            path.display(),
+            input.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Whether two paths name one file: the same device and inode when both exist, else the
+/// same absolute path.
+fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        if let (Ok(x), Ok(y)) = (std::fs::metadata(a), std::fs::metadata(b)) {
+            return x.dev() == y.dev() && x.ino() == y.ino();
+        }
+    }
+    let absolute = |p: &std::path::Path| {
+        std::path::absolute(p)
+            .ok()
+            .map(|p| p.components().collect::<std::path::PathBuf>())
+    };
+    absolute(a).is_some_and(|x| Some(x) == absolute(b))
 }

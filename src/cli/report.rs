@@ -185,28 +185,11 @@ pub(super) async fn report(args: ReportArgs, g: &GlobalOptions) -> Result<u8> {
     };
     match &args.output {
         Some(path) => {
-            refuse_to_overwrite_a_database(path)?;
+            super::refuse_to_overwrite("--output", path, &[], &g.store)?;
             std::fs::write(path, text).map_err(|e| Error::io("write the report to", path, e))?;
             output::note(format_args!("wrote {}", path.display()));
         }
         None => output::print_text(&text),
     }
     Ok(EXIT_OK)
-}
-
-/// `--output` names an existing SQLite database (the ledger itself, `--output idem.db`, or
-/// a warehouse): writing the report there would destroy it, so it is refused.
-fn refuse_to_overwrite_a_database(path: &Path) -> Result<()> {
-    #[cfg(feature = "sqlite")]
-    let is_database = crate::backend::sqlite::is_sqlite_database(path);
-    #[cfg(not(feature = "sqlite"))]
-    let is_database = false;
-    if is_database {
-        return Err(Error::input(format!(
-            "--output {}: that file is a SQLite database (a ledger or a warehouse); \
-             the report would replace it. Write the report to another file",
-            path.display()
-        )));
-    }
-    Ok(())
 }

@@ -48,6 +48,9 @@ fn prepare(args: &RunArgs, g: &GlobalOptions, overrides: &Overrides) -> Result<(
 /// record the run as interrupted.
 pub(super) async fn run(args: &RunArgs, g: &GlobalOptions, registry: &Registry) -> Result<u8> {
     super::check_range(&args.from, &args.to)?;
+    if let Some(path) = &args.metrics_file {
+        super::refuse_to_overwrite("--metrics-file", path, &[], &g.store)?;
+    }
     let cancel = cancel_on_signals()?;
     let overrides = args.overrides(Trigger::Manual, Some(cancel));
     let (job, request) = prepare(args, g, &overrides)?;
