@@ -715,10 +715,10 @@ fn bad_arguments_exit_2_naming_the_problem() {
 
 #[test]
 fn a_closed_stdout_is_not_a_crash_and_marks_nothing_unreported() {
-    // `| head -1`: the gate stops quietly. Batches whose store call was under way but whose
-    // records were never written (up to 4 at once on Postgres and Redis) are unmarked
+    // `| head -1`: the gate stops quietly. The batch whose write failed and the batches
+    // whose store call was under way (up to 4 at once on Postgres and Redis) are unmarked
     // again: the same input afterwards says `new` for every line after the last batch the
-    // gate wrote, as if the first run had stopped there.
+    // gate wrote whole, as if the first run had stopped there.
     let sb = Sandbox::new("gate-pipe");
     let events = peer_events();
     let expected = model(&events, &["id"]);
@@ -756,12 +756,19 @@ fn a_closed_stdout_is_not_a_crash_and_marks_nothing_unreported() {
         assert!(written < 1000, "{store}: stopped early ({written})");
         let again = gate(&sb, &store, &peer_data(), &args);
         assert_eq!(again.code, 0, "{}", again.stderr);
-        let mut want = second_pass(&expected[..written]);
-        want.extend_from_slice(&expected[written..]);
-        assert_eq!(
-            verdicts(&again.records),
-            want,
-            "{store}: after {written} lines"
+        // The pass after equals a first run cut at some line c: replays up to c, then what
+        // a fresh run says. c is at least the line the reader saw, and before the end of
+        // the batch whose write failed (that batch was unmarked too).
+        let got = verdicts(&again.records);
+        let cut_at = |c: usize| {
+            let mut want = second_pass(&expected[..c]);
+            want.extend_from_slice(&expected[c..]);
+            want
+        };
+        let cut = (1..written).find(|&c| cut_at(c) == got);
+        assert!(
+            cut.is_some(),
+            "{store}: after {written} lines written, the second pass is no cut of the first: {got:?}"
         );
     }
 }
@@ -878,6 +885,35 @@ fn an_output_that_would_destroy_the_input_or_the_ledger_is_refused_before_anythi
         "every key new: none marked before"
     );
     refused(&["--output", db.to_str().unwrap()], "SQLite database");
+}
+
+#[test]
+fn a_failed_write_leaves_nothing_marked() {
+    // `--output /dev/full`: no record can be written, so no key may stay marked (else the
+    // next run would call every line a replay that nobody saw as new).
+    let full = Path::new("/dev/full");
+    if !full.exists() {
+        eprintln!("skipped: no /dev/full on this machine");
+        return;
+    }
+    let sb = Sandbox::new("gate-full");
+    let expected = model(&peer_events(), &["id"]);
+    for store in &stores_with(&sb, "a_failed_write_leaves_nothing_marked", false) {
+        let ns = namespace();
+        let args = ["--key", "id", "--batch", "100", "--namespace", &ns];
+        let mut all = vec!["--output", "/dev/full"];
+        all.extend(args);
+        let failed = gate(&sb, &store, &peer_data(), &all);
+        assert_ne!(failed.code, 0, "{store}: {}", failed.stderr);
+        assert!(failed.stderr.contains("/dev/full"), "{}", failed.stderr);
+        let again = gate(&sb, &store, &peer_data(), &args);
+        assert_eq!(again.code, 0, "{}", again.stderr);
+        assert_eq!(
+            verdicts(&again.records),
+            expected,
+            "{store}: as a first run"
+        );
+    }
 }
 
 #[test]

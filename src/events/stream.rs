@@ -332,6 +332,7 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
         }
     }
     let mut sink = Sink {
+        gate,
         output: &mut output,
         output_name,
         record: &mut record,
@@ -495,7 +496,7 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
 /// the keys they marked new are forgotten again, so the same input again says `new` for
 /// those lines, not `replay` for lines nobody was told were new.
 async fn take_back(gate: &EventGate, in_flight: VecDeque<InFlight>) {
-    let (mut left, mut failed) = (0, None);
+    let mut left = Untaken::default();
     for f in in_flight {
         // A call the stream made itself (`--cursor`, an empty batch) is written at once.
         let Some(now) = f.marked_at else {
@@ -505,29 +506,59 @@ async fn take_back(gate: &EventGate, in_flight: VecDeque<InFlight>) {
             Call::Running(call) => joined(call.await),
             Call::Done(outcome) => outcome,
         };
-        let Ok(admitted) = outcome else {
-            continue;
-        };
-        let marked: Vec<String> = admitted
-            .into_iter()
-            .filter_map(|a| match a {
-                Ok(a) if matches!(a.verdict, Some(EventVerdict::New)) => Some(a.key),
-                _ => None,
-            })
-            .collect();
-        if marked.is_empty() {
-            continue;
-        }
-        if let Err(e) = gate.unmark(&marked, now).await {
-            left += marked.len();
-            failed = Some(e);
+        if let Ok(admitted) = outcome {
+            left.add(unmark_new(gate, &admitted, now).await);
         }
     }
-    if let Some(e) = failed {
-        tracing::warn!(
-            "{left} key(s) were marked new by batches whose records were not written, and could \
-             not be unmarked ({e}): the same input again says `replay` for them"
-        );
+    left.warn();
+}
+
+/// Takes back the marks of the keys a call at `now` found new: `Err` with how many keys
+/// stay marked when the store refused.
+async fn unmark_new(
+    gate: &EventGate,
+    admitted: &Admitted,
+    now: DateTime<Utc>,
+) -> std::result::Result<(), (usize, Error)> {
+    let marked: Vec<String> = admitted
+        .iter()
+        .filter_map(|a| match a {
+            Ok(a) if matches!(a.verdict, Some(EventVerdict::New)) => Some(a.key.clone()),
+            _ => None,
+        })
+        .collect();
+    if marked.is_empty() {
+        return Ok(());
+    }
+    gate.unmark(&marked, now)
+        .await
+        .map(|_| ())
+        .map_err(|e| (marked.len(), e))
+}
+
+/// Keys that could not be unmarked.
+#[derive(Default)]
+struct Untaken {
+    left: usize,
+    error: Option<Error>,
+}
+
+impl Untaken {
+    fn add(&mut self, outcome: std::result::Result<(), (usize, Error)>) {
+        if let Err((n, e)) = outcome {
+            self.left += n;
+            self.error = Some(e);
+        }
+    }
+
+    fn warn(self) {
+        if let Some(e) = self.error {
+            tracing::warn!(
+                "{} key(s) were marked new by batches whose records were not written, and \
+                 could not be unmarked ({e}): the same input again says `replay` for them",
+                self.left
+            );
+        }
     }
 }
 
@@ -627,6 +658,7 @@ impl InFlight {
 
 /// Where a stream's records go.
 struct Sink<'a, W> {
+    gate: &'a EventGate,
     output: &'a mut W,
     output_name: &'a str,
     record: &'a mut Vec<u8>,
@@ -641,7 +673,7 @@ impl<W: Write> Sink<'_, W> {
     fn emit(
         &mut self,
         summary: &mut StreamSummary,
-        done: Finished,
+        done: &Finished,
         progress: &mut impl FnMut(&StreamSummary),
     ) -> Result<bool> {
         let closed = write_batch(
@@ -671,8 +703,20 @@ impl<W: Write> Sink<'_, W> {
         let Some(oldest) = in_flight.pop_front() else {
             return Ok(false);
         };
+        let marked_at = oldest.marked_at;
         let done = oldest.finish().await?;
-        self.emit(summary, done, progress)
+        let written = self.emit(summary, &done, progress);
+        if !matches!(written, Ok(false)) {
+            // Not (wholly) written: the output's reader went away or writing failed. The
+            // batch's new keys are unmarked, so they are `new` again next time (a line
+            // the reader did see then comes twice rather than one it did not never).
+            if let Some(now) = marked_at {
+                let mut left = Untaken::default();
+                left.add(unmark_new(self.gate, &done.admitted, now).await);
+                left.warn();
+            }
+        }
+        written
     }
 }
 
@@ -682,15 +726,15 @@ fn write_batch<W: Write>(
     output: &mut W,
     record: &mut Vec<u8>,
     summary: &mut StreamSummary,
-    batch: Finished,
+    batch: &Finished,
     format: OutputFormat,
     log_only: bool,
 ) -> std::result::Result<bool, std::io::Error> {
-    let admitted = batch.admitted;
+    let admitted = &batch.admitted;
     summary.lines += batch.lines;
     summary.blank += batch.blank;
     record.clear();
-    let mut admitted = admitted.into_iter();
+    let mut admitted = admitted.iter();
     for line in &batch.pending {
         if line.before_cursor {
             summary.before_cursor += 1;
@@ -724,6 +768,7 @@ fn write_batch<W: Write>(
             None => admitted
                 .next()
                 .expect("one admission per event")
+                .as_ref()
                 .map_err(|invalid| format!("line {}: {}", line.number, invalid.error)),
         };
         match &outcome {
@@ -765,7 +810,7 @@ fn decision_of(a: &Admission) -> Option<&Value> {
 fn write_ndjson(
     out: &mut Vec<u8>,
     line: &Pending,
-    outcome: &std::result::Result<Admission, String>,
+    outcome: &std::result::Result<&Admission, String>,
 ) {
     out.extend_from_slice(b"{\"line\":");
     write_int(out, i128::from(line.number));
@@ -811,7 +856,7 @@ fn csv_field(out: &mut Vec<u8>, field: &str) {
     }
 }
 
-fn write_csv(out: &mut Vec<u8>, line: &Pending, outcome: &std::result::Result<Admission, String>) {
+fn write_csv(out: &mut Vec<u8>, line: &Pending, outcome: &std::result::Result<&Admission, String>) {
     write_int(out, i128::from(line.number));
     match outcome {
         Err(error) => {
