@@ -99,7 +99,17 @@ pub fn parse_url(url: &str) -> Result<RedisUrl> {
         match &*k {
             "prefix" => prefix = v.into_owned(),
             "tls_ca" => tls_ca = Some(v.into_owned()),
-            _ => rest.push((k.into_owned(), v.into_owned())),
+            // The driver's own (redis-rs): RESP version; for unix sockets db, user, pass.
+            "protocol" | "db" | "user" | "pass" => rest.push((k.into_owned(), v.into_owned())),
+            other => {
+                return Err(bad_url(
+                    url,
+                    &format!(
+                        "unknown parameter {other:?} (idem knows prefix and tls_ca; the driver \
+                         protocol, db, user and pass)"
+                    ),
+                ))
+            }
         }
     }
     if prefix.contains(['{', '}']) {
@@ -322,11 +332,14 @@ mod tests {
         let u = parse_url("redis://:pw@h").unwrap();
         assert_eq!(u.prefix, DEFAULT_PREFIX);
         assert_eq!(u.connect, "redis://:pw@h");
+        let u = parse_url("redis://h?prefix=p:&protocol=resp3").unwrap();
+        assert_eq!(u.connect, "redis://h?protocol=resp3");
         for bad in [
             "redis://",
             "rediss://",
             "redis://h/notadb",
             "redis://h?prefix=a{b",
+            "redis://h?prefx=typo:",
             "http://h",
             "not a url",
         ] {
