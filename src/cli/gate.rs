@@ -13,7 +13,7 @@ use crate::events::stream::{self, OutputFormat, Stream, StreamCursor, StreamSumm
 use crate::events::ContentHashExtractor;
 use crate::model::duration::parse_duration_field;
 use crate::store::breaker::BreakerPhase;
-use crate::store::{self, BreakerConfig, EventKeyStore, UnavailableStore};
+use crate::store::{self, BreakerConfig, EventKeyStore};
 
 /// A comma-separated field list of `flag`: at least one field, none empty.
 fn fields(flag: &str, text: &str) -> Result<Vec<String>> {
@@ -154,15 +154,15 @@ pub(super) async fn gate(args: &GateArgs, g: &GlobalOptions) -> Result<u8> {
             )),
         ),
     };
+    let mut down = false;
     let store: Arc<dyn EventKeyStore> = match store::open_event_keys(&g.store).await {
         Ok(store) => store,
         Err(e) if e.is_store_failure() && strategy != Strategy::Strict => {
-            tracing::warn!("{e}; {strategy}: every line goes through unverified");
-            let message = match &e {
-                Error::StoreUnavailable { message, .. } => message.clone(),
-                other => other.to_string(),
-            };
-            Arc::new(UnavailableStore::new(&g.store, message))
+            // Lines go through unverified until the store answers: the breaker in front
+            // tries to open it again once per reset timeout.
+            tracing::warn!("{e}; {strategy}: lines go through unverified until the store answers");
+            down = true;
+            Arc::new(store::ReopeningEventStore::new(&g.store))
         }
         Err(e) => return Err(e),
     };
@@ -171,6 +171,10 @@ pub(super) async fn gate(args: &GateArgs, g: &GlobalOptions) -> Result<u8> {
         strategy,
         BreakerConfig::default(),
     );
+    if down {
+        // That was the first failure: the next try waits for the breaker's timeout.
+        gate.trip_breaker();
+    }
     if let Some(c) = &cursor {
         // A store without cursors (BigQuery) says so before any line is read.
         gate.cursor(&c.name).await?;

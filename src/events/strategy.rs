@@ -451,6 +451,12 @@ impl EventGate {
             .await
     }
 
+    /// Opens the breaker now (the store could not be opened): batches fall back at once
+    /// until its reset timeout lets one try the store again.
+    pub fn trip_breaker(&self) {
+        self.breaker.trip();
+    }
+
     /// How many [`admit`](Self::admit) calls on batches sharing no key are worth running at
     /// once: the store's [`EventKeyStore::batch_concurrency`].
     pub fn batch_concurrency(&self) -> usize {
@@ -532,11 +538,20 @@ impl EventGate {
                 if self.strategy == Strategy::Strict {
                     return Err(e);
                 }
-                tracing::warn!(
-                    strategy = self.strategy.name(),
-                    events = marks.len(),
-                    "store failed, letting the batch through unverified: {e}"
-                );
+                if matches!(e, Error::CircuitOpen { .. }) {
+                    // Said once when the breaker opened; not again for every batch.
+                    tracing::debug!(
+                        strategy = self.strategy.name(),
+                        events = marks.len(),
+                        "letting the batch through unverified: {e}"
+                    );
+                } else {
+                    tracing::warn!(
+                        strategy = self.strategy.name(),
+                        events = marks.len(),
+                        "store failed, letting the batch through unverified: {e}"
+                    );
+                }
                 r.stats.fallbacks += marks.len() as u64;
                 None
             }

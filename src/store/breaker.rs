@@ -109,6 +109,17 @@ impl<S: StoreBase + ?Sized> CircuitBreakerStore<S> {
         }
     }
 
+    /// Opens the breaker now, as after `failure_threshold` failures (say, when the store
+    /// could not even be opened): calls fail fast until the reset timeout lets a probe
+    /// through.
+    pub fn trip(&self) {
+        let mut s = self.lock();
+        s.total_failures += 1;
+        s.counted += 1;
+        s.consecutive_failures += 1;
+        s.opened_at = Some(Instant::now());
+    }
+
     /// Store failures seen since creation.
     pub fn total_failures(&self) -> u64 {
         self.lock().total_failures

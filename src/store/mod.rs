@@ -48,7 +48,7 @@ pub mod sqlite;
 
 pub use breaker::{BreakerConfig, CircuitBreakerStore};
 pub use memory::MemoryStore;
-pub use open::{open, open_event_keys, UnavailableStore, DEFAULT_STORE_URL};
+pub use open::{open, open_event_keys, ReopeningEventStore, UnavailableStore, DEFAULT_STORE_URL};
 
 /// Every store trait, for calling store methods on a concrete store type:
 /// `use idem::store::prelude::*;`.

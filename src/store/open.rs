@@ -200,3 +200,183 @@ pub async fn open_event_keys(url: &str) -> Result<Arc<dyn EventKeyStore>> {
         }
     }
 }
+
+/// An event-key store that could not be opened when the caller started (under
+/// `best_effort`/`log_only`, which go on unverified): every call first tries to open it
+/// again, and once that succeeds every call goes to it. Put a breaker in front, so a store
+/// still down is tried once per reset timeout, not once per batch.
+pub struct ReopeningEventStore {
+    url: String,
+    store: tokio::sync::OnceCell<Arc<dyn EventKeyStore>>,
+}
+
+impl std::fmt::Debug for ReopeningEventStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReopeningEventStore")
+            .field("url", &redact_url(&self.url))
+            .field("open", &self.store.initialized())
+            .finish()
+    }
+}
+
+impl ReopeningEventStore {
+    /// A store at `url`, opened on first use.
+    pub fn new(url: &str) -> Self {
+        ReopeningEventStore {
+            url: url.to_string(),
+            store: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    async fn get(&self) -> Result<&Arc<dyn EventKeyStore>> {
+        self.store
+            .get_or_try_init(|| open_event_keys(&self.url))
+            .await
+    }
+}
+
+#[async_trait]
+impl StoreBase for ReopeningEventStore {
+    fn kind(&self) -> &'static str {
+        self.store.get().map_or("unavailable", |s| s.kind())
+    }
+
+    fn location(&self) -> String {
+        redact_url(&self.url)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.store
+            .get()
+            .map_or(Capabilities::NONE, |s| s.capabilities())
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        self.get().await.map(|_| ())
+    }
+}
+
+#[async_trait]
+impl EventKeyStore for ReopeningEventStore {
+    async fn check_and_mark(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<EventVerdict>> {
+        self.get()
+            .await?
+            .check_and_mark(namespace, marks, now)
+            .await
+    }
+
+    async fn is_duplicate(
+        &self,
+        namespace: &str,
+        keys: &[String],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<bool>> {
+        self.get().await?.is_duplicate(namespace, keys, now).await
+    }
+
+    async fn record_decision(
+        &self,
+        namespace: &str,
+        key: &str,
+        decision: &serde_json::Value,
+    ) -> Result<bool> {
+        self.get()
+            .await?
+            .record_decision(namespace, key, decision)
+            .await
+    }
+
+    async fn mark_event_keys(
+        &self,
+        namespace: &str,
+        keys: &[String],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<bool>> {
+        self.get()
+            .await?
+            .mark_event_keys(namespace, keys, now)
+            .await
+    }
+
+    async fn forget_event_keys(&self, namespace: &str, keys: &[String]) -> Result<u64> {
+        self.get().await?.forget_event_keys(namespace, keys).await
+    }
+
+    async fn unmark_event_keys(
+        &self,
+        namespace: &str,
+        keys: &[String],
+        first_seen: DateTime<Utc>,
+    ) -> Result<u64> {
+        self.get()
+            .await?
+            .unmark_event_keys(namespace, keys, first_seen)
+            .await
+    }
+
+    async fn cursor(&self, namespace: &str, name: &str) -> Result<Option<super::Cursor>> {
+        self.get().await?.cursor(namespace, name).await
+    }
+
+    async fn advance_cursor(&self, namespace: &str, name: &str, to: &super::Cursor) -> Result<()> {
+        self.get().await?.advance_cursor(namespace, name, to).await
+    }
+
+    async fn check_and_mark_advancing(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+        cursor: &str,
+        to: &super::Cursor,
+    ) -> Result<Vec<EventVerdict>> {
+        self.get()
+            .await?
+            .check_and_mark_advancing(namespace, marks, now, cursor, to)
+            .await
+    }
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use super::*;
+    use crate::events::dedup::Deduplicator;
+    use crate::events::strategy::{EventGate, Strategy};
+    use crate::store::BreakerConfig;
+
+    #[tokio::test]
+    async fn a_store_down_at_the_start_is_used_once_it_is_there() {
+        // SQLite in a folder that does not exist yet: an outage (a volume not mounted), not
+        // a usage error. Under best_effort the gate lets events through unverified, and
+        // once the folder is there (and the breaker's timeout passed) it checks them again.
+        let dir = std::env::temp_dir().join(format!("idem-reopen-{}", crate::new_run_id()));
+        let url = format!("sqlite://{}", dir.join("gate.db").display());
+        let store = Arc::new(ReopeningEventStore::new(&url));
+        let dedup = Deduplicator::new(store.clone(), "ns", ["id"]).unwrap();
+        let breaker = BreakerConfig {
+            failure_threshold: 1,
+            reset_timeout: Duration::from_millis(50),
+        };
+        let gate = EventGate::new(dedup, Strategy::BestEffort, breaker);
+        let events = [serde_json::json!({"id": "a"})];
+        let first = gate.check_and_mark(&events, Utc::now()).await.unwrap();
+        let a = first[0].as_ref().unwrap();
+        assert!(!a.verified(), "let through unverified: {a:?}");
+        assert_eq!(store.kind(), "unavailable");
+        std::fs::create_dir_all(&dir).unwrap();
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        let again = gate.check_and_mark(&events, Utc::now()).await.unwrap();
+        let a = again[0].as_ref().unwrap();
+        assert!(a.verified(), "checked by the store now: {a:?}");
+        assert_eq!(a.verdict_name(), "new");
+        assert_eq!(store.kind(), "sqlite");
+        let third = gate.check_and_mark(&events, Utc::now()).await.unwrap();
+        assert_eq!(third[0].as_ref().unwrap().verdict_name(), "replay");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
