@@ -823,12 +823,38 @@ fn lines_that_trickle_in_are_written_without_waiting_for_a_full_batch() {
         stdin.flush().unwrap();
         assert_eq!(records(1), [pair(3, "replay")], "{store}");
         stdin.write_all(b"{\"id\":\"b\",\"v\":2}\n").unwrap();
-        drop(stdin);
-        let out = child.wait_with_output().unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(0), "{stderr}");
+        stdin.flush().unwrap();
         assert_eq!(records(1), [pair(4, "conflict")], "{store}");
-        assert!(stderr.contains("4 line(s)"), "{stderr}");
+        // Ctrl-C while it waits for more input (stdin still open): it stops at once.
+        let kill = std::process::Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(kill.success());
+        let started = std::time::Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if started.elapsed() > std::time::Duration::from_secs(20) {
+                child.kill().unwrap();
+                panic!("{store}: SIGINT did not stop a gate waiting for input");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let mut stderr = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut stderr)
+            .unwrap();
+        assert_eq!(status.code(), Some(1), "{store}: {stderr}");
+        assert!(
+            stderr.contains("4 line(s)") && stderr.contains("stopped by SIGINT"),
+            "{store}: {stderr}"
+        );
+        drop(stdin);
     }
 }
 

@@ -5,7 +5,9 @@
 
 use std::io::{BufRead, Read};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
+
+use crate::runner::Cancel;
 use std::sync::Arc;
 
 /// The largest block read at once.
@@ -29,6 +31,10 @@ struct Shared {
 /// A [`BufRead`] over blocks another thread reads.
 pub(super) struct Feed {
     blocks: Receiver<std::io::Result<Vec<u8>>>,
+    /// When cancelled, waiting for input ends as the end of the input, between two lines.
+    stop: Option<Cancel>,
+    /// What was consumed so far ends a line (or nothing was).
+    at_line_end: bool,
     /// Blocks read, given back to the thread to fill again.
     spent: SyncSender<Vec<u8>>,
     block: Vec<u8>,
@@ -38,7 +44,10 @@ pub(super) struct Feed {
 
 impl Feed {
     /// Starts reading `source` on a thread of its own.
-    pub(super) fn new(mut source: Box<dyn Read + Send>) -> std::io::Result<Self> {
+    pub(super) fn new(
+        mut source: Box<dyn Read + Send>,
+        stop: Option<Cancel>,
+    ) -> std::io::Result<Self> {
         let (tx, blocks) = sync_channel(AHEAD);
         let (spent, reuse) = sync_channel::<Vec<u8>>(AHEAD + 2);
         let shared = Arc::new(Shared::default());
@@ -66,6 +75,8 @@ impl Feed {
             })?;
         Ok(Feed {
             blocks,
+            stop,
+            at_line_end: true,
             spent,
             block: Vec::new(),
             pos: 0,
@@ -112,8 +123,18 @@ impl Read for Feed {
 
 impl BufRead for Feed {
     fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
-        if self.pos == self.block.len() {
-            match self.blocks.recv() {
+        while self.pos == self.block.len() {
+            match self
+                .blocks
+                .recv_timeout(std::time::Duration::from_millis(100))
+            {
+                Err(RecvTimeoutError::Timeout) => {
+                    // Told to stop while waiting for input (a terminal, an idle pipe):
+                    // that is the end of the input, unless a line is half read.
+                    if self.at_line_end && self.stop.as_ref().is_some_and(Cancel::is_cancelled) {
+                        return Ok(&[]);
+                    }
+                }
                 Ok(read) => {
                     self.shared.queued.fetch_sub(1, Ordering::SeqCst);
                     let spent = std::mem::replace(&mut self.block, read?);
@@ -122,9 +143,10 @@ impl BufRead for Feed {
                     self.note_line_left();
                 }
                 // The thread ended: the end of the input.
-                Err(_) => {
+                Err(RecvTimeoutError::Disconnected) => {
                     self.block.clear();
                     self.pos = 0;
+                    return Ok(&[]);
                 }
             }
         }
@@ -132,7 +154,11 @@ impl BufRead for Feed {
     }
 
     fn consume(&mut self, n: usize) {
-        self.pos = (self.pos + n).min(self.block.len());
+        let end = (self.pos + n).min(self.block.len());
+        if end > self.pos {
+            self.at_line_end = self.block[end - 1] == b'\n';
+        }
+        self.pos = end;
         self.note_line_left();
     }
 }
@@ -145,7 +171,7 @@ mod tests {
     #[test]
     fn reads_what_was_written_and_says_when_a_line_is_there() {
         let (reader, mut writer) = std::io::pipe().unwrap();
-        let mut feed = Feed::new(Box::new(reader)).unwrap();
+        let mut feed = Feed::new(Box::new(reader), None).unwrap();
         let ready = feed.ready();
         writer.write_all(b"one\ntw").unwrap();
         let mut line = Vec::new();

@@ -134,10 +134,7 @@ pub(super) async fn gate(args: &GateArgs, g: &GlobalOptions) -> Result<u8> {
         }
         None => ("standard input".into(), Box::new(std::io::stdin())),
     };
-    // Read on a thread of its own, so a batch goes as soon as the input pauses (a
-    // terminal, `tail -f`) instead of waiting for a full one.
-    let input = super::feed::Feed::new(source).map_err(|e| Error::io("read", &input_name, e))?;
-    let ready = input.ready();
+
     let (output_name, out): (String, Box<dyn Write + Send>) = match output_path {
         Some(path) => {
             let f = std::fs::File::create(path).map_err(|e| Error::io("write", path, e))?;
@@ -180,9 +177,14 @@ pub(super) async fn gate(args: &GateArgs, g: &GlobalOptions) -> Result<u8> {
         gate.cursor(&c.name).await?;
     }
     // SIGINT/SIGTERM: read no further, mark and write the batches already read, print
-    // the summary, exit 1. A second signal stops at once (e.g. when waiting on a terminal
-    // for the next input line).
+    // the summary, exit 1 (also while waiting for input, between two lines). A second
+    // signal stops at once (e.g. in the middle of a line typed on a terminal).
     let stop = super::cancel_on_signals()?;
+    // Read on a thread of its own, so a batch goes as soon as the input pauses (a
+    // terminal, `tail -f`) instead of waiting for a full one; a signal ends the wait.
+    let input = super::feed::Feed::new(source, Some(stop.clone()))
+        .map_err(|e| Error::io("read", &input_name, e))?;
+    let ready = input.ready();
     {
         let stop = stop.clone();
         tokio::spawn(async move {
