@@ -869,4 +869,36 @@ mod tests {
         assert!((990..=1100).contains(&p99), "{p99}");
         assert_eq!(l.average(), 505);
     }
+
+    #[cfg(feature = "sqlite")]
+    #[tokio::test]
+    async fn a_store_down_at_the_start_is_used_once_it_is_there() {
+        // SQLite in a folder that does not exist yet: an outage (a volume not mounted), not
+        // a usage error. Under best_effort the gate lets events through unverified, and
+        // once the folder is there (and the breaker's timeout passed) it checks them again.
+        let dir = std::env::temp_dir().join(format!("idem-reopen-{}", crate::new_run_id()));
+        let url = format!("sqlite://{}", dir.join("gate.db").display());
+        let store = Arc::new(crate::store::ReopeningEventStore::new(&url));
+        let dedup = Deduplicator::new(store.clone(), "ns", ["id"]).unwrap();
+        let breaker = crate::store::BreakerConfig {
+            failure_threshold: 1,
+            reset_timeout: Duration::from_millis(50),
+        };
+        let gate = EventGate::new(dedup, Strategy::BestEffort, breaker);
+        let events = [serde_json::json!({"id": "a"})];
+        let first = gate.check_and_mark(&events, Utc::now()).await.unwrap();
+        let a = first[0].as_ref().unwrap();
+        assert!(!a.verified(), "let through unverified: {a:?}");
+        assert_eq!(store.kind(), "unavailable");
+        std::fs::create_dir_all(&dir).unwrap();
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        let again = gate.check_and_mark(&events, Utc::now()).await.unwrap();
+        let a = again[0].as_ref().unwrap();
+        assert!(a.verified(), "checked by the store now: {a:?}");
+        assert_eq!(a.verdict_name(), "new");
+        assert_eq!(store.kind(), "sqlite");
+        let third = gate.check_and_mark(&events, Utc::now()).await.unwrap();
+        assert_eq!(third[0].as_ref().unwrap().verdict_name(), "replay");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
