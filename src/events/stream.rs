@@ -1063,8 +1063,8 @@ mod tests {
         }
     }
 
-    async fn overtaking_run(input: &str) -> (Vec<(u64, String)>, u64) {
-        let store = Arc::new(Overtaking::default());
+    /// The gate over `input` in batches of 2 on `store`, strict: its outcome and output.
+    async fn run_on(store: &Arc<Overtaking>, input: &str) -> (Result<StreamSummary>, Vec<u8>) {
         let dedup = Deduplicator::new(store.clone(), "t", ["id"]).unwrap();
         let gate = EventGate::new(dedup, Strategy::Strict, BreakerConfig::default());
         let mut out = Vec::new();
@@ -1076,9 +1076,14 @@ mod tests {
             stop: None,
             ready: None,
         };
-        run(&gate, stream, OutputFormat::Ndjson, 2, |_| {})
-            .await
-            .unwrap();
+        let outcome = run(&gate, stream, OutputFormat::Ndjson, 2, |_| {}).await;
+        (outcome, out)
+    }
+
+    async fn overtaking_run(input: &str) -> (Vec<(u64, String)>, u64) {
+        let store = Arc::new(Overtaking::default());
+        let (outcome, out) = run_on(&store, input).await;
+        outcome.unwrap();
         let records = String::from_utf8(out)
             .unwrap()
             .lines()
@@ -1125,21 +1130,9 @@ mod tests {
             fail_first: true,
             ..Overtaking::default()
         });
-        let dedup = Deduplicator::new(store.clone(), "t", ["id"]).unwrap();
-        let gate = EventGate::new(dedup, Strategy::Strict, BreakerConfig::default());
         let input: String = (0..8).map(|i| format!("{{\"id\":\"k{i}\"}}\n")).collect();
-        let mut out = Vec::new();
-        let stream = Stream {
-            input: input.as_bytes(),
-            input_name: "input",
-            output: &mut out,
-            output_name: "output",
-            stop: None,
-            ready: None,
-        };
-        let err = run(&gate, stream, OutputFormat::Ndjson, 2, |_| {})
-            .await
-            .unwrap_err();
+        let (outcome, out) = run_on(&store, &input).await;
+        let err = outcome.unwrap_err();
         assert!(err.to_string().contains("connection reset"), "{err}");
         assert!(out.is_empty(), "no record before the failed batch's");
         let keys: Vec<String> = (0..8).map(|i| format!("k{i}")).collect();
