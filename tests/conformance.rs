@@ -38,6 +38,7 @@ macro_rules! all_event_key_checks {
             event_dedup_real_ttl,
             event_dedup_in_batch,
             event_dedup_large_batch,
+            event_dedup_after_fresh_batches,
             event_cursor,
             event_unmark,
         );

@@ -924,6 +924,103 @@ pub async fn event_dedup_ttl(store: &dyn EventKeyStore) {
     assert!(store.is_duplicate(&ns, &[], t).await.unwrap().is_empty());
 }
 
+/// When a key was first seen, for a replay or conflict (`None` for `new`).
+fn seen_at(v: &EventVerdict) -> Option<DateTime<Utc>> {
+    match v {
+        EventVerdict::Replay { first_seen, .. } | EventVerdict::Conflict { first_seen, .. } => {
+            Some(*first_seen)
+        }
+        EventVerdict::New => None,
+    }
+}
+
+/// A batch after all-fresh batches (SQLite then tries a batch as all fresh and Postgres
+/// first tries a plain insert, both falling back when some key is stored or expired):
+/// fresh, stored, expired and repeated keys in one batch get their verdicts, and the
+/// attempt that could not mark the batch whole left nothing behind.
+pub async fn event_dedup_after_fresh_batches(store: &dyn EventKeyStore) {
+    let ns = unique("fresh");
+    let t = now();
+    let hour = Duration::from_secs(3600);
+    let first = store
+        .check_and_mark(
+            &ns,
+            &[
+                EventMark::key("a").fingerprint("a"),
+                EventMark::key("short").fingerprint("s").ttl(hour),
+            ],
+            t,
+        )
+        .await
+        .unwrap();
+    assert!(first.iter().all(EventVerdict::is_new), "{first:?}");
+    // All fresh, with repeats inside the batch.
+    let second = store
+        .check_and_mark(
+            &ns,
+            &[
+                EventMark::key("b").fingerprint("b"),
+                EventMark::key("c").fingerprint("c"),
+                EventMark::key("b").fingerprint("b"),
+                EventMark::key("c").fingerprint("other"),
+            ],
+            t,
+        )
+        .await
+        .unwrap();
+    let names: Vec<&str> = second.iter().map(EventVerdict::name).collect();
+    assert_eq!(names, ["new", "new", "replay", "conflict"], "{second:?}");
+    // Two hours on: d fresh, a and b stored (b with another payload), short expired.
+    let later = t + chrono::Duration::hours(2);
+    let third = store
+        .check_and_mark(
+            &ns,
+            &[
+                EventMark::key("d").fingerprint("d"),
+                EventMark::key("a").fingerprint("a"),
+                EventMark::key("b").fingerprint("changed"),
+                EventMark::key("short").fingerprint("s2").ttl(hour),
+                EventMark::key("d").fingerprint("d"),
+            ],
+            later,
+        )
+        .await
+        .unwrap();
+    let names: Vec<&str> = third.iter().map(EventVerdict::name).collect();
+    assert_eq!(
+        names,
+        ["new", "replay", "conflict", "new", "replay"],
+        "{third:?}"
+    );
+    assert_eq!(seen_at(&third[1]), Some(t), "{third:?}");
+    assert_eq!(conflicting(&third[2]).as_deref(), Some("b"), "{third:?}");
+    assert_eq!(seen_at(&third[4]), Some(later), "{third:?}");
+    // The conflict changed nothing; d and short were marked once, at `later`, with the
+    // third batch's payloads; nothing else was marked.
+    let check = later + chrono::Duration::seconds(1);
+    let fourth = store
+        .check_and_mark(
+            &ns,
+            &[
+                EventMark::key("b").fingerprint("b"),
+                EventMark::key("d").fingerprint("d"),
+                EventMark::key("short").fingerprint("s2"),
+                EventMark::key("e").fingerprint("e"),
+            ],
+            check,
+        )
+        .await
+        .unwrap();
+    let names: Vec<&str> = fourth.iter().map(EventVerdict::name).collect();
+    assert_eq!(names, ["replay", "replay", "replay", "new"], "{fourth:?}");
+    let seen: Vec<_> = fourth.iter().map(seen_at).collect();
+    assert_eq!(
+        seen,
+        [Some(t), Some(later), Some(later), None],
+        "{fourth:?}"
+    );
+}
+
 /// Taking back marks ([`EventKeyStore::unmark_event_keys`]): only the marks made at the
 /// given first-seen instant go; a mark made at another instant (another caller's, after
 /// the first one expired) and other keys stay. A store without it must not run calls side
