@@ -1,7 +1,7 @@
 //! Two processes, one key set: two separate OS processes mark the same 5,000 event keys in
 //! batches on one shared store, started together; every key must be `new` in exactly one
-//! of them. Runs on Redis (`IDEM_TEST_REDIS_URL`) and Postgres (`IDEM_TEST_POSTGRES_URL`),
-//! skipping with a message when unset.
+//! of them. Runs on SQLite (a new file), Redis (`IDEM_TEST_REDIS_URL`) and Postgres
+//! (`IDEM_TEST_POSTGRES_URL`), skipping the last two with a message when unset.
 //!
 //! The processes are this test binary re-run with `--exact child_marks_keys` and the
 //! `IDEM_CHILD_*` variables set: the child test marks the keys, writes the ones it found new
@@ -126,6 +126,13 @@ fn two_processes_mark_each_key_once(url: &str, dir: &Path) {
 
 fn temp_dir(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("idem-{name}-{}", idem::new_run_id()))
+}
+
+#[test]
+fn sqlite_two_processes_mark_each_key_once() {
+    let dir = temp_dir("two-processes-sqlite");
+    let url = format!("sqlite://{}", dir.join("ledger.db").display());
+    two_processes_mark_each_key_once(&url, &dir);
 }
 
 #[cfg(feature = "redis")]

@@ -208,6 +208,24 @@ impl Found {
     }
 }
 
+/// The verdicts of `marks` when one call marked every one of `firsts` (their first
+/// occurrences, [`firsts`]): `new` each, but for a key's later occurrences in the batch.
+pub(crate) fn all_new(
+    marks: &[EventMark],
+    firsts: &[&EventMark],
+    now: DateTime<Utc>,
+) -> Vec<EventVerdict> {
+    if firsts.len() == marks.len() {
+        // Every key distinct: no bookkeeping per key.
+        return marks.iter().map(|_| EventVerdict::New).collect();
+    }
+    let mut found = Found::default();
+    for m in firsts {
+        found.marked(m.key.clone());
+    }
+    found.verdicts(marks, now)
+}
+
 /// Whether each of `keys` is among `found`.
 pub(crate) fn present(keys: &[String], found: impl IntoIterator<Item = String>) -> Vec<bool> {
     let found: HashSet<String> = found.into_iter().collect();

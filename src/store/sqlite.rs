@@ -5,6 +5,8 @@
 //! UPDATE … WHERE expired RETURNING token` statement, which SQLite runs under its single
 //! writer lock, so exactly one process wins. `finish` is one transaction.
 
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -29,6 +31,20 @@ use crate::model::{micros, time, KeyRecord, RunRecord, RunStatus};
 pub struct SqliteStore {
     pool: SqlitePool,
     url: String,
+    events: Arc<EventWriter>,
+}
+
+/// What the event-key batches of one store share: their turn at the write transaction, and
+/// whether the last batch found none of its keys stored.
+#[derive(Debug, Default)]
+struct EventWriter {
+    /// Held from `BEGIN IMMEDIATE` to `COMMIT` of a batch: this process's batches take
+    /// turns here, in the order they asked, instead of in SQLite's busy handler (which
+    /// sleeps whole milliseconds); other processes still wait on the database's lock.
+    turn: tokio::sync::Mutex<()>,
+    /// The last batch found none of its keys stored: the next one binds its insert of every
+    /// key before its turn (fresh keys come in runs), not after reading them.
+    fresh: std::sync::atomic::AtomicBool,
 }
 
 fn ts(t: DateTime<Utc>) -> i64 {
@@ -67,8 +83,12 @@ impl SqliteStore {
         let pool = super::retry::retry(policy, |_| {
             let options = options.clone();
             async move {
+                // No ping before each acquire: a SQLite connection is a file handle in this
+                // process, and the ping is a round trip to its worker thread (a third of
+                // the time an event batch took to begin its transaction).
                 SqlitePoolOptions::new()
                     .max_connections(4)
+                    .test_before_acquire(false)
                     .min_connections(0)
                     .connect_with(options)
                     .await
@@ -86,6 +106,7 @@ impl SqliteStore {
         let store = SqliteStore {
             pool,
             url: url.to_string(),
+            events: Arc::default(),
         };
         store.migrate().await?;
         Ok(store)
@@ -469,6 +490,57 @@ fn events_mark_sql(n: usize) -> String {
     sql
 }
 
+/// The statements marking `n` keys, one per chunk of [`EVENT_CHUNK`].
+fn mark_sqls(n: usize) -> Vec<String> {
+    (0..n)
+        .step_by(EVENT_CHUNK)
+        .map(|start| events_mark_sql((n - start).min(EVENT_CHUNK)))
+        .collect()
+}
+
+/// `sqls` (one [`events_read_batch_sql`] per chunk of [`EVENT_CHUNK`]) bound to the keys
+/// of `marks` of `namespace` at `now`.
+fn read_queries<'q>(
+    sqls: &'q [String],
+    marks: &[&'q EventMark],
+    namespace: &'q str,
+    now: DateTime<Utc>,
+) -> Vec<sqlx::query::QueryScalar<'q, sqlx::Sqlite, String, sqlx::sqlite::SqliteArguments<'q>>> {
+    sqls.iter()
+        .zip(marks.chunks(EVENT_CHUNK))
+        .map(|(sql, chunk)| {
+            let query = sqlx::query_scalar(sql).bind(namespace).bind(ts(now));
+            chunk.iter().fold(query, |q, m| q.bind(m.key.as_str()))
+        })
+        .collect()
+}
+
+/// `sqls` ([`mark_sqls`] of `marks.len()`) bound to `marks` of `namespace` at `now`.
+fn mark_queries<'q>(
+    sqls: &'q [String],
+    marks: &[&'q EventMark],
+    namespace: &'q str,
+    now: DateTime<Utc>,
+) -> Vec<sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>> {
+    sqls.iter()
+        .zip(marks.chunks(EVENT_CHUNK))
+        .map(|(sql, chunk)| {
+            chunk
+                .iter()
+                .fold(sqlx::query(sql), |query, m| {
+                    query
+                        .bind(namespace)
+                        .bind(m.key.as_str())
+                        .bind(ts(now))
+                        .bind(m.fingerprint.as_deref())
+                        .bind(event_keys::decision_text(m))
+                        .bind(m.expires_at(now).map(ts))
+                })
+                .bind(ts(now))
+        })
+        .collect()
+}
+
 /// The unexpired rows of namespace `?` at `?` of `n` keys (`?`…), as one JSON array of
 /// [key, fingerprint, decision, first_seen] (`[]` when none): one row back, not one per
 /// key (sqlx passes each row from its SQLite worker thread as a message).
@@ -550,25 +622,62 @@ impl SqliteStore {
             return Ok(Vec::new());
         }
         let firsts = event_keys::firsts(marks);
-        let keys: Vec<&str> = firsts.iter().map(|m| m.key.as_str()).collect();
+        // Statements are bound before this batch's turn at the write transaction, so a
+        // batch binds while the one before it holds it.
+        let fresh = self.events.fresh.load(Ordering::Relaxed);
+        let read_sqls: Vec<String> = firsts
+            .chunks(EVENT_CHUNK)
+            .map(|chunk| events_read_batch_sql(chunk.len()))
+            .collect();
+        let mut reads = match fresh {
+            true => Vec::new(),
+            false => read_queries(&read_sqls, &firsts, namespace, now),
+        };
+        let all_sqls = match fresh {
+            true => mark_sqls(firsts.len()),
+            false => Vec::new(),
+        };
+        let all_marks = mark_queries(&all_sqls, &firsts, namespace, now);
+        let turn = self.events.turn.lock().await;
+        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        if fresh {
+            // The batch before found none of its keys stored, so this one is tried as all
+            // fresh: an insert of every key, without reading them first. When it marked
+            // every key (each absent, or expired and taken over), that is the whole
+            // transaction; when it marked fewer, some key is stored and unexpired: it is
+            // rolled back, and the batch goes the general way below.
+            let mut tx = conn
+                .begin_with("BEGIN IMMEDIATE")
+                .await
+                .map_err(|e| self.err(e))?;
+            let mut marked = 0;
+            for query in all_marks {
+                let done = query.execute(&mut *tx).await.map_err(|e| self.err(e))?;
+                marked += done.rows_affected();
+            }
+            if marked == firsts.len() as u64 {
+                if let Some((name, to)) = cursor {
+                    self.advance_in(&mut tx, namespace, name, to).await?;
+                }
+                tx.commit().await.map_err(|e| self.err(e))?;
+                drop(turn);
+                return Ok(event_keys::all_new(marks, &firsts, now));
+            }
+            tx.rollback().await.map_err(|e| self.err(e))?;
+            reads = read_queries(&read_sqls, &firsts, namespace, now);
+        }
         // One write transaction (BEGIN IMMEDIATE: the write lock at once, waiting under the
         // busy timeout): read the batch's unexpired rows as one aggregated row, then mark
         // every other key (absent, or expired: the upsert's WHERE). Under the lock nothing
         // changes in between. One row back per batch, not one per key: sqlx passes each
         // row from its SQLite worker thread as a message, which dominated large batches.
-        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
         let mut tx = conn
             .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(|e| self.err(e))?;
         let mut found = Found::default();
         let mut present = std::collections::HashSet::new();
-        for chunk in keys.chunks(EVENT_CHUNK) {
-            let sql = events_read_batch_sql(chunk.len());
-            let mut query = sqlx::query_scalar(&sql).bind(namespace).bind(ts(now));
-            for key in chunk {
-                query = query.bind(*key);
-            }
+        for query in reads {
             let stored: String = query.fetch_one(&mut *tx).await.map_err(|e| self.err(e))?;
             let rows: Vec<(String, Option<String>, Option<String>, i64)> =
                 serde_json::from_str(&stored).map_err(|e| {
@@ -585,31 +694,20 @@ impl SqliteStore {
             .copied()
             .filter(|m| !present.contains(m.key.as_str()))
             .collect();
-        for chunk in batch.chunks(EVENT_CHUNK) {
-            let sql = events_mark_sql(chunk.len());
-            let mut query = sqlx::query(&sql);
-            for m in chunk {
-                query = query
-                    .bind(namespace)
-                    .bind(m.key.as_str())
-                    .bind(ts(now))
-                    .bind(m.fingerprint.as_deref())
-                    .bind(event_keys::decision_text(m))
-                    .bind(m.expires_at(now).map(ts));
-            }
-            query
-                .bind(ts(now))
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| self.err(e))?;
+        let sqls = mark_sqls(batch.len());
+        for query in mark_queries(&sqls, &batch, namespace, now) {
+            query.execute(&mut *tx).await.map_err(|e| self.err(e))?;
         }
         if let Some((name, to)) = cursor {
             self.advance_in(&mut tx, namespace, name, to).await?;
         }
         tx.commit().await.map_err(|e| self.err(e))?;
-        if present.is_empty() && batch.len() == marks.len() {
-            // Every key distinct and marked now: no bookkeeping per key.
-            return Ok(marks.iter().map(|_| EventVerdict::New).collect());
+        drop(turn);
+        self.events
+            .fresh
+            .store(present.is_empty(), Ordering::Relaxed);
+        if present.is_empty() {
+            return Ok(event_keys::all_new(marks, &firsts, now));
         }
         for m in batch {
             found.marked(m.key.clone());
@@ -620,6 +718,12 @@ impl SqliteStore {
 
 #[async_trait]
 impl EventKeyStore for SqliteStore {
+    /// Two: one batch binds its statements while the one before it holds the write
+    /// transaction (batches take turns at it in the order they asked).
+    fn batch_concurrency(&self) -> usize {
+        2
+    }
+
     async fn check_and_mark(
         &self,
         namespace: &str,
