@@ -582,6 +582,37 @@ FROM input i
 LEFT JOIN marked m ON m.event_key = i.event_key
 LEFT JOIN stored s ON s.event_key = i.event_key";
 
+/// The first try of a batch without a cursor, in one statement: looks up the row of every
+/// key ($2, in byte order) through the primary key, expired or not, and when none has
+/// expired inserts every key it did not find, with a plain `INSERT` in the order sent.
+/// [`EVENTS_MARK_SQL`]'s `ON CONFLICT` costs a speculative insertion per row (an index probe
+/// before the insert and a WAL record to confirm it after) and one result row per key; this
+/// returns one row (how many it inserted) and the stored rows. A key whose row another
+/// transaction commits meanwhile fails the insert (unique violation, 23505) and the whole
+/// statement with it, and a found row that has expired needs the upsert's take-over: both
+/// are left to [`EVENTS_MARK_SQL`], this having written nothing.
+const EVENTS_INSERT_SQL: &str = "\
+WITH input AS (
+  SELECT * FROM UNNEST($2::text[], $3::text[], $4::text[], $5::timestamptz[])
+    WITH ORDINALITY AS i(event_key, fingerprint, decision, expires_at, n)
+), existing AS (
+  SELECT s.* FROM input i CROSS JOIN LATERAL (
+    SELECT s.event_key, s.fingerprint, s.decision, s.first_seen, s.expires_at FROM event_keys s
+    WHERE s.namespace = $1 AND s.event_key = i.event_key
+    LIMIT 1
+  ) s
+), inserted AS (
+  INSERT INTO event_keys (namespace, event_key, first_seen, fingerprint, decision, expires_at)
+  SELECT $1, event_key, $6, fingerprint, decision::jsonb, expires_at FROM input i
+  WHERE NOT EXISTS (SELECT 1 FROM existing x WHERE x.event_key = i.event_key)
+    AND NOT EXISTS (SELECT 1 FROM existing x WHERE x.expires_at <= $6)
+  ORDER BY i.n
+  RETURNING 1
+)
+SELECT (SELECT count(*) FROM inserted) AS inserted, x.event_key, x.fingerprint,
+       x.decision::text AS decision, x.first_seen, x.expires_at <= $6 AS expired
+FROM (SELECT 1) AS one LEFT JOIN existing x ON true";
+
 /// The unexpired rows of keys $2.
 const EVENTS_READ_SQL: &str = "\
 SELECT event_key, fingerprint, decision::text AS decision, first_seen FROM event_keys
@@ -660,6 +691,62 @@ impl PostgresStore {
             .collect();
         let expiries: Vec<Option<DateTime<Utc>>> =
             firsts.iter().map(|m| m.expires_at(now)).collect();
+        if cursor.is_none() {
+            // A plain insert first; the upsert below when it cannot say (nothing written).
+            type Tried = (
+                i64,
+                Option<String>,
+                Option<String>,
+                Option<String>,
+                Option<DateTime<Utc>>,
+                Option<bool>,
+            );
+            let tried: std::result::Result<Vec<Tried>, sqlx::Error> =
+                sqlx::query_as(EVENTS_INSERT_SQL)
+                    .bind(namespace)
+                    .bind(&keys)
+                    .bind(&fingerprints)
+                    .bind(&decisions)
+                    .bind(&expiries)
+                    .bind(micros(now))
+                    .fetch_all(&self.pool)
+                    .await;
+            match tried {
+                Ok(rows) if !rows.iter().any(|r| r.5 == Some(true)) => {
+                    let inserted = rows.first().map_or(0, |r| r.0);
+                    let mut found = Found::default();
+                    let mut present = std::collections::HashSet::new();
+                    for (_, key, fingerprint, decision, first_seen, _) in rows {
+                        if let (Some(key), Some(first_seen)) = (key, first_seen) {
+                            present.insert(key.clone());
+                            found.stored(key, fingerprint, decision, first_seen);
+                        }
+                    }
+                    if inserted as usize + present.len() != firsts.len() {
+                        return Err(Error::store(
+                            self.location(),
+                            format!(
+                                "marking event keys: {inserted} inserted and {} found of {}",
+                                present.len(),
+                                firsts.len()
+                            ),
+                        ));
+                    }
+                    if present.is_empty() {
+                        return Ok(event_keys::all_new(marks, &firsts, now));
+                    }
+                    for m in firsts.iter().filter(|m| !present.contains(m.key.as_str())) {
+                        found.marked(m.key.clone());
+                    }
+                    return Ok(found.verdicts(marks, now));
+                }
+                // A found key has expired: taken over by the upsert.
+                Ok(_) => {}
+                // Another transaction committed one of the keys meanwhile.
+                Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("23505") => {}
+                Err(e) => return Err(self.err(e)),
+            }
+        }
         let query = sqlx::query_as(EVENTS_MARK_SQL)
             .bind(namespace)
             .bind(&keys)
