@@ -265,7 +265,7 @@ pub(crate) struct FlatSpec {
 }
 
 /// A top-level field name of an event line, borrowed from the line when it has no escapes.
-#[derive(serde::Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(serde::Deserialize)]
 struct FlatName<'a>(#[serde(borrow)] std::borrow::Cow<'a, str>);
 
 /// Whether `raw` (a JSON value's text) is written back unchanged by the canonical encoding:
@@ -280,6 +280,55 @@ fn canonical_as_written(raw: &str) -> bool {
             let digits = bytes.strip_prefix(b"-").unwrap_or(bytes);
             !digits.is_empty() && digits.len() <= 18 && digits.iter().all(u8::is_ascii_digit)
         }
+    }
+}
+
+/// The top-level fields of a flat event line as (name, value text), sorted by name, a
+/// repeated name keeping its last value (as a parsed `Value` does). Refused (an error)
+/// when a name has escapes or a value is not written canonically (`canonical_as_written`).
+/// A sorted `Vec`, not a map: one allocation a line.
+struct FlatFields<'a>(Vec<(&'a str, &'a str)>);
+
+impl<'de> serde::Deserialize<'de> for FlatFields<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> serde::de::Visitor<'de> for Fields {
+            type Value = FlatFields<'de>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                use serde::de::Error as _;
+                let mut entries: Vec<(&'de str, &'de str)> =
+                    Vec::with_capacity(map.size_hint().unwrap_or(8));
+                while let Some(FlatName(name)) = map.next_key()? {
+                    let value: &'de serde_json::value::RawValue = map.next_value()?;
+                    let std::borrow::Cow::Borrowed(name) = name else {
+                        return Err(A::Error::custom("a name with escapes"));
+                    };
+                    if !canonical_as_written(value.get()) {
+                        return Err(A::Error::custom("a value the encoding rewrites"));
+                    }
+                    entries.push((name, value.get()));
+                }
+                // Stable: a repeated name's entries stay in line order, the last one kept.
+                entries.sort_by(|a, b| a.0.cmp(b.0));
+                let mut fields: Vec<(&'de str, &'de str)> = Vec::with_capacity(entries.len());
+                for entry in entries {
+                    match fields.last_mut() {
+                        Some(last) if last.0 == entry.0 => *last = entry,
+                        _ => fields.push(entry),
+                    }
+                }
+                Ok(FlatFields(fields))
+            }
+        }
+        deserializer.deserialize_map(Fields)
     }
 }
 
@@ -318,19 +367,7 @@ impl FlatSpec {
     /// line that is not such an object, or not JSON): take the `Value` path, which also
     /// names the problem.
     pub fn mark(&self, line: &str) -> Option<(String, Option<String>)> {
-        let fields: std::collections::BTreeMap<FlatName<'_>, &serde_json::value::RawValue> =
-            serde_json::from_str(line).ok()?;
-        let mut entries = Vec::with_capacity(fields.len());
-        for (name, value) in &fields {
-            let std::borrow::Cow::Borrowed(name) = name.0 else {
-                return None;
-            };
-            let raw = value.get();
-            if !canonical_as_written(raw) {
-                return None;
-            }
-            entries.push((name, raw));
-        }
+        let FlatFields(entries) = serde_json::from_str(line).ok()?;
         let field = |name: &str| -> Option<&str> {
             let i = entries.binary_search_by(|(n, _)| (*n).cmp(name)).ok()?;
             match entries[i].1 {
@@ -1023,6 +1060,7 @@ mod flat_tests {
         r#"{"id":"f\"q","v":1}"#,
         r#"{"i\u0064":"g","v":1}"#,
         r#"{"id":7,"v":"x","v":"y"}"#,
+        r#"{"id":"a","v":1,"id":"b","v":2}"#,
         r#"{"id":true}"#,
         r#"{"id":null}"#,
         r#"{"id":""}"#,
