@@ -565,7 +565,28 @@ impl Untaken {
 /// The keys of a batch in flight, hashed (two keys with the same hash only make a batch
 /// wait when it need not).
 #[derive(Default)]
-struct KeySet(std::collections::HashSet<u64>);
+struct KeySet(std::collections::HashSet<u64, std::hash::BuildHasherDefault<Hashed>>);
+
+/// The hasher of a set of hashes: a value is its own hash (the default hasher would hash
+/// each one again, on every insert and lookup).
+#[derive(Default)]
+struct Hashed(u64);
+
+impl std::hash::Hasher for Hashed {
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
 
 impl KeySet {
     fn of<'k>(keys: impl Iterator<Item = &'k str>) -> Self {
