@@ -743,7 +743,8 @@ impl PostgresStore {
                 // A found key has expired: taken over by the upsert.
                 Ok(_) => {}
                 // Another transaction committed one of the keys meanwhile.
-                Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("23505") => {}
+                Err(sqlx::Error::Database(e))
+                    if e.kind() == sqlx::error::ErrorKind::UniqueViolation => {}
                 Err(e) => return Err(self.err(e)),
             }
         }
