@@ -5,6 +5,7 @@
 //! UPDATE … WHERE expired RETURNING token` statement, which SQLite runs under its single
 //! writer lock, so exactly one process wins. `finish` is one transaction.
 
+use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -467,13 +468,16 @@ const EVENT_CHUNK: usize = 1000;
 
 /// `INSERT` marking `n` keys: namespace and `now` once, then four anonymous parameters a
 /// row (key, fingerprint, decision, expiry), then `now` once more: a key found absent is
-/// inserted, one that expired by `now` is taken over (the upsert's WHERE; `WHERE true`
-/// tells SQLite's parser that `ON` starts the upsert, not a join). Bound values, not a JSON
-/// array: SQLite's JSON functions parsing the batch back were a third of the worker's
-/// time; and not six a row: each bound text is copied twice on its way to SQLite.
-/// Anonymous `?`, not `?NNN`: sqlx looks up each numbered parameter's name, which SQLite
-/// finds by a linear scan (quadratic in the batch).
-fn events_mark_sql(n: usize) -> String {
+/// inserted, one that expired by `now` is taken over. A key stored and unexpired is left
+/// alone (the upsert's WHERE) or, `all_or_nothing`, fails the whole statement: its
+/// `event_key` would be set to NULL, which the column's NOT NULL refuses, and SQLite
+/// undoes everything the statement did ([`refused`]). `WHERE true` tells SQLite's parser
+/// that `ON` starts the upsert, not a join. Bound values, not a JSON array: SQLite's JSON
+/// functions parsing the batch back were a third of the worker's time; and not six a row:
+/// each bound text is copied twice on its way to SQLite. Anonymous `?`, not `?NNN`: sqlx
+/// looks up each numbered parameter's name, which SQLite finds by a linear scan
+/// (quadratic in the batch).
+fn events_mark_sql(n: usize, all_or_nothing: bool) -> String {
     let mut sql = String::from(
         "INSERT INTO event_keys (namespace, event_key, first_seen, fingerprint, decision, expires_at) \
          SELECT ?, column1, ?, column2, column3, column4 FROM (VALUES ",
@@ -484,28 +488,52 @@ fn events_mark_sql(n: usize) -> String {
     sql.push_str(
         ") WHERE true ON CONFLICT (namespace, event_key) DO UPDATE SET \
          first_seen = excluded.first_seen, fingerprint = excluded.fingerprint, \
-         decision = excluded.decision, expires_at = excluded.expires_at \
-         WHERE event_keys.expires_at IS NOT NULL AND event_keys.expires_at <= ?",
+         decision = excluded.decision, expires_at = excluded.expires_at",
     );
+    sql.push_str(match all_or_nothing {
+        true => {
+            ", event_key = CASE WHEN event_keys.expires_at IS NOT NULL \
+             AND event_keys.expires_at <= ? THEN event_keys.event_key END"
+        }
+        false => " WHERE event_keys.expires_at IS NOT NULL AND event_keys.expires_at <= ?",
+    });
     sql
 }
 
+/// Whether `e` is an all-or-nothing insert ([`events_mark_sql`]) refusing a batch because
+/// one of its keys is stored and unexpired.
+fn refused(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d) if d.kind() == sqlx::error::ErrorKind::NotNullViolation)
+}
+
 /// The statements marking `n` keys, one per chunk of [`EVENT_CHUNK`].
-fn mark_sqls(n: usize) -> Vec<String> {
+fn mark_sqls(n: usize, all_or_nothing: bool) -> Vec<String> {
     (0..n)
         .step_by(EVENT_CHUNK)
-        .map(|start| events_mark_sql((n - start).min(EVENT_CHUNK)))
+        .map(|start| events_mark_sql((n - start).min(EVENT_CHUNK), all_or_nothing))
         .collect()
 }
 
-/// `sqls` (one [`events_read_batch_sql`] per chunk of [`EVENT_CHUNK`]) bound to the keys
-/// of `marks` of `namespace` at `now`.
+/// The statements reading `n` keys, one per chunk of [`EVENT_CHUNK`].
+fn read_sqls(n: usize) -> Vec<String> {
+    (0..n)
+        .step_by(EVENT_CHUNK)
+        .map(|start| events_read_batch_sql((n - start).min(EVENT_CHUNK)))
+        .collect()
+}
+
+/// A bound [`events_read_batch_sql`].
+type ReadQuery<'q> =
+    sqlx::query::QueryScalar<'q, sqlx::Sqlite, String, sqlx::sqlite::SqliteArguments<'q>>;
+
+/// `sqls` ([`read_sqls`] of `marks.len()`) bound to the keys of `marks` of `namespace` at
+/// `now`.
 fn read_queries<'q>(
     sqls: &'q [String],
     marks: &[&'q EventMark],
     namespace: &'q str,
     now: DateTime<Utc>,
-) -> Vec<sqlx::query::QueryScalar<'q, sqlx::Sqlite, String, sqlx::sqlite::SqliteArguments<'q>>> {
+) -> Vec<ReadQuery<'q>> {
     sqls.iter()
         .zip(marks.chunks(EVENT_CHUNK))
         .map(|(sql, chunk)| {
@@ -605,7 +633,38 @@ impl SqliteStore {
         Ok(())
     }
 
+    /// The stored, unexpired rows `queries` ([`read_queries`]) read on `conn`, added to
+    /// `found`; returns their keys.
+    async fn read_stored<'q>(
+        &self,
+        conn: &mut SqliteConnection,
+        queries: Vec<ReadQuery<'q>>,
+        found: &mut Found,
+    ) -> Result<HashSet<String>> {
+        let mut present = HashSet::new();
+        for query in queries {
+            let stored: String = query.fetch_one(&mut *conn).await.map_err(|e| self.err(e))?;
+            let rows: Vec<(String, Option<String>, Option<String>, i64)> =
+                serde_json::from_str(&stored).map_err(|e| {
+                    Error::store(self.location(), format!("reading event keys back: {e}"))
+                })?;
+            for (key, fingerprint, decision, first_seen) in rows {
+                let first_seen = DateTime::from_timestamp_micros(first_seen).unwrap_or_default();
+                present.insert(key.clone());
+                found.stored(key, fingerprint, decision, first_seen);
+            }
+        }
+        Ok(present)
+    }
+
     /// `check_and_mark`, and the cursor's advance in the same transaction.
+    ///
+    /// Without a cursor, a batch after one that found none of its keys stored is tried as
+    /// one all-or-nothing insert of every key. Any other batch, or one that insert refused,
+    /// reads its keys first, outside the write lock (a batch of replays writes nothing),
+    /// then marks the absent ones in one write transaction that reads them again. Writers
+    /// of this store take turns ([`EventWriter`]) and hold no connection while they wait
+    /// for their turn, so turns and the pool never wait on each other.
     async fn mark_batch(
         &self,
         namespace: &str,
@@ -621,79 +680,71 @@ impl SqliteStore {
             return Ok(Vec::new());
         }
         let firsts = event_keys::firsts(marks);
-        // Statements are bound before this batch's turn at the write transaction, so a
-        // batch binds while the one before it holds it.
-        let fresh = self.events.fresh.load(Ordering::Relaxed);
-        let read_sqls: Vec<String> = firsts
-            .chunks(EVENT_CHUNK)
-            .map(|chunk| events_read_batch_sql(chunk.len()))
-            .collect();
-        let mut reads = match fresh {
-            true => Vec::new(),
-            false => read_queries(&read_sqls, &firsts, namespace, now),
-        };
-        let all_sqls = match fresh {
-            true => mark_sqls(firsts.len()),
-            false => Vec::new(),
-        };
-        let all_marks = mark_queries(&all_sqls, &firsts, namespace, now);
-        let turn = self.events.turn.lock().await;
-        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
-        if fresh {
-            // The batch before found none of its keys stored, so this one is tried as all
-            // fresh: an insert of every key, without reading them first. When it marked
-            // every key (each absent, or expired and taken over), that is the whole
-            // transaction; when it marked fewer, some key is stored and unexpired: it is
-            // rolled back, and the batch goes the general way below.
-            let mut tx = conn
-                .begin_with("BEGIN IMMEDIATE")
-                .await
-                .map_err(|e| self.err(e))?;
-            let mut marked = 0;
-            for query in all_marks {
-                let done = query.execute(&mut *tx).await.map_err(|e| self.err(e))?;
-                marked += done.rows_affected();
-            }
-            if marked == firsts.len() as u64 {
-                if let Some((name, to)) = cursor {
-                    self.advance_in(&mut tx, namespace, name, to).await?;
+        if cursor.is_none() && self.events.fresh.load(Ordering::Relaxed) {
+            // Bound before this batch's turn, so it binds while the batch before it writes.
+            let sqls = mark_sqls(firsts.len(), true);
+            let queries = mark_queries(&sqls, &firsts, namespace, now);
+            let turn = self.events.turn.lock().await;
+            let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+            let tried = async {
+                if let [_] = queries.as_slice() {
+                    // One statement is atomic alone: no BEGIN, no COMMIT.
+                    for query in queries {
+                        query.execute(&mut *conn).await?;
+                    }
+                    return Ok(());
                 }
-                tx.commit().await.map_err(|e| self.err(e))?;
-                drop(turn);
-                return Ok(event_keys::all_new(marks, &firsts, now));
+                let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+                for query in queries {
+                    query.execute(&mut *tx).await?;
+                }
+                tx.commit().await
             }
-            tx.rollback().await.map_err(|e| self.err(e))?;
-            reads = read_queries(&read_sqls, &firsts, namespace, now);
+            .await;
+            drop(conn);
+            drop(turn);
+            match tried {
+                Ok(()) => return Ok(event_keys::all_new(marks, &firsts, now)),
+                // Some key is stored: nothing was written; the general way below.
+                Err(e) if refused(&e) => self.events.fresh.store(false, Ordering::Relaxed),
+                Err(e) => return Err(self.err(e)),
+            }
         }
-        // One write transaction (BEGIN IMMEDIATE: the write lock at once, waiting under the
-        // busy timeout): read the batch's unexpired rows as one aggregated row, then mark
-        // every other key (absent, or expired: the upsert's WHERE). Under the lock nothing
-        // changes in between. One row back per batch, not one per key: sqlx passes each
-        // row from its SQLite worker thread as a message, which dominated large batches.
-        let mut tx = conn
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(|e| self.err(e))?;
+        let first_sqls = read_sqls(firsts.len());
         let mut found = Found::default();
-        let mut present = std::collections::HashSet::new();
-        for query in reads {
-            let stored: String = query.fetch_one(&mut *tx).await.map_err(|e| self.err(e))?;
-            let rows: Vec<(String, Option<String>, Option<String>, i64)> =
-                serde_json::from_str(&stored).map_err(|e| {
-                    Error::store(self.location(), format!("reading event keys back: {e}"))
-                })?;
-            for (key, fingerprint, decision, first_seen) in rows {
-                let first_seen = DateTime::from_timestamp_micros(first_seen).unwrap_or_default();
-                present.insert(key.clone());
-                found.stored(key, fingerprint, decision, first_seen);
-            }
-        }
-        let batch: Vec<&EventMark> = firsts
+        let present = {
+            let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+            let reads = read_queries(&first_sqls, &firsts, namespace, now);
+            self.read_stored(&mut conn, reads, &mut found).await?
+        };
+        let absent: Vec<&EventMark> = firsts
             .iter()
             .copied()
             .filter(|m| !present.contains(m.key.as_str()))
             .collect();
-        let sqls = mark_sqls(batch.len());
+        if absent.is_empty() && cursor.is_none() {
+            self.events.fresh.store(false, Ordering::Relaxed);
+            return Ok(found.verdicts(marks, now));
+        }
+        // One write transaction (BEGIN IMMEDIATE: the write lock at once, waiting under the
+        // busy timeout): read the absent keys again, then mark those still absent (or
+        // expired: the upsert's WHERE). Under the lock nothing changes in between. One row
+        // back per read, not one per key: sqlx passes each row from its SQLite worker
+        // thread as a message, which dominated large batches.
+        let again_sqls = read_sqls(absent.len());
+        let again = read_queries(&again_sqls, &absent, namespace, now);
+        let turn = self.events.turn.lock().await;
+        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        let mut tx = conn
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(|e| self.err(e))?;
+        let present_now = self.read_stored(&mut tx, again, &mut found).await?;
+        let batch: Vec<&EventMark> = absent
+            .into_iter()
+            .filter(|m| !present_now.contains(m.key.as_str()))
+            .collect();
+        let sqls = mark_sqls(batch.len(), false);
         for query in mark_queries(&sqls, &batch, namespace, now) {
             query.execute(&mut *tx).await.map_err(|e| self.err(e))?;
         }
@@ -701,11 +752,11 @@ impl SqliteStore {
             self.advance_in(&mut tx, namespace, name, to).await?;
         }
         tx.commit().await.map_err(|e| self.err(e))?;
+        drop(conn);
         drop(turn);
-        self.events
-            .fresh
-            .store(present.is_empty(), Ordering::Relaxed);
-        if present.is_empty() {
+        let none_stored = present.is_empty() && present_now.is_empty();
+        self.events.fresh.store(none_stored, Ordering::Relaxed);
+        if none_stored {
             return Ok(event_keys::all_new(marks, &firsts, now));
         }
         for m in batch {
