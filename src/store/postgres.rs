@@ -613,6 +613,23 @@ SELECT (SELECT count(*) FROM inserted) AS inserted, x.event_key, x.fingerprint,
        x.decision::text AS decision, x.first_seen, x.expires_at <= $6 AS expired
 FROM (SELECT 1) AS one LEFT JOIN existing x ON true";
 
+/// Deletes the rows of keys $2 (only those first seen at $3, unless $3 is NULL), locking
+/// them first in key order (`FOR UPDATE` under `ORDER BY`; `event_key` compares as bytes,
+/// migration 0006): the order every mark locks its keys in, so a delete and a batch
+/// taking over expired keys wait for each other instead of deadlocking. A row another
+/// batch took over meanwhile (a new first-seen time) is re-checked under its lock and
+/// stays.
+const EVENTS_FORGET_SQL: &str = "\
+DELETE FROM event_keys e USING (
+  SELECT event_key FROM event_keys
+  WHERE namespace = $1 AND event_key = ANY($2::text[])
+    AND ($3::timestamptz IS NULL OR first_seen = $3)
+  ORDER BY event_key
+  FOR UPDATE
+) l
+WHERE e.namespace = $1 AND e.event_key = l.event_key
+  AND ($3::timestamptz IS NULL OR e.first_seen = $3)";
+
 /// The unexpired rows of keys $2.
 const EVENTS_READ_SQL: &str = "\
 SELECT event_key, fingerprint, decision::text AS decision, first_seen FROM event_keys
@@ -868,14 +885,13 @@ impl EventKeyStore for PostgresStore {
         if keys.is_empty() {
             return Ok(0);
         }
-        let done = sqlx::query(
-            "DELETE FROM event_keys WHERE namespace = $1 AND event_key = ANY($2::text[])",
-        )
-        .bind(namespace)
-        .bind(keys)
-        .execute(&self.pool)
-        .await
-        .map_err(|e| self.err(e))?;
+        let done = sqlx::query(EVENTS_FORGET_SQL)
+            .bind(namespace)
+            .bind(keys)
+            .bind(None::<DateTime<Utc>>)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
         Ok(done.rows_affected())
     }
 
@@ -888,16 +904,13 @@ impl EventKeyStore for PostgresStore {
         if keys.is_empty() {
             return Ok(0);
         }
-        let done = sqlx::query(
-            "DELETE FROM event_keys WHERE namespace = $1 AND event_key = ANY($2::text[]) \
-             AND first_seen = $3",
-        )
-        .bind(namespace)
-        .bind(keys)
-        .bind(micros(first_seen))
-        .execute(&self.pool)
-        .await
-        .map_err(|e| self.err(e))?;
+        let done = sqlx::query(EVENTS_FORGET_SQL)
+            .bind(namespace)
+            .bind(keys)
+            .bind(Some(micros(first_seen)))
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
         Ok(done.rows_affected())
     }
 
