@@ -39,12 +39,13 @@ pub struct SqliteStore {
 /// whether the last batch found none of its keys stored.
 #[derive(Debug, Default)]
 struct EventWriter {
-    /// Held from `BEGIN IMMEDIATE` to `COMMIT` of a batch: this process's batches take
-    /// turns here, in the order they asked, instead of in SQLite's busy handler (which
-    /// sleeps whole milliseconds); other processes still wait on the database's lock.
+    /// Held while a batch writes (its all-or-nothing insert, or `BEGIN IMMEDIATE` to
+    /// `COMMIT`): this process's batches take turns here, in the order they asked,
+    /// instead of in SQLite's busy handler (which sleeps whole milliseconds); other
+    /// processes still wait on the database's lock. Reads do not take it.
     turn: tokio::sync::Mutex<()>,
-    /// The last batch found none of its keys stored: the next one binds its insert of every
-    /// key before its turn (fresh keys come in runs), not after reading them.
+    /// The last batch found none of its keys stored: the next one is tried as one
+    /// all-or-nothing insert of every key (fresh keys come in runs), not read first.
     fresh: std::sync::atomic::AtomicBool,
 }
 
@@ -768,8 +769,8 @@ impl SqliteStore {
 
 #[async_trait]
 impl EventKeyStore for SqliteStore {
-    /// Two: one batch binds its statements while the one before it holds the write
-    /// transaction (batches take turns at it in the order they asked).
+    /// Two: one batch binds its statements, or reads its keys, while the other writes
+    /// (writers take turns in the order they asked).
     fn batch_concurrency(&self) -> usize {
         2
     }
