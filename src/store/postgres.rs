@@ -638,6 +638,27 @@ WHERE namespace = $1 AND event_key = ANY($2::text[]) AND (expires_at IS NULL OR 
 type EventRow = (String, Option<String>, Option<String>, DateTime<Utc>);
 
 impl PostgresStore {
+    /// [`EVENTS_FORGET_SQL`]: deletes the rows of `keys` (first seen at `first_seen`, if
+    /// given); how many went.
+    async fn delete_event_keys(
+        &self,
+        namespace: &str,
+        keys: &[String],
+        first_seen: Option<DateTime<Utc>>,
+    ) -> Result<u64> {
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let done = sqlx::query(EVENTS_FORGET_SQL)
+            .bind(namespace)
+            .bind(keys)
+            .bind(first_seen)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(done.rows_affected())
+    }
+
     async fn read_events(
         &self,
         namespace: &str,
@@ -882,17 +903,7 @@ impl EventKeyStore for PostgresStore {
     }
 
     async fn forget_event_keys(&self, namespace: &str, keys: &[String]) -> Result<u64> {
-        if keys.is_empty() {
-            return Ok(0);
-        }
-        let done = sqlx::query(EVENTS_FORGET_SQL)
-            .bind(namespace)
-            .bind(keys)
-            .bind(None::<DateTime<Utc>>)
-            .execute(&self.pool)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(done.rows_affected())
+        self.delete_event_keys(namespace, keys, None).await
     }
 
     async fn unmark_event_keys(
@@ -901,17 +912,8 @@ impl EventKeyStore for PostgresStore {
         keys: &[String],
         first_seen: DateTime<Utc>,
     ) -> Result<u64> {
-        if keys.is_empty() {
-            return Ok(0);
-        }
-        let done = sqlx::query(EVENTS_FORGET_SQL)
-            .bind(namespace)
-            .bind(keys)
-            .bind(Some(micros(first_seen)))
-            .execute(&self.pool)
+        self.delete_event_keys(namespace, keys, Some(micros(first_seen)))
             .await
-            .map_err(|e| self.err(e))?;
-        Ok(done.rows_affected())
     }
 
     async fn cursor(&self, namespace: &str, name: &str) -> Result<Option<Cursor>> {
