@@ -41,6 +41,7 @@ macro_rules! all_event_key_checks {
             event_dedup_after_fresh_batches,
             event_cursor,
             event_unmark,
+            event_pending,
         );
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

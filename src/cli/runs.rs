@@ -14,6 +14,7 @@ pub(super) async fn runs(args: RunsArgs, g: &GlobalOptions) -> Result<u8> {
         status: args.status,
         since: None,
         limit: args.limit as usize,
+        ..RunFilter::default()
     };
     if let Some(path) = super::missing_ledger(&g.store)? {
         // Nothing recorded there: an empty list, and a warning in case it is a typo.

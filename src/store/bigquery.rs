@@ -200,6 +200,9 @@ WHERE started_at >= @since
   AND (@processor IS NULL OR processor_name = @processor)
   AND (@scope IS NULL OR scope = @scope)
   AND (@status IS NULL OR status = @status)
+  AND (@trigger IS NULL OR trigger_source = @trigger)
+  AND (@except_skip IS NULL OR skip_reason IS NULL OR skip_reason <> @except_skip)
+  AND (@run_id IS NULL OR run_id = @run_id)
 ORDER BY started_at DESC, run_id DESC
 LIMIT @limit";
 
@@ -217,7 +220,8 @@ AND (@processor IS NULL OR processor_name = @processor) \
 AND run_id NOT IN (SELECT run_id FROM {keys} WHERE processed_at >= @keys_before)";
 const CLEANUP_LEASES_SQL: &str = "{leases} WHERE expires_at < @before \
 AND (@processor IS NULL OR processor_name = @processor)";
-const CLEANUP_EVENTS_SQL: &str = "{events} WHERE first_seen < @before AND @processor IS NULL";
+const CLEANUP_EVENTS_SQL: &str =
+    "{events} WHERE expires_at IS NOT NULL AND expires_at < @before AND @processor IS NULL";
 
 /// Checks and marks event keys, step 1: marks the first occurrence of each key (@marks)
 /// that is absent or expired at @now, tagged with this call's batch id. (Two requests, not
@@ -555,6 +559,14 @@ impl BigQueryStore {
             None => "NULL".to_string(),
         };
         for table in PARTITIONED_TABLES {
+            // Event keys are partitioned by first sighting, but a key's life is its TTL (a
+            // gate's default is never): expiring their partitions would let a 31-day-old
+            // payment through again, so they expire only by `idem cleanup`, by TTL.
+            let days = if *table == "event_keys" {
+                "NULL"
+            } else {
+                days.as_str()
+            };
             let sql = format!(
                 "ALTER TABLE {} SET OPTIONS (partition_expiration_days = {days})",
                 self.config.table(table)
@@ -1111,6 +1123,12 @@ impl LedgerStore for BigQueryStore {
                     opt_string("processor", filter.processor.as_deref()),
                     opt_string("scope", filter.scope.as_deref()),
                     opt_string("status", filter.status.map(|s| s.as_str())),
+                    opt_string("trigger", filter.trigger.map(|t| t.as_str())),
+                    opt_string(
+                        "except_skip",
+                        filter.except_skip_reason.as_ref().map(|r| r.as_str()),
+                    ),
+                    opt_string("run_id", filter.run_id.as_deref()),
                     int64("limit", limit),
                 ],
             )

@@ -332,6 +332,20 @@ impl<S: EventKeyStore + ?Sized> EventKeyStore for CircuitBreakerStore<S> {
             .await
     }
 
+    fn confirms_pending(&self) -> bool {
+        self.inner.confirms_pending()
+    }
+
+    async fn confirm_event_keys(
+        &self,
+        namespace: &str,
+        keys: &[(String, Option<DateTime<Utc>>)],
+        owner: &str,
+    ) -> Result<u64> {
+        // Not through the breaker: a confirmation is owed for records already written.
+        self.inner.confirm_event_keys(namespace, keys, owner).await
+    }
+
     async fn cursor(&self, namespace: &str, name: &str) -> Result<Option<Cursor>> {
         self.guarded(self.inner.cursor(namespace, name)).await
     }

@@ -535,6 +535,63 @@ pub async fn ledger_queries(store: &dyn LedgerStore) {
         .await
         .unwrap();
     assert!(other_scope.is_empty());
+    // The scheduler's question at start (issue 21.3c): its newest fire that settled its
+    // slot, asked of the store, not found among the newest rows. A newer skip that met
+    // another run's lease does not count; the newer backfill is another trigger.
+    let met_a_lease = new_run_id();
+    let mut run = run_record(
+        &p,
+        "s",
+        &met_a_lease,
+        RunStatus::Skipped,
+        t + chrono::Duration::seconds(4),
+    );
+    run.skip_reason = Some(SkipReason::InProgress);
+    store
+        .finish(&Finish {
+            run,
+            keys: vec![],
+            lease: None,
+        })
+        .await
+        .unwrap();
+    let ask = |trigger, except| {
+        let p = p.clone();
+        async move {
+            store
+                .runs(&RunFilter {
+                    processor: Some(p),
+                    trigger: Some(trigger),
+                    except_skip_reason: except,
+                    limit: 1,
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|r| r.run_id)
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(ask(Trigger::Scheduler, None).await, [met_a_lease]);
+    assert_eq!(
+        ask(Trigger::Scheduler, Some(SkipReason::InProgress)).await,
+        [ids[2].clone()]
+    );
+    assert_eq!(
+        ask(Trigger::Backfill, Some(SkipReason::InProgress)).await,
+        [ids[3].clone()]
+    );
+    assert!(ask(Trigger::Manual, None).await.is_empty());
+    let by_id = store
+        .runs(&RunFilter {
+            run_id: Some(ids[1].clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(by_id.len(), 1);
+    assert_eq!(by_id[0].run_id, ids[1]);
     // A run id is recorded once.
     let dup = store
         .finish(&Finish {
@@ -1021,6 +1078,87 @@ pub async fn event_dedup_after_fresh_batches(store: &dyn EventKeyStore) {
     );
 }
 
+/// Pending marks (issue 21.1), on a store that [`confirms_pending`]: a mark made with a
+/// marker decision and a short expiry answers later calls with that marker (so another
+/// gate knows to wait); a confirmation by another owner changes nothing; the owner's
+/// confirmation clears the marker and sets the real expiry (here: never); a pending mark
+/// nobody confirmed expires and the next call takes it over as new.
+///
+/// [`confirms_pending`]: super::EventKeyStore::confirms_pending
+pub async fn event_pending(store: &dyn EventKeyStore) {
+    if !store.confirms_pending() {
+        return;
+    }
+    let ns = unique("pending");
+    let t = now();
+    let pending = Duration::from_secs(30);
+    let (mine, theirs) = (
+        json!({"idem_pending": "gate-a"}),
+        json!({"idem_pending": "gate-b"}),
+    );
+    let mark = |k: &str, owner: &serde_json::Value| {
+        EventMark::key(k)
+            .fingerprint("x")
+            .ttl(pending)
+            .decision(owner.clone())
+    };
+    let v = store
+        .check_and_mark(&ns, &[mark("a", &mine), mark("b", &mine)], t)
+        .await
+        .unwrap();
+    assert_eq!(v, [EventVerdict::New, EventVerdict::New]);
+    // Another gate sees the marker: the key is pending, not confirmed.
+    let later = t + chrono::Duration::seconds(1);
+    let v = store
+        .check_and_mark(&ns, &[mark("a", &theirs)], later)
+        .await
+        .unwrap();
+    assert!(
+        matches!(&v[0], EventVerdict::Replay { decision: Some(d), .. } if *d == mine),
+        "{v:?}"
+    );
+    // A confirmation by the wrong owner does nothing.
+    let keys = vec![("a".to_string(), None), ("b".to_string(), None)];
+    assert_eq!(
+        store
+            .confirm_event_keys(&ns, &keys, &theirs.to_string())
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        store
+            .confirm_event_keys(&ns, &keys[..1], &mine.to_string())
+            .await
+            .unwrap(),
+        1
+    );
+    // Confirmed: no marker, and no expiry (long after the pending timeout it is a replay).
+    let much_later = t + chrono::Duration::days(3);
+    let v = store
+        .check_and_mark(&ns, &[mark("a", &theirs), mark("b", &theirs)], much_later)
+        .await
+        .unwrap();
+    assert!(
+        matches!(&v[0], EventVerdict::Replay { decision: None, .. }),
+        "a confirmed mark lasts: {v:?}"
+    );
+    // `b` was never confirmed: its pending mark expired and is taken over.
+    assert_eq!(
+        v[1],
+        EventVerdict::New,
+        "an unconfirmed pending mark expires"
+    );
+    // Confirming `b` as its first owner now does nothing: the mark is gate-b's.
+    assert_eq!(
+        store
+            .confirm_event_keys(&ns, &keys[1..], &mine.to_string())
+            .await
+            .unwrap(),
+        0
+    );
+}
+
 /// Taking back marks ([`EventKeyStore::unmark_event_keys`]): only the marks made at the
 /// given first-seen instant go; a mark made at another instant (another caller's, after
 /// the first one expired) and other keys stay. A store without it must not run calls side
@@ -1334,7 +1472,7 @@ pub async fn taken_run_id_is_refused_and_changes_nothing(store: &dyn Store) {
 
 /// Cleanup deletes exactly the rows past retention, in batches: keys processed and leases
 /// expired before the keys' cut-off, ledger rows started before the runs' cut-off unless a
-/// kept key points at them, event keys first seen before the keys' cut-off; `dry_run`
+/// kept key points at them, event keys that expired before the keys' cut-off; `dry_run`
 /// reports the same counts and deletes nothing; a second cleanup finds nothing.
 pub async fn cleanup_deletes_exactly_what_is_past_retention(store: &dyn Store) {
     let p = unique("retain");
@@ -1528,17 +1666,24 @@ pub async fn cleanup_deletes_exactly_what_is_past_retention(store: &dyn Store) {
         CleanupReport::default()
     );
 
-    // Event keys belong to no processor: only a cleanup of every processor deletes them.
-    // (Cut-offs in 1970, before any other check's rows.)
+    // Event keys belong to no processor: only a cleanup of every processor deletes them,
+    // and only those whose expiry passed before the cut-off. A key that never expires (the
+    // gate's default) is never deleted, however old: a payment seen 31 days ago must stay
+    // a replay (issue 21.2). (Instants in 1970, before any other check's rows.)
     let ns = unique("ns");
     let epoch = |days: i64| DateTime::<Utc>::UNIX_EPOCH + chrono::Duration::days(days);
-    let (old_event, new_event) = (unique("old"), unique("new"));
+    let day = std::time::Duration::from_secs(86_400);
+    let (expired, forever, later) = (unique("expired"), unique("forever"), unique("later"));
     store
-        .mark_event_keys(&ns, std::slice::from_ref(&old_event), epoch(1))
-        .await
-        .unwrap();
-    store
-        .mark_event_keys(&ns, std::slice::from_ref(&new_event), epoch(3))
+        .check_and_mark(
+            &ns,
+            &[
+                EventMark::key(&expired).ttl(day),
+                EventMark::key(&forever),
+                EventMark::key(&later).ttl(day * 5),
+            ],
+            epoch(0),
+        )
         .await
         .unwrap();
     let every = CleanupPolicy {
@@ -1556,14 +1701,20 @@ pub async fn cleanup_deletes_exactly_what_is_past_retention(store: &dyn Store) {
         .await
         .unwrap();
     assert_eq!(done, counted);
+    // Asked at a time when all three were live: the expired one's row is gone.
     let seen = store
-        .mark_event_keys(&ns, &[old_event, new_event], t)
+        .is_duplicate(
+            &ns,
+            &[expired, forever, later],
+            epoch(0) + chrono::Duration::hours(1),
+        )
         .await
         .unwrap();
     assert_eq!(
         seen,
-        [true, false],
-        "the old event key is forgotten, the new one kept"
+        [false, true, true],
+        "only the key that expired before the cut-off is deleted; one without expiry and \
+         one still live stay"
     );
 }
 

@@ -42,6 +42,14 @@ struct EventRow {
 }
 
 impl State {
+    /// Whether a key's mark expired before `before` (a key that never expires never has).
+    fn event_expired_before(&self, namespace: &str, key: &str, before: DateTime<Utc>) -> bool {
+        self.event_rows
+            .get(&(namespace.to_string(), key.to_string()))
+            .and_then(|row| row.expires_at)
+            .is_some_and(|at| at < before)
+    }
+
     /// The stored, unexpired mark of a key.
     fn event(&self, namespace: &str, key: &str, now: DateTime<Utc>) -> Option<StoredEvent> {
         let first_seen = *self.events.get(namespace)?.get(key)?;
@@ -243,6 +251,14 @@ impl LedgerStore for MemoryStore {
             .filter(|r| filter.scope.as_ref().is_none_or(|s| &r.scope == s))
             .filter(|r| filter.status.is_none_or(|s| r.status == s))
             .filter(|r| filter.since.is_none_or(|t| r.started_at >= t))
+            .filter(|r| filter.trigger.is_none_or(|t| r.trigger == t))
+            .filter(|r| filter.run_id.as_ref().is_none_or(|id| &r.run_id == id))
+            .filter(|r| {
+                filter
+                    .except_skip_reason
+                    .as_ref()
+                    .is_none_or(|x| r.skip_reason.as_ref() != Some(x))
+            })
             .cloned()
             .collect();
         rows.sort_by(|a, b| {
@@ -299,9 +315,9 @@ impl MaintenanceStore for MemoryStore {
             event_keys_deleted: if all_events {
                 state
                     .events
-                    .values()
-                    .flat_map(|seen| seen.values())
-                    .filter(|at| **at < policy.keys_before)
+                    .iter()
+                    .flat_map(|(ns, seen)| seen.keys().map(move |k| (ns, k)))
+                    .filter(|(ns, k)| state.event_expired_before(ns, k, policy.keys_before))
                     .count() as u64
             } else {
                 0
@@ -319,8 +335,17 @@ impl MaintenanceStore for MemoryStore {
         state.runs.retain(|r| !old_run(r));
         state.leases.retain(|k, l| !old_lease(k, l));
         if all_events {
-            for seen in state.events.values_mut() {
-                seen.retain(|_, at| *at >= policy.keys_before);
+            let gone: Vec<(String, String)> = state
+                .events
+                .iter()
+                .flat_map(|(ns, seen)| seen.keys().map(move |k| (ns.clone(), k.clone())))
+                .filter(|(ns, k)| state.event_expired_before(ns, k, policy.keys_before))
+                .collect();
+            for (ns, k) in gone {
+                if let Some(seen) = state.events.get_mut(&ns) {
+                    seen.remove(&k);
+                }
+                state.event_rows.remove(&(ns, k));
             }
         }
         drop(state);
@@ -413,6 +438,36 @@ impl EventKeyStore for MemoryStore {
             gone += u64::from(removed);
         }
         Ok(gone)
+    }
+
+    fn confirms_pending(&self) -> bool {
+        true
+    }
+
+    async fn confirm_event_keys(
+        &self,
+        namespace: &str,
+        keys: &[(String, Option<DateTime<Utc>>)],
+        owner: &str,
+    ) -> Result<u64> {
+        let owner: serde_json::Value = serde_json::from_str(owner).unwrap_or_default();
+        let mut state = self.lock();
+        let mut done = 0;
+        for (key, expires_at) in keys {
+            let marked = state
+                .events
+                .get(namespace)
+                .is_some_and(|seen| seen.contains_key(key));
+            let row = state
+                .event_rows
+                .get_mut(&(namespace.to_string(), key.clone()));
+            if let Some(row) = row.filter(|r| marked && r.decision.as_ref() == Some(&owner)) {
+                row.decision = None;
+                row.expires_at = expires_at.map(micros);
+                done += 1;
+            }
+        }
+        Ok(done)
     }
 
     async fn unmark_event_keys(

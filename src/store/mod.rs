@@ -24,7 +24,7 @@ use serde::Serialize;
 
 pub use crate::backend::redact_url;
 use crate::error::{Error, Result};
-use crate::model::{KeyKind, KeyRecord, RunRecord, RunStatus};
+use crate::model::{KeyKind, KeyRecord, RunRecord, RunStatus, SkipReason, Trigger};
 pub use event_keys::{Cursor, EventMark, EventVerdict};
 
 #[cfg(feature = "bigquery")]
@@ -191,6 +191,13 @@ pub struct RunFilter {
     pub since: Option<DateTime<Utc>>,
     /// At most this many rows, newest first (0 = no limit).
     pub limit: usize,
+    /// Only runs with this trigger.
+    pub trigger: Option<Trigger>,
+    /// Leave out runs skipped for this reason (e.g. the scheduler's last fire is not one
+    /// that met another run's lease: that fire did not settle its slot).
+    pub except_skip_reason: Option<SkipReason>,
+    /// Only the run with this id.
+    pub run_id: Option<String>,
 }
 
 /// Rows per delete statement in a cleanup, by default.
@@ -244,8 +251,9 @@ impl PartialEq for CleanupProgressFn {
 /// What [`MaintenanceStore::cleanup`] deletes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CleanupPolicy {
-    /// Processing keys processed before this instant are deleted, and event keys first
-    /// seen before it.
+    /// Processing keys processed before this instant are deleted, and event keys whose
+    /// expiry passed before it. An event key that never expires (a gate's default TTL) is
+    /// never deleted, and event cursors never are: a guard or a gate still answers by them.
     pub keys_before: DateTime<Utc>,
     /// Ledger rows started before this instant are deleted, except a row that a kept key
     /// (one processed at or after `keys_before`) points at through its run id.
@@ -540,6 +548,30 @@ pub trait EventKeyStore: StoreBase {
         Err(crate::error::Error::Unsupported {
             store: self.kind(),
             operation: "deleting event keys",
+        })
+    }
+
+    /// Whether [`confirm_event_keys`](Self::confirm_event_keys) works: the gate then marks
+    /// keys *pending* until their records are written (docs/events.md, "Pending marks").
+    fn confirms_pending(&self) -> bool {
+        false
+    }
+
+    /// Confirms pending marks: for each `(key, expires_at)` whose stored decision is
+    /// exactly `owner` (the pending marker its marking call stored as the decision), clears
+    /// the decision and sets the expiry (`None`: never); any other mark of the key (taken
+    /// over after the pending one expired, or confirmed already) is left alone. One round
+    /// trip; how many were confirmed.
+    async fn confirm_event_keys(
+        &self,
+        namespace: &str,
+        keys: &[(String, Option<DateTime<Utc>>)],
+        owner: &str,
+    ) -> Result<u64> {
+        let _ = (namespace, keys, owner);
+        Err(crate::error::Error::Unsupported {
+            store: self.kind(),
+            operation: "confirming pending event marks",
         })
     }
 

@@ -319,6 +319,23 @@ impl EventKeyStore for ReopeningEventStore {
             .await
     }
 
+    fn confirms_pending(&self) -> bool {
+        crate::backend::Backend::of(&self.url)
+            .is_some_and(|b| !matches!(b, crate::backend::Backend::BigQuery))
+    }
+
+    async fn confirm_event_keys(
+        &self,
+        namespace: &str,
+        keys: &[(String, Option<DateTime<Utc>>)],
+        owner: &str,
+    ) -> Result<u64> {
+        self.get()
+            .await?
+            .confirm_event_keys(namespace, keys, owner)
+            .await
+    }
+
     async fn cursor(&self, namespace: &str, name: &str) -> Result<Option<super::Cursor>> {
         self.get().await?.cursor(namespace, name).await
     }

@@ -460,6 +460,21 @@ impl LedgerStore for PostgresStore {
             args.add(t).map_err(bind_err)?;
             conditions.push(format!("started_at >= ${}", args.len()));
         }
+        if let Some(t) = filter.trigger {
+            args.add(t.as_str()).map_err(bind_err)?;
+            conditions.push(format!("trigger_source = ${}", args.len()));
+        }
+        if let Some(id) = &filter.run_id {
+            args.add(id.as_str()).map_err(bind_err)?;
+            conditions.push(format!("run_id = ${}", args.len()));
+        }
+        if let Some(r) = &filter.except_skip_reason {
+            args.add(r.as_str().to_string()).map_err(bind_err)?;
+            conditions.push(format!(
+                "(skip_reason IS NULL OR skip_reason <> ${})",
+                args.len()
+            ));
+        }
         let mut sql = format!("SELECT {RUN_COLUMNS} FROM processing_runs");
         if !conditions.is_empty() {
             sql.push_str(" WHERE ");
@@ -509,7 +524,7 @@ impl MaintenanceStore for PostgresStore {
             "started_at < $1 AND ($2::text IS NULL OR processor_name = $2) AND run_id NOT IN \
                  (SELECT run_id FROM processing_keys WHERE processed_at >= $3)",
             "expires_at < $1 AND ($2::text IS NULL OR processor_name = $2) AND $3::timestamptz IS NOT NULL",
-            "first_seen < $1 AND $2::text IS NULL AND $3::timestamptz IS NOT NULL",
+            "expires_at IS NOT NULL AND expires_at < $1 AND $2::text IS NULL AND $3::timestamptz IS NOT NULL",
         ];
         cleanup_tables(
             policy,
@@ -914,6 +929,47 @@ impl EventKeyStore for PostgresStore {
     ) -> Result<u64> {
         self.delete_event_keys(namespace, keys, Some(micros(first_seen)))
             .await
+    }
+
+    fn confirms_pending(&self) -> bool {
+        true
+    }
+
+    async fn confirm_event_keys(
+        &self,
+        namespace: &str,
+        keys: &[(String, Option<DateTime<Utc>>)],
+        owner: &str,
+    ) -> Result<u64> {
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        // One statement: keys and expiries as parallel arrays; the rows still carrying
+        // this gate's pending mark are locked in key order (the order every mark locks
+        // them in, so no deadlock with a batch taking them over) and then updated through
+        // their row ids (a TID scan). Joining the update to the locked rows by key let the
+        // planner scan the whole namespace once per batch: 7 times slower at 600 k keys.
+        let names: Vec<&str> = keys.iter().map(|(k, _)| k.as_str()).collect();
+        let expiries: Vec<Option<DateTime<Utc>>> =
+            keys.iter().map(|(_, at)| at.map(micros)).collect();
+        let done = sqlx::query(
+            "WITH c AS ( \
+               SELECT l.ctid AS row_id, k.expires_at \
+               FROM unnest($2::text[], $3::timestamptz[]) AS k(event_key, expires_at) \
+               JOIN event_keys l ON l.namespace = $1 AND l.event_key = k.event_key \
+               WHERE l.decision = $4::jsonb \
+               ORDER BY k.event_key FOR UPDATE OF l) \
+             UPDATE event_keys e SET decision = NULL, expires_at = c.expires_at \
+             FROM c WHERE e.ctid = c.row_id AND e.decision = $4::jsonb",
+        )
+        .bind(namespace)
+        .bind(&names)
+        .bind(&expiries)
+        .bind(owner)
+        .execute(&self.pool)
+        .await
+        .map_err(|e| self.err(e))?;
+        Ok(done.rows_affected())
     }
 
     async fn cursor(&self, namespace: &str, name: &str) -> Result<Option<Cursor>> {

@@ -81,6 +81,38 @@ end
 return 0
 ";
 
+/// Confirms pending marks, one call for a batch's keys (one namespace: one hash slot):
+/// for each KEYS[i] whose stored value's decision part is exactly ARGV[1] (the pending
+/// marker), rewrites its header's TTL field for the expiry ARGV[2i] (microseconds since
+/// the epoch; empty: never), clears the decision, and sets the key's expiry to PX
+/// ARGV[2i+1] (empty: none). Answers how many were confirmed.
+const CONFIRM: &str = r"
+local n = 0
+for i = 1, #KEYS do
+  local v = redis.call('GET', KEYS[i])
+  local nl = v and string.find(v, '\n', 1, true)
+  if nl and string.sub(v, nl + 1) == ARGV[1] then
+    local c1 = string.find(v, ':', 1, true)
+    local c2 = c1 and string.find(v, ':', c1 + 1, true)
+    if c2 and c2 < nl then
+      local at, px = ARGV[2 * i], ARGV[2 * i + 1]
+      local ttl = ''
+      if at ~= '' then
+        ttl = string.format('%d', tonumber(at) - tonumber(string.sub(v, 1, c1 - 1)))
+      end
+      local nv = string.sub(v, 1, c1) .. ttl .. string.sub(v, c2, nl)
+      if px == '' then
+        redis.call('SET', KEYS[i], nv)
+      else
+        redis.call('SET', KEYS[i], nv, 'PX', px)
+      end
+      n = n + 1
+    end
+  end
+end
+return n
+";
+
 /// Rounds of re-marking keys expired by the caller's clock before the last value read
 /// stands as stored.
 const REMARK_ROUNDS: usize = 3;
@@ -517,6 +549,42 @@ impl EventKeyStore for RedisStore {
             .await
             .map_err(|e| self.err("unmark_event_keys", e))?;
         Ok(deleted.iter().sum())
+    }
+
+    fn confirms_pending(&self) -> bool {
+        true
+    }
+
+    async fn confirm_event_keys(
+        &self,
+        namespace: &str,
+        keys: &[(String, Option<DateTime<Utc>>)],
+        owner: &str,
+    ) -> Result<u64> {
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let now = Utc::now();
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(CONFIRM).arg(keys.len());
+        for (key, _) in keys {
+            cmd.arg(self.redis_key(namespace, key));
+        }
+        cmd.arg(owner);
+        for (_, at) in keys {
+            // The header's TTL field counts from first seen, which the script reads; the
+            // key's own expiry counts from now.
+            match at {
+                None => cmd.arg("").arg(""),
+                Some(at) => cmd
+                    .arg(micros(*at).timestamp_micros().to_string())
+                    .arg((*at - now).num_milliseconds().max(1).to_string()),
+            };
+        }
+        let mut conn = self.conn.clone();
+        cmd.query_async(&mut conn)
+            .await
+            .map_err(|e| self.err("confirm_event_keys", e))
     }
 
     async fn cursor(&self, namespace: &str, name: &str) -> Result<Option<Cursor>> {

@@ -384,6 +384,9 @@ impl LedgerStore for SqliteStore {
             "SELECT {RUN_COLUMNS} FROM processing_runs \
              WHERE (?1 IS NULL OR processor_name = ?1) AND (?2 IS NULL OR scope = ?2) \
                AND (?3 IS NULL OR status = ?3) AND (?4 IS NULL OR started_at >= ?4) \
+               AND (?6 IS NULL OR trigger_source = ?6) \
+               AND (?7 IS NULL OR skip_reason IS NULL OR skip_reason <> ?7) \
+               AND (?8 IS NULL OR run_id = ?8) \
              ORDER BY started_at DESC, run_id DESC LIMIT ?5"
         );
         let rows: Vec<Run> = sqlx::query_as(&sql)
@@ -396,6 +399,14 @@ impl LedgerStore for SqliteStore {
             } else {
                 filter.limit as i64
             })
+            .bind(filter.trigger.map(|t| t.as_str()))
+            .bind(
+                filter
+                    .except_skip_reason
+                    .as_ref()
+                    .map(|r| r.as_str().to_string()),
+            )
+            .bind(&filter.run_id)
             .fetch_all(&self.pool)
             .await
             .map_err(|e| self.err(e))?;
@@ -426,7 +437,7 @@ impl MaintenanceStore for SqliteStore {
             "started_at < ?1 AND (?2 IS NULL OR processor_name = ?2) AND run_id NOT IN \
                  (SELECT run_id FROM processing_keys WHERE processed_at >= ?3)",
             "expires_at < ?1 AND (?2 IS NULL OR processor_name = ?2) AND ?3 IS NOT NULL",
-            "first_seen < ?1 AND ?2 IS NULL AND ?3 IS NOT NULL",
+            "expires_at IS NOT NULL AND expires_at < ?1 AND ?2 IS NULL AND ?3 IS NOT NULL",
         ];
         cleanup_tables(
             policy,
@@ -810,6 +821,56 @@ impl EventKeyStore for SqliteStore {
         .await
         .map_err(|e| self.err(e))?;
         Ok(done.rows_affected())
+    }
+
+    fn confirms_pending(&self) -> bool {
+        true
+    }
+
+    async fn confirm_event_keys(
+        &self,
+        namespace: &str,
+        keys: &[(String, Option<DateTime<Utc>>)],
+        owner: &str,
+    ) -> Result<u64> {
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        // One statement per distinct expiry (a gate's keys share one, or a few per event
+        // type), the keys as a JSON array; in one write transaction.
+        let mut groups: Vec<(Option<DateTime<Utc>>, Vec<&str>)> = Vec::new();
+        for (key, at) in keys {
+            match groups.iter_mut().find(|(g, _)| g == at) {
+                Some((_, ks)) => ks.push(key),
+                None => groups.push((*at, vec![key])),
+            }
+        }
+        let turn = self.events.turn.lock().await;
+        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        let mut tx = conn
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(|e| self.err(e))?;
+        let mut done = 0;
+        for (at, ks) in groups {
+            done += sqlx::query(
+                "UPDATE event_keys SET decision = NULL, expires_at = ?3 \
+                 WHERE namespace = ?1 AND decision = ?4 \
+                 AND event_key IN (SELECT value FROM json_each(?2))",
+            )
+            .bind(namespace)
+            .bind(serde_json::to_string(&ks).unwrap_or_default())
+            .bind(at.map(ts))
+            .bind(owner)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected();
+        }
+        tx.commit().await.map_err(|e| self.err(e))?;
+        drop(conn);
+        drop(turn);
+        Ok(done)
     }
 
     async fn unmark_event_keys(
