@@ -339,6 +339,7 @@ impl Job {
         if self.name.trim().is_empty() {
             return Err(Error::config("name is empty"));
         }
+        super::validate_name(&self.name).map_err(|e| Error::config(format!("name: {e}")))?;
         if let Some(s) = &self.schedule {
             parse_cron(s).map_err(|e| Error::config(format!("schedule: {e}")))?;
         }

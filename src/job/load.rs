@@ -128,7 +128,7 @@ fn read_job_name(path: &Path) -> Result<Option<String>> {
 }
 
 /// The `*.toml` files of a folder, sorted.
-fn job_files(jobs_dir: &Path) -> Result<Vec<PathBuf>> {
+pub(crate) fn job_files(jobs_dir: &Path) -> Result<Vec<PathBuf>> {
     let entries = std::fs::read_dir(jobs_dir).map_err(|e| {
         Error::config(format!(
             "cannot read jobs folder {}: {e} (set --jobs-dir)",

@@ -54,6 +54,34 @@ pub use config::{
 pub use load::{find_job, load_jobs, scan_jobs, JobProblem, JobScan};
 pub use plan::{plan, replay_spool, Overrides, Plan};
 
+/// Checks a job name: it names log files, Cloud Run jobs and ledger rows, so it must be a
+/// single, printable path segment: not empty, no `/` or backslash, no control characters, not
+/// starting with `.` (so `..` and hidden files are out), at most 128 characters.
+pub fn validate_name(name: &str) -> crate::error::Result<()> {
+    let bad = |why: &str| crate::error::Error::config(format!("invalid job name {name:?}: {why}"));
+    if name.trim().is_empty() {
+        return Err(bad("it is empty"));
+    }
+    if name.chars().count() > 128 {
+        return Err(bad("it is longer than 128 characters"));
+    }
+    if name.starts_with('.') {
+        return Err(bad("it starts with '.'"));
+    }
+    if name != name.trim() {
+        return Err(bad("it starts or ends with white space"));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| matches!(c, '/' | '\\') || c.is_control())
+    {
+        return Err(bad(&format!(
+            "it holds {c:?} (a name is one path segment of printable characters)"
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -130,6 +158,46 @@ mod tests {
         assert_eq!(job("1s").unwrap().lease_ttl(), Some(Duration::from_secs(1)));
         assert_eq!(job("0s").unwrap().lease_ttl(), None);
         assert_eq!(job("off").unwrap().lease_ttl(), None);
+    }
+
+    /// A job's name becomes a log file name and a Cloud Run name: `../x` must not escape
+    /// the crontab's log folder (issue 21.11).
+    #[test]
+    fn job_names_are_one_printable_path_segment() {
+        let job = |name: &str| {
+            Job::parse(
+                &format!("name = {name:?}\nprocessor = \"p\"\n"),
+                Path::new("jobs/x.toml"),
+            )
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+        };
+        for bad in [
+            "../x",
+            "a/b",
+            "a\\b",
+            ".hidden",
+            "..",
+            "tab\there",
+            "new\nline",
+            " x",
+            "",
+        ] {
+            let e = job(bad).unwrap_err();
+            assert!(
+                e.contains("jobs/x.toml") && e.contains("name"),
+                "{bad:?}: {e}"
+            );
+        }
+        for good in [
+            "daily_sales",
+            "daily-sales",
+            "v1.2",
+            "Sales EU",
+            "übersicht",
+        ] {
+            assert!(job(good).is_ok(), "{good:?}");
+        }
     }
 
     #[test]

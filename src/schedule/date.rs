@@ -53,7 +53,13 @@ impl DateExpr {
                 .map(DateExpr::DaysAgo)
                 .map_err(|_| out_of_range(s));
         }
-        // A signed or long year parses, then is refused by range, not by shape.
+        if t.starts_with('+') {
+            return Err(format!(
+                "bad date {s:?}: a date has no '+' sign ({EXPECTED}; write {:?})",
+                t.trim_start_matches('+')
+            ));
+        }
+        // A negative or long year parses, then is refused by range, not by shape.
         let digits = t.trim_start_matches(['+', '-']);
         let parts: Vec<&str> = digits.split('-').collect();
         let shaped = parts.len() == 3
@@ -216,7 +222,6 @@ mod tests {
             "-5000-01-01",
             "0000-01-01",
             "10000-01-01",
-            "+2026-01-01",
             "today-99999999999",
         ] {
             let e = DateExpr::parse(far).unwrap_err();
@@ -225,6 +230,13 @@ mod tests {
                 "{far}: {e}"
             );
         }
+        // A plus sign is not a range problem (issue 21.11).
+        let e = DateExpr::parse("+2026-01-01").unwrap_err();
+        assert!(
+            e.contains("bad date \"+2026-01-01\": a date has no '+' sign")
+                && e.contains("write \"2026-01-01\""),
+            "{e}"
+        );
         let e = DateExpr::parse("today-4000000")
             .unwrap()
             .resolve(Tz::UTC, at("2026-01-01T00:00:00Z"))

@@ -47,13 +47,32 @@ fn sh(word: &str) -> Result<String> {
 }
 
 fn crontab_fields(job: &ScheduledJob, target: &str) -> Result<String> {
-    job.cron()?.crontab_fields().ok_or_else(|| {
+    let fields = job.cron()?.crontab_fields().ok_or_else(|| {
         Error::config(format!(
-            "job {}: schedule {:?} uses seconds, years or extensions (L, W, #, ?), which \
+            "job {}: schedule {:?} uses seconds, years or extensions (L, W, #, ?, +), which \
              {target} cannot express; use a standard 5-field expression",
             job.name, job.schedule
         ))
-    })
+    })?;
+    if target != "crontab" {
+        // cronie reads the day fields as idem does (a field starting with `*` ANDs them);
+        // other cron implementations disagree when such a field is not a bare `*` and the
+        // other one is restricted (`*/2` with `MON`): refuse rather than export a
+        // schedule that fires on other days than `idem schedule` lists.
+        let f: Vec<&str> = fields.split_whitespace().collect();
+        let (dom, dow) = (f[2], f[4]);
+        let starred = |d: &str| d.starts_with('*') && d != "*";
+        if (starred(dom) && dow != "*") || (starred(dow) && dom != "*") {
+            return Err(Error::config(format!(
+                "job {}: schedule {:?} combines day-of-month {dom:?} and day-of-week {dow:?}, \
+                 which idem and cronie read as both (a field starting with `*` ANDs them) but \
+                 {target} may read as either; write the day fields so that one is `*`, or \
+                 both are lists",
+                job.name, job.schedule
+            )));
+        }
+    }
+    Ok(fields)
 }
 
 /// The crontab text for `jobs` (those with a schedule).
@@ -284,6 +303,18 @@ fn flag(name: &str, value: &str) -> Result<String> {
 /// The `gcloud` commands for `jobs` (those with a schedule).
 pub fn cloud_scheduler(jobs: &[ScheduledJob], o: &CloudSchedulerOptions) -> Result<String> {
     let mut out = String::from("#!/bin/sh\n# idem schedule export --cloud-scheduler\nset -e\n");
+    let mut names: std::collections::HashMap<String, &str> = std::collections::HashMap::new();
+    for job in jobs {
+        let run_name = cloud_run_name(&job.name)?;
+        if let Some(other) = names.insert(run_name.clone(), &job.name) {
+            return Err(Error::config(format!(
+                "jobs {other:?} and {:?} both export as Cloud Run job and Cloud Scheduler job \
+                 {run_name:?} (names are lowercased, `_` becomes `-`): the second would replace \
+                 the first; rename one of them",
+                job.name
+            )));
+        }
+    }
     for job in jobs {
         let tz = job.tz()?;
         let fields = crontab_fields(job, "Cloud Scheduler")?;
@@ -405,9 +436,68 @@ mod tests {
         let e = crontab(&[j], &o).unwrap_err().to_string();
         assert!(
             e.contains(
-                "uses seconds, years or extensions (L, W, #, ?), which crontab cannot express"
+                "uses seconds, years or extensions (L, W, #, ?, +), which crontab cannot express"
             ),
             "{e}"
         );
+    }
+
+    fn cloud_options() -> CloudSchedulerOptions {
+        CloudSchedulerOptions {
+            project: "p".into(),
+            region: "europe-west1".into(),
+            image: "img".into(),
+            service_account: "sa@p.iam.gserviceaccount.com".into(),
+            store: "bigquery://p/idem".into(),
+            jobs_dir: "/app/jobs".into(),
+        }
+    }
+
+    /// `daily-sales` and `daily_sales` would both be `idem-daily-sales` (issue 21.9).
+    #[test]
+    fn colliding_cloud_names_are_refused_naming_both_jobs() {
+        let mut a = job(Some(3600));
+        a.name = "daily-sales".into();
+        let b = job(Some(3600));
+        let e = cloud_scheduler(&[a.clone(), b], &cloud_options())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"daily-sales\" and \"daily_sales\"") && e.contains("idem-daily-sales"),
+            "{e}"
+        );
+        assert!(cloud_scheduler(&[a], &cloud_options()).is_ok());
+    }
+
+    /// An export schedules what idem lists, or refuses (issue 21.8).
+    #[test]
+    fn day_fields_other_crons_read_differently_are_refused_outside_crontab() {
+        let mut j = job(Some(3600));
+        j.schedule = "0 9 */2 * MON".into();
+        let e = cloud_scheduler(std::slice::from_ref(&j), &cloud_options())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("day-of-month \"*/2\" and day-of-week \"MON\""),
+            "{e}"
+        );
+        let o = CrontabOptions {
+            bin: "idem".into(),
+            store: "sqlite://idem.db".into(),
+            jobs_dir: "jobs".into(),
+            workdir: "/srv".into(),
+            log_dir: "/var/log/idem".into(),
+        };
+        // cronie reads them as idem does.
+        assert!(crontab(std::slice::from_ref(&j), &o)
+            .unwrap()
+            .contains("0 9 */2 * MON"));
+        for fine in ["0 9 * * MON", "0 9 1,15 * MON", "0 9 */2 * *"] {
+            j.schedule = fine.into();
+            assert!(
+                cloud_scheduler(std::slice::from_ref(&j), &cloud_options()).is_ok(),
+                "{fine}"
+            );
+        }
     }
 }

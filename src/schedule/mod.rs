@@ -7,19 +7,27 @@
 //! expressions that start with seconds (and end with years). The job's `timezone` (an IANA
 //! name, default `UTC`) is the zone the expression is read in.
 //!
-//! **Daylight saving time is handled on purpose**, the way the Open Cron Pattern
-//! Specification and Vixie cron handle it:
+//! **Daylight saving time: every wall-clock time the expression lists fires exactly once.**
+//! The expression is matched against wall-clock (local) times; then, for every
+//! expression alike (fixed times, lists, ranges, steps, wildcards):
 //!
-//! * a fixed wall-clock time (single second, minute and hour, like `0 2 * * 0`) that a
-//!   clock change skips fires once, at the first instant after the gap (02:30 on the
-//!   spring-forward day in Los Angeles fires at 03:00 PDT);
-//! * a fixed wall-clock time that happens twice (01:30 on the fall-back day) fires once,
-//!   on its first pass;
-//! * interval schedules (a wildcard or step in the second, minute or hour field, like
-//!   `*/15 * * * *`) keep their interval in real time: they skip the wall-clock times that
-//!   do not exist and fire in both passes of a repeated hour.
+//! * a wall-clock time that a clock change skips (02:30 on the spring-forward day in Los
+//!   Angeles) fires once, at the first instant after the gap (03:00 PDT); several listed
+//!   times in one gap (`0,30 1 * * *` in London on 29 March) land on that same instant and
+//!   fire there once, together;
+//! * a wall-clock time that happens twice (01:30 on the fall-back day) fires once, on its
+//!   first pass; the second pass of the repeated hour fires nothing (so `*/15 * * * *`
+//!   pauses for that hour, and `30 1,2 * * *` fires 01:30 once and 02:30 once).
 //!
-//! Either way the *date* a fire processes is derived from the scheduled instant in the
+//! No listed time is dropped and none fires twice, whichever fields hold lists, ranges or
+//! steps: a scheduled date is never lost or doubled by a clock change.
+//!
+//! **Day of month and day of week** combine as in Vixie cron and cronie: when either field
+//! starts with `*` (`*`, `*/2`), a day must match both; when both are restricted (`1,15`
+//! and `MON`), a day matching either fires. `0 9 */2 * MON` fires on odd days that are
+//! Mondays. An expression that can never fire (`0 9 31 2 *`) is refused.
+//!
+//! The *date* a fire processes is derived from the scheduled instant in the
 //! job's zone ([`DateExpr`]), so a retry that lands after midnight still processes its
 //! slot's date when it is given `--scheduled-at`.
 //!
@@ -36,7 +44,8 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
-use chrono::{DateTime, FixedOffset, TimeZone, Utc};
+use chrono::offset::LocalResult;
+use chrono::{DateTime, FixedOffset, NaiveDate, NaiveDateTime, TimeZone, Timelike, Utc};
 use chrono_tz::Tz;
 use croner::parser::{CronParser, Seconds, Year};
 use croner::Cron;
@@ -99,17 +108,40 @@ pub fn parse_cron(expr: &str) -> Result<CronSchedule> {
             )))
         }
     };
+    // Vixie cron and cronie: a day field that starts with `*` makes the two day fields
+    // one condition (both must match); croner only does so for a bare `*`.
+    let first = if fields.len() == 5 { 0 } else { 1 };
+    let (dom, dow) = (fields[first + 2].clone(), fields[first + 4].clone());
+    let dom_and_dow = dom.starts_with('*') || dow.starts_with('*');
     let cron = CronParser::builder()
         .seconds(seconds)
         .year(year)
+        .dom_and_dow(dom_and_dow)
         .build()
         .parse(&fields.join(" "))
         .map_err(|e| bad(lower_first(&e.to_string())))?;
-    Ok(CronSchedule {
+    let schedule = CronSchedule {
         expr: trimmed.to_string(),
         fields,
         cron,
-    })
+    };
+    // A schedule that never fires (30 February, a past year) is a mistake, not a job.
+    let epoch = NaiveDate::from_ymd_opt(1970, 1, 1)
+        .and_then(|d| d.and_hms_opt(0, 0, 0))
+        .map(|n| n.and_utc());
+    if epoch.and_then(|e| schedule.naive_next(&e, false)).is_none() {
+        let f = &schedule.fields;
+        let year = match f.get(6) {
+            Some(y) => format!(", year {y:?}"),
+            None => String::new(),
+        };
+        return Err(bad(format!(
+            "it never fires (day-of-month {dom:?}, month {:?}, day-of-week {dow:?}{year}: \
+             no such day)",
+            f[first + 3]
+        )));
+    }
+    Ok(schedule)
 }
 
 fn lower_first(s: &str) -> String {
@@ -141,7 +173,7 @@ impl CronSchedule {
         // has names (SUN, WED, ...) but not `#`, `?` or a trailing `L` after a digit.
         let dom_extension = five[2].chars().any(|c| c.is_ascii_alphabetic() || c == '?');
         let dow = five[4].to_ascii_uppercase();
-        let dow_extension = dow.contains(['#', '?'])
+        let dow_extension = dow.contains(['#', '?', '+'])
             || dow == "L"
             || dow
                 .as_bytes()
@@ -150,10 +182,38 @@ impl CronSchedule {
         (!dom_extension && !dow_extension).then(|| five.join(" "))
     }
 
+    /// The next wall-clock time the expression matches after (or at, with `inclusive`)
+    /// the wall-clock time `local`, which is a local time written as UTC (no clock
+    /// changes): the expression's own calendar, before any time zone.
+    fn naive_next(&self, local: &DateTime<Utc>, inclusive: bool) -> Option<DateTime<Utc>> {
+        self.cron.find_next_occurrence(local, inclusive).ok()
+    }
+
     /// The first fire time strictly after `after`, in `after`'s zone; `None` when the
-    /// expression never fires again (a past year, or 30 February).
+    /// expression never fires again (a past year).
+    ///
+    /// Every wall-clock time the expression matches fires once (see the module docs): a
+    /// time in a gap at the first instant after the gap, a repeated time on its first pass.
     pub fn next_after<Z: TimeZone>(&self, after: &DateTime<Z>) -> Option<DateTime<Z>> {
-        self.cron.find_next_occurrence(after, false).ok()
+        let tz = after.timezone();
+        let local = after.naive_local().and_utc();
+        // Wall-clock matches map to instants in order (a gap's times all to the instant
+        // after it, a repeated time to its first pass), so the first match whose instant
+        // is after `after` is the answer. A match at or before `after`'s wall-clock time
+        // is never later than `after`; matches after it may be earlier (the first pass of
+        // a repeated hour, when `after` is in the second) and are passed over.
+        let mut cursor = local;
+        let mut inclusive = false;
+        loop {
+            let m = self.naive_next(&cursor, inclusive)?;
+            inclusive = false;
+            cursor = m;
+            if let Some(at) = first_instant_at_or_after(&tz, m.naive_utc()) {
+                if at > *after {
+                    return Some(at);
+                }
+            }
+        }
     }
 
     /// The next `n` fire times strictly after `after`, in zone `tz`.
@@ -171,6 +231,28 @@ impl CronSchedule {
         }
         out
     }
+}
+
+/// The instant a wall-clock time `local` names in `tz`: itself when it exists once, its
+/// first pass when it happens twice, the first instant after the gap when a clock change
+/// skips it. `None` only past the end of time.
+fn first_instant_at_or_after<Z: TimeZone>(tz: &Z, local: NaiveDateTime) -> Option<DateTime<Z>> {
+    let mut t = local;
+    // Gaps are whole minutes and at most a few hours (26 h in the worst historical case,
+    // Samoa 2011); look a little further to be safe.
+    for _ in 0..=(2 * 24 * 60) {
+        match tz.from_local_datetime(&t) {
+            LocalResult::Single(at) => return Some(at),
+            LocalResult::Ambiguous(first, _) => return Some(first),
+            LocalResult::None => {
+                // Jump to the next whole minute: gaps start and end on whole minutes.
+                let next_minute =
+                    t.with_second(0)?.with_nanosecond(0)? + chrono::Duration::minutes(1);
+                t = next_minute;
+            }
+        }
+    }
+    None
 }
 
 /// Parses an IANA time zone name (`America/Los_Angeles`, `UTC`).
@@ -527,19 +609,132 @@ mod tests {
         );
     }
 
+    fn tz(name: &str) -> Tz {
+        parse_timezone(name).unwrap()
+    }
+
+    /// Every wall-clock time an expression lists fires once on a clock-change day, for
+    /// lists, ranges and steps in the minute and hour fields (issue 21.4).
     #[test]
-    fn interval_schedules_keep_real_time_across_the_repeated_hour() {
-        let fires = parse_cron("0 * * * *")
-            .unwrap()
-            .upcoming(la(), utc("2026-11-01T07:30:00Z"), 4);
+    fn lists_ranges_and_steps_fire_each_wall_clock_time_once_across_dst() {
+        let london = tz("Europe/London");
+        // 29 March 2026: 01:00-02:00 does not exist in London.
+        for expr in [
+            "0,30 1 * * *",
+            "15,45 1 * * *",
+            "0-59/30 1 * * *",
+            "*/30 1 * * *",
+        ] {
+            assert_eq!(
+                fires_on(expr, london, "2026-03-29"),
+                ["2026-03-29T02:00:00+01:00"],
+                "{expr}: both gap times fire once, together, at the first instant after"
+            );
+        }
+        // 25 October 2026: 01:00-02:00 happens twice in London.
         assert_eq!(
-            rfc(&fires),
+            fires_on("15,45 1 * * *", london, "2026-10-25"),
+            ["2026-10-25T01:15:00+01:00", "2026-10-25T01:45:00+01:00"]
+        );
+        // Los Angeles: 02:30 is in the gap on 8 March, 01:30 is repeated on 1 November.
+        assert_eq!(
+            fires_on("30 1,2 * * *", la(), "2026-03-08"),
+            ["2026-03-08T01:30:00-08:00", "2026-03-08T03:00:00-07:00"]
+        );
+        assert_eq!(
+            fires_on("30 1,2 * * *", la(), "2026-11-01"),
+            ["2026-11-01T01:30:00-07:00", "2026-11-01T02:30:00-08:00"]
+        );
+        assert_eq!(
+            fires_on("30 1-3/2 * * *", la(), "2026-11-01"),
+            ["2026-11-01T01:30:00-07:00", "2026-11-01T03:30:00-08:00"]
+        );
+        // Lord Howe moves by 30 minutes (02:00 -> 02:30 on 4 October 2026).
+        assert_eq!(
+            fires_on("0,15,45 2 * * *", tz("Australia/Lord_Howe"), "2026-10-04"),
+            ["2026-10-04T02:30:00+11:00", "2026-10-04T02:45:00+11:00"]
+        );
+    }
+
+    /// Intervals follow the same rule: a repeated hour fires once (its first pass), a
+    /// skipped hour's times fire once at the first instant after the gap.
+    #[test]
+    fn interval_schedules_fire_each_wall_clock_time_once_across_dst() {
+        let fall = parse_cron("0 * * * *")
+            .unwrap()
+            .upcoming(la(), utc("2026-11-01T07:30:00Z"), 3);
+        assert_eq!(
+            rfc(&fall),
             [
                 "2026-11-01T01:00:00-07:00",
-                "2026-11-01T01:00:00-08:00",
                 "2026-11-01T02:00:00-08:00",
                 "2026-11-01T03:00:00-08:00",
             ]
+        );
+        // Asked from inside the second pass, the next fire is the next new wall-clock time.
+        let inside =
+            parse_cron("*/15 * * * *")
+                .unwrap()
+                .upcoming(la(), utc("2026-11-01T09:20:00Z"), 1);
+        assert_eq!(rfc(&inside), ["2026-11-01T02:00:00-08:00"]);
+        let spring =
+            parse_cron("30 * * * *")
+                .unwrap()
+                .upcoming(la(), utc("2026-03-08T09:00:00Z"), 3);
+        assert_eq!(
+            rfc(&spring),
+            [
+                "2026-03-08T01:30:00-08:00",
+                "2026-03-08T03:00:00-07:00",
+                "2026-03-08T03:30:00-07:00",
+            ]
+        );
+    }
+
+    /// Vixie cron / cronie: a day field starting with `*` ANDs the two day fields.
+    #[test]
+    fn day_fields_combine_as_in_cronie() {
+        let days = |expr: &str, n| {
+            parse_cron(expr)
+                .unwrap()
+                .upcoming(Tz::UTC, utc("2026-01-01T00:00:00Z"), n)
+                .iter()
+                .map(|t| t.date_naive().to_string())
+                .collect::<Vec<_>>()
+        };
+        // Odd days that are Mondays (5 Jan is odd and a Monday; 12 Jan is even).
+        assert_eq!(
+            days("0 9 */2 * MON", 3),
+            ["2026-01-05", "2026-01-19", "2026-02-09"]
+        );
+        // Both restricted: either matches.
+        assert_eq!(
+            days("0 9 1,15 * MON", 3),
+            ["2026-01-01", "2026-01-05", "2026-01-12"]
+        );
+        // A bare star in one field: the other decides.
+        assert_eq!(days("0 9 * * MON", 1), ["2026-01-05"]);
+        assert_eq!(days("0 9 15 * *", 1), ["2026-01-15"]);
+        // The 1st of a month that is a Sunday, Wednesday or Saturday (1 Jan 2026 is a Thursday).
+        assert_eq!(days("0 9 1 * */3", 2), ["2026-02-01", "2026-03-01"]);
+    }
+
+    #[test]
+    fn schedules_that_never_fire_are_refused() {
+        for never in [
+            "0 9 31 2 *",
+            "0 0 30 2 *",
+            "0 0 31 4,6,9,11 *",
+            "0 0 0 31 2 * *",
+        ] {
+            let e = parse_cron(never).unwrap_err().to_string();
+            assert!(e.contains("never fires"), "{never}: {e}");
+        }
+        // 29 February fires in leap years.
+        let leap = parse_cron("0 0 29 2 *").unwrap();
+        assert_eq!(
+            rfc(&leap.upcoming(Tz::UTC, utc("2026-01-01T00:00:00Z"), 1)),
+            ["2028-02-29T00:00:00+00:00"]
         );
     }
 
