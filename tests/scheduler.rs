@@ -503,3 +503,162 @@ fn on_restart_catch_up_fires_each_missed_date_once_and_skip_does_not() {
         "{late:?}"
     );
 }
+
+/// A scheduler SIGKILLed mid-fire leaves the slot's lease held by a dead run. The next
+/// scheduler's fire of that slot meets the lease (`skipped (in_progress)`): that skip must
+/// not settle the slot. The fire tries again when the dead lease expires and the date is
+/// processed (issue 21.3a; on the old code the date was never processed).
+#[test]
+fn a_fire_that_meets_a_dead_schedulers_lease_runs_when_the_lease_expires() {
+    let s = Sandbox::new("idem-scheduler-killed");
+    let job = |schedule: &str| {
+        format!(
+            r#"
+name = "slow"
+processor = "sql"
+schedule = "{schedule}"
+timezone = "UTC"
+date = "today"
+missed = "catch_up"
+[guards]
+lease = "3s"
+[sql]
+warehouse = "sqlite://wh.db"
+setup = "CREATE TABLE IF NOT EXISTS out (job TEXT, day TEXT)"
+process = """{}; INSERT INTO out VALUES ('slow', @scope)"""
+"#,
+            count_to(8_000_000)
+        )
+    };
+    // An earlier scheduled fire in the ledger (so a restart catches up after it).
+    s.write_job("slow", &job("0 0 1 1 *"));
+    let (code, _, err) = s.json(&[
+        "run",
+        "slow",
+        "--date",
+        "2020-01-01",
+        "--trigger",
+        "scheduler",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    // One slot, a few seconds from now.
+    let slot = chrono::Utc::now() + chrono::Duration::seconds(3);
+    use chrono::{Datelike, Timelike};
+    let schedule = format!(
+        "{} {} {} {} {} *",
+        slot.second(),
+        slot.minute(),
+        slot.hour(),
+        slot.day(),
+        slot.month()
+    );
+    s.write_job("slow", &job(&schedule));
+    let today = slot.date_naive().to_string();
+    let first = scheduler(&s, &[]);
+    // Killed while the slot's run works.
+    while chrono::Utc::now() < slot + chrono::Duration::milliseconds(1500) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut first = first;
+    first.kill().unwrap();
+    first.wait().unwrap();
+    assert!(
+        !completed_per_scope(&runs(&s, "slow")).contains_key(&today),
+        "the killed fire recorded nothing"
+    );
+    // The next scheduler fires the slot again; it meets the dead run's lease, and tries
+    // again once the lease has expired.
+    let second = scheduler(&s, &[]);
+    wait_for_runs(&s, "slow", "the slot's date completed", |r| {
+        completed_per_scope(r).get(&today) == Some(&1)
+    });
+    sigterm(&second);
+    let out = wait_exit(second, Duration::from_secs(30));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("skipped (in_progress)")
+            && err.contains("tries again when that lease expires"),
+        "{err}"
+    );
+    assert!(err.contains(&format!("date {today}: completed")), "{err}");
+}
+
+/// Issue 21.10: a scheduler whose store cannot be reached at start does not exit: a
+/// `best_effort` + `catch_up` job (that cannot read its last fire) and a `strict` one are
+/// logged, and the `best_effort` job's fires still run (their runs spooled for the store).
+#[test]
+fn a_store_down_at_start_stops_no_job() {
+    let s = Sandbox::with_store(
+        "idem-scheduler-store-down",
+        "postgres://idem@127.0.0.1:1/nowhere?connect_timeout=1",
+    );
+    s.write_job(
+        "lenient",
+        &ticking_job(
+            "lenient",
+            "missed = \"catch_up\"\nstore_failure = \"best_effort\"",
+            "SELECT 1",
+        ),
+    );
+    s.write_job("picky", &ticking_job("picky", "", "SELECT 1"));
+    let child = s
+        .command(&["scheduler"])
+        .env("IDEM_SPOOL_DIR", s.dir.join("spool"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(6));
+    sigterm(&child);
+    let out = wait_exit(child, Duration::from_secs(60));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("scheduler started with 2 job(s)"), "{err}");
+    assert!(
+        err.lines().any(|l| l.contains("fire lenient slot")),
+        "the best_effort job fires: {err}"
+    );
+}
+
+/// The last scheduled fire is asked of the store directly: a backfill of more than 1,000
+/// dates after it (newer runs than any `runs` page the scheduler once read) does not hide
+/// it, so the slots missed while no scheduler ran are still reported (issue 21.3c: on the
+/// old code, which looked through the 1,000 newest runs only, the restart said nothing).
+#[test]
+fn a_backfill_of_1100_dates_does_not_hide_the_last_scheduled_fire() {
+    let s = Sandbox::new("idem-scheduler-long-backfill");
+    s.write_job("lost", &ticking_job("lost", "", "SELECT 1"));
+    assert_eq!(s.idem(&["migrate"]).status.code(), Some(0));
+    run_for(&s, &[], 2);
+    wait_for_runs(&s, "lost", "a scheduled fire", |r| {
+        r.iter().any(|r| r["trigger"] == "scheduler")
+    });
+    let out = s.idem(&[
+        "run",
+        "lost",
+        "--from",
+        "2021-01-01",
+        "--to",
+        "2024-01-05",
+        "--parallel",
+        "4",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let all = runs(&s, "lost");
+    let backfilled = all.iter().filter(|r| r["trigger"] == "backfill").count();
+    assert_eq!(backfilled, 1100);
+    // Down for a few seconds: slots are missed, and the restart says so.
+    std::thread::sleep(Duration::from_secs(3));
+    let log = run_for(&s, &[], 2);
+    assert!(
+        log.lines()
+            .any(|l| l.contains("missed") && l.contains("not fired (missed-fire policy)")),
+        "{log}"
+    );
+}

@@ -437,6 +437,11 @@ pub(crate) struct GateArgs {
     /// The summary on standard error: `human` (one line) or `json` (one JSON document).
     #[arg(long, value_name = "FORMAT", default_value = "human", value_parser = ["human", "json"])]
     stats_format: String,
+    /// A key found new stays *pending* until its record is written; a gate that dies first
+    /// (SIGKILL, power loss, a lost connection) leaves marks that expire after this, and
+    /// the next run reports those events `new`. `0s` turns it off (marks are final at once).
+    #[arg(long, value_name = "DURATION", default_value = "30s")]
+    pending_timeout: String,
 }
 
 #[derive(Debug, Args)]
@@ -504,9 +509,9 @@ pub fn main_with(registry: Registry) -> ExitCode {
     // queries over a large ledger are, by design): that is for `RUST_LOG=sqlx=warn`.
     init_logging(if matches!(cli.command, Command::Scheduler(_)) {
         // One line per fire.
-        "warn,sqlx::query=error,idem::scheduler=info"
+        "warn,sqlx::query=error,sqlx::pool=error,idem::scheduler=info"
     } else {
-        "warn,sqlx::query=error"
+        "warn,sqlx::query=error,sqlx::pool=error"
     });
     // `gate` prepares the next batch while a task of its own waits on the store (and the
     // Redis driver runs its connection): one worker thread beside the main one.

@@ -7,7 +7,7 @@ use super::{cancel_on_signals, scheduled_jobs, GlobalOptions, SchedulerArgs, EXI
 use crate::error::{Error, Result};
 use crate::job::{plan, Job, Overrides, Plan};
 use crate::model::duration::parse_duration;
-use crate::model::{RunStatus, Trigger};
+use crate::model::{RunStatus, SkipReason, Trigger};
 use crate::processor::Registry;
 use crate::runner::Cancel;
 use crate::schedule;
@@ -65,36 +65,56 @@ pub(super) async fn scheduler(
             spool: true,
             ..Overrides::default()
         };
-        let Plan {
-            job,
-            runner,
-            processor,
-            overrides,
-        } = plan(&job, registry, &g.store, overrides).await?;
-        if matches!(s.missed, schedule::Missed::CatchUp { .. }) {
-            let recent = runner
+        let name = job.name.clone();
+        // One job whose store cannot be reached at start must not stop the others: it is
+        // planned again at its next fire (which then fails or spools as its store failure
+        // policy says).
+        let planned = match plan(&job, registry, &g.store, overrides.clone()).await {
+            Ok(p) => Some(p),
+            Err(e) => {
+                tracing::error!(target: "idem::scheduler", "job {name}: cannot start: {e}; its fires try again");
+                None
+            }
+        };
+        if let Some(p) = &planned {
+            // Slots after the last fire that settled its slot (not one that met another
+            // run's lease) were missed while no scheduler ran: caught up, or dropped with a
+            // warning, as the job's `missed` says. Asked of the store directly, whatever
+            // else (backfills, manual runs) the ledger holds since.
+            let last = p
+                .runner
                 .store()
                 .runs(&RunFilter {
-                    processor: Some(job.name.clone()),
-                    scope: None,
-                    status: None,
-                    since: None,
-                    limit: 1000,
+                    processor: Some(name.clone()),
+                    trigger: Some(Trigger::Scheduler),
+                    except_skip_reason: Some(SkipReason::InProgress),
+                    limit: 1,
+                    ..RunFilter::default()
                 })
-                .await?;
-            if let Some(last) = recent.iter().find(|r| r.trigger == Trigger::Scheduler) {
-                planner.resume_after(&job.name, last.started_at);
+                .await;
+            match last {
+                Ok(runs) => {
+                    if let Some(last) = runs.first() {
+                        planner.resume_after(&name, last.started_at);
+                    }
+                }
+                Err(e) => tracing::warn!(
+                    target: "idem::scheduler",
+                    "job {name}: cannot read its last scheduled fire ({e}); slots missed before now are not {}",
+                    match s.missed { schedule::Missed::Skip => "reported", _ => "caught up" }
+                ),
             }
         }
-        let processor: Arc<dyn crate::processor::Processor> =
-            Arc::new(sched::StopOnShutdown::new(processor, stop_rx.clone()));
+        let stop_rx = stop_rx.clone();
         targets.insert(
-            job.name.clone(),
-            Plan {
+            name,
+            Target {
                 job,
-                runner,
-                processor,
+                registry: registry.clone(),
+                store_url: g.store.clone(),
                 overrides,
+                plan: tokio::sync::OnceCell::new_with(planned.map(|p| wrap(p, stop_rx.clone()))),
+                stop: stop_rx,
             },
         );
     }
@@ -122,9 +142,47 @@ pub(super) async fn scheduler(
     Ok(EXIT_OK)
 }
 
+/// A job the scheduler fires: its plan (made at start, or at its first fire when its store
+/// could not be reached at start).
+struct Target {
+    job: Job,
+    registry: Registry,
+    store_url: String,
+    overrides: Overrides,
+    plan: tokio::sync::OnceCell<Plan>,
+    stop: tokio::sync::watch::Receiver<Option<String>>,
+}
+
+fn wrap(p: Plan, stop: tokio::sync::watch::Receiver<Option<String>>) -> Plan {
+    let processor: Arc<dyn crate::processor::Processor> =
+        Arc::new(schedule::scheduler::StopOnShutdown::new(p.processor, stop));
+    Plan { processor, ..p }
+}
+
+/// How long to wait before a fire that met another run's lease tries again: until the
+/// lease expires (its holder may be dead: a scheduler killed mid-fire), at least 1 s, at
+/// most 60 s between looks (a live holder that releases early is seen soon).
+fn retry_wait(expires_at: Option<chrono::DateTime<chrono::Utc>>) -> std::time::Duration {
+    let until = expires_at
+        .map(|t| (t - chrono::Utc::now()).to_std().unwrap_or_default())
+        .unwrap_or(std::time::Duration::from_secs(5));
+    until
+        .saturating_add(std::time::Duration::from_millis(200))
+        .clamp(
+            std::time::Duration::from_secs(1),
+            std::time::Duration::from_secs(60),
+        )
+}
+
 /// Runs one fire as `idem run JOB --date DATE --trigger scheduler` would, and logs one
-/// line for it.
-async fn fire_one(targets: &std::collections::HashMap<String, Plan>, f: schedule::scheduler::Fire) {
+/// line for it. A fire that meets another run's lease (`skipped (in_progress)`) has not
+/// settled its slot: the holder may be a run whose scheduler was killed. It tries again
+/// when the lease expires or is released, until it runs or is skipped for another reason
+/// (the holder completed it: `time_window`), or the scheduler stops.
+async fn fire_one(
+    targets: &std::collections::HashMap<String, Target>,
+    f: schedule::scheduler::Fire,
+) {
     let Some(t) = targets.get(&f.job) else {
         return;
     };
@@ -133,48 +191,91 @@ async fn fire_one(targets: &std::collections::HashMap<String, Plan>, f: schedule
     } else {
         f.local.clone()
     };
-    let request = match t.request(f.date) {
-        Ok(r) => r,
+    let planned = t
+        .plan
+        .get_or_try_init(|| async {
+            crate::job::plan(&t.job, &t.registry, &t.store_url, t.overrides.clone())
+                .await
+                .map(|p| wrap(p, t.stop.clone()))
+        })
+        .await;
+    let p = match planned {
+        Ok(p) => p,
         Err(e) => {
-            tracing::error!(target: "idem::scheduler", "fire {} slot {slot} date {}: {e}", f.job, f.date);
+            tracing::error!(target: "idem::scheduler", "fire {} slot {slot} date {}: not run: {e}", f.job, f.date);
             return;
         }
     };
-    match t.runner.run(&*t.processor, request).await {
-        Ok(report) => {
-            let outcome = match report.status {
-                RunStatus::Completed => format!(
-                    "completed, {} record(s) in {} ms",
-                    report.records_processed.unwrap_or(0),
-                    report.duration_ms
-                ),
-                RunStatus::Skipped => format!(
-                    "skipped ({})",
-                    report
-                        .skip_reason
-                        .as_ref()
-                        .map_or("unknown", |r| r.as_str())
-                ),
-                RunStatus::Failed => format!(
-                    "failed: {}",
-                    report.error.as_deref().unwrap_or("unknown error")
-                ),
-            };
-            let line = format!(
-                "fire {} slot {slot} date {}: {outcome}; run {}",
-                f.job, f.date, report.run_id
-            );
-            if report.status == RunStatus::Failed {
-                tracing::warn!(target: "idem::scheduler", "{line}");
-            } else {
-                tracing::info!(target: "idem::scheduler", "{line}");
+    let mut stop = t.stop.clone();
+    loop {
+        let request = match p.request(f.date) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(target: "idem::scheduler", "fire {} slot {slot} date {}: {e}", f.job, f.date);
+                return;
             }
-        }
-        Err(e) => tracing::error!(
-            target: "idem::scheduler",
-            "fire {} slot {slot} date {}: not run: {e}",
+        };
+        let report = match p.runner.run(&*p.processor, request).await {
+            Ok(report) => report,
+            Err(e) => {
+                tracing::error!(
+                    target: "idem::scheduler",
+                    "fire {} slot {slot} date {}: not run: {e}",
+                    f.job,
+                    f.date
+                );
+                return;
+            }
+        };
+        let outcome = match report.status {
+            RunStatus::Completed => format!(
+                "completed, {} record(s) in {} ms",
+                report.records_processed.unwrap_or(0),
+                report.duration_ms
+            ),
+            RunStatus::Skipped => format!(
+                "skipped ({})",
+                report
+                    .skip_reason
+                    .as_ref()
+                    .map_or("unknown", |r| r.as_str())
+            ),
+            RunStatus::Failed => format!(
+                "failed: {}",
+                report.error.as_deref().unwrap_or("unknown error")
+            ),
+        };
+        let in_progress = report.skip_reason == Some(SkipReason::InProgress);
+        let line = format!(
+            "fire {} slot {slot} date {}: {outcome}; run {}{}",
             f.job,
-            f.date
-        ),
+            f.date,
+            report.run_id,
+            if in_progress {
+                "; tries again when that lease expires or is released"
+            } else {
+                ""
+            }
+        );
+        if report.status == RunStatus::Failed {
+            tracing::warn!(target: "idem::scheduler", "{line}");
+        } else {
+            tracing::info!(target: "idem::scheduler", "{line}");
+        }
+        if !in_progress || stop.borrow().is_some() {
+            return;
+        }
+        let holder = p
+            .runner
+            .store()
+            .lease_holder(&report.job, &report.scope, chrono::Utc::now())
+            .await
+            .ok()
+            .flatten();
+        let wait = retry_wait(holder.map(|h| h.expires_at));
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = stop.wait_for(Option::is_some) => return,
+        }
     }
 }

@@ -16,9 +16,10 @@
 //!   With `missed = "skip"` (the default) missed slots are dropped (one warning says how
 //!   many) and the job fires at its next slot; with `missed = "catch_up"` missed slots are fired
 //!   once per date they process (the newest slot of each), for the most recent
-//!   `catch_up_limit` dates, oldest first, and older ones are dropped. On
-//!   start a `catch_up` job's missed slots are those after its last `scheduler` run in the
-//!   ledger (none when it never ran under a scheduler: a first start fires no history).
+//!   `catch_up_limit` dates, oldest first (one at a time per job), and older ones are
+//!   dropped. On start every job's missed slots are those after its last settled
+//!   `scheduler` run in the ledger (none when it never ran under a scheduler: a first start
+//!   fires no history); slots that fell due while the scheduler started are on time.
 //!
 //! The clock is injectable ([`Clock`]), and [`Planner`] is pure, so the decisions are
 //! tested with a fake clock.
@@ -164,6 +165,9 @@ struct Entry {
 #[derive(Debug, Clone)]
 pub struct Planner {
     entries: Vec<Entry>,
+    created: DateTime<Utc>,
+    /// Set by [`Planner::begin`]: (created, loop began), read by the first [`Planner::due`].
+    starting: Option<(DateTime<Utc>, DateTime<Utc>)>,
 }
 
 impl Planner {
@@ -183,7 +187,11 @@ impl Planner {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Planner { entries })
+        Ok(Planner {
+            entries,
+            created: now,
+            starting: None,
+        })
     }
 
     /// The job names, in order, with their missed-fire policy.
@@ -191,15 +199,22 @@ impl Planner {
         self.entries.iter().map(|e| (e.name.as_str(), e.missed))
     }
 
-    /// For a `catch_up` job: its last fire was at `last_fire` (from the ledger), so the
-    /// slots after it are missed ones the next [`Planner::due`] considers. No effect on a
-    /// `skip` job or when `last_fire` is not earlier than what is already considered.
+    /// The job's last fire was at `last_fire` (from the ledger), so the slots after it are
+    /// missed ones the next [`Planner::due`] considers: a `catch_up` job fires them, a
+    /// `skip` job drops them with the warning its policy promises. No effect when
+    /// `last_fire` is not earlier than what is already considered.
     pub fn resume_after(&mut self, job: &str, last_fire: DateTime<Utc>) {
         for e in self.entries.iter_mut().filter(|e| e.name == job) {
-            if matches!(e.missed, Missed::CatchUp { .. }) && last_fire < e.after {
+            if last_fire < e.after {
                 e.after = last_fire;
             }
         }
+    }
+
+    /// The loop begins at `now`: slots that fell due between [`Planner::new`] and `now`
+    /// (while the scheduler connected to its stores) are on time, however slow that was.
+    pub fn begin(&mut self, now: DateTime<Utc>) {
+        self.starting = Some((self.created, now));
     }
 
     /// The slots due at `now` (their instant has passed), per the missed-fire policies;
@@ -212,6 +227,7 @@ impl Planner {
     /// one skipping as `in_progress`. `catch_up_limit` counts those fires, not slots.
     pub fn due(&mut self, now: DateTime<Utc>) -> Result<Due> {
         let mut due = Due::default();
+        let starting = self.starting.take();
         for e in &mut self.entries {
             if now <= e.after {
                 continue;
@@ -259,7 +275,13 @@ impl Planner {
             let Some(latest) = groups.back().map(|g| g.newest.with_timezone(&Utc)) else {
                 continue;
             };
-            let late = (now - latest).to_std().unwrap_or_default();
+            let fell_due_while_starting =
+                starting.is_some_and(|(created, began)| latest > created && latest <= began);
+            let late = if fell_due_while_starting {
+                Duration::ZERO
+            } else {
+                (now - latest).to_std().unwrap_or_default()
+            };
             // The on-time fire, and the missed slots of its date that it covers (catch-up
             // only: under `skip` they are missed like any other).
             let mut on_time = None;
@@ -356,6 +378,7 @@ where
 {
     let mut summary = LoopSummary::default();
     let mut running = tokio::task::JoinSet::new();
+    planner.begin(clock.now());
     tokio::pin!(shutdown);
     let signal = loop {
         let due = planner.due(clock.now())?;
@@ -369,9 +392,24 @@ where
                 d.last.to_rfc3339()
             );
         }
+        // One task per job: its fires of this tick one after the other, oldest first (a
+        // catch-up's dates complete in order; jobs still run side by side).
+        let mut by_job: Vec<(String, Vec<Fut>)> = Vec::new();
         for f in due.fires {
             summary.fired += 1;
-            running.spawn(fire(f));
+            let job = f.job.clone();
+            let started = fire(f);
+            match by_job.iter_mut().find(|(j, _)| *j == job) {
+                Some((_, fires)) => fires.push(started),
+                None => by_job.push((job, vec![started])),
+            }
+        }
+        for (_, fires) in by_job {
+            running.spawn(async move {
+                for f in fires {
+                    f.await;
+                }
+            });
         }
         let sleep = planner
             .next_wake()
@@ -693,7 +731,7 @@ mod tests {
     }
 
     #[test]
-    fn on_start_catch_up_resumes_after_the_last_fire_and_skip_does_not() {
+    fn on_start_catch_up_fires_missed_slots_and_skip_drops_them_with_a_warning() {
         let now = utc("2026-01-05T10:00:00Z");
         let jobs = [
             ScheduledJob {
@@ -721,10 +759,33 @@ mod tests {
                 ("c", "2026-01-04".to_string())
             ]
         );
-        assert_eq!(due.dropped.len(), 1);
-        assert_eq!(due.dropped[0].job, "c");
-        assert_eq!(due.dropped[0].count, 1);
+        // `skip` drops its four missed slots, and says so (issue 21.3b).
+        let dropped: Vec<(&str, u64)> = due
+            .dropped
+            .iter()
+            .map(|d| (d.job.as_str(), d.count))
+            .collect();
+        assert_eq!(dropped, [("c", 1), ("s", 4)]);
         assert_eq!(p.next_wake(), Some(utc("2026-01-06T06:00:00Z")));
+    }
+
+    /// A slot that falls due while the scheduler connects to its stores at start fires on
+    /// time, however long the connect took (issue 21.10).
+    #[test]
+    fn a_slot_due_during_a_slow_start_is_on_time() {
+        let created = utc("2026-01-05T05:59:00Z");
+        let jobs = [job("s", "0 6 * * *", "UTC", Missed::Skip)];
+        let mut p = Planner::new(&jobs, created).unwrap();
+        // The stores took five minutes to answer.
+        let began = utc("2026-01-05T06:04:00Z");
+        p.begin(began);
+        let due = p.due(began).unwrap();
+        assert_eq!(due.fires.len(), 1, "{due:?}");
+        assert!(!due.fires[0].catch_up && due.dropped.is_empty(), "{due:?}");
+        // Without the slow start it would have been missed.
+        let mut q = Planner::new(&jobs, created).unwrap();
+        let due = q.due(began).unwrap();
+        assert!(due.fires.is_empty() && due.dropped.len() == 1, "{due:?}");
     }
 
     /// Wakes the planner at each slot (as the loop does) from `start` to `end`; the fires.
@@ -827,6 +888,84 @@ mod tests {
         fn now(&self) -> DateTime<Utc> {
             self.0
         }
+    }
+
+    /// Catch-up fires of one job run one at a time, oldest date first, even when an older
+    /// date takes longer; another job's fires run beside them (issue 21.3d: they ran
+    /// concurrently and finished newest first).
+    #[tokio::test]
+    async fn catch_up_fires_of_a_job_complete_oldest_first_one_at_a_time() {
+        let now = utc("2026-01-05T10:00:00Z");
+        let clock = Arc::new(Fixed(now));
+        let jobs = [
+            ScheduledJob {
+                date: Some("yesterday".into()),
+                ..job("c", "0 6 * * *", "UTC", Missed::CatchUp { limit: 4 })
+            },
+            ScheduledJob {
+                date: Some("yesterday".into()),
+                ..job("d", "0 6 * * *", "UTC", Missed::CatchUp { limit: 4 })
+            },
+        ];
+        let mut p = Planner::new(&jobs, now).unwrap();
+        p.resume_after("c", utc("2026-01-01T06:00:01Z"));
+        p.resume_after("d", utc("2026-01-01T06:00:01Z"));
+        let (stop_tx, _) = tokio::sync::watch::channel(None::<String>);
+        let log = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let overlapped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let fire = {
+            let (log, running, overlapped) = (log.clone(), running.clone(), overlapped.clone());
+            move |f: Fire| {
+                let (log, running, overlapped) = (log.clone(), running.clone(), overlapped.clone());
+                async move {
+                    use std::sync::atomic::Ordering::SeqCst;
+                    if f.job == "c" && running.fetch_add(1, SeqCst) > 0 {
+                        overlapped.store(true, SeqCst);
+                    }
+                    // The oldest date is the slowest: out of order if they ran at once.
+                    let ms = match f.date.to_string().as_str() {
+                        "2026-01-01" | "2026-01-02" => 120,
+                        "2026-01-03" => 60,
+                        _ => 0,
+                    };
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    log.lock().unwrap().push(format!("{} {}", f.job, f.date));
+                    if f.job == "c" {
+                        running.fetch_sub(1, SeqCst);
+                    }
+                }
+            }
+        };
+        let shutdown = async {
+            tokio::time::sleep(Duration::from_millis(800)).await;
+            "SIGTERM"
+        };
+        let summary = run_loop(
+            &mut p,
+            clock,
+            fire,
+            shutdown,
+            Duration::from_secs(5),
+            stop_tx,
+        )
+        .await
+        .unwrap();
+        assert_eq!(summary.fired, 8);
+        assert!(!overlapped.load(std::sync::atomic::Ordering::SeqCst));
+        let log = log.lock().unwrap().clone();
+        let of = |job: &str| -> Vec<String> {
+            log.iter()
+                .filter(|l| l.starts_with(job))
+                .map(|l| l[2..].to_string())
+                .collect()
+        };
+        let dates = ["2026-01-01", "2026-01-02", "2026-01-03", "2026-01-04"];
+        assert_eq!(of("c"), dates);
+        assert_eq!(of("d"), dates);
+        // The two jobs ran side by side: d's first date finished before c's last.
+        let pos = |l: &str| log.iter().position(|x| x == l).unwrap();
+        assert!(pos("d 2026-01-01") < pos("c 2026-01-04"), "{log:?}");
     }
 
     #[tokio::test]
