@@ -89,7 +89,17 @@ fn cleanup_counts_per_table_the_dry_run_deletes_nothing_and_kept_keys_keep_their
     assert_eq!(decision(&s, "2026-01-01"), "skip");
 
     // Nothing kept: every key and run goes (the leases were released at once, so their
-    // rows expired).
+    // rows expired). The keys are made two hours old first: inside the job's 1 h time
+    // window cleanup keeps them whatever --keep says.
+    for scope in ["2026-01-01", "2026-01-02"] {
+        let two_hours_ago = (chrono::Utc::now() - chrono::Duration::hours(2)).timestamp_micros();
+        store_sql(
+            &s,
+            "UPDATE processing_keys SET processed_at = ?1 WHERE scope = ?2",
+            two_hours_ago,
+            scope,
+        );
+    }
     let dry = cleanup(
         &s,
         &[
@@ -106,8 +116,13 @@ fn cleanup_counts_per_table_the_dry_run_deletes_nothing_and_kept_keys_keep_their
     assert_eq!(counts["processing_keys"], 2, "{dry}");
     assert_eq!(counts["processing_runs"], 2, "{dry}");
     assert_eq!(
-        decision(&s, "2026-01-01"),
-        "skip",
+        store_sql(
+            &s,
+            "SELECT count(*) FROM processing_keys WHERE ?1 = ?1 AND scope = ?2",
+            0,
+            "2026-01-01"
+        ),
+        1,
         "a dry run deletes nothing"
     );
     let out = s.idem(&[
@@ -390,4 +405,102 @@ fn bigquery_cleanup_sets_and_reports_partition_expiration() {
     let human = s.idem(&["cleanup", "--keep", "30d"]);
     let text = String::from_utf8_lossy(&human.stdout);
     assert!(text.contains("partition expiration:"), "{text}");
+}
+
+/// `idem gate --input FILE --key id` on the sandbox's store: the verdict of each line.
+fn gate_verdicts(s: &Sandbox, lines: &str) -> Vec<String> {
+    let input = s.dir.join("events.ndjson");
+    std::fs::write(&input, lines).unwrap();
+    let out = s
+        .command(&["gate", "--input", input.to_str().unwrap(), "--key", "id"])
+        .output()
+        .expect("run idem gate");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["verdict"].to_string())
+        .collect()
+}
+
+/// Cleanup never deletes what a guard or a gate still needs (issue 21.2): a gate key with
+/// no TTL (the gate's default) outlives `--keep`, and a job whose time window is longer
+/// than `--keep` keeps its keys for the window; the output says what it kept and why.
+#[test]
+fn cleanup_keeps_gate_keys_without_ttl_and_keys_inside_a_longer_guard_window() {
+    let s = Sandbox::new("idem-cleanup-needs");
+    s.write_job("daily", &job("daily"));
+    s.write_job(
+        "monthly",
+        &job("monthly").replace("time_window = \"1h\"", "time_window = \"40d\""),
+    );
+    for (name, date) in [("daily", "2026-01-02"), ("monthly", "2026-01-01")] {
+        let (code, _, err) = s.json(&["run", name, "--date", date]);
+        assert_eq!(code, 0, "{err}");
+    }
+    assert_eq!(
+        gate_verdicts(&s, "{\"id\":\"pay-1\",\"amount\":5}\n"),
+        ["\"new\""]
+    );
+    // Everything becomes 35 days old (the gate key 35 days since first seen).
+    let old = (chrono::Utc::now() - chrono::Duration::days(35)).timestamp_micros();
+    for scope in ["2026-01-01", "2026-01-02"] {
+        store_sql(
+            &s,
+            "UPDATE processing_keys SET processed_at = ?1 WHERE scope = ?2",
+            old,
+            scope,
+        );
+    }
+    assert_eq!(
+        store_sql(
+            &s,
+            "UPDATE event_keys SET first_seen = ?1 WHERE ?2 = ?2",
+            old,
+            ""
+        ),
+        1
+    );
+    let out = s
+        .json_command(&["cleanup", "--keep", "30d"])
+        .output()
+        .unwrap();
+    let (code, report, err) = common::parse(out);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        report["keys_deleted"], 1,
+        "only daily's key: {report}\n{err}"
+    );
+    assert_eq!(report["event_keys_deleted"], 0, "{report}");
+    assert!(
+        err.contains("kept keys of monthly for 40d (guards.time_window is longer than --keep 30d)"),
+        "{err}"
+    );
+    let explain = |job: &str, date: &str| {
+        let (_, e, err) = s.json(&["explain", job, "--date", date]);
+        e["decision"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{e} {err}"))
+            .to_string()
+    };
+    assert_eq!(
+        explain("monthly", "2026-01-01"),
+        "skip",
+        "inside its 40-day window"
+    );
+    assert_eq!(
+        explain("daily", "2026-01-02"),
+        "run",
+        "past --keep and its 1 h window"
+    );
+    assert_eq!(
+        gate_verdicts(&s, "{\"id\":\"pay-1\",\"amount\":5}\n"),
+        ["\"replay\""],
+        "a 35-day-old payment is still a replay"
+    );
 }

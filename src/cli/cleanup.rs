@@ -4,6 +4,7 @@ use super::output;
 use super::{input, CleanupArgs, GlobalOptions, EXIT_OK};
 use crate::backend::redact_url;
 use crate::error::{Error, Result};
+use crate::maintenance::cleanup::{cleanup_keeping, guard_needs, short_duration};
 use crate::model::duration::parse_duration_field;
 use crate::store::{self, CleanupPolicy, CleanupProgressFn, Store};
 
@@ -63,8 +64,26 @@ fn advance(bar: indicatif::ProgressBar) -> CleanupProgressFn {
 /// `idem cleanup`: keys, leases and event keys older than `before` (`--keep`), ledger rows
 /// older than `--keep-runs` that no kept key points at, in batches; counts per table.
 pub(super) async fn cleanup(args: &CleanupArgs, g: &GlobalOptions) -> Result<u8> {
+    let (needs, unreadable) = guard_needs(&g.jobs_dir);
     if let Some(text) = &args.set_partition_expiration {
         let days = expiration_days(text)?;
+        if let Some(d) = days {
+            let expiry = std::time::Duration::from_secs(u64::from(d) * 86_400);
+            if let Some(n) = needs
+                .iter()
+                .filter(|n| n.keep > expiry)
+                .max_by_key(|n| n.keep)
+            {
+                return Err(Error::input(format!(
+                    "--set-partition-expiration {text}: job {} has {} = {}, so its keys must \
+                     live that long; BigQuery would drop them sooner. Use at least {}d",
+                    n.processor,
+                    n.field,
+                    short_duration(n.keep),
+                    n.keep.as_secs().div_ceil(86_400)
+                )));
+            }
+        }
         let store = store::open(&g.store).await?;
         store.set_partition_expiration(days).await?;
         let tables = store.partition_expiration().await?.unwrap_or_default();
@@ -73,15 +92,16 @@ pub(super) async fn cleanup(args: &CleanupArgs, g: &GlobalOptions) -> Result<u8>
     }
     // Bounded by MAX_DURATION, so the cutoff is always a valid time.
     let keep = parse_duration_field("--keep", &args.keep).map_err(input)?;
+    let now = chrono::Utc::now();
     let before = chrono::Duration::from_std(keep)
         .ok()
-        .and_then(|keep| chrono::Utc::now().checked_sub_signed(keep))
+        .and_then(|keep| now.checked_sub_signed(keep))
         .ok_or_else(|| Error::input(format!("--keep {:?} is too long", args.keep)))?;
     // Bounded by MAX_DURATION, so the cutoff is always a valid time.
     let keep_runs = parse_duration_field("--keep-runs", &args.keep_runs).map_err(input)?;
     let runs_before = chrono::Duration::from_std(keep_runs)
         .ok()
-        .and_then(|keep| chrono::Utc::now().checked_sub_signed(keep))
+        .and_then(|keep| now.checked_sub_signed(keep))
         .ok_or_else(|| Error::input(format!("--keep-runs {:?} is too long", args.keep_runs)))?;
     let policy = store::CleanupPolicy {
         runs_before,
@@ -100,18 +120,54 @@ pub(super) async fn cleanup(args: &CleanupArgs, g: &GlobalOptions) -> Result<u8>
         return Ok(EXIT_OK);
     }
     let store = store::open(&g.store).await?;
-    let report = match progress_bar(&*store, &policy, g).await? {
-        Some(bar) => {
-            let report = store
-                .cleanup(&store::CleanupPolicy {
-                    progress: Some(advance(bar.clone())),
-                    ..policy.clone()
-                })
-                .await;
-            bar.finish_and_clear();
-            report?
+    if let Some(why) = &unreadable {
+        output::note(format_args!(
+            "warning: no job files read ({why}): keys are kept for --keep only, not for any \
+             job's guard window; run from the jobs' folder or pass --jobs-dir"
+        ));
+    }
+    let longer = needs.iter().any(|n| {
+        chrono::Duration::from_std(n.keep)
+            .ok()
+            .and_then(|d| now.checked_sub_signed(d))
+            .is_none_or(|c| c < policy.keys_before)
+    });
+    let report = if longer {
+        // Several passes (one per job kept longer): no single count to draw a bar over.
+        let (report, kept) = cleanup_keeping(&*store, &policy, &needs, now).await?;
+        for n in &kept.jobs {
+            output::note(format_args!(
+                "kept keys of {} for {} ({} is longer than --keep {})",
+                n.processor,
+                short_duration(n.keep),
+                n.field,
+                args.keep
+            ));
         }
-        None => store.cleanup(&policy).await?,
+        if let Some(n) = &kept.others_as {
+            output::note(format_args!(
+                "kept keys of processors no job file names for {} as well (the longest guard \
+                 window, {}'s {}): idem cannot tell what their guards need",
+                short_duration(n.keep),
+                n.processor,
+                n.field
+            ));
+        }
+        report
+    } else {
+        match progress_bar(&*store, &policy, g).await? {
+            Some(bar) => {
+                let report = store
+                    .cleanup(&store::CleanupPolicy {
+                        progress: Some(advance(bar.clone())),
+                        ..policy.clone()
+                    })
+                    .await;
+                bar.finish_and_clear();
+                report?
+            }
+            None => store.cleanup(&policy).await?,
+        }
     };
     let partitions = store.partition_expiration().await?;
     output::print_cleanup(

@@ -209,7 +209,7 @@ pub(crate) fn print_cleanup(
                 report.leases_deleted
             );
             outln!(
-                "  event_keys        {:>10}  first seen before {keys}",
+                "  event_keys        {:>10}  expired before {keys} (never one without a TTL)",
                 report.event_keys_deleted
             );
             if let Some(tables) = partitions {

@@ -244,9 +244,12 @@ impl Job {
                 Some(store) => store,
                 None => crate::store::open(store_url).await?,
             };
-            return Ok(Arc::new(
-                crate::maintenance::cleanup::CleanupProcessor::new(&self.name, store, settings),
-            ));
+            let processor =
+                crate::maintenance::cleanup::CleanupProcessor::new(&self.name, store, settings);
+            return Ok(Arc::new(match self.path.parent() {
+                Some(dir) => processor.keeping_for_jobs_in(dir),
+                None => processor,
+            }));
         }
         if self.processor == "sql" {
             self.check(store_url)?;

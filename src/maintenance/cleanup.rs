@@ -15,16 +15,19 @@
 //! The cutoffs are measured back from the moment the run does the work, not from its
 //! scope date: a late or repeated run never deletes more than the retention allows.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
 
 use crate::error::{BoxError, Error, Result};
 use crate::model::duration::parse_duration_field;
 use crate::model::{Outcome, RunRequest};
 use crate::processor::Processor;
-use crate::store::{CleanupPolicy, DynStore, DEFAULT_CLEANUP_BATCH};
+use crate::store::{CleanupPolicy, CleanupReport, DynStore, DEFAULT_CLEANUP_BATCH};
 
 /// The processor name jobs select it with: `processor = "cleanup"`.
 pub const CLEANUP_PROCESSOR: &str = "cleanup";
@@ -109,12 +112,162 @@ impl CleanupSettings {
     }
 }
 
-/// Deletes what is past retention in the store it was given; records processed = rows
-/// deleted, output = the counts per table and the cutoffs.
+/// How long a job's guards need its keys: a time window or content-hash window longer than
+/// a cleanup's `keep` keeps that job's keys for the window instead.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GuardNeed {
+    /// The job (its keys' processor name).
+    pub processor: String,
+    /// The longest of its guard windows.
+    #[serde(with = "humantime_serde_secs")]
+    pub keep: Duration,
+    /// The field that asks for it: `guards.time_window` or `guards.content_hash`.
+    pub field: &'static str,
+}
+
+mod humantime_serde_secs {
+    pub fn serialize<S: serde::Serializer>(
+        d: &std::time::Duration,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&super::short_duration(*d))
+    }
+}
+
+/// The guard windows of every job file in `jobs_dir` (a file that does not load is passed
+/// over: it cannot run, so its keys are kept by the clamp of [`cleanup_keeping`]); an
+/// unreadable folder gives none and the error, for the caller to warn about.
+pub fn guard_needs(jobs_dir: &Path) -> (Vec<GuardNeed>, Option<String>) {
+    let paths = match crate::job::load::job_files(jobs_dir) {
+        Ok(paths) => paths,
+        Err(e) => return (Vec::new(), Some(e.to_string())),
+    };
+    let mut needs: Vec<GuardNeed> = Vec::new();
+    for path in paths {
+        let Ok(job) = crate::job::Job::load(&path) else {
+            continue;
+        };
+        let windows = [
+            (job.guards.time_window, "guards.time_window"),
+            (job.guards.content_hash, "guards.content_hash"),
+        ];
+        let Some((keep, field)) = windows
+            .into_iter()
+            .filter_map(|(w, f)| w.map(|w| (w, f)))
+            .max_by_key(|(w, _)| *w)
+        else {
+            continue;
+        };
+        needs.push(GuardNeed {
+            processor: job.name,
+            keep,
+            field,
+        });
+    }
+    needs.sort_by(|a, b| a.processor.cmp(&b.processor));
+    (needs, None)
+}
+
+/// What [`cleanup_keeping`] kept beyond the policy's cut-off, and why.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct KeptLonger {
+    /// Jobs whose keys were kept for their guard window (longer than `keep`).
+    pub jobs: Vec<GuardNeed>,
+    /// When some job's window is longer than `keep`, keys of processors that no job file
+    /// names (a Rust processor's, say) are kept as long as the longest window: this job's.
+    pub others_as: Option<GuardNeed>,
+}
+
+/// A cleanup that never deletes a key a job's guard still needs: processing keys of a job
+/// whose `time_window` or `content_hash` is longer than the policy's `keys_before` allows
+/// are kept for that window. First one pass per job of `needs` deletes only that job's keys
+/// older than its own cut-off (the earlier of the policy's and its window's); then one pass
+/// deletes everything else past retention, keys older than the longest such window (all
+/// processors; event keys by their own expiry), ledger rows and leases as the policy says
+/// (a kept key keeps its run). A dry run counts the same keys; its count of ledger rows
+/// leaves out rows whose keys only the per-job passes would delete.
+pub async fn cleanup_keeping(
+    store: &DynStore,
+    policy: &CleanupPolicy,
+    needs: &[GuardNeed],
+    now: DateTime<Utc>,
+) -> Result<(CleanupReport, KeptLonger)> {
+    let cutoff = |need: &GuardNeed| {
+        chrono::Duration::from_std(need.keep)
+            .ok()
+            .and_then(|d| now.checked_sub_signed(d))
+            .unwrap_or(DateTime::<Utc>::MIN_UTC)
+    };
+    let longer: Vec<&GuardNeed> = needs
+        .iter()
+        .filter(|n| cutoff(n) < policy.keys_before)
+        .collect();
+    let Some(longest) = longer.iter().copied().min_by_key(|n| cutoff(n)) else {
+        return Ok((store.cleanup(policy).await?, KeptLonger::default()));
+    };
+    let earliest = cutoff(longest);
+    let keys_only = |processor: &str, keys_before: DateTime<Utc>| CleanupPolicy {
+        keys_before,
+        runs_before: DateTime::<Utc>::MIN_UTC,
+        leases_before: DateTime::<Utc>::MIN_UTC,
+        processor: Some(processor.to_string()),
+        progress: None,
+        ..policy.clone()
+    };
+    let mut keys = 0;
+    for need in needs {
+        let own = cutoff(need).min(policy.keys_before);
+        if own <= earliest {
+            continue;
+        }
+        keys += store
+            .cleanup(&keys_only(&need.processor, own))
+            .await?
+            .keys_deleted;
+        if policy.dry_run {
+            // Counted again by the pass below: take them out.
+            keys -= store
+                .cleanup(&keys_only(&need.processor, earliest))
+                .await?
+                .keys_deleted;
+        }
+    }
+    let mut report = store
+        .cleanup(&CleanupPolicy {
+            keys_before: earliest,
+            ..policy.clone()
+        })
+        .await?;
+    report.keys_deleted += keys;
+    Ok((
+        report,
+        KeptLonger {
+            jobs: longer.into_iter().cloned().collect(),
+            others_as: Some(longest.clone()),
+        },
+    ))
+}
+
+/// A duration as cleanup messages show it: `40d`, `36h`, `90m`, `45s`.
+pub fn short_duration(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0 => format!("{}ms", d.as_millis()),
+        s if s % 86_400 == 0 => format!("{}d", s / 86_400),
+        s if s % 3600 == 0 => format!("{}h", s / 3600),
+        s if s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    }
+}
+
+/// Deletes what is past retention in the store it was given, keeping what the guards of
+/// the jobs beside its job file need ([`cleanup_keeping`]); records processed = rows
+/// deleted, output = the counts per table, the cutoffs and what was kept longer.
 pub struct CleanupProcessor {
     name: String,
     store: Arc<DynStore>,
     settings: CleanupSettings,
+    jobs_dir: Option<PathBuf>,
 }
 
 impl CleanupProcessor {
@@ -124,7 +277,15 @@ impl CleanupProcessor {
             name: name.to_string(),
             store,
             settings,
+            jobs_dir: None,
         }
+    }
+
+    /// Keeps the keys the guards of the jobs in `jobs_dir` need (the cleanup job's own
+    /// folder, when it runs from a job file).
+    pub fn keeping_for_jobs_in(mut self, jobs_dir: &Path) -> Self {
+        self.jobs_dir = Some(jobs_dir.to_path_buf());
+        self
     }
 }
 
@@ -135,12 +296,16 @@ impl Processor for CleanupProcessor {
     }
 
     async fn process(&self, _request: &RunRequest) -> std::result::Result<Outcome, BoxError> {
-        let policy = self.settings.policy(chrono::Utc::now())?;
-        let report = self.store.cleanup(&policy).await?;
-        Ok(
-            Outcome::records(i64::try_from(report.total()).unwrap_or(i64::MAX))
-                .with_output(report.summary(&policy)),
-        )
+        let now = chrono::Utc::now();
+        let policy = self.settings.policy(now)?;
+        let needs = match &self.jobs_dir {
+            Some(dir) => guard_needs(dir).0,
+            None => Vec::new(),
+        };
+        let (report, kept) = cleanup_keeping(&*self.store, &policy, &needs, now).await?;
+        let mut output = report.summary(&policy);
+        output["kept_longer"] = serde_json::to_value(&kept)?;
+        Ok(Outcome::records(i64::try_from(report.total()).unwrap_or(i64::MAX)).with_output(output))
     }
 }
 
