@@ -1015,16 +1015,15 @@ fn reading_commands_refuse_a_missing_ledger_and_name_the_filters_that_matched_no
         text.contains("no runs of job \"nosuch\" with status failed recorded in"),
         "{text}"
     );
+    // `report --job` with a name no job file and no run knows is a typo: exit 2, naming it.
     let out = s.idem(&["report", "--job", "nosuch"]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(
-        text.contains("no runs of job \"nosuch\" recorded in the period"),
-        "{text}"
+        stderr(&out).contains("--job \"nosuch\": no such job"),
+        "{}",
+        stderr(&out)
     );
-    let (code, v, _) = s.json(&["report", "--job", "nosuch"]);
-    assert_eq!(code, 0);
-    assert_eq!(v["job"], "nosuch");
+    assert!(out.stdout.is_empty(), "a refused report printed a report");
 }
 
 /// Every file under `dir`, relative, sorted (the jobs' own `.toml` files included).
@@ -1307,4 +1306,50 @@ fn processes_opening_a_new_sqlite_ledger_at_once_all_get_it() {
             "round {round}: {runs}"
         );
     }
+}
+
+/// A reused `--run-id` is settled before the work runs (issue 21.5): the id the SQL sees as
+/// `@run_id` is the id the ledger records, for the first run and for the one whose id was
+/// taken (renamed to a derived one before it started, not after).
+#[test]
+fn a_reused_run_id_is_settled_before_the_sql_sees_it() {
+    let s = Sandbox::new("idem-run-id");
+    s.write_job(
+        "stamp",
+        r#"
+name = "stamp"
+processor = "sql"
+[sql]
+warehouse = "sqlite://wh.db"
+setup = "CREATE TABLE IF NOT EXISTS out (day TEXT)"
+process = "INSERT INTO out VALUES (@run_id)"
+"#,
+    );
+    let mut recorded = Vec::new();
+    for date in ["2026-01-01", "2026-01-02"] {
+        let (code, report, err) =
+            s.json(&["run", "stamp", "--date", date, "--run-id", "nightly-7"]);
+        assert_eq!(code, 0, "{err}");
+        recorded.push(report["run_id"].as_str().unwrap().to_string());
+    }
+    assert_eq!(recorded[0], "nightly-7");
+    assert!(
+        recorded[1].starts_with("nightly-7.") && recorded[1].len() > "nightly-7.".len(),
+        "{recorded:?}"
+    );
+    // The ledger has the same ids, and so does what the SQL wrote.
+    let (_, runs, _) = s.json(&["runs", "--job", "stamp", "--limit", "0"]);
+    let mut in_ledger: Vec<String> = runs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["run_id"].as_str().unwrap().to_string())
+        .collect();
+    in_ledger.sort();
+    let mut seen_by_sql = s.warehouse_days();
+    seen_by_sql.sort();
+    let mut expected = recorded.clone();
+    expected.sort();
+    assert_eq!(in_ledger, expected);
+    assert_eq!(seen_by_sql, expected, "@run_id is the ledger's id");
 }

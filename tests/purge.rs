@@ -213,11 +213,39 @@ fn on_a_terminal_purge_asks_first() {
     assert!(text.contains("purge cancelled: nothing deleted"), "{text}");
     assert_eq!(code, 1, "{text}");
     assert_eq!(decision(&s, "2026-01-01"), "skip");
-    let (code, text) = purge_on_a_terminal(&s, "y\n");
+    // Only what the README says purges: `y` or `yes`, in any case (issue 21.11).
+    for other in ["yep\n", "\n", "ja\n", ""] {
+        let (code, text) = purge_on_a_terminal(&s, other);
+        assert_eq!(code, 1, "{other:?}: {text}");
+        assert_eq!(decision(&s, "2026-01-01"), "skip", "{other:?}");
+    }
+    let (code, text) = purge_on_a_terminal(&s, "Yes\n");
     assert_eq!(code, 0, "{text}");
     assert!(
         text.contains("purged 1 processing key(s) of daily for 2026-01-01"),
         "{text}"
     );
     assert_eq!(decision(&s, "2026-01-01"), "run");
+}
+
+/// A purge range too long is a purge range, not a "backfill" (issue 21.11).
+#[test]
+fn a_purge_range_error_speaks_of_the_purge_range() {
+    let s = Sandbox::new("idem-purge-range");
+    s.write_job("daily", &job("daily"));
+    let out = s.idem(&[
+        "purge",
+        "daily",
+        "--from",
+        "0001-01-01",
+        "--to",
+        "9999-12-31",
+        "--yes",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("a range covers at most") && !err.contains("backfill"),
+        "{err}"
+    );
 }

@@ -503,6 +503,7 @@ impl Runner {
     /// the outcome with the keys of a success.
     pub async fn run(&self, processor: &dyn Processor, request: RunRequest) -> Result<RunReport> {
         request.validate()?;
+        let request = self.settle_run_id(request).await;
         let started_at = now();
         let mut report = RunReport::new(&request, self.mode, started_at);
         tracing::info!(
@@ -743,7 +744,12 @@ impl Runner {
             tokio::select! {
                 result = work => result,
                 signal = cancel.cancelled() => {
-                    tracing::warn!("{signal} received: stopping the processor and releasing the lease");
+                    if signal.starts_with("SIG") && !signal.contains(' ') {
+                        tracing::warn!("{signal} received: stopping the processor and releasing the lease");
+                    } else {
+                        // A reason, not a bare signal (the scheduler's grace period ended).
+                        tracing::warn!("stopping the processor and releasing the lease: {signal}");
+                    }
                     Err(format!("interrupted by {signal}").into())
                 }
             }
@@ -812,6 +818,38 @@ impl Runner {
             Err(e) => self.record_store_failure(e, &mut report, &finish, lease.as_ref()),
         }
         report
+    }
+
+    /// A run id the caller chose (`--run-id`, an orchestrator's id reused across retries)
+    /// that the ledger holds already is replaced by a derived one *before* anything runs, so
+    /// the processor (SQL's `@run_id`, a command's `IDEM_RUN_ID`) sees the id the ledger
+    /// will record. An id in the form idem makes ([`crate::new_run_id`], a random UUID) is
+    /// not looked up: it is new. A ledger that cannot be read leaves the id as it is (the
+    /// finish still derives one if it turns out taken).
+    async fn settle_run_id(&self, mut request: RunRequest) -> RunRequest {
+        let generated = uuid::Uuid::parse_str(&request.run_id).is_ok_and(|u| {
+            u.get_version_num() == 4 && u.hyphenated().to_string() == request.run_id
+        });
+        if generated {
+            return request;
+        }
+        let taken = self
+            .store
+            .runs(&crate::store::RunFilter {
+                run_id: Some(request.run_id.clone()),
+                limit: 1,
+                ..Default::default()
+            })
+            .await;
+        if taken.is_ok_and(|runs| !runs.is_empty()) {
+            let derived = crate::model::derive_run_id(&request.run_id);
+            tracing::warn!(
+                "run id {:?} is already recorded; this run is {derived:?}",
+                request.run_id
+            );
+            request.run_id = derived;
+        }
+        request
     }
 
     /// [`LedgerStore::finish`](crate::store::LedgerStore::finish); a run id recorded already is

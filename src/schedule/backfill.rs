@@ -37,7 +37,7 @@ pub fn backfill_dates(from: &str, to: &str, tz: Tz, now: DateTime<Utc>) -> Resul
     let days = (last - first).num_days() + 1;
     if days > MAX_BACKFILL_DAYS {
         return Err(Error::config(format!(
-            "--from {first} --to {last} covers {days} dates; a backfill covers at most \
+            "--from {first} --to {last} covers {days} dates; a range covers at most \
              {MAX_BACKFILL_DAYS} (split it into several)"
         )));
     }
@@ -176,7 +176,7 @@ mod tests {
         );
         assert!(e("soon", "2026-01-01").starts_with("--from: bad date \"soon\""));
         assert!(e("2026-01-01", "10000-01-01").starts_with("--to: bad date"));
-        assert!(e("0001-01-01", "9999-12-31").contains("a backfill covers at most 36600"));
+        assert!(e("0001-01-01", "9999-12-31").contains("a range covers at most 36600"));
     }
 
     #[test]
