@@ -28,9 +28,9 @@ test -s "$out/report.png" || fail "no screenshot (see $out/chromium.log)"
 # A blank page of this size compresses to a few KB; the report's tables and charts do not.
 bytes=$(wc -c <"$out/report.png")
 [ "$bytes" -gt 40000 ] || fail "the screenshot is nearly blank ($bytes bytes)"
-# One summary table and one chart per processor of the CLI test's history (6 processors).
+# One summary table and one chart per processor of the CLI test's history (8 processors).
 charts=$(grep -o '<svg' "$out/report.dom.html" | wc -l)
-[ "$charts" -ge 6 ] || fail "$charts charts in the rendered page, expected one per processor (6)"
+[ "$charts" -ge 8 ] || fail "$charts charts in the rendered page, expected one per processor (8)"
 grep -q '<table' "$out/report.dom.html" || fail "no summary table in the rendered page"
 for verdict in enable consider keep not_needed not_enough_data; do
     grep -q "$verdict" "$out/report.dom.html" || fail "verdict $verdict missing"

@@ -141,9 +141,9 @@ async fn seed(store: &DynStore, tag: &str) {
         );
         write(store, run).await;
     }
-    // borderline: one slow scheduled run a day, five of seven process nothing.
+    // borderline: one slow scheduled run a day, six of seven process nothing.
     for day in 1..=7 {
-        let records = if day <= 5 { 0 } else { 40 };
+        let records = if day <= 6 { 0 } else { 40 };
         let run = Run::new(
             &format!("borderline_{tag}"),
             day,
@@ -174,6 +174,36 @@ async fn seed(store: &DynStore, tag: &str) {
     late.would_skip = Some(SkipReason::TimeWindow);
     late.content_key = true;
     write(store, late).await;
+    // backfilled (issue 21.6): six quick scheduled runs that process nothing, and five
+    // 3-hour backfills. Seed 002's Q2 counts scheduled runs only: 6 x 10 s = 1 minute
+    // wasted, not 6 x the average of every completed run (491 minutes).
+    for day in 1..=6 {
+        write(
+            store,
+            Run::new(&format!("backfilled_{tag}"), day, hours(1.0), 10.0, 0),
+        )
+        .await;
+    }
+    for day in 8..=12 {
+        let mut run = Run::new(
+            &format!("backfilled_{tag}"),
+            7,
+            hours(2.0 + day as f64),
+            10_800.0,
+            5000,
+        );
+        run.trigger = Trigger::Backfill;
+        write(store, run).await;
+    }
+    // few: five scheduled zero-record runs of an hour: at most 5, so none count (the
+    // seed's HAVING zero_change_runs > 5).
+    for day in 1..=5 {
+        write(
+            store,
+            Run::new(&format!("few_{tag}"), day, hours(1.0), 3600.0, 0),
+        )
+        .await;
+    }
     // hashed: content hash on for 30 days, one run a day with new content: it never
     // prevents anything.
     for day in 1..=30 {
@@ -259,8 +289,32 @@ async fn check_history(url: &str, store: &DynStore) {
     assert_eq!(steady.verdict, Verdict::NotNeeded, "{:#?}", steady.reasons);
 
     let border = find(&week, &format!("borderline_{tag}"));
-    assert_eq!(border.wasted.zero_change_runs, 5);
-    close(border.wasted.minutes_wasted, 50.0);
+    assert_eq!(border.wasted.zero_change_runs, 6);
+    close(border.wasted.minutes_wasted, 60.0);
+
+    // Seed 002's Q2 on the same rows: scheduled runs' own durations, and the threshold.
+    let backfilled = find(&week, &format!("backfilled_{tag}"));
+    assert_eq!(backfilled.runs.completed_runs, 11);
+    assert_eq!(backfilled.runs.scheduled_runs, 6);
+    assert_eq!(backfilled.wasted.zero_change_runs, 6);
+    close(backfilled.wasted.minutes_wasted, 1.0);
+    close(backfilled.wasted.avg_scheduled_seconds.unwrap(), 10.0);
+    assert_ne!(
+        backfilled.verdict,
+        Verdict::Enable,
+        "{:#?}",
+        backfilled.reasons
+    );
+    let few = find(&week, &format!("few_{tag}"));
+    assert_eq!(few.wasted.zero_change_runs, 5);
+    close(few.wasted.minutes_wasted, 0.0);
+    assert!(
+        few.reasons
+            .iter()
+            .any(|r| r.contains("not counted, as in seed 002")),
+        "{:#?}",
+        few.reasons
+    );
     assert_eq!(border.duplicates.duplicate_runs, 0);
     assert_eq!(border.verdict, Verdict::Consider, "{:#?}", border.reasons);
 
@@ -523,7 +577,9 @@ async fn cli_report_json_markdown_output_file_and_sql() {
     assert_eq!(
         jobs,
         [
+            "backfilled_cli",
             "borderline_cli",
+            "few_cli",
             "hashed_cli",
             "kept_cli",
             "needs_cli",
@@ -531,17 +587,17 @@ async fn cli_report_json_markdown_output_file_and_sql() {
             "steady_cli"
         ]
     );
-    let needs = &doc["processors"][3];
+    let needs = &doc["processors"][5];
     assert_eq!(needs["verdict"], "enable");
     assert_eq!(needs["source"], "estimated");
     assert_eq!(needs["duplicates"]["duplicate_runs"], 77);
     assert_eq!(needs["wasted"]["minutes_wasted"], 126.0);
     assert_eq!(needs["savings"]["high_confidence_prevents"], 77);
     assert!(needs["reasons"].as_array().unwrap().len() >= 3);
-    assert_eq!(doc["processors"][4]["source"], "measured");
-    assert_eq!(doc["processors"][4]["content_hash"], "shadow");
+    assert_eq!(doc["processors"][6]["source"], "measured");
+    assert_eq!(doc["processors"][6]["content_hash"], "shadow");
     assert_eq!(
-        doc["processors"][4]["shadow"]["content_hash_would_skip"],
+        doc["processors"][6]["shadow"]["content_hash_would_skip"],
         14
     );
 
@@ -590,7 +646,7 @@ async fn cli_report_json_markdown_output_file_and_sql() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let html = std::fs::read_to_string(&page).unwrap();
     assert!(html.starts_with("<!DOCTYPE html>"));
-    assert_eq!(html.matches("<svg").count(), 6, "one chart per job");
+    assert_eq!(html.matches("<svg").count(), 8, "one chart per job");
     assert!(
         html.contains("needs_cli</a></td><td><span class=\"badge\""),
         "{html}"
@@ -773,4 +829,41 @@ async fn bigquery_history_figures_and_verdicts() {
     // (The emulator answers numBytes 0; real BigQuery the table's size.)
     assert!(report.storage.table_bytes.is_some(), "{:?}", report.storage);
     assert!(report.storage.estimated_bytes > 0);
+}
+
+/// Issue 21.11: `--job` with a name nothing knows is a typo (exit 2, the known jobs named);
+/// an `--until` whose period would start before year 1 is refused; the Markdown report
+/// escapes job names so they cannot break its table.
+#[tokio::test]
+async fn cli_report_refuses_an_unknown_job_and_a_period_before_year_one_and_escapes_markdown() {
+    let sandbox = common::Sandbox::new("idem-report-edges");
+    let store = open(&sandbox.store).await;
+    let odd = "a|b*c _<x>";
+    write(&*store, Run::new(odd, 1, hours(1.0), 10.0, 0)).await;
+    write(&*store, Run::new("daily_sales", 1, hours(1.0), 10.0, 5)).await;
+    let until = "2026-03-01T00:00:00Z";
+    let out = sandbox.idem(&["report", "--until", until, "--job", "daily_sale"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--job \"daily_sale\": no such job") && err.contains("daily_sales"),
+        "{err}"
+    );
+    // A known job with no runs in the period is not an error.
+    let out = sandbox.idem(&[
+        "report",
+        "--until",
+        "2020-01-01T00:00:00Z",
+        "--job",
+        "daily_sales",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let out = sandbox.idem(&["report", "--until", "0001-01-03T00:00:00Z"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("would start before 0001-01-01"));
+    let out = sandbox.idem(&["report", "--until", until, "--format", "markdown"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let md = String::from_utf8_lossy(&out.stdout);
+    assert!(md.contains("| a\\|b\\*c \\_&lt;x&gt; |"), "{md}");
+    assert!(!md.contains(odd), "{md}");
 }

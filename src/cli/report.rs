@@ -81,6 +81,46 @@ fn report_threshold(
     }
 }
 
+/// `--job NAME` that no job file and no ledger row knows is a typo, not an empty period:
+/// exit 2 naming the jobs there are.
+async fn known_job(job: &str, store_url: &str, jobs_dir: &Path) -> Result<()> {
+    let store = crate::store::open(store_url).await?;
+    let ever = store
+        .runs(&crate::store::RunFilter {
+            processor: Some(job.to_string()),
+            limit: 1,
+            ..Default::default()
+        })
+        .await?;
+    let files = crate::job::scan_jobs(jobs_dir, store_url)
+        .map(|s| s.jobs.into_iter().map(|j| j.name).collect::<Vec<_>>())
+        .unwrap_or_default();
+    if !ever.is_empty() || files.iter().any(|f| f == job) {
+        return Ok(());
+    }
+    let mut known: Vec<String> = store
+        .runs(&crate::store::RunFilter {
+            limit: 10_000,
+            ..Default::default()
+        })
+        .await?
+        .into_iter()
+        .map(|r| r.processor)
+        .chain(files)
+        .collect();
+    known.sort();
+    known.dedup();
+    Err(Error::input(format!(
+        "--job {job:?}: no such job (no job file in {} and no run in the ledger); known: {}",
+        jobs_dir.display(),
+        if known.is_empty() {
+            "none".to_string()
+        } else {
+            known.join(", ")
+        }
+    )))
+}
+
 pub(super) async fn report(args: ReportArgs, g: &GlobalOptions) -> Result<u8> {
     use crate::report::{self, Dialect, OutputFormat, ReportOptions, Thresholds};
     let (file, path) = report_table(args.config.as_deref())?;
@@ -99,6 +139,16 @@ pub(super) async fn report(args: ReportArgs, g: &GlobalOptions) -> Result<u8> {
     let mut options = ReportOptions::last_days(days);
     if let Some(until) = &args.until {
         options.until = schedule::parse_instant("--until", until)?;
+    }
+    let first_day = chrono::NaiveDate::from_ymd_opt(1, 1, 1)
+        .and_then(|d| d.and_hms_opt(0, 0, 0))
+        .map(|t| t.and_utc());
+    if first_day.is_some_and(|first| options.since() < first) {
+        return Err(Error::input(format!(
+            "--until {} with a period of {days} day(s) would start before 0001-01-01: \
+             choose a later --until or fewer --days",
+            crate::model::time::utc_text(options.until)
+        )));
     }
     options.job = args.job.clone();
     options.window = match (&args.window, &file.window) {
@@ -181,6 +231,11 @@ pub(super) async fn report(args: ReportArgs, g: &GlobalOptions) -> Result<u8> {
             return Err(Error::input(super::no_ledger_message(&path)));
         }
         let report = report::run(&g.store, &options).await?;
+        if let Some(job) = &args.job {
+            if report.processors.is_empty() {
+                known_job(job, &g.store, &g.jobs_dir).await?;
+            }
+        }
         report::render(&report, format)
     };
     match &args.output {

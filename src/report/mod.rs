@@ -370,9 +370,16 @@ pub struct Wasted {
     pub zero_change_runs: i64,
     /// Their share of completed scheduled runs, percent.
     pub pct_wasted: f64,
-    /// Their minutes at the average completed duration.
+    /// Their minutes at the average duration of completed scheduled runs; 0 unless there
+    /// are more than [`MIN_ZERO_CHANGE_RUNS`] of them (seed 002's `HAVING`).
     pub minutes_wasted: f64,
+    /// The average duration of completed scheduled runs, seconds.
+    pub avg_scheduled_seconds: Option<f64>,
 }
+
+/// Q2 counts minutes wasted only for a processor with more zero-change scheduled runs than
+/// this (seed 002: `HAVING zero_change_runs > 5`).
+pub const MIN_ZERO_CHANGE_RUNS: i64 = 5;
 
 /// Q3.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -957,6 +964,7 @@ fn assemble(store: String, options: &ReportOptions, results: &BTreeMap<&str, Vec
                     0.0
                 },
                 minutes_wasted: float(w, "minutes_wasted").unwrap_or(0.0),
+                avg_scheduled_seconds: float(w, "avg_duration_seconds"),
             },
             savings: Savings {
                 dates_with_duplicates: int(s, "dates_with_duplicates"),
@@ -1143,13 +1151,20 @@ fn decide(p: &mut ProcessorReport, options: &ReportOptions, t: &ScaledThresholds
                     .to_string(),
             );
         } else {
+            let below = if w.zero_change_runs <= MIN_ZERO_CHANGE_RUNS {
+                format!(
+                    " (no more than {MIN_ZERO_CHANGE_RUNS} such runs: not counted, as in seed 002)"
+                )
+            } else {
+                String::new()
+            };
             p.reasons.push(format!(
-                "{} of {} scheduled run(s) processed zero records ({} %), {} minutes wasted at the average completed duration of {} s (need > {}): {}",
+                "{} of {} scheduled run(s) processed zero records ({} %), {} minutes wasted at the scheduled runs' average duration of {} s{below} (need > {}): {}",
                 w.zero_change_runs,
                 p.runs.scheduled_runs,
                 num(w.pct_wasted),
                 num(w.minutes_wasted),
-                num(p.runs.avg_completed_seconds.unwrap_or(0.0)),
+                num(w.avg_scheduled_seconds.unwrap_or(0.0)),
                 num(t.minutes_wasted),
                 signal(strong_minutes, "strong")
             ));

@@ -149,8 +149,37 @@ fn source(p: &ProcessorReport) -> &'static str {
     }
 }
 
+/// Text for a Markdown table cell or line: Markdown's punctuation escaped with a
+/// backslash, HTML's `<`/`>`/`&` as entities, line breaks as spaces, so a job name such
+/// as `a|b*c_<x>` reads as written and cannot break the table or inject markup.
 fn cell(s: &str) -> String {
-    s.replace('|', "\\|").replace('\n', " ")
+    let mut out = String::with_capacity(s.len());
+    let chars: Vec<char> = s.chars().collect();
+    for (i, &c) in chars.iter().enumerate() {
+        // An underscore inside a word (`daily_sales`) is never emphasis in CommonMark/GFM:
+        // left as it is, so names read and search as written.
+        let inside_word = |j: Option<usize>| {
+            j.and_then(|j| chars.get(j))
+                .is_some_and(|c| c.is_alphanumeric())
+        };
+        if c == '_' && inside_word(i.checked_sub(1)) && inside_word(Some(i + 1)) {
+            out.push(c);
+            continue;
+        }
+        match c {
+            '|' | '\\' | '`' | '*' | '_' | '[' | ']' | '#' | '!' | '~' => {
+                out.push('\\');
+                out.push(c);
+            }
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '&' => out.push_str("&amp;"),
+            '\n' | '\r' => out.push(' '),
+            c if c.is_control() => out.push(' '),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 fn markdown(report: &Report) -> String {
