@@ -314,7 +314,11 @@ fn write_canonical<W: Write>(w: &mut W, value: &Value) -> io::Result<()> {
             }
             w.write_all(b"]")
         }
-        Value::String(s) => write_string(w, s),
+        Value::String(s) => match crate::events::big_int_digits(s) {
+            // An integer beyond 64 bits, kept exactly: the bare integer, as Python writes it.
+            Some(digits) => w.write_all(digits.as_bytes()),
+            None => write_string(w, s),
+        },
         other => serde_json::to_writer(w, other).map_err(io::Error::other),
     }
 }

@@ -361,6 +361,8 @@ fn spawn_gate(
             ns,
             "--batch",
             "500",
+            "--pending-timeout",
+            "2s",
             "--input",
             input.to_str().unwrap(),
             "--output",
@@ -421,6 +423,8 @@ fn sigkill_mid_run_loses_no_line_and_reports_nothing_unrecorded() {
                     "id",
                     "--namespace",
                     &ns,
+                    "--pending-timeout",
+                    "2s",
                     "--input",
                     input.to_str().unwrap(),
                     "--output",
@@ -438,21 +442,45 @@ fn sigkill_mid_run_loses_no_line_and_reports_nothing_unrecorded() {
         for (i, r) in second.iter().enumerate() {
             assert_eq!(r["line"], i + 1);
         }
-        // Everything reported before the kill was recorded.
+        // Every event is reported `new` at least once, by one run or the other (issue
+        // 21.1): the batches the killed run marked but never wrote were pending, expired,
+        // and are `new` in the second run. A `replay` is one some run reported `new`.
+        let key = |r: &Value| r["key"].as_str().unwrap_or_default().to_string();
+        let mut seen_new: std::collections::HashSet<String> = reported
+            .iter()
+            .filter(|r| r["verdict"] == "new")
+            .map(key)
+            .collect();
+        for r in &second {
+            match r["verdict"].as_str().unwrap() {
+                "new" => {
+                    seen_new.insert(key(r));
+                }
+                "replay" | "conflict" => assert!(
+                    seen_new.contains(&key(r)),
+                    "{store}: line {} is {} but no run reported its key new",
+                    r["line"],
+                    r["verdict"]
+                ),
+                other => panic!("unexpected verdict {other}"),
+            }
+        }
+        // What was reported before the kill is recorded: `replay` now, or, for a batch
+        // written but not yet confirmed when the kill came, `new` again (at least once,
+        // at most the batches in flight: 4 of 500 lines).
+        let mut again = 0;
         for r in &reported {
             let line = r["line"].as_u64().unwrap() as usize;
             let now = second[line - 1]["verdict"].as_str().unwrap();
-            let want = match r["verdict"].as_str().unwrap() {
-                "new" | "replay" => "replay",
-                "conflict" => "conflict",
-                other => panic!("unexpected verdict {other}"),
-            };
-            assert_eq!(
-                now, want,
-                "{store}: line {line} was {} before the kill",
-                r["verdict"]
-            );
+            match (r["verdict"].as_str().unwrap(), now) {
+                ("new", "new") => again += 1,
+                ("new" | "replay", "replay") | ("conflict", "conflict") => {}
+                (before, now) => {
+                    panic!("{store}: line {line} was {before} before the kill, {now} after")
+                }
+            }
         }
+        assert!(again <= 2000, "{store}: {again} lines new twice");
     }
 }
 
@@ -1055,6 +1083,8 @@ fn cursor_args<'a>(ns: &'a str, cursor: &'a str, batch: &'a str) -> Vec<&'a str>
         "ts,id",
         "--batch",
         batch,
+        "--pending-timeout",
+        "1s",
     ]
 }
 
@@ -1266,41 +1296,31 @@ fn cursor_sigkill_property_no_event_lost_or_new_twice() {
                     *new.entry(key(r)).or_default() += 1;
                 }
             }
-            let reported_before_kill: std::collections::HashSet<_> =
-                killed.iter().map(key).collect();
-            let mut unreported = 0;
+            let killed_new: std::collections::HashSet<_> = killed
+                .iter()
+                .filter(|r| r["verdict"] == "new")
+                .map(key)
+                .collect();
+            // Every event is `new` at least once (issue 21.1: a mark is pending until its
+            // record is out, so the batch the kill cut is `new` in the rerun); twice only
+            // for a batch written but not yet confirmed when the kill came.
+            let mut twice = 0;
             for e in &distinct {
                 match new.get(e).copied().unwrap_or(0) {
                     1 => {}
-                    0 => {
-                        // Marked in the batch the kill cut: never reported before it, and
-                        // the rerun finds it recorded.
-                        assert!(
-                            !reported_before_kill.contains(e),
-                            "{store} seed {seed}: {e:?} reported, never new"
-                        );
-                        let first = rerun
-                            .records
-                            .iter()
-                            .find(|r| key(r) == *e)
-                            .expect("the rerun reports every line");
-                        assert!(
-                            matches!(first["verdict"].as_str(), Some("replay" | "before_cursor")),
-                            "{store} seed {seed}: {e:?} lost: {first}"
-                        );
-                        unreported += 1;
-                    }
+                    0 => panic!("{store} seed {seed}: {e:?} never reported new: lost"),
+                    2 if killed_new.contains(e) => twice += 1,
                     n => panic!("{store} seed {seed}: {e:?} new {n} times"),
                 }
             }
             eprintln!(
-                "{store} seed {seed}: {} of {} lines reported before the kill, {unreported} in flight",
+                "{store} seed {seed}: {} of {} lines reported before the kill, {twice} new again",
                 killed.len(),
                 lines.len()
             );
             assert!(
-                unreported <= BATCH,
-                "{store} seed {seed}: {unreported} events in flight (batch {BATCH})"
+                twice <= BATCH,
+                "{store} seed {seed}: {twice} events new twice (batch {BATCH})"
             );
 
             let third = gate(&sb, &store, &input, &args);
@@ -1562,4 +1582,253 @@ fn rediss_with_a_private_ca_verifies_and_refuses_untrusted_or_plain() {
     );
     assert!(!bad_ca.stderr.contains("s3cret"), "{}", bad_ca.stderr);
     no_panic(&bad_ca);
+}
+
+/// Numbers compare as Python's `json` compares them (issue 21.7, 21.11): integers beyond
+/// 64 bits exactly (two amounts in wei that differ in the last digit conflict), also under
+/// `--normalize-amounts`; `-0` and `0` are equal (a replay); a UTF-8 byte order mark does
+/// not make line 1 invalid.
+#[test]
+fn numbers_compare_exactly_and_a_byte_order_mark_is_not_part_of_line_one() {
+    let sb = Sandbox::new("idem-gate-numbers");
+    let input = sb.dir.join("in.ndjson");
+    std::fs::write(
+        &input,
+        "\u{feff}{\"id\":\"a\",\"wei\":18446744073709551616}\n\
+         {\"id\":\"a\",\"wei\":18446744073709551617}\n\
+         {\"id\":\"a\",\"wei\":18446744073709551616}\n\
+         {\"id\":\"z\",\"n\":0}\n\
+         {\"id\":\"z\",\"n\":-0}\n\
+         {\"id\":\"f\",\"n\":0.0}\n\
+         {\"id\":\"f\",\"n\":-0.0}\n\
+         {\"id\":\"k\",\"big\":123456789012345678901234567890}\n\
+         {\"id\":\"k\",\"big\":123456789012345678901234567890}\n",
+    )
+    .unwrap();
+    let g = gate(&sb, &sb.store, &input, &["--key", "id"]);
+    assert_eq!(g.code, 0, "{}", g.stderr);
+    assert_eq!(
+        verdicts(&g.records),
+        ["new", "conflict", "replay", "new", "replay", "new", "replay", "new", "replay"],
+        "{:?}",
+        g.records
+    );
+    // The same with the amount normalised: 1e20 wei and 1e20 + 1 wei differ.
+    let amounts = sb.dir.join("amounts.ndjson");
+    std::fs::write(
+        &amounts,
+        "{\"id\":\"p\",\"amount\":100000000000000000000.5}\n\
+         {\"id\":\"p\",\"amount\":100000000000000000001}\n\
+         {\"id\":\"q\",\"amount\":100000000000000000000}\n\
+         {\"id\":\"q\",\"amount\":100000000000000000001}\n",
+    )
+    .unwrap();
+    let g = gate(
+        &sb,
+        &sb.store,
+        &amounts,
+        &[
+            "--key",
+            "id",
+            "--namespace",
+            "wei",
+            "--normalize-amounts",
+            "amount",
+        ],
+    );
+    assert_eq!(g.code, 0, "{}", g.stderr);
+    let v = verdicts(&g.records);
+    assert_eq!(v[2..], ["new", "conflict"], "{:?}", g.records);
+}
+
+/// A namespace is printable text: a control character is refused before anything is read
+/// or marked (issue 21.11).
+#[test]
+fn a_namespace_with_a_control_character_is_refused() {
+    let sb = Sandbox::new("idem-gate-namespace");
+    let input = sb.dir.join("in.ndjson");
+    std::fs::write(&input, "{\"id\":\"a\"}\n").unwrap();
+    for ns in ["pay\nments", "pay\tments", "\u{7}"] {
+        let g = gate(&sb, &sb.store, &input, &["--key", "id", "--namespace", ns]);
+        assert_eq!(g.code, 2, "{ns:?}: {}", g.stderr);
+        assert!(
+            g.stderr.contains("--namespace") && g.stderr.contains("control character"),
+            "{}",
+            g.stderr
+        );
+        assert!(g.records.is_empty());
+    }
+}
+
+/// A Redis server of the test's own on a free port, killed on drop (the shared one on
+/// 6379 must not see its clients killed).
+struct OwnRedis {
+    child: std::process::Child,
+    url: String,
+}
+
+impl OwnRedis {
+    fn start(test: &str) -> Option<OwnRedis> {
+        common::redis_url(test)?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .ok()?
+            .local_addr()
+            .ok()?
+            .port();
+        let child = std::process::Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        let url = format!("redis://127.0.0.1:{port}");
+        for _ in 0..100 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Some(OwnRedis { child, url });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        None
+    }
+
+    /// Sends the server SIGSTOP or SIGCONT.
+    fn signal(&self, which: &str) {
+        let _ = std::process::Command::new("kill")
+            .args([&format!("-{which}"), &self.child.id().to_string()])
+            .status();
+    }
+
+    /// Drops every client connection (the gate's), mid-pipeline if one is in flight.
+    fn kill_clients(&self) {
+        let client = redis::Client::open(self.url.as_str()).unwrap();
+        let mut conn = client.get_connection().unwrap();
+        let _: redis::RedisResult<i64> = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("normal")
+            .query(&mut conn);
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Issue 21.1a: `--strategy strict` on Redis when the server stops answering mid-batch:
+/// the gate gives up (and cannot take its marks back), then the server runs the queued
+/// pipeline and marks keys whose batch was never written. Those marks are pending:
+/// after the pending timeout the next run reports them `new`. No event is left marked
+/// and never reported.
+#[test]
+fn a_redis_server_stalled_mid_batch_leaves_no_event_marked_and_never_reported() {
+    let test = "a_redis_server_stalled_mid_batch_leaves_no_event_marked_and_never_reported";
+    let Some(redis) = OwnRedis::start(test) else {
+        return;
+    };
+    let sb = Sandbox::new("gate-redis-drop");
+    let input = sb.dir.join("big.ndjson");
+    const LINES: usize = 200_000;
+    write_big_input(&input, LINES, 200_000);
+    let first_out = sb.dir.join("first.ndjson");
+    let args = |out: &Path| {
+        vec![
+            "gate".to_string(),
+            "--key".into(),
+            "id".into(),
+            "--strategy".into(),
+            "strict".into(),
+            "--batch".into(),
+            "1000".into(),
+            "--pending-timeout".into(),
+            "2s".into(),
+            "--input".into(),
+            input.to_str().unwrap().into(),
+            "--output".into(),
+            out.to_str().unwrap().into(),
+        ]
+    };
+    let first_args = args(&first_out);
+    let first_refs: Vec<&str> = first_args.iter().map(String::as_str).collect();
+    let mut child = sb
+        .command_with_store(&first_refs, &redis.url)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    loop {
+        if std::fs::metadata(&first_out).is_ok_and(|m| m.len() > 0) {
+            break;
+        }
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    // The server stops answering mid-batch (its commands wait in the socket): the strict
+    // gate times out and stops, and cannot take its marks back either. Then the server
+    // goes on and runs the queued pipeline: keys marked that nobody reported.
+    redis.signal("STOP");
+    let started = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() && started.elapsed().as_secs() < 60 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    redis.signal("CONT");
+    redis.kill_clients();
+    let status = child.wait().unwrap();
+    let reported = complete_records(&first_out);
+    assert!(
+        reported.len() < LINES,
+        "the connection drops stopped the strict gate ({status:?})"
+    );
+    let second_out = sb.dir.join("second.ndjson");
+    let second_args = args(&second_out);
+    let second_refs: Vec<&str> = second_args.iter().map(String::as_str).collect();
+    let out = sb
+        .command_with_store(&second_refs, &redis.url)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let second = complete_records(&second_out);
+    assert_eq!(second.len(), LINES);
+    let key = |r: &Value| r["key"].as_str().unwrap_or_default().to_string();
+    let mut seen_new: std::collections::HashSet<String> = reported
+        .iter()
+        .filter(|r| r["verdict"] == "new")
+        .map(key)
+        .collect();
+    let mut never = 0;
+    for r in &second {
+        if r["verdict"] == "new" {
+            seen_new.insert(key(r));
+        } else if !seen_new.contains(&key(r)) {
+            never += 1;
+        }
+    }
+    assert_eq!(
+        never, 0,
+        "{never} events marked by the cut-off run were never reported new by anyone"
+    );
+    eprintln!(
+        "redis drop: {} lines reported before the gate stopped, all {} distinct keys reported new",
+        reported.len(),
+        seen_new.len()
+    );
 }

@@ -113,7 +113,14 @@ pub(super) async fn gate(args: &GateArgs, g: &GlobalOptions) -> Result<u8> {
     if args.namespace.is_empty() {
         return Err(Error::input("--namespace must not be empty"));
     }
+    if let Some(c) = args.namespace.chars().find(|c| c.is_control()) {
+        return Err(Error::input(format!(
+            "--namespace {:?} holds the control character {c:?}: a namespace is printable text",
+            args.namespace
+        )));
+    }
     // Every argument is checked before the store is opened.
+    parse_duration_field("--pending-timeout", &args.pending_timeout).map_err(Error::input)?;
     deduplicator(args, Arc::new(store::MemoryStore::new()))?;
     let cursor = stream_cursor(args)?;
     // An output file must not be the input, the other output or a SQLite database (the
@@ -163,11 +170,16 @@ pub(super) async fn gate(args: &GateArgs, g: &GlobalOptions) -> Result<u8> {
         }
         Err(e) => return Err(e),
     };
-    let gate = EventGate::new(
+    let pending =
+        parse_duration_field("--pending-timeout", &args.pending_timeout).map_err(Error::input)?;
+    let mut gate = EventGate::new(
         deduplicator(args, store)?,
         strategy,
         BreakerConfig::default(),
     );
+    if !pending.is_zero() {
+        gate = gate.pending(pending);
+    }
     if down {
         // That was the first failure: the next try waits for the breaker's timeout.
         gate.trip_breaker();

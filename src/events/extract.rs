@@ -150,7 +150,7 @@ fn scalar_text(path: &FieldPath, event: &Value) -> Result<String, EventError> {
             field: path.text.clone(),
             reason: "it is an empty string".into(),
         }),
-        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::String(s)) => Ok(super::big_int_digits(s).unwrap_or(s).to_string()),
         Some(Value::Number(n)) => Ok(n.to_string()),
         Some(Value::Bool(b)) => Ok(b.to_string()),
         Some(other) => Err(EventError::WrongType {
@@ -495,8 +495,11 @@ impl ContentHashExtractor {
             if let Some(value) = get_mut_at(&mut content, &path.segments) {
                 let text = match value {
                     Value::Null => continue,
-                    Value::String(s) => normalize_amount(s),
-                    Value::Number(n) => normalize_amount(&n.to_string()),
+                    Value::String(s) => match super::big_int_digits(s) {
+                        Some(digits) => normalize_number_amount(digits),
+                        None => normalize_amount(s),
+                    },
+                    Value::Number(n) => normalize_number_amount(&n.to_string()),
                     other => {
                         return Err(EventError::WrongType {
                             field: path.text.clone(),
@@ -546,8 +549,15 @@ fn get_mut_at<'v>(target: &'v mut Value, segments: &[String]) -> Option<&'v mut 
     Some(at)
 }
 
+/// The canonical text of a money amount given as a JSON **number** (which may carry an
+/// exponent: `1.005e2`), as [`normalize_amount`] writes it.
+pub fn normalize_number_amount(text: &str) -> std::result::Result<String, String> {
+    normalize(text, true)
+}
+
 /// The canonical text of a money amount (seed 004: "numeric scale 2"): an optional sign,
-/// an optional `$`, digits with an optional fraction (and, for JSON numbers, an exponent),
+/// an optional `$`, digits with an optional fraction (and, for JSON numbers, an exponent:
+/// see [`normalize_number_amount`]; a string such as `"1e2"` is refused),
 /// written back as `[-]INTEGER.FRACTION` with no leading zeros and at least two fraction
 /// digits. `"100.5"`, `"$100.50"`, `" 100.500 "`, `100.5` and `1.005e2` all give
 /// `"100.50"`; `"-$0.00"` gives `"0.00"`.
@@ -565,6 +575,10 @@ fn get_mut_at<'v>(target: &'v mut Value, segments: &[String]) -> Option<&'v mut 
 /// assert!(normalize_amount("1,500").is_err());
 /// ```
 pub fn normalize_amount(text: &str) -> std::result::Result<String, String> {
+    normalize(text, false)
+}
+
+fn normalize(text: &str, exponent_allowed: bool) -> std::result::Result<String, String> {
     let bad = |why: &str| format!("{text:?} is not an amount ({why})");
     let mut s = text.trim();
     let mut negative = false;
@@ -577,6 +591,7 @@ pub fn normalize_amount(text: &str) -> std::result::Result<String, String> {
     s = s.strip_prefix('$').unwrap_or(s);
     let only_digits = "only digits, one `.`, an optional sign and `$` are allowed";
     let (mantissa, exponent) = match s.find(['e', 'E']) {
+        Some(_) if !exponent_allowed => return Err(bad(only_digits)),
         Some(at) if !s[..at].bytes().all(|b| b.is_ascii_digit() || b == b'.') => {
             return Err(bad(only_digits))
         }
@@ -995,10 +1010,14 @@ mod amount_tests {
             (".5", "0.50"),
             ("7", "7.00"),
             ("100.505", "100.505"),
-            ("1.005e2", "100.50"),
-            ("5e-3", "0.005"),
         ] {
             assert_eq!(normalize_amount(given).unwrap(), want, "{given}");
+        }
+        // Exponents are a JSON number's notation, not an amount's text (issue 21.11).
+        for (given, want) in [("1.005e2", "100.50"), ("5e-3", "0.005"), ("1e2", "100.00")] {
+            assert_eq!(normalize_number_amount(given).unwrap(), want, "{given}");
+            let e = normalize_amount(given).unwrap_err();
+            assert!(e.contains("only digits, one `.`"), "{e}");
         }
         for bad in ["", "$", "1,500", "€5", "1.2.3", "12abc", "1e999"] {
             let e = normalize_amount(bad).unwrap_err();

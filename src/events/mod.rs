@@ -97,6 +97,122 @@ pub struct InvalidEvent {
     pub error: EventError,
 }
 
+/// How an integer too large for 64 bits is held in a parsed event: a string made of this
+/// marker (which no JSON text can produce by accident: it starts with a NUL) and the
+/// integer's digits. The canonical encoding writes it back as the bare integer, so two such
+/// integers compare exactly, as Python's `json` compares them (serde_json alone would read
+/// both as the same `f64`).
+pub(crate) const BIG_INT_MARK: &str = "\u{0}int:";
+
+/// The digits of a big integer held under [`BIG_INT_MARK`], if `s` is one.
+pub(crate) fn big_int_digits(s: &str) -> Option<&str> {
+    s.strip_prefix(BIG_INT_MARK)
+}
+
+/// Parses an event line as JSON with numbers compared as Python's `json` compares them:
+/// an integer beyond 64 bits is kept exactly ([`BIG_INT_MARK`]), and a negative zero
+/// (`-0`, `-0.0`) is the zero it equals. Lines without such numbers (nearly all) parse as
+/// they are.
+pub(crate) fn parse_event_line(text: &str) -> serde_json::Result<serde_json::Value> {
+    match rewrite_exact_numbers(text) {
+        None => serde_json::from_str(text),
+        Some(rewritten) => serde_json::from_str(&rewritten),
+    }
+}
+
+/// `text` with every integer token beyond 64 bits turned into a marked string and every
+/// negative zero made positive; `None` when there is nothing to rewrite (or the text is
+/// not JSON enough to scan: the parse then reports it).
+fn rewrite_exact_numbers(text: &str) -> Option<String> {
+    let b = text.as_bytes();
+    // Quick exit: no run of 19+ digits and no `-0`.
+    let mut run = 0usize;
+    let mut maybe = false;
+    for (i, &c) in b.iter().enumerate() {
+        if c.is_ascii_digit() {
+            run += 1;
+            if run >= 19 || (c == b'0' && run == 1 && i > 0 && b[i - 1] == b'-') {
+                maybe = true;
+                break;
+            }
+        } else {
+            run = 0;
+        }
+    }
+    if !maybe {
+        return None;
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    let mut changed = false;
+    let mut i = 0;
+    let mut in_string = false;
+    while i < b.len() {
+        let c = b[i];
+        if in_string {
+            if c == b'\\' {
+                let end = (i + 2).min(b.len());
+                out.push_str(&text[i..end]);
+                i = end;
+                continue;
+            }
+            if c == b'"' {
+                in_string = false;
+            }
+            out.push(c as char);
+            i += 1;
+            // Multi-byte UTF-8: copy the whole character.
+            while i < b.len() && (b[i] & 0xC0) == 0x80 {
+                out.push_str(&text[i..i + 1]);
+                i += 1;
+            }
+            continue;
+        }
+        if c == b'"' {
+            in_string = true;
+            out.push('"');
+            i += 1;
+            continue;
+        }
+        if c == b'-' || c.is_ascii_digit() {
+            let start = i;
+            let mut j = i + 1;
+            while j < b.len()
+                && (b[j].is_ascii_digit() || matches!(b[j], b'.' | b'e' | b'E' | b'+' | b'-'))
+            {
+                j += 1;
+            }
+            let token = &text[start..j];
+            let digits = token.strip_prefix('-').unwrap_or(token);
+            let integer = !digits.is_empty() && digits.bytes().all(|d| d.is_ascii_digit());
+            let mantissa_zero = digits
+                .split(['e', 'E'])
+                .next()
+                .is_some_and(|m| !m.is_empty() && m.bytes().all(|d| d == b'0' || d == b'.'));
+            if token.starts_with('-') && mantissa_zero {
+                out.push_str(&token[1..]);
+                changed = true;
+            } else if integer && token.parse::<i64>().is_err() && token.parse::<u64>().is_err() {
+                out.push('"');
+                out.push_str("\\u0000int:");
+                out.push_str(token);
+                out.push('"');
+                changed = true;
+            } else {
+                out.push_str(token);
+            }
+            i = j;
+            continue;
+        }
+        out.push(c as char);
+        i += 1;
+        while i < b.len() && (b[i] & 0xC0) == 0x80 {
+            out.push_str(&text[i..i + 1]);
+            i += 1;
+        }
+    }
+    changed.then_some(out)
+}
+
 /// How a JSON value's kind is named in error messages.
 pub(crate) fn json_kind_of_raw(raw: &str) -> &'static str {
     // `not json` starts like `null`: name the kind only of what is JSON.

@@ -105,6 +105,9 @@ pub struct Admission {
     /// Whether the event goes on: new (or unverified) events, and every event under
     /// `log_only`.
     pub passes: bool,
+    /// A key this gate marked *pending* ([`EventGate::pending`]): the expiry its
+    /// confirmation gives it (`None` inside: never), once its record is out.
+    pub confirm: Option<Option<DateTime<Utc>>>,
 }
 
 impl Admission {
@@ -305,6 +308,28 @@ pub struct EventGate {
     breaker: Arc<CircuitBreakerStore<dyn EventKeyStore>>,
     strategy: Strategy,
     recorder: Arc<Mutex<Recorder>>,
+    pending: Option<Arc<PendingMarks>>,
+}
+
+/// How a gate marks keys pending (see [`EventGate::pending`]).
+#[derive(Debug)]
+struct PendingMarks {
+    /// The decision a pending mark carries: `{"idem_pending": TOKEN}`, unique to the gate.
+    marker: Value,
+    /// The marker as the stores keep it (compact JSON).
+    marker_text: String,
+    /// How long a pending mark lives unconfirmed.
+    timeout: Duration,
+}
+
+/// The name of the pending marker's one field.
+const PENDING_FIELD: &str = "idem_pending";
+
+/// Whether a stored decision is some gate's pending marker.
+fn is_pending_marker(decision: &Value) -> bool {
+    decision
+        .as_object()
+        .is_some_and(|o| o.len() == 1 && o.get(PENDING_FIELD).is_some_and(Value::is_string))
 }
 
 /// A batch's marks taken before its store call (keys, fingerprints, TTLs: the CPU part of
@@ -351,7 +376,85 @@ impl EventGate {
             breaker,
             strategy,
             recorder: Arc::new(Mutex::new(Recorder::default())),
+            pending: None,
         }
+    }
+
+    /// Marks new keys *pending* for `timeout`: a key this gate finds new is marked with a
+    /// marker of its own and an expiry `timeout` away, and keeps it until
+    /// [`confirm`](Self::confirm) (called once the key's record is out) gives it its real
+    /// TTL. A gate that dies before (SIGKILL, power loss, a connection lost mid-batch)
+    /// leaves marks that expire after `timeout`, and the next gate reports those events
+    /// `new`: an event is reported `new` at least once, or it is not marked. A key pending
+    /// for *another* gate is waited on (re-checked until that gate confirms it, then a
+    /// replay, or until it expires, then new here). Only on a store whose
+    /// [`EventKeyStore::confirms_pending`] is true; otherwise the gate is returned as is.
+    pub fn pending(mut self, timeout: Duration) -> Self {
+        if !self.dedup.store.confirms_pending() {
+            return self;
+        }
+        let marker = serde_json::json!({ PENDING_FIELD: crate::new_run_id() });
+        self.pending = Some(Arc::new(PendingMarks {
+            marker_text: marker.to_string(),
+            marker,
+            timeout: timeout.max(Duration::from_millis(1)),
+        }));
+        self
+    }
+
+    /// Whether this gate marks keys pending ([`pending`](Self::pending)).
+    pub fn marks_pending(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    /// Confirms the pending marks of the keys `admitted` found new, once their records
+    /// are out ([`pending`](Self::pending)): how many were confirmed. Straight to the
+    /// store (not through the breaker).
+    pub async fn confirm(
+        &self,
+        admitted: &[std::result::Result<Admission, InvalidEvent>],
+    ) -> Result<u64> {
+        self.confirm_keys(self.confirmations(admitted)).await
+    }
+
+    /// The (key, expiry) pairs [`confirm`](Self::confirm) sends for `admitted`.
+    pub fn confirmations(
+        &self,
+        admitted: &[std::result::Result<Admission, InvalidEvent>],
+    ) -> Vec<(String, Option<DateTime<Utc>>)> {
+        if self.pending.is_none() {
+            return Vec::new();
+        }
+        admitted
+            .iter()
+            .filter_map(|a| match a {
+                Ok(a) if matches!(a.verdict, Some(EventVerdict::New)) => {
+                    a.confirm.map(|at| (a.key.clone(), at))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Confirms these pending marks (see [`confirm`](Self::confirm)).
+    pub async fn confirm_keys(&self, keys: Vec<(String, Option<DateTime<Utc>>)>) -> Result<u64> {
+        let Some(p) = &self.pending else {
+            return Ok(0);
+        };
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        self.dedup
+            .store
+            .confirm_event_keys(self.dedup.namespace(), &keys, &p.marker_text)
+            .await
+    }
+
+    /// Moves the named cursor of the gate's namespace to `to` (never backwards).
+    pub async fn advance_cursor(&self, name: &str, to: &Cursor) -> Result<()> {
+        self.breaker
+            .advance_cursor(self.dedup.namespace(), name, to)
+            .await
     }
 
     /// The strategy.
@@ -511,6 +614,21 @@ impl EventGate {
         let PreparedBatch { mut marks, slots } = batch;
         let invalid = slots.len() - marks.len();
         let namespace = self.dedup.namespace();
+        // Pending marks: each key's real expiry kept for its confirmation; the store gets
+        // the marker and the pending timeout (or the real TTL when shorter).
+        let confirm_at: Vec<Option<DateTime<Utc>>> = match &self.pending {
+            None => Vec::new(),
+            Some(p) => marks
+                .iter_mut()
+                .map(|m| {
+                    let real = m.ttl;
+                    let at = m.expires_at(now);
+                    m.ttl = Some(real.map_or(p.timeout, |t| t.min(p.timeout)));
+                    m.decision = Some(p.marker.clone());
+                    at
+                })
+                .collect(),
+        };
         let outcome = if marks.is_empty() && advance.is_none() {
             Ok(Vec::new())
         } else {
@@ -522,6 +640,10 @@ impl EventGate {
                         .check_and_mark_advancing(namespace, &marks, now, name, to)
                         .await
                 }
+            };
+            let outcome = match (&self.pending, outcome) {
+                (Some(p), Ok(verdicts)) => self.settle_pending(p, &marks, verdicts).await,
+                (_, outcome) => outcome,
             };
             let mut r = self.recorder();
             r.latencies.record(started.elapsed());
@@ -592,13 +714,66 @@ impl EventGate {
                     "log_only: duplicate let through"
                 );
             }
+            let confirm = match (&verdict, confirm_at.get(i)) {
+                (Some(EventVerdict::New), Some(at)) => Some(*at),
+                _ => None,
+            };
             out.push(Ok(Admission {
                 key,
                 verdict,
                 passes: new || log_only,
+                confirm,
             }));
         }
         Ok(out)
+    }
+
+    /// Resolves the verdicts of a pending-marking call: a key pending for this gate (an
+    /// earlier batch of it, whose record comes first) is a replay; a key pending for
+    /// another gate is asked again, after a pause, until that gate confirmed it (a replay
+    /// or conflict) or its mark expired (new here, pending for this gate).
+    async fn settle_pending(
+        &self,
+        p: &PendingMarks,
+        marks: &[EventMark],
+        mut verdicts: Vec<EventVerdict>,
+    ) -> Result<Vec<EventVerdict>> {
+        let namespace = self.dedup.namespace();
+        let mut pause = Duration::from_millis(50);
+        loop {
+            let mut waiting: Vec<usize> = Vec::new();
+            for (i, v) in verdicts.iter_mut().enumerate() {
+                if let EventVerdict::Replay {
+                    decision: Some(d), ..
+                } = v
+                {
+                    if *d == p.marker {
+                        if let EventVerdict::Replay { decision, .. } = v {
+                            *decision = None;
+                        }
+                    } else if is_pending_marker(d) {
+                        waiting.push(i);
+                    }
+                }
+            }
+            if waiting.is_empty() {
+                return Ok(verdicts);
+            }
+            tracing::debug!(
+                keys = waiting.len(),
+                "keys pending for another gate: waiting for it to confirm them or for their marks to expire"
+            );
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(1));
+            let again: Vec<EventMark> = waiting.iter().map(|&i| marks[i].clone()).collect();
+            let answers = self
+                .breaker
+                .check_and_mark(namespace, &again, Utc::now())
+                .await?;
+            for (&i, v) in waiting.iter().zip(answers) {
+                verdicts[i] = v;
+            }
+        }
     }
 
     /// Checks and marks a batch, keeping the events that pass, in input order.

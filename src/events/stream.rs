@@ -218,7 +218,11 @@ fn read_batch<R: BufRead>(
                 .push(bad(format!("line {number}: not UTF-8 text")));
             continue;
         };
-        let text = text.trim();
+        let mut text = text.trim();
+        if number == 1 {
+            // A UTF-8 byte order mark (editors on Windows write one) is not part of line 1.
+            text = text.trim_start_matches('\u{feff}').trim_start();
+        }
         if text.is_empty() {
             batch.blank += 1;
             continue;
@@ -234,7 +238,7 @@ fn read_batch<R: BufRead>(
             });
             continue;
         }
-        match serde_json::from_str::<Value>(text) {
+        match super::parse_event_line(text) {
             Ok(event @ Value::Object(_)) => {
                 let mut line = Pending {
                     number,
@@ -339,6 +343,7 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
         format,
         log_only,
         started,
+        confirming: VecDeque::new(),
     };
     let mut read: u64 = 0;
     let mut next = {
@@ -364,8 +369,8 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
                 blank,
                 eof,
             } = std::mem::take(&mut next);
-            let (call, keys, marked_at) = if prepared.is_empty() {
-                (Call::Done(Ok(Vec::new())), KeySet::default(), None)
+            let (call, keys, marked_at, advance) = if prepared.is_empty() {
+                (Call::Done(Ok(Vec::new())), KeySet::default(), None, None)
             } else if let Some(c) = cursor {
                 // With a cursor, batches go one after the other: which events are before
                 // the cursor depends on where the previous batch left it. The cursor
@@ -373,11 +378,25 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
                 // call that failed (a fallback) marked nothing and moved no cursor.
                 let advance = end.as_ref().map(|end| (c.name.as_str(), end));
                 let failures = advance.map(|_| gate.stats().store_errors);
-                let admitted = gate.admit(prepared, Utc::now(), advance).await?;
+                // Pending marks: the cursor moves after the records are out (below).
+                let defer = gate.marks_pending();
+                let now = Utc::now();
+                let admitted = gate
+                    .admit(prepared, now, if defer { None } else { advance })
+                    .await?;
+                let mut later = None;
                 if failures.is_some_and(|before| gate.stats().store_errors == before) {
+                    if defer {
+                        later = end.clone().map(|end| (c.name.clone(), end));
+                    }
                     summary.cursor = end;
                 }
-                (Call::Done(Ok(admitted)), KeySet::default(), None)
+                (
+                    Call::Done(Ok(admitted)),
+                    KeySet::default(),
+                    defer.then_some(now),
+                    later,
+                )
             } else {
                 let keys = KeySet::of(prepared.keys());
                 // Room for it: while the calls still running fill the window, or one of
@@ -415,7 +434,7 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
                 }
                 let (store_gate, now) = (gate.clone(), Utc::now());
                 let call = tokio::spawn(async move { store_gate.admit(prepared, now, None).await });
-                (Call::Running(call), keys, Some(now))
+                (Call::Running(call), keys, Some(now), None)
             };
             in_flight.push_back(InFlight {
                 pending,
@@ -423,6 +442,7 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
                 blank,
                 keys,
                 marked_at,
+                advance,
                 call,
             });
             // Every batch whose store call returned is written now, oldest first.
@@ -482,6 +502,9 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
     .await;
     if cursor.is_none() {
         take_back(gate, in_flight).await;
+    }
+    for call in std::mem::take(&mut sink.confirming) {
+        confirmed(call).await;
     }
     outcome?;
     if let Some(e) = read_error {
@@ -634,6 +657,10 @@ struct InFlight {
     /// The `now` of its store call, when it runs as a task of its own (what the marks it
     /// makes hold as first seen).
     marked_at: Option<DateTime<Utc>>,
+    /// With pending marks and a cursor: where the cursor moves once the batch's records
+    /// are out and confirmed (never before: a crash in between must leave the batch's
+    /// lines ahead of the cursor, to be checked again).
+    advance: Option<(String, Cursor)>,
     call: Call,
 }
 
@@ -686,6 +713,31 @@ struct Sink<'a, W> {
     format: OutputFormat,
     log_only: bool,
     started: Instant,
+    /// Confirmations of written batches still running (pending marks), oldest first: they
+    /// overlap the next batches' calls, and are all awaited before the stream ends.
+    confirming: VecDeque<tokio::task::JoinHandle<Result<u64>>>,
+}
+
+/// How many confirmations may run at once before the stream waits for the oldest.
+const CONFIRMS_IN_FLIGHT: usize = 4;
+
+/// Waits for a confirmation; warns when it failed (its keys' marks then expire and the
+/// same events are reported `new` again: at least once, never lost).
+async fn confirmed(call: tokio::task::JoinHandle<Result<u64>>) {
+    let outcome = match call.await {
+        Ok(outcome) => outcome,
+        Err(e) => Err(Error::Io {
+            action: "confirm",
+            path: "the confirmation task".into(),
+            source: std::io::Error::other(e.to_string()),
+        }),
+    };
+    if let Err(e) = outcome {
+        tracing::warn!(
+            "the marks of a written batch could not be confirmed ({e}): they expire after \
+             the pending timeout and the same events are reported `new` again"
+        );
+    }
 }
 
 impl<W: Write> Sink<'_, W> {
@@ -725,8 +777,34 @@ impl<W: Write> Sink<'_, W> {
             return Ok(false);
         };
         let marked_at = oldest.marked_at;
+        let advance = oldest.advance.clone();
         let done = oldest.finish().await?;
         let written = self.emit(summary, &done, progress);
+        if matches!(written, Ok(false)) && self.gate.marks_pending() {
+            // The records are out: the batch's pending marks become marks for good (a
+            // gate killed before this leaves them to expire, and they are `new` again).
+            let keys = self.gate.confirmations(&done.admitted);
+            if let Some((name, to)) = &advance {
+                // With a cursor: confirmed first, then the cursor moves.
+                match self.gate.confirm_keys(keys).await {
+                    Ok(_) => self.gate.advance_cursor(name, to).await?,
+                    Err(e) => tracing::warn!(
+                        "the marks of a written batch could not be confirmed ({e}): they \
+                         expire after the pending timeout and the same events are reported \
+                         `new` again; the cursor stays"
+                    ),
+                }
+            } else if !keys.is_empty() {
+                while self.confirming.len() >= CONFIRMS_IN_FLIGHT {
+                    if let Some(oldest) = self.confirming.pop_front() {
+                        confirmed(oldest).await;
+                    }
+                }
+                let gate = self.gate.clone();
+                self.confirming
+                    .push_back(tokio::spawn(async move { gate.confirm_keys(keys).await }));
+            }
+        }
         if !matches!(written, Ok(false)) {
             // Not (wholly) written: the output's reader went away or writing failed. The
             // batch's new keys are unmarked, so they are `new` again next time (a line
