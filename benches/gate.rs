@@ -313,10 +313,26 @@ fn main() {
                 );
                 measured.push((format!("{name} {pass}"), rate(lines, r.seconds)));
             }
+            // The price of pending marks: the same first pass with them off (marks final
+            // at once, no confirming round trip), in a namespace of its own.
+            let r = gate_with(
+                &input,
+                store,
+                &format!("{ns}-final"),
+                batch,
+                &["--pending-timeout", "0s"],
+            );
+            println!(
+                "  {name:<9} first, no pending marks: {:>9.0} lines/s ({:.2} s)",
+                rate(lines, r.seconds),
+                r.seconds
+            );
+            measured.push((format!("{name} first, pending off"), rate(lines, r.seconds)));
         }
         if let Some(pg) = &postgres {
             // The round's rows go, so rounds (and runs) do not grow the table they measure.
             forget(pg, &ns, lines);
+            forget(pg, &format!("{ns}-final"), lines);
             #[cfg(feature = "postgres")]
             {
                 let s = postgres_copy_floor(pg, lines);
@@ -342,6 +358,19 @@ fn main() {
             );
             measured.push((format!("redis gate {pass}"), rate(lines, r.seconds)));
         }
+        let r = gate_with(
+            &input,
+            &store,
+            "bench-final",
+            batch,
+            &["--ttl", "10m", "--pending-timeout", "0s"],
+        );
+        println!(
+            "  redis     first, no pending marks: {:>9.0} lines/s ({:.2} s)",
+            rate(lines, r.seconds),
+            r.seconds
+        );
+        measured.push(("redis gate first, pending off".to_string(), rate(lines, r.seconds)));
         let prefix = format!("idem-bench:{id}:");
         let Some((s, set)) = redis_set_nx(&addr, &prefix, lines, batch.unwrap_or(1000)) else {
             println!("  redis     raw SET NX EX failed");
@@ -359,12 +388,13 @@ fn main() {
         }
         let _ = redis_unlink(&addr, &prefix, lines);
         let _ = redis_unlink(&addr, &format!("{gate_prefix}{{bench}}:"), lines);
+        let _ = redis_unlink(&addr, &format!("{gate_prefix}{{bench-final}}:"), lines);
     }
     if !ratios.is_empty() {
         println!("median over the rounds of (lines/s) / (raw Redis SET NX EX keys/s, fresh keys):");
         for (case, v) in &ratios {
             println!(
-                "  {case:<24}: {:.2}  (rounds: {})",
+                "  {case:<30}: {:.2}  (rounds: {})",
                 median(v.clone()),
                 v.iter()
                     .map(|r| format!("{r:.2}"))

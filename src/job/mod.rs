@@ -75,8 +75,13 @@ pub fn validate_name(name: &str) -> crate::error::Result<()> {
         .chars()
         .find(|c| matches!(c, '/' | '\\') || c.is_control())
     {
+        let what = if c.is_control() {
+            format!("a control character ({c:?})")
+        } else {
+            format!("{c:?}")
+        };
         return Err(bad(&format!(
-            "it holds {c:?} (a name is one path segment of printable characters)"
+            "it holds {what} (a name is one path segment of printable characters)"
         )));
     }
     Ok(())
