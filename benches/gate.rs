@@ -370,7 +370,10 @@ fn main() {
             rate(lines, r.seconds),
             r.seconds
         );
-        measured.push(("redis gate first, pending off".to_string(), rate(lines, r.seconds)));
+        measured.push((
+            "redis gate first, pending off".to_string(),
+            rate(lines, r.seconds),
+        ));
         let prefix = format!("idem-bench:{id}:");
         let Some((s, set)) = redis_set_nx(&addr, &prefix, lines, batch.unwrap_or(1000)) else {
             println!("  redis     raw SET NX EX failed");

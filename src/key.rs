@@ -314,7 +314,7 @@ fn write_canonical<W: Write>(w: &mut W, value: &Value) -> io::Result<()> {
             }
             w.write_all(b"]")
         }
-        Value::String(s) => match crate::events::big_int_digits(s) {
+        Value::String(s) => match big_int_digits(s) {
             // An integer beyond 64 bits, kept exactly: the bare integer, as Python writes it.
             Some(digits) => w.write_all(digits.as_bytes()),
             None => write_string(w, s),
@@ -403,6 +403,18 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
         s.push(DIGITS[(b & 15) as usize]);
     }
     String::from_utf8(s).expect("hex digits are ASCII")
+}
+
+/// How an integer too large for 64 bits is held in a parsed event: a string made of this
+/// marker (which no JSON text can produce by accident: it starts with a NUL) and the
+/// integer's digits. The canonical encoding writes it back as the bare integer, so two such
+/// integers compare exactly, as Python's `json` compares them (serde_json alone would read
+/// both as the same `f64`).
+pub(crate) const BIG_INT_MARK: &str = "\u{0}int:";
+
+/// The digits of a big integer held under [`BIG_INT_MARK`], if `s` is one.
+pub(crate) fn big_int_digits(s: &str) -> Option<&str> {
+    s.strip_prefix(BIG_INT_MARK)
 }
 
 #[cfg(test)]

@@ -4,7 +4,8 @@ use super::output;
 use super::{input, CleanupArgs, GlobalOptions, EXIT_OK};
 use crate::backend::redact_url;
 use crate::error::{Error, Result};
-use crate::maintenance::cleanup::{cleanup_keeping, guard_needs, short_duration};
+use crate::job::guard_needs;
+use crate::maintenance::cleanup::{cleanup_keeping, short_duration};
 use crate::model::duration::parse_duration_field;
 use crate::store::{self, CleanupPolicy, CleanupProgressFn, Store};
 

@@ -97,20 +97,10 @@ pub struct InvalidEvent {
     pub error: EventError,
 }
 
-/// How an integer too large for 64 bits is held in a parsed event: a string made of this
-/// marker (which no JSON text can produce by accident: it starts with a NUL) and the
-/// integer's digits. The canonical encoding writes it back as the bare integer, so two such
-/// integers compare exactly, as Python's `json` compares them (serde_json alone would read
-/// both as the same `f64`).
-pub(crate) const BIG_INT_MARK: &str = "\u{0}int:";
-
-/// The digits of a big integer held under [`BIG_INT_MARK`], if `s` is one.
-pub(crate) fn big_int_digits(s: &str) -> Option<&str> {
-    s.strip_prefix(BIG_INT_MARK)
-}
+pub(crate) use crate::key::big_int_digits;
 
 /// Parses an event line as JSON with numbers compared as Python's `json` compares them:
-/// an integer beyond 64 bits is kept exactly ([`BIG_INT_MARK`]), and a negative zero
+/// an integer beyond 64 bits is kept exactly ([`crate::key::BIG_INT_MARK`]), and a negative zero
 /// (`-0`, `-0.0`) is the zero it equals. Lines without such numbers (nearly all) parse as
 /// they are.
 pub(crate) fn parse_event_line(text: &str) -> serde_json::Result<serde_json::Value> {

@@ -87,6 +87,42 @@ pub fn validate_name(name: &str) -> crate::error::Result<()> {
     Ok(())
 }
 
+/// The guard windows of every job file in `jobs_dir` (a file that does not load is passed
+/// over: it cannot run, so its keys are kept by the clamp of [`crate::maintenance::cleanup::cleanup_keeping`]); an
+/// unreadable folder gives none and the error, for the caller to warn about.
+pub fn guard_needs(
+    jobs_dir: &std::path::Path,
+) -> (Vec<crate::maintenance::cleanup::GuardNeed>, Option<String>) {
+    let paths = match load::job_files(jobs_dir) {
+        Ok(paths) => paths,
+        Err(e) => return (Vec::new(), Some(e.to_string())),
+    };
+    let mut needs: Vec<crate::maintenance::cleanup::GuardNeed> = Vec::new();
+    for path in paths {
+        let Ok(job) = Job::load(&path) else {
+            continue;
+        };
+        let windows = [
+            (job.guards.time_window, "guards.time_window"),
+            (job.guards.content_hash, "guards.content_hash"),
+        ];
+        let Some((keep, field)) = windows
+            .into_iter()
+            .filter_map(|(w, f)| w.map(|w| (w, f)))
+            .max_by_key(|(w, _)| *w)
+        else {
+            continue;
+        };
+        needs.push(crate::maintenance::cleanup::GuardNeed {
+            processor: job.name,
+            keep,
+            field,
+        });
+    }
+    needs.sort_by(|a, b| a.processor.cmp(&b.processor));
+    (needs, None)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -247,7 +247,10 @@ impl Job {
             let processor =
                 crate::maintenance::cleanup::CleanupProcessor::new(&self.name, store, settings);
             return Ok(Arc::new(match self.path.parent() {
-                Some(dir) => processor.keeping_for_jobs_in(dir),
+                Some(dir) => {
+                    let dir = dir.to_path_buf();
+                    processor.keeping_for(Arc::new(move || super::guard_needs(&dir)))
+                }
                 None => processor,
             }));
         }

@@ -15,7 +15,6 @@
 //! The cutoffs are measured back from the moment the run does the work, not from its
 //! scope date: a late or repeated run never deletes more than the retention allows.
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -134,40 +133,6 @@ mod humantime_serde_secs {
     }
 }
 
-/// The guard windows of every job file in `jobs_dir` (a file that does not load is passed
-/// over: it cannot run, so its keys are kept by the clamp of [`cleanup_keeping`]); an
-/// unreadable folder gives none and the error, for the caller to warn about.
-pub fn guard_needs(jobs_dir: &Path) -> (Vec<GuardNeed>, Option<String>) {
-    let paths = match crate::job::load::job_files(jobs_dir) {
-        Ok(paths) => paths,
-        Err(e) => return (Vec::new(), Some(e.to_string())),
-    };
-    let mut needs: Vec<GuardNeed> = Vec::new();
-    for path in paths {
-        let Ok(job) = crate::job::Job::load(&path) else {
-            continue;
-        };
-        let windows = [
-            (job.guards.time_window, "guards.time_window"),
-            (job.guards.content_hash, "guards.content_hash"),
-        ];
-        let Some((keep, field)) = windows
-            .into_iter()
-            .filter_map(|(w, f)| w.map(|w| (w, f)))
-            .max_by_key(|(w, _)| *w)
-        else {
-            continue;
-        };
-        needs.push(GuardNeed {
-            processor: job.name,
-            keep,
-            field,
-        });
-    }
-    needs.sort_by(|a, b| a.processor.cmp(&b.processor));
-    (needs, None)
-}
-
 /// What [`cleanup_keeping`] kept beyond the policy's cut-off, and why.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct KeptLonger {
@@ -267,8 +232,12 @@ pub struct CleanupProcessor {
     name: String,
     store: Arc<DynStore>,
     settings: CleanupSettings,
-    jobs_dir: Option<PathBuf>,
+    needs: Option<GuardNeeds>,
 }
+
+/// Reads the guard windows the cleanup must keep keys for (and why it could not, if so),
+/// at each run: job files change between runs.
+pub type GuardNeeds = Arc<dyn Fn() -> (Vec<GuardNeed>, Option<String>) + Send + Sync>;
 
 impl CleanupProcessor {
     /// A cleanup of `store` under the job name `name`.
@@ -277,14 +246,14 @@ impl CleanupProcessor {
             name: name.to_string(),
             store,
             settings,
-            jobs_dir: None,
+            needs: None,
         }
     }
 
-    /// Keeps the keys the guards of the jobs in `jobs_dir` need (the cleanup job's own
-    /// folder, when it runs from a job file).
-    pub fn keeping_for_jobs_in(mut self, jobs_dir: &Path) -> Self {
-        self.jobs_dir = Some(jobs_dir.to_path_buf());
+    /// Keeps the keys the guards need, as `needs` reads them at each run (the jobs of the
+    /// cleanup job's own folder, when it runs from a job file: `crate::job::guard_needs`).
+    pub fn keeping_for(mut self, needs: GuardNeeds) -> Self {
+        self.needs = Some(needs);
         self
     }
 }
@@ -298,8 +267,8 @@ impl Processor for CleanupProcessor {
     async fn process(&self, _request: &RunRequest) -> std::result::Result<Outcome, BoxError> {
         let now = chrono::Utc::now();
         let policy = self.settings.policy(now)?;
-        let needs = match &self.jobs_dir {
-            Some(dir) => guard_needs(dir).0,
+        let needs = match &self.needs {
+            Some(read) => read().0,
             None => Vec::new(),
         };
         let (report, kept) = cleanup_keeping(&*self.store, &policy, &needs, now).await?;
