@@ -56,6 +56,7 @@
 pub mod backend;
 #[cfg(feature = "cli")]
 pub mod cli;
+pub mod command;
 mod error;
 pub mod events;
 pub mod guard;

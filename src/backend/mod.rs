@@ -72,21 +72,34 @@ pub fn redact_url(url: &str) -> String {
 
 /// Cancellations of dropped statements being sent in the background (a Postgres
 /// statement whose future was dropped, a BigQuery query job: see `send_cancel`).
-static PENDING_CANCELS: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>> =
+/// With each, how long it may take at most beyond the caller's timeout (a command job's
+/// process group stopping within its grace period: see `send_stop`).
+#[allow(clippy::type_complexity)]
+static PENDING_CANCELS: std::sync::Mutex<Vec<(tokio::task::JoinHandle<()>, std::time::Duration)>> =
     std::sync::Mutex::new(Vec::new());
 
 /// Sends, in the background, the cancellation of a statement whose future was dropped
 /// (from a `Drop`, which cannot wait); [`cancels_sent`] waits for it.
 #[cfg_attr(not(any(feature = "postgres", feature = "bigquery")), allow(dead_code))]
 pub(crate) fn send_cancel(cancel: impl std::future::Future<Output = ()> + Send + 'static) {
+    send_stop(cancel, std::time::Duration::ZERO);
+}
+
+/// Like [`send_cancel`], for work that may take up to `bound` ([`cancels_sent`] waits that
+/// long for it whatever its own timeout): a command job's process group being stopped
+/// (SIGTERM, its grace period, SIGKILL).
+pub(crate) fn send_stop(
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+    bound: std::time::Duration,
+) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        tracing::warn!("no runtime to cancel a dropped warehouse statement on");
+        tracing::warn!("no runtime to stop dropped work on");
         return;
     };
-    let handle = runtime.spawn(cancel);
+    let handle = runtime.spawn(stop);
     let mut pending = PENDING_CANCELS.lock().unwrap_or_else(|e| e.into_inner());
-    pending.retain(|h| !h.is_finished());
-    pending.push(handle);
+    pending.retain(|(h, _)| !h.is_finished());
+    pending.push((handle, bound));
 }
 
 /// Waits, up to `timeout`, until the cancellations of the warehouse statements dropped so
@@ -101,8 +114,12 @@ pub async fn cancels_sent(timeout: std::time::Duration) {
     if pending.is_empty() {
         return;
     }
+    let timeout = pending
+        .iter()
+        .map(|(_, bound)| *bound)
+        .fold(timeout, std::cmp::max);
     let all = async {
-        for handle in pending {
+        for (handle, _) in pending {
             let _ = handle.await;
         }
     };

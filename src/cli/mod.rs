@@ -46,6 +46,7 @@ macro_rules! errln {
 }
 
 mod cleanup;
+mod exec;
 mod feed;
 mod fingerprint;
 mod gate;
@@ -111,6 +112,9 @@ pub(crate) enum FormatArg {
 pub(crate) enum Command {
     /// Run a job for a scope behind its guards, and record the outcome.
     Run(RunArgs),
+    /// Run a program behind the guards, as a command job NAME with no job file:
+    /// `idem exec NAME --time-window 20h -- PROGRAM ARGS…` (recorded like `idem run`).
+    Exec(ExecArgs),
     /// Show what a run would decide now and why, without running or claiming anything.
     Explain(ExplainArgs),
     /// Create or upgrade the store's tables.
@@ -248,6 +252,59 @@ pub(crate) struct RunArgs {
     /// Write the run's metrics to FILE in Prometheus text format (for node_exporter's
     /// textfile collector), atomically, when the run ends (not with --from/--to).
     #[arg(long, value_name = "FILE", conflicts_with = "from")]
+    metrics_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ExecArgs {
+    /// The job's name in the ledger (what `runs --job` and `report --job` take).
+    name: String,
+    /// The program and its arguments, after `--`; `{date}`, `{scope}`, `{run_id}`,
+    /// `{trigger}` and `{job}` are replaced in each argument (no shell reads them).
+    #[arg(last = true, required = true, value_name = "PROGRAM ARGS")]
+    argv: Vec<String>,
+    /// The partition date: YYYY-MM-DD, today, yesterday or today-N (in --timezone).
+    #[arg(long, allow_hyphen_values = true, default_value = "today")]
+    date: Option<String>,
+    /// The IANA time zone relative dates are read in (default UTC).
+    #[arg(long)]
+    timezone: Option<String>,
+    /// Skip when the same date completed within this long (e.g. 20h).
+    #[arg(long, value_name = "DURATION")]
+    time_window: Option<String>,
+    /// Skip when identical content was processed within this long; needs --content.
+    #[arg(long, value_name = "DURATION", requires = "content")]
+    content_hash: Option<String>,
+    /// A command whose standard output is the content (split into words like a shell's,
+    /// but no shell runs it: `--content 'ls -l /data/{date}'`).
+    #[arg(long, value_name = "COMMAND", requires = "content_hash")]
+    content: Option<String>,
+    /// How long the lease on the date lasts (renewed while the program runs).
+    #[arg(long, value_name = "DURATION")]
+    lease: Option<String>,
+    /// Stop the program (and fail the run) after this long.
+    #[arg(long, value_name = "DURATION")]
+    timeout: Option<String>,
+    /// Between SIGTERM and SIGKILL when the program is stopped [default: 30s].
+    #[arg(long, value_name = "DURATION")]
+    grace: Option<String>,
+    /// enforce (default), shadow or off.
+    #[arg(long, value_enum)]
+    mode: Option<Mode>,
+    /// Scope, when it is not just the date (default: the date).
+    #[arg(long)]
+    scope: Option<String>,
+    /// Why the run starts [default: manual].
+    #[arg(long, value_enum)]
+    trigger: Option<Trigger>,
+    /// The instant the scheduler meant to fire (RFC 3339): --date is evaluated there.
+    #[arg(long, value_name = "RFC3339")]
+    scheduled_at: Option<String>,
+    /// Run id to record (default: a new UUID).
+    #[arg(long)]
+    run_id: Option<String>,
+    /// Write the run's metrics to FILE in Prometheus text format, atomically, at the end.
+    #[arg(long, value_name = "FILE")]
     metrics_file: Option<PathBuf>,
 }
 
@@ -513,6 +570,11 @@ pub fn main_with(registry: Registry) -> ExitCode {
     } else {
         "warn,sqlx::query=error,sqlx::pool=error"
     });
+    // A command job's child writes to idem's standard output, unless idem's own output
+    // there is a machine-readable report: then to its standard error.
+    if !matches!(cli.global.format_arg, FormatArg::Human) {
+        crate::command::reserve_stdout();
+    }
     // `gate` prepares the next batch while a task of its own waits on the store (and the
     // Redis driver runs its connection): one worker thread beside the main one.
     let mut builder = if matches!(cli.command, Command::Gate(_)) {
@@ -597,6 +659,7 @@ async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
     match cli.command {
         Command::Run(args) if args.from.is_some() => run::backfill(&args, &g, registry).await,
         Command::Run(args) => run::run(&args, &g, registry).await,
+        Command::Exec(args) => exec::exec(&args, &g, registry).await,
         Command::Explain(args) => run::explain(&args, &g, registry).await,
         Command::Migrate => jobs::migrate(&g).await,
         Command::Jobs => jobs::jobs(&g, registry),

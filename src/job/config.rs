@@ -157,6 +157,8 @@ pub struct Job {
     pub guards: GuardsConfig,
     /// SQL processor settings.
     pub sql: Option<SqlConfig>,
+    /// Command job settings (`processor = "command"`).
+    pub command: Option<crate::command::CommandConfig>,
     /// Parameters handed to Rust processors (`RunRequest::params`).
     #[serde(default)]
     pub params: toml::Table,
@@ -361,6 +363,23 @@ impl Job {
                 ));
             }
         }
+        if self.processor == crate::command::COMMAND_PROCESSOR {
+            self.command_spec()?;
+            if self.guards.content_hash.is_some()
+                && self.command.as_ref().is_some_and(|c| c.content.is_none())
+            {
+                return Err(Error::config(
+                    "guards.content_hash is set but [command] has no content command: there \
+                     is nothing to hash; add content = [\"program\", ...] (its standard output \
+                     is the content) or remove guards.content_hash",
+                ));
+            }
+        } else if self.command.is_some() {
+            return Err(Error::config(format!(
+                "[command] is set but processor = {:?}; a command job says processor = \"command\"",
+                self.processor
+            )));
+        }
         if self.processor == "sql" {
             let sql = self
                 .sql
@@ -479,6 +498,18 @@ impl Job {
             content: read_sql(dir, &sql.content, &sql.content_file, "content")?,
             process: read_sql(dir, &sql.process, &sql.process_file, "process")?.unwrap_or_default(),
         })
+    }
+
+    /// The validated `[command]` of a command job.
+    pub fn command_spec(&self) -> Result<crate::command::CommandSpec> {
+        let config = self.command.as_ref().ok_or_else(|| {
+            Error::config("processor = \"command\" needs a [command] table with run = [...]")
+        })?;
+        let dir = match self.path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => std::path::PathBuf::from("."),
+        };
+        crate::command::CommandSpec::new(config, &dir, &self.params)
     }
 
     /// Checks what depends on where the job runs, without touching any database: for a

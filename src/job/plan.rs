@@ -209,7 +209,11 @@ impl Job {
 
     /// Whether the job's processor exists: built in (`sql`, `cleanup`) or in `registry`.
     pub fn check_processor(&self, registry: &Registry) -> Result<()> {
-        let builtin = [crate::maintenance::cleanup::CLEANUP_PROCESSOR, "sql"];
+        let builtin = [
+            crate::maintenance::cleanup::CLEANUP_PROCESSOR,
+            crate::command::COMMAND_PROCESSOR,
+            "sql",
+        ];
         if builtin.contains(&self.processor.as_str()) || registry.get(&self.processor).is_some() {
             return Ok(());
         }
@@ -219,7 +223,7 @@ impl Job {
     fn unknown_processor(&self, registry: &Registry) -> Error {
         let known = registry.names();
         Error::config(format!(
-            "job {}: unknown processor {:?} (registered: {}; built in: sql, cleanup)",
+            "job {}: unknown processor {:?} (registered: {}; built in: sql, command, cleanup)",
             self.name,
             self.processor,
             if known.is_empty() {
@@ -253,6 +257,14 @@ impl Job {
                 }
                 None => processor,
             }));
+        }
+        if self.processor == crate::command::COMMAND_PROCESSOR {
+            let spec = self
+                .command_spec()
+                .map_err(|e| Error::config(format!("job file {}: {e}", self.path.display())))?;
+            return Ok(Arc::new(crate::command::CommandProcessor::new(
+                &self.name, spec,
+            )));
         }
         if self.processor == "sql" {
             self.check(store_url)?;

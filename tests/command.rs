@@ -1,0 +1,513 @@
+//! Command jobs (`processor = "command"`) with real child processes: scripts written by the
+//! test, run through `idem run` as a crontab line would.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+mod common;
+
+use common::Sandbox;
+
+/// Writes an executable script `name` into the sandbox's jobs folder.
+fn script(s: &Sandbox, name: &str, body: &str) {
+    use std::os::unix::fs::PermissionsExt as _;
+    let path = s.dir.join("jobs").join(name);
+    std::fs::write(&path, body).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// A command job running `run` (a TOML array) with `extra` lines in `[command]` and
+/// `guards` lines in `[guards]`.
+fn job(s: &Sandbox, name: &str, run: &str, extra: &str, guards: &str) -> std::path::PathBuf {
+    s.write_job(
+        name,
+        &format!(
+            "name = \"{name}\"\nprocessor = \"command\"\n[guards]\n{guards}\n[command]\nrun = {run}\n{extra}\n"
+        ),
+    )
+}
+
+/// The lines the scripts appended to `starts.log` (one per start of the program).
+fn starts(s: &Sandbox) -> Vec<String> {
+    std::fs::read_to_string(s.dir.join("jobs/starts.log"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+fn runs(s: &Sandbox, job: &str) -> Vec<Value> {
+    let (code, v, err) = s.json(&["runs", "--job", job, "--limit", "0"]);
+    assert_eq!(code, 0, "{err}");
+    v.as_array().cloned().unwrap_or_default()
+}
+
+/// `idem exec ARGS` with `--format json` before the `--` (after it, words are the
+/// program's), output captured, ready to spawn.
+fn exec_command(s: &Sandbox, args: &[&str]) -> Command {
+    let at = args.iter().position(|a| *a == "--").unwrap_or(args.len());
+    let mut all: Vec<&str> = args[..at].to_vec();
+    all.extend(["--format", "json"]);
+    all.extend(&args[at..]);
+    let mut c = Command::new(env!("CARGO_BIN_EXE_idem"));
+    c.args(&all[..at + 2])
+        .arg("--store")
+        .arg(&s.store)
+        .arg("--jobs-dir")
+        .arg(s.dir.join("jobs"))
+        .args(&all[at + 2..])
+        .current_dir(&s.dir)
+        .env_remove("IDEM_STORE")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+fn pid_alive(pid: i32) -> bool {
+    // A zombie has exited: /proc says so.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+fn wait_for_file(path: &Path, limit: Duration) -> String {
+    let start = Instant::now();
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            if text.lines().count() >= 2 {
+                return text;
+            }
+        }
+        assert!(start.elapsed() < limit, "{} never appeared", path.display());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_second_run_inside_the_window_is_skipped_without_starting_the_program() {
+    let s = Sandbox::new("idem-command-window");
+    script(
+        &s,
+        "work.sh",
+        "#!/bin/sh\necho \"$IDEM_JOB $IDEM_DATE $1 $IDEM_TRIGGER\" >> \"$(dirname \"$0\")/starts.log\"\necho working\n",
+    );
+    let j = job(
+        &s,
+        "export",
+        r#"["./work.sh", "{date}"]"#,
+        "",
+        "time_window = \"1h\"",
+    );
+    let (code, v, err) = s.run(&j, "2026-01-02");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(v["status"], "completed", "{v}");
+    // The child's standard output went to idem's standard error (stdout carries the JSON).
+    assert!(err.contains("working"), "{err}");
+    let (code, v, err) = s.run(&j, "2026-01-02");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(v["status"], "skipped");
+    assert_eq!(v["skip_reason"], "time_window");
+    assert_eq!(starts(&s), ["export 2026-01-02 2026-01-02 manual"]);
+}
+
+#[test]
+fn a_failing_program_records_a_failed_run_no_key_and_the_retry_runs() {
+    let s = Sandbox::new("idem-command-fail");
+    // Fails the first time (exit 3, after some stderr), succeeds the second.
+    script(
+        &s,
+        "flaky.sh",
+        "#!/bin/sh\necho start >> \"$(dirname \"$0\")/starts.log\"\nif [ ! -f tried ]; then touch tried; echo 'line one' >&2; echo 'disk full' >&2; exit 3; fi\n",
+    );
+    let j = job(&s, "flaky", r#"["./flaky.sh"]"#, "", "time_window = \"1h\"");
+    let (code, v, err) = s.run(&j, "2026-01-02");
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(v["status"], "failed");
+    let error = v["error"].as_str().unwrap();
+    assert!(
+        error.contains("exited with code 3") && error.contains("disk full"),
+        "{error}"
+    );
+    // The child's stderr also streamed through.
+    assert!(err.contains("line one"), "{err}");
+    let (code, v, err) = s.run(&j, "2026-01-02");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(v["status"], "completed", "the retry runs: {v}");
+    assert_eq!(starts(&s).len(), 2);
+}
+
+#[test]
+fn identical_content_skips_and_changed_content_runs() {
+    let s = Sandbox::new("idem-command-content");
+    std::fs::write(s.dir.join("jobs/input.txt"), "a\nb\n").unwrap();
+    script(
+        &s,
+        "work.sh",
+        "#!/bin/sh\necho run >> \"$(dirname \"$0\")/starts.log\"\n",
+    );
+    let j = job(
+        &s,
+        "hashed",
+        r#"["./work.sh"]"#,
+        r#"content = ["cat", "input.txt"]"#,
+        "content_hash = \"24h\"",
+    );
+    let (code, v, err) = s.run(&j, "2026-01-02");
+    assert_eq!(
+        (code, v["status"].as_str()),
+        (0, Some("completed")),
+        "{err}"
+    );
+    // The same scope again (no time window), identical content: skipped without running.
+    let (code, v, err) = s.run(&j, "2026-01-02");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(v["skip_reason"], "duplicate_content_hash", "{v}");
+    assert_eq!(starts(&s).len(), 1);
+    // Changed content: runs.
+    std::fs::write(s.dir.join("jobs/input.txt"), "a\nc\n").unwrap();
+    let (code, v, err) = s.run(&j, "2026-01-04");
+    assert_eq!(
+        (code, v["status"].as_str()),
+        (0, Some("completed")),
+        "{err}"
+    );
+    assert_eq!(starts(&s).len(), 2);
+    // A content command that fails fails the run before the work starts.
+    std::fs::remove_file(s.dir.join("jobs/input.txt")).unwrap();
+    let (code, v, _) = s.run(&j, "2026-01-02");
+    assert_eq!(code, 1);
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("the content command \"cat\" exited with code 1"),
+        "{v}"
+    );
+    assert_eq!(starts(&s).len(), 2);
+}
+
+#[test]
+fn records_and_output_from_the_result_file_reach_the_ledger() {
+    let s = Sandbox::new("idem-command-result");
+    script(
+        &s,
+        "export.py",
+        "#!/usr/bin/env python3\nimport json, os\nwith open(os.environ['IDEM_RESULT'], 'w') as f:\n    json.dump({'records': 42, 'output': {'file': 'orders-' + os.environ['IDEM_DATE'] + '.csv'}}, f)\n",
+    );
+    let j = job(
+        &s,
+        "export",
+        r#"["./export.py"]"#,
+        "",
+        "time_window = \"1h\"",
+    );
+    let (code, v, err) = s.run(&j, "2026-01-02");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(v["records_processed"], 42, "{v}");
+    let r = runs(&s, "export");
+    assert_eq!(r[0]["records_processed"], 42, "{r:?}");
+    assert_eq!(r[0]["output"]["file"], "orders-2026-01-02.csv", "{r:?}");
+}
+
+#[test]
+fn bad_command_jobs_exit_2_naming_the_field_with_nothing_recorded() {
+    let s = Sandbox::new("idem-command-bad");
+    script(&s, "noexec.sh", "#!/bin/sh\n");
+    std::fs::set_permissions(
+        s.dir.join("jobs/noexec.sh"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .unwrap();
+    let cases = [
+        (
+            "missing",
+            r#"["no-such-program-idem", "x"]"#,
+            "",
+            "not found on PATH",
+        ),
+        ("empty", "[]", "", "[command] run is empty"),
+        ("noexec", r#"["./noexec.sh"]"#, "", "is not executable"),
+        (
+            "placeholder",
+            r#"["echo", "{dat}"]"#,
+            "",
+            "unknown placeholder {dat}",
+        ),
+        (
+            "timeout",
+            r#"["true"]"#,
+            "timeout = \"soon\"",
+            "[command] timeout",
+        ),
+    ];
+    for (name, run, extra, says) in cases {
+        job(&s, name, run, extra, "time_window = \"1h\"");
+        let out = s.idem(&["run", name, "--date", "2026-01-02"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {err}");
+        assert!(
+            err.contains(says) && err.contains(&format!("{name}.toml")),
+            "{name}: {err}"
+        );
+    }
+    // `idem jobs` reports every one of them too.
+    let out = s.idem(&["jobs"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    for (name, _, _, _) in cases {
+        assert!(err.contains(&format!("{name}.toml")), "{name}: {err}");
+    }
+    // Nothing was claimed or recorded.
+    assert!(!s.dir.join("idem.db").exists() || runs(&s, "missing").is_empty());
+}
+
+/// SIGTERM to `idem run` while the program and a grandchild sleep: the whole group is
+/// stopped within the grace period, the run recorded interrupted, the lease released.
+#[test]
+fn sigterm_stops_the_program_and_its_children_and_records_an_interrupted_run() {
+    let s = Sandbox::new("idem-command-sigterm");
+    // The program starts a grandchild, writes both pids, and sleeps.
+    script(
+        &s,
+        "sleepy.sh",
+        "#!/bin/sh\nsleep 300 &\necho $$ > pids\necho $! >> pids\nwait\n",
+    );
+    job(
+        &s,
+        "sleepy",
+        r#"["./sleepy.sh"]"#,
+        "grace = \"5s\"",
+        "time_window = \"1h\"",
+    );
+    let child = s
+        .json_command(&["run", "sleepy", "--date", "2026-01-02"])
+        .spawn()
+        .unwrap();
+    let pids: Vec<i32> = wait_for_file(&s.dir.join("jobs/pids"), Duration::from_secs(30))
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect();
+    assert!(pids.iter().all(|p| pid_alive(*p)));
+    let started = Instant::now();
+    assert!(Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let (code, v, err) = common::wait(child);
+    assert!(started.elapsed() < Duration::from_secs(10), "{err}");
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(v["status"], "failed", "{v}");
+    assert!(v["error"].as_str().unwrap().contains("interrupted"), "{v}");
+    for p in &pids {
+        assert!(!pid_alive(*p), "pid {p} outlived idem: {err}");
+    }
+    // The lease is released: the next run runs at once.
+    std::fs::write(s.dir.join("jobs/sleepy.sh"), "#!/bin/sh\nexit 0\n").unwrap();
+    let (code, v, err) = s.json(&["run", "sleepy", "--date", "2026-01-02"]);
+    assert_eq!(
+        (code, v["status"].as_str()),
+        (0, Some("completed")),
+        "{err}"
+    );
+}
+
+/// SIGKILL to `idem run`: idem cannot stop anything, so the kernel does: the program gets
+/// SIGKILL when idem dies (`PR_SET_PDEATHSIG`). A grandchild in its own right is not
+/// reached that way; its lease expires and the scope can run again (docs).
+#[test]
+fn sigkill_to_idem_kills_the_program() {
+    let s = Sandbox::new("idem-command-sigkill");
+    script(
+        &s,
+        "sleepy.sh",
+        "#!/bin/sh\necho $$ > pids\necho $$ >> pids\nexec sleep 300\n",
+    );
+    job(
+        &s,
+        "sleepy",
+        r#"["./sleepy.sh"]"#,
+        "",
+        "time_window = \"1h\"",
+    );
+    let mut child = s
+        .command(&["run", "sleepy", "--date", "2026-01-02"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid: i32 = wait_for_file(&s.dir.join("jobs/pids"), Duration::from_secs(30))
+        .lines()
+        .next()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(pid_alive(pid));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let start = Instant::now();
+    while pid_alive(pid) && start.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!pid_alive(pid), "the program outlived a SIGKILLed idem");
+}
+
+/// `idem exec` runs like a command job of that name: recorded in the same ledger, the
+/// window skips the second run, `{date}` is replaced, bad input is exit 2.
+#[test]
+fn exec_runs_a_program_behind_the_guards_with_no_job_file() {
+    let s = Sandbox::new("idem-exec");
+    script(
+        &s,
+        "work.sh",
+        "#!/bin/sh\necho \"$1 $IDEM_JOB\" >> \"$(dirname \"$0\")/starts.log\"\n",
+    );
+    let exec = |date: &str| {
+        common::parse(
+            exec_command(
+                &s,
+                &[
+                    "exec",
+                    "nightly",
+                    "--date",
+                    date,
+                    "--time-window",
+                    "1h",
+                    "--",
+                    "jobs/work.sh",
+                    "{date}",
+                ],
+            )
+            .output()
+            .unwrap(),
+        )
+    };
+    let (code, v, err) = exec("2026-01-02");
+    assert_eq!(
+        (code, v["status"].as_str()),
+        (0, Some("completed")),
+        "{err}"
+    );
+    let (code, v, err) = exec("2026-01-02");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(v["skip_reason"], "time_window");
+    let (code, v, err) = exec("2026-01-03");
+    assert_eq!(
+        (code, v["status"].as_str()),
+        (0, Some("completed")),
+        "{err}"
+    );
+    assert_eq!(starts(&s), ["2026-01-02 nightly", "2026-01-03 nightly"]);
+    assert_eq!(runs(&s, "nightly").len(), 3);
+    // Bad input: exit 2 naming it, nothing recorded.
+    for (args, says) in [
+        (
+            vec!["exec", "nightly", "--", "no-such-program-idem"],
+            "idem exec nightly: [command] run: program \"no-such-program-idem\" not found on PATH",
+        ),
+        (
+            vec!["exec", "nightly", "--time-window", "soon", "--", "true"],
+            "time_window",
+        ),
+        (
+            vec!["exec", "nightly", "--date", "2026-13-01", "--", "true"],
+            "2026-13-01",
+        ),
+        (vec!["exec", "../x", "--", "true"], "invalid job name"),
+        (
+            vec![
+                "exec",
+                "nightly",
+                "--content-hash",
+                "1h",
+                "--content",
+                "ls 'x",
+                "--",
+                "true",
+            ],
+            "--content",
+        ),
+        (vec!["exec", "nightly"], "PROGRAM ARGS"),
+    ] {
+        let out = s.idem(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    assert_eq!(runs(&s, "nightly").len(), 3);
+}
+
+/// Eight `idem exec` of one name and date at once, as separate processes: the program
+/// starts exactly once (it appends to a file); the others skip.
+fn eight_execs_start_the_program_once(s: &Sandbox, name: &str) {
+    script(
+        s,
+        "work.sh",
+        "#!/bin/sh\necho start >> \"$(dirname \"$0\")/starts.log\"\nsleep 1\n",
+    );
+    let children: Vec<_> = (0..8)
+        .map(|_| {
+            exec_command(
+                s,
+                &[
+                    "exec",
+                    name,
+                    "--date",
+                    "2026-01-02",
+                    "--time-window",
+                    "1h",
+                    "--",
+                    "jobs/work.sh",
+                ],
+            )
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    let mut completed = 0;
+    for child in children {
+        let (code, v, err) = common::wait(child);
+        assert_eq!(code, 0, "{err}");
+        match v["status"].as_str() {
+            Some("completed") => completed += 1,
+            Some("skipped") => assert!(
+                matches!(
+                    v["skip_reason"].as_str(),
+                    Some("in_progress" | "time_window")
+                ),
+                "{v}"
+            ),
+            other => panic!("{other:?}: {v}"),
+        }
+    }
+    assert_eq!(completed, 1);
+    assert_eq!(starts(s), ["start"]);
+}
+
+#[test]
+fn eight_execs_at_once_on_sqlite_start_the_program_once() {
+    eight_execs_start_the_program_once(&Sandbox::new("idem-exec-eight"), "once");
+}
+
+#[test]
+fn eight_execs_at_once_on_postgres_start_the_program_once() {
+    let Some(url) = common::postgres_url("eight_execs_at_once_on_postgres_start_the_program_once")
+    else {
+        return;
+    };
+    let s = Sandbox::with_store("idem-exec-eight-pg", &url);
+    assert_eq!(s.idem(&["migrate"]).status.code(), Some(0));
+    // A name of its own: the Postgres ledger is shared by the test run.
+    eight_execs_start_the_program_once(&s, &format!("once-{}", idem::new_run_id()));
+}
