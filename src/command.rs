@@ -260,6 +260,9 @@ impl CommandSpec {
             Some(c) => job_dir.join(c),
             None => job_dir.to_path_buf(),
         };
+        // Absolute: the program's path is resolved against it, and a relative one would be
+        // read again from inside the folder the child starts in.
+        let cwd = std::path::absolute(&cwd).unwrap_or(cwd);
         if !cwd.is_dir() {
             return Err(Error::config(format!(
                 "[command] cwd: {} is not a folder",
@@ -291,8 +294,10 @@ impl CommandSpec {
             for arg in argv {
                 for name in arg.params() {
                     if !params.contains_key(name) {
-                        // `--param` can still give it: checked again before the run starts.
-                        tracing::debug!("[command] {field}: {{param.{name}}} is not in [params]");
+                        return Err(Error::config(format!(
+                            "[command] {field}: {{param.{name}}} names no parameter: [params] \
+                             has no {name:?}"
+                        )));
                     }
                 }
             }
@@ -509,7 +514,18 @@ fn signal_name(sig: i32) -> &'static str {
 
 /// The last lines of `tail`.
 fn last_lines(tail: &[u8]) -> String {
-    let text = String::from_utf8_lossy(tail);
+    // A run of control characters (a NUL cannot even be stored in a Postgres text)
+    // becomes one U+FFFD.
+    let mut text = String::new();
+    for c in String::from_utf8_lossy(tail).chars() {
+        if c.is_control() && c != '\n' && c != '\t' {
+            if !text.ends_with('\u{fffd}') {
+                text.push('\u{fffd}');
+            }
+        } else {
+            text.push(c);
+        }
+    }
     let lines: Vec<&str> = text.trim_end().lines().collect();
     lines[lines.len().saturating_sub(STDERR_TAIL_LINES)..].join("\n")
 }
@@ -744,7 +760,7 @@ mod tests {
                 ..CommandConfig::default()
             },
             Path::new("."),
-            &toml::Table::new(),
+            &"n = 5".parse().unwrap(),
         )
     }
 
@@ -774,6 +790,7 @@ mod tests {
             (vec!["echo", "{dat}"], "unknown placeholder {dat}"),
             (vec!["echo", "{date"], "does not close"),
             (vec!["echo", "a}b"], "closes nothing"),
+            (vec!["echo", "{param.m}"], "[params] has no \"m\""),
             (vec![], "[command] run is empty"),
             (vec!["no-such-program-idem"], "not found on PATH"),
             (vec!["./nope.sh"], "not found"),

@@ -119,6 +119,43 @@ fn a_second_run_inside_the_window_is_skipped_without_starting_the_program() {
     assert_eq!(starts(&s), ["export 2026-01-02 2026-01-02 manual"]);
 }
 
+/// A job file found through a relative `--jobs-dir` (the README's and cron's way): its
+/// program, relative to the job file, starts from the job's folder.
+#[test]
+fn a_relative_jobs_dir_finds_the_program_beside_the_job_file() {
+    let s = Sandbox::new("idem-command-relative");
+    script(
+        &s,
+        "work.sh",
+        "#!/bin/sh\necho \"$(pwd)\" >> \"$(dirname \"$0\")/starts.log\"\n",
+    );
+    job(&s, "rel", r#"["./work.sh"]"#, "", "time_window = \"1h\"");
+    let out = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args([
+            "run",
+            "rel",
+            "--date",
+            "2026-01-02",
+            "--store",
+            "sqlite://idem.db",
+            "--jobs-dir",
+            "jobs",
+        ])
+        .current_dir(&s.dir)
+        .env_remove("IDEM_STORE")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ran_in = starts(&s);
+    assert_eq!(ran_in.len(), 1);
+    assert!(ran_in[0].ends_with("/jobs"), "{ran_in:?}");
+}
+
 #[test]
 fn a_failing_program_records_a_failed_run_no_key_and_the_retry_runs() {
     let s = Sandbox::new("idem-command-fail");
@@ -510,4 +547,43 @@ fn eight_execs_at_once_on_postgres_start_the_program_once() {
     assert_eq!(s.idem(&["migrate"]).status.code(), Some(0));
     // A name of its own: the Postgres ledger is shared by the test run.
     eight_execs_start_the_program_once(&s, &format!("once-{}", idem::new_run_id()));
+}
+
+/// A program that writes 1 GiB to standard error (which idem copies through, keeping only
+/// a bounded tail for the ledger): idem's peak memory stays far below it. The bound is
+/// over every process this test binary has waited for (idem's own is about 25 MiB).
+#[test]
+fn a_program_writing_a_gibibyte_does_not_grow_idems_memory() {
+    let s = Sandbox::new("idem-command-gib");
+    let out = exec_command(
+        &s,
+        &[
+            "exec",
+            "loud",
+            "--",
+            "sh",
+            "-c",
+            "head -c 1073741824 /dev/zero >&2; head -c 1073741824 /dev/zero; echo done >&2; exit 4",
+        ],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    // SAFETY: getrusage writes into the struct it is given.
+    let peak_kib = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        assert_eq!(libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage), 0);
+        usage.ru_maxrss
+    };
+    assert!(peak_kib < 128 * 1024, "peak {peak_kib} KiB");
+    // The ledger's error has the tail: the last line and the exit code.
+    let r = runs(&s, "loud");
+    let error = r[0]["error"].as_str().unwrap();
+    assert!(
+        error.contains("exited with code 4") && error.ends_with("done"),
+        "{error:.200}"
+    );
+    assert!(error.len() < 8 * 1024, "{}", error.len());
 }
