@@ -295,8 +295,8 @@ impl CommandSpec {
                 for name in arg.params() {
                     if !params.contains_key(name) {
                         return Err(Error::config(format!(
-                            "[command] {field}: {{param.{name}}} names no parameter: [params] \
-                             has no {name:?}"
+                            "[command] {field}: {{param.{name}}} names no parameter {name:?} \
+                             (set it in [params]; idem exec takes --param {name}=VALUE)"
                         )));
                     }
                 }
@@ -790,7 +790,7 @@ mod tests {
             (vec!["echo", "{dat}"], "unknown placeholder {dat}"),
             (vec!["echo", "{date"], "does not close"),
             (vec!["echo", "a}b"], "closes nothing"),
-            (vec!["echo", "{param.m}"], "[params] has no \"m\""),
+            (vec!["echo", "{param.m}"], "names no parameter \"m\""),
             (vec![], "[command] run is empty"),
             (vec!["no-such-program-idem"], "not found on PATH"),
             (vec!["./nope.sh"], "not found"),

@@ -587,3 +587,246 @@ fn a_program_writing_a_gibibyte_does_not_grow_idems_memory() {
     );
     assert!(error.len() < 8 * 1024, "{}", error.len());
 }
+
+/// `timeout`: a program still running after it is stopped (its whole group, SIGTERM then
+/// SIGKILL after `grace`) and the run fails with no key, so the next run runs.
+#[test]
+fn a_program_past_its_timeout_is_stopped_with_its_group_and_the_run_fails() {
+    let s = Sandbox::new("idem-command-timeout");
+    // Ignores SIGTERM, so only the SIGKILL after the grace period stops it.
+    script(
+        &s,
+        "stuck.sh",
+        "#!/bin/sh\ntrap '' TERM\nsleep 300 &\necho $$ > pids\necho $! >> pids\nwhile :; do sleep 1; done\n",
+    );
+    let j = job(
+        &s,
+        "stuck",
+        r#"["./stuck.sh"]"#,
+        "timeout = \"1s\"\ngrace = \"1s\"",
+        "time_window = \"1h\"",
+    );
+    let started = Instant::now();
+    let (code, v, err) = s.run(&j, "2026-01-02");
+    assert!(started.elapsed() < Duration::from_secs(15), "{err}");
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(v["status"], "failed");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("ran past [command] timeout = 1s and was stopped"),
+        "{v}"
+    );
+    let pids: Vec<i32> = std::fs::read_to_string(s.dir.join("jobs/pids"))
+        .unwrap()
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect();
+    for p in &pids {
+        assert!(!pid_alive(*p), "pid {p} outlived the timeout");
+    }
+    // No key: the next run runs (and, fixed, completes).
+    std::fs::write(s.dir.join("jobs/stuck.sh"), "#!/bin/sh\nexit 0\n").unwrap();
+    let (code, v, err) = s.run(&j, "2026-01-02");
+    assert_eq!(
+        (code, v["status"].as_str()),
+        (0, Some("completed")),
+        "{err}"
+    );
+}
+
+/// Everything else takes a command job by name: `explain` (its content command runs, the
+/// program does not), a backfill of several dates at once, the crontab export.
+#[test]
+fn explain_backfill_and_export_take_a_command_job_by_name() {
+    let s = Sandbox::new("idem-command-everything");
+    std::fs::write(s.dir.join("jobs/input.txt"), "x\n").unwrap();
+    script(
+        &s,
+        "work.sh",
+        "#!/bin/sh\necho \"$1\" >> \"$(dirname \"$0\")/starts.log\"\n",
+    );
+    s.write_job(
+        "exp",
+        "name = \"exp\"\nprocessor = \"command\"\nschedule = \"0 6 * * *\"\ndate = \"yesterday\"\n\
+         [params]\nbucket = \"gs://b\"\n[guards]\ncontent_hash = \"24h\"\n\
+         [command]\nrun = [\"./work.sh\", \"{date}:{param.bucket}\"]\ncontent = [\"cat\", \"input.txt\"]\n",
+    );
+    let (code, v, err) = s.json(&["explain", "exp", "--date", "2026-01-01"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(v["decision"], "run", "{v}");
+    assert!(starts(&s).is_empty(), "explain ran the program");
+    let out = s.idem(&[
+        "run",
+        "exp",
+        "--from",
+        "2026-01-01",
+        "--to",
+        "2026-01-04",
+        "--parallel",
+        "2",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut started = starts(&s);
+    started.sort();
+    assert_eq!(
+        started,
+        [
+            "2026-01-01:gs://b",
+            "2026-01-02:gs://b",
+            "2026-01-03:gs://b",
+            "2026-01-04:gs://b"
+        ]
+    );
+    let out = s.idem(&["schedule", "export", "--crontab"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(
+        text.contains("run exp --date yesterday --trigger scheduler"),
+        "{text}"
+    );
+}
+
+/// `--param NAME=VALUE`: over the job's `[params]` for `idem run`, the only source for
+/// `idem exec`; a placeholder with no parameter is exit 2 naming it.
+#[test]
+fn params_from_the_command_line_reach_the_placeholders() {
+    let s = Sandbox::new("idem-command-param");
+    script(
+        &s,
+        "work.sh",
+        "#!/bin/sh\necho \"$1\" >> \"$(dirname \"$0\")/starts.log\"\n",
+    );
+    s.write_job(
+        "p",
+        "name = \"p\"\nprocessor = \"command\"\n[params]\nbucket = \"gs://a\"\n[command]\nrun = [\"./work.sh\", \"{param.bucket}/{date}\"]\n",
+    );
+    let out = s.idem(&["run", "p", "--date", "2026-01-02"]);
+    assert_eq!(out.status.code(), Some(0));
+    let out = s.idem(&[
+        "run",
+        "p",
+        "--date",
+        "2026-01-03",
+        "--param",
+        "bucket=gs://b",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let out = exec_command(
+        &s,
+        &[
+            "exec",
+            "q",
+            "--param",
+            "bucket=gs://c",
+            "--date",
+            "2026-01-04",
+            "--",
+            "jobs/work.sh",
+            "{param.bucket}/{date}",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        starts(&s),
+        [
+            "gs://a/2026-01-02",
+            "gs://b/2026-01-03",
+            "gs://c/2026-01-04"
+        ]
+    );
+    for (args, says) in [
+        (
+            vec!["exec", "q", "--", "echo", "{param.who}"],
+            "names no parameter \"who\"",
+        ),
+        (
+            vec!["exec", "q", "--param", "who", "--", "true"],
+            "expected NAME=VALUE",
+        ),
+    ] {
+        let out = s.idem(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
+
+/// `idem scheduler` fires a command job like any other (trigger `scheduler`), and the
+/// Cloud Scheduler export runs it by name.
+#[test]
+fn the_scheduler_fires_a_command_job_and_exports_run_it_by_name() {
+    let s = Sandbox::new("idem-command-scheduler");
+    script(
+        &s,
+        "tick.sh",
+        "#!/bin/sh\necho \"$IDEM_TRIGGER $IDEM_DATE\" >> \"$(dirname \"$0\")/starts.log\"\n",
+    );
+    s.write_job(
+        "tick",
+        "name = \"tick\"\nprocessor = \"command\"\nschedule = \"* * * * * *\"\n[guards]\ntime_window = \"1h\"\n[command]\nrun = [\"./tick.sh\"]\n",
+    );
+    let child = s
+        .command(&["scheduler"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while starts(&s).is_empty() && start.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let out = child.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{log}");
+    let today = chrono::Utc::now().date_naive().to_string();
+    // One start for today's date however many seconds fired: the window skips the rest.
+    assert_eq!(starts(&s), [format!("scheduler {today}")], "{log}");
+    assert!(
+        log.contains("fire tick slot") && log.contains("completed"),
+        "{log}"
+    );
+    // Cloud Scheduler has no seconds field: a daily schedule for the export.
+    let daily = std::fs::read_to_string(s.dir.join("jobs/tick.toml"))
+        .unwrap()
+        .replace("* * * * * *", "0 6 * * *");
+    s.write_job("tick", &daily);
+    let out = s
+        .command_with_store(
+            &[
+                "schedule",
+                "export",
+                "--cloud-scheduler",
+                "proj/europe-west1",
+            ],
+            "postgres://idem@db/idem",
+        )
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("--args='run,tick,"), "{text}");
+}

@@ -59,6 +59,14 @@ impl ExecArgs {
             toml::Value::String(self.date.clone().unwrap_or_else(|| "today".into())),
         );
         put(&mut job, "timezone", &self.timezone);
+        if !self.param.is_empty() {
+            let params: toml::Table = self
+                .param
+                .iter()
+                .map(|(k, v)| (k.clone(), toml::Value::String(v.clone())))
+                .collect();
+            job.insert("params".into(), toml::Value::Table(params));
+        }
         job.insert("guards".into(), toml::Value::Table(guards));
         job.insert("command".into(), toml::Value::Table(command));
         let text = toml::to_string(&job)
@@ -91,6 +99,7 @@ pub(super) async fn exec(args: &ExecArgs, g: &GlobalOptions, registry: &Registry
         run_id: args.run_id.clone(),
         cancel: Some(cancel),
         spool: true,
+        params: args.param.iter().cloned().collect(),
     };
     let date = job.run_date(None, args.scheduled_at.as_deref(), chrono::Utc::now())?;
     let request = overrides.request(&job, date)?;

@@ -253,6 +253,22 @@ pub(crate) struct RunArgs {
     /// textfile collector), atomically, when the run ends (not with --from/--to).
     #[arg(long, value_name = "FILE", conflicts_with = "from")]
     metrics_file: Option<PathBuf>,
+    /// A parameter over the job's `[params]` of that name (repeatable): what
+    /// `{param.NAME}` is in a command job's arguments, `RunRequest::params` in Rust.
+    #[arg(long, value_name = "NAME=VALUE", value_parser = parse_param)]
+    param: Vec<(String, String)>,
+}
+
+/// `--param NAME=VALUE`.
+fn parse_param(s: &str) -> std::result::Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((name, value)) if !name.is_empty() && !name.contains(char::is_whitespace) => {
+            Ok((name.to_string(), value.to_string()))
+        }
+        _ => Err(format!(
+            "{s:?}: expected NAME=VALUE (e.g. bucket=gs://exports)"
+        )),
+    }
 }
 
 #[derive(Debug, Args)]
@@ -303,6 +319,9 @@ pub(crate) struct ExecArgs {
     /// Run id to record (default: a new UUID).
     #[arg(long)]
     run_id: Option<String>,
+    /// A parameter for `{param.NAME}` in the program's arguments (repeatable).
+    #[arg(long, value_name = "NAME=VALUE", value_parser = parse_param)]
+    param: Vec<(String, String)>,
     /// Write the run's metrics to FILE in Prometheus text format, atomically, at the end.
     #[arg(long, value_name = "FILE")]
     metrics_file: Option<PathBuf>,
@@ -336,6 +355,9 @@ pub(crate) struct ExplainArgs {
     /// setup creates); without it, explain changes nothing in the warehouse.
     #[arg(long)]
     with_setup: bool,
+    /// A parameter over the job's `[params]` of that name (repeatable), as `idem run` takes.
+    #[arg(long, value_name = "NAME=VALUE", value_parser = parse_param)]
+    param: Vec<(String, String)>,
 }
 
 impl ExplainArgs {
@@ -354,6 +376,7 @@ impl ExplainArgs {
             on_store_failure: None,
             run_id: None,
             metrics_file: None,
+            param: self.param.clone(),
         }
     }
 }

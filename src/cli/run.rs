@@ -22,6 +22,7 @@ impl RunArgs {
             run_id: self.run_id.clone(),
             cancel,
             spool: true,
+            params: self.param.iter().cloned().collect(),
         }
     }
 }

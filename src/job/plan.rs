@@ -35,6 +35,9 @@ pub struct Overrides {
     /// Replay the spool of runs recorded while the store was unreachable, and spool this
     /// run's result when the store cannot take it (see [`Spool`]).
     pub spool: bool,
+    /// Parameters over the job's `[params]` of the same name (`--param NAME=VALUE`), as
+    /// strings.
+    pub params: std::collections::BTreeMap<String, String>,
 }
 
 impl Overrides {
@@ -43,6 +46,11 @@ impl Overrides {
         let mut request = RunRequest::new(job.name.clone(), date)
             .with_trigger(self.trigger.unwrap_or(Trigger::Manual))
             .with_params(job.params_json());
+        if let serde_json::Value::Object(params) = &mut request.params {
+            for (name, value) in &self.params {
+                params.insert(name.clone(), serde_json::Value::String(value.clone()));
+            }
+        }
         if let Some(scope) = &self.scope {
             request = request.with_scope(scope.clone());
         }
