@@ -23,7 +23,8 @@
 //! * The child runs in a process group of its own. A run stopped from outside (a signal to
 //!   idem, a lost lease) or past `timeout` sends SIGTERM to the whole group and SIGKILL
 //!   after `grace`; the runner waits for that before it records the run. If idem itself is
-//!   killed (SIGKILL), the kernel sends the direct child SIGKILL (`PR_SET_PDEATHSIG`).
+//!   killed (SIGKILL), the kernel sends the direct child SIGKILL (`PR_SET_PDEATHSIG`) and a
+//!   watchdog process stops the rest of the group (`Watchdog` in the source).
 //! * The child's standard error streams through to idem's while idem keeps only a bounded
 //!   tail; its standard output goes to idem's (to idem's standard error instead when idem's
 //!   standard output carries a machine-readable report: [`reserve_stdout`]).
@@ -422,6 +423,58 @@ struct Group {
     child: Option<tokio::process::Child>,
     pgid: libc::pid_t,
     grace: Duration,
+    watchdog: Option<Watchdog>,
+}
+
+/// A small `/bin/sh` process, outside the child's group and beside idem, that stops the
+/// group (SIGTERM, then SIGKILL after the grace period) if idem dies without saying so: it
+/// waits on a pipe only idem holds, and end of file without `done` means idem is gone
+/// (SIGKILL, a crash). `PR_SET_PDEATHSIG` reaches the direct child only; this reaches what
+/// it started too (a shell script's commands). Without `/bin/sh` there is no watchdog and
+/// the direct child's death signal is all.
+struct Watchdog {
+    process: std::process::Child,
+}
+
+impl Watchdog {
+    const SCRIPT: &'static str = "trap '' INT TERM HUP
+if read -r line && [ \"$line\" = done ]; then exit 0; fi
+kill -s TERM -- \"-$1\" 2>/dev/null || exit 0
+sleep \"$2\"
+kill -s KILL -- \"-$1\" 2>/dev/null
+exit 0";
+
+    fn start(pgid: libc::pid_t, grace: Duration) -> Option<Watchdog> {
+        if pgid <= 0 {
+            return None;
+        }
+        let secs = grace.as_secs() + u64::from(grace.subsec_nanos() > 0);
+        let spawned = std::process::Command::new("/bin/sh")
+            .args(["-c", Self::SCRIPT, "idem-watchdog"])
+            .arg(pgid.to_string())
+            .arg(secs.to_string())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .process_group(0)
+            .spawn();
+        match spawned {
+            Ok(process) => Some(Watchdog { process }),
+            Err(e) => {
+                tracing::debug!("no watchdog for the command's process group: {e}");
+                None
+            }
+        }
+    }
+
+    /// idem is alive and done with the group: the watchdog exits without a signal.
+    fn release(mut self) {
+        use std::io::Write as _;
+        if let Some(mut stdin) = self.process.stdin.take() {
+            let _ = stdin.write_all(b"done\n");
+        }
+        let _ = self.process.wait();
+    }
 }
 
 impl Group {
@@ -437,6 +490,7 @@ impl Group {
             child: Some(child),
             pgid,
             grace,
+            watchdog: Watchdog::start(pgid, grace),
         })
     }
 
@@ -467,12 +521,20 @@ impl Group {
 
 impl Drop for Group {
     fn drop(&mut self) {
+        let watchdog = self.watchdog.take();
         if let Some(child) = self.child.take() {
             let (pgid, grace) = (self.pgid, self.grace);
             crate::backend::send_stop(
-                Group::stop(pgid, child, grace),
+                async move {
+                    Group::stop(pgid, child, grace).await;
+                    if let Some(w) = watchdog {
+                        w.release();
+                    }
+                },
                 grace + Duration::from_secs(2),
             );
+        } else if let Some(w) = watchdog {
+            w.release();
         }
     }
 }
@@ -640,6 +702,7 @@ impl Processor for CommandProcessor {
             child: None,
             pgid,
             grace: self.spec.grace,
+            watchdog: None,
         };
         let mut stdout = child.stdout.take().expect("piped");
         let stderr = child.stderr.take().expect("piped");

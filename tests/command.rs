@@ -359,22 +359,22 @@ fn sigterm_stops_the_program_and_its_children_and_records_an_interrupted_run() {
     );
 }
 
-/// SIGKILL to `idem run`: idem cannot stop anything, so the kernel does: the program gets
-/// SIGKILL when idem dies (`PR_SET_PDEATHSIG`). A grandchild in its own right is not
-/// reached that way; its lease expires and the scope can run again (docs).
+/// SIGKILL to `idem run`: idem cannot stop anything itself. The kernel kills the program
+/// (`PR_SET_PDEATHSIG`), and idem's watchdog, which sees idem's end of its pipe close,
+/// stops the rest of the group (SIGTERM, SIGKILL after `grace`): a grandchild is gone too.
 #[test]
-fn sigkill_to_idem_kills_the_program() {
+fn sigkill_to_idem_kills_the_program_and_its_children() {
     let s = Sandbox::new("idem-command-sigkill");
     script(
         &s,
         "sleepy.sh",
-        "#!/bin/sh\necho $$ > pids\necho $$ >> pids\nexec sleep 300\n",
+        "#!/bin/sh\nsleep 300 &\necho $$ > pids\necho $! >> pids\nwait\n",
     );
     job(
         &s,
         "sleepy",
         r#"["./sleepy.sh"]"#,
-        "",
+        "grace = \"2s\"",
         "time_window = \"1h\"",
     );
     let mut child = s
@@ -383,21 +383,20 @@ fn sigkill_to_idem_kills_the_program() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let pid: i32 = wait_for_file(&s.dir.join("jobs/pids"), Duration::from_secs(30))
+    let pids: Vec<i32> = wait_for_file(&s.dir.join("jobs/pids"), Duration::from_secs(30))
         .lines()
-        .next()
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    assert!(pid_alive(pid));
+        .map(|l| l.trim().parse().unwrap())
+        .collect();
+    assert!(pids.iter().all(|p| pid_alive(*p)));
     child.kill().unwrap();
     child.wait().unwrap();
     let start = Instant::now();
-    while pid_alive(pid) && start.elapsed() < Duration::from_secs(5) {
+    while pids.iter().any(|p| pid_alive(*p)) && start.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert!(!pid_alive(pid), "the program outlived a SIGKILLed idem");
+    for p in &pids {
+        assert!(!pid_alive(*p), "pid {p} outlived a SIGKILLed idem");
+    }
 }
 
 /// `idem exec` runs like a command job of that name: recorded in the same ledger, the
