@@ -829,3 +829,58 @@ fn the_scheduler_fires_a_command_job_and_exports_run_it_by_name() {
     );
     assert!(text.contains("--args='run,tick,"), "{text}");
 }
+
+/// A lease lost while the program runs (here released from under it, as a takeover after
+/// a stall would): the heartbeat sees it, the whole group is stopped, and the run is
+/// recorded as failed (no key).
+#[test]
+fn a_lost_lease_stops_the_program_and_its_children() {
+    let s = Sandbox::new("idem-command-lease-lost");
+    script(
+        &s,
+        "sleepy.sh",
+        "#!/bin/sh\nsleep 300 &\necho $$ > pids\necho $! >> pids\nwait\n",
+    );
+    job(
+        &s,
+        "sleepy",
+        r#"["./sleepy.sh"]"#,
+        "grace = \"2s\"",
+        "lease = \"3s\"",
+    );
+    let child = s
+        .json_command(&["run", "sleepy", "--date", "2026-01-02"])
+        .spawn()
+        .unwrap();
+    let pids: Vec<i32> = wait_for_file(&s.dir.join("jobs/pids"), Duration::from_secs(30))
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let store = idem::store::open(&s.store).await.unwrap();
+        let now = chrono::Utc::now();
+        let holder = store
+            .lease_holder("sleepy", "2026-01-02", now)
+            .await
+            .unwrap()
+            .expect("the run holds the lease");
+        let lease = idem::store::Lease {
+            processor: "sleepy".into(),
+            scope: "2026-01-02".into(),
+            run_id: holder.run_id,
+            token: holder.token,
+            acquired_at: holder.acquired_at,
+            expires_at: holder.expires_at,
+        };
+        assert!(store.release(&lease, now).await.unwrap());
+    });
+    let started = Instant::now();
+    let (code, v, err) = common::wait(child);
+    assert!(started.elapsed() < Duration::from_secs(15), "{err}");
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(v["status"], "failed", "{v}");
+    for p in &pids {
+        assert!(!pid_alive(*p), "pid {p} outlived the lost lease: {err}");
+    }
+}
