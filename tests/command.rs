@@ -92,6 +92,40 @@ fn wait_for_file(path: &Path, limit: Duration) -> String {
     }
 }
 
+/// Starts `idem run sleepy` (`[command]` lines `extra`, `[guards]` lines `guards`) on a
+/// program that starts a grandchild, writes both pids and waits; returns idem's process
+/// (its output captured, `--format json` unless `json` is false) once both pids are known
+/// and alive.
+fn start_sleepy(
+    s: &Sandbox,
+    extra: &str,
+    guards: &str,
+    json: bool,
+) -> (std::process::Child, Vec<i32>) {
+    script(
+        s,
+        "sleepy.sh",
+        "#!/bin/sh\nsleep 300 &\necho $$ > pids\necho $! >> pids\nwait\n",
+    );
+    job(s, "sleepy", r#"["./sleepy.sh"]"#, extra, guards);
+    let args = ["run", "sleepy", "--date", "2026-01-02"];
+    let child = if json {
+        s.json_command(&args).spawn().unwrap()
+    } else {
+        s.command(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let pids: Vec<i32> = wait_for_file(&s.dir.join("jobs/pids"), Duration::from_secs(30))
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect();
+    assert!(pids.iter().all(|p| pid_alive(*p)));
+    (child, pids)
+}
+
 #[test]
 fn a_second_run_inside_the_window_is_skipped_without_starting_the_program() {
     let s = Sandbox::new("idem-command-window");
@@ -313,28 +347,7 @@ fn bad_command_jobs_exit_2_naming_the_field_with_nothing_recorded() {
 #[test]
 fn sigterm_stops_the_program_and_its_children_and_records_an_interrupted_run() {
     let s = Sandbox::new("idem-command-sigterm");
-    // The program starts a grandchild, writes both pids, and sleeps.
-    script(
-        &s,
-        "sleepy.sh",
-        "#!/bin/sh\nsleep 300 &\necho $$ > pids\necho $! >> pids\nwait\n",
-    );
-    job(
-        &s,
-        "sleepy",
-        r#"["./sleepy.sh"]"#,
-        "grace = \"5s\"",
-        "time_window = \"1h\"",
-    );
-    let child = s
-        .json_command(&["run", "sleepy", "--date", "2026-01-02"])
-        .spawn()
-        .unwrap();
-    let pids: Vec<i32> = wait_for_file(&s.dir.join("jobs/pids"), Duration::from_secs(30))
-        .lines()
-        .map(|l| l.trim().parse().unwrap())
-        .collect();
-    assert!(pids.iter().all(|p| pid_alive(*p)));
+    let (child, pids) = start_sleepy(&s, "grace = \"5s\"", "time_window = \"1h\"", true);
     let started = Instant::now();
     assert!(Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
@@ -365,29 +378,7 @@ fn sigterm_stops_the_program_and_its_children_and_records_an_interrupted_run() {
 #[test]
 fn sigkill_to_idem_kills_the_program_and_its_children() {
     let s = Sandbox::new("idem-command-sigkill");
-    script(
-        &s,
-        "sleepy.sh",
-        "#!/bin/sh\nsleep 300 &\necho $$ > pids\necho $! >> pids\nwait\n",
-    );
-    job(
-        &s,
-        "sleepy",
-        r#"["./sleepy.sh"]"#,
-        "grace = \"2s\"",
-        "time_window = \"1h\"",
-    );
-    let mut child = s
-        .command(&["run", "sleepy", "--date", "2026-01-02"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let pids: Vec<i32> = wait_for_file(&s.dir.join("jobs/pids"), Duration::from_secs(30))
-        .lines()
-        .map(|l| l.trim().parse().unwrap())
-        .collect();
-    assert!(pids.iter().all(|p| pid_alive(*p)));
+    let (mut child, pids) = start_sleepy(&s, "grace = \"2s\"", "time_window = \"1h\"", false);
     child.kill().unwrap();
     child.wait().unwrap();
     let start = Instant::now();
@@ -836,26 +827,7 @@ fn the_scheduler_fires_a_command_job_and_exports_run_it_by_name() {
 #[test]
 fn a_lost_lease_stops_the_program_and_its_children() {
     let s = Sandbox::new("idem-command-lease-lost");
-    script(
-        &s,
-        "sleepy.sh",
-        "#!/bin/sh\nsleep 300 &\necho $$ > pids\necho $! >> pids\nwait\n",
-    );
-    job(
-        &s,
-        "sleepy",
-        r#"["./sleepy.sh"]"#,
-        "grace = \"2s\"",
-        "lease = \"3s\"",
-    );
-    let child = s
-        .json_command(&["run", "sleepy", "--date", "2026-01-02"])
-        .spawn()
-        .unwrap();
-    let pids: Vec<i32> = wait_for_file(&s.dir.join("jobs/pids"), Duration::from_secs(30))
-        .lines()
-        .map(|l| l.trim().parse().unwrap())
-        .collect();
+    let (child, pids) = start_sleepy(&s, "grace = \"2s\"", "lease = \"3s\"", true);
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let store = idem::store::open(&s.store).await.unwrap();
