@@ -1,6 +1,7 @@
 //! The `idem` command as a user runs it, on the embedded SQLite store: whole processes,
 //! real files, exit codes and JSON output.
 
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -1352,4 +1353,50 @@ process = "INSERT INTO out VALUES (@run_id)"
     expected.sort();
     assert_eq!(in_ledger, expected);
     assert_eq!(seen_by_sql, expected, "@run_id is the ledger's id");
+}
+
+/// A SQLite ledger made by the build before the SQL moved to `sql/` (tests/fixtures, made
+/// with `idem exec fixture --date 2025-11-18 --time-window 1h -- true` and one gate line)
+/// opens with this one: `migrate` has nothing to do, its run and its keys still count.
+#[test]
+fn a_ledger_made_before_the_sql_moved_to_sql_opens_and_its_keys_still_count() {
+    let s = Sandbox::new("idem-cli-old-ledger");
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ledger-before-sql-move.db"),
+        s.dir.join("idem.db"),
+    )
+    .unwrap();
+    assert_eq!(s.idem(&["migrate"]).status.code(), Some(0));
+    let (code, v, err) = s.json(&["runs", "--job", "fixture"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(v.as_array().map(Vec::len), Some(1), "{v}");
+    assert_eq!(v[0]["status"], "completed");
+    // The gate's key is still marked: the same line is a replay.
+    let out = s
+        .command(&["gate", "--key", "id", "--format", "ndjson"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write as _;
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(b"{\"id\":\"e1\",\"amount\":1}\n")?;
+            child.wait_with_output()
+        })
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("\"verdict\":\"replay\""),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }

@@ -185,7 +185,14 @@ fn readme_layout_names_every_folder() {
             ));
         }
     }
-    for top in ["migrations", "reports", "tests", "benches", "jobs"] {
+    for top in [
+        "sql",
+        "sql/migrations",
+        "sql/reports",
+        "tests",
+        "benches",
+        "jobs",
+    ] {
         if root.join(top).is_dir() {
             folders.push(format!("{top}/"));
         }
@@ -198,4 +205,49 @@ fn readme_layout_names_every_folder() {
         missing.is_empty(),
         "README's Layout section does not name {missing:?}"
     );
+}
+
+/// The project card fixes the top level: Cargo.toml, src, sql, jobs, tests, README.md
+/// (docs, benches, examples, CI and a python/ member beside them). The SQL a user may read
+/// or run lives under `sql/`, never in folders of its own at the top.
+#[test]
+fn the_top_level_is_the_cards() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let allowed = [
+        "Cargo.toml",
+        "Cargo.lock",
+        "src",
+        "sql",
+        "jobs",
+        "tests",
+        "README.md",
+        "docs",
+        "benches",
+        "examples",
+        "python",
+        ".ci",
+        ".git",
+        ".gitignore",
+        "target",
+    ];
+    let mut extra = Vec::new();
+    for entry in fs::read_dir(root).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().to_string();
+        // The README demo's ledger (`./idem.db`, its WAL files) and the spool are a
+        // user's files, ignored by git.
+        let local = name.starts_with("idem.db") || name == ".idem-spool";
+        if !allowed.contains(&name.as_str()) && !local {
+            extra.push(name);
+        }
+    }
+    assert!(extra.is_empty(), "not on the card's top level: {extra:?}");
+    for dialect in ["sqlite", "postgres", "bigquery"] {
+        for kind in ["migrations", "reports"] {
+            assert!(
+                root.join("sql").join(kind).join(dialect).is_dir(),
+                "sql/{kind}/{dialect}/ is missing"
+            );
+        }
+    }
+    assert!(root.join("sql/README.md").is_file());
 }

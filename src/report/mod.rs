@@ -2,7 +2,7 @@
 //!
 //! The queries are the "Is This Needed?" and "Monitoring" queries of the design seed, over
 //! `processing_runs` and `processing_keys`, kept per dialect as `.sql` files beside the
-//! migrations (`reports/<dialect>/*.sql`) with every value bound as a parameter:
+//! migrations (`sql/reports/<dialect>/*.sql`) with every value bound as a parameter:
 //!
 //! * `duplicates` (Q1): completed runs of a scope whose previous completed run finished
 //!   more than the time window earlier, and how many processed identical record counts;
@@ -69,17 +69,17 @@ pub const QUERY_NAMES: [&str; 7] = [
 /// The SQL text of report query `name` in `dialect`, with its parameters explained in the
 /// comment at its top.
 pub fn sql(name: &str, dialect: Dialect) -> Result<&'static str> {
-    /// The report queries of one dialect, in [`QUERY_NAMES`] order, from `reports/<dir>/`.
+    /// The report queries of one dialect, in [`QUERY_NAMES`] order, from `sql/reports/<dir>/`.
     macro_rules! queries {
         ($dir:literal) => {
             [
-                include_str!(concat!("../../reports/", $dir, "/duplicates.sql")),
-                include_str!(concat!("../../reports/", $dir, "/wasted.sql")),
-                include_str!(concat!("../../reports/", $dir, "/savings.sql")),
-                include_str!(concat!("../../reports/", $dir, "/effectiveness.sql")),
-                include_str!(concat!("../../reports/", $dir, "/storage.sql")),
-                include_str!(concat!("../../reports/", $dir, "/shadow.sql")),
-                include_str!(concat!("../../reports/", $dir, "/daily.sql")),
+                include_str!(concat!("../../sql/reports/", $dir, "/duplicates.sql")),
+                include_str!(concat!("../../sql/reports/", $dir, "/wasted.sql")),
+                include_str!(concat!("../../sql/reports/", $dir, "/savings.sql")),
+                include_str!(concat!("../../sql/reports/", $dir, "/effectiveness.sql")),
+                include_str!(concat!("../../sql/reports/", $dir, "/storage.sql")),
+                include_str!(concat!("../../sql/reports/", $dir, "/shadow.sql")),
+                include_str!(concat!("../../sql/reports/", $dir, "/daily.sql")),
             ]
         };
     }

@@ -1,5 +1,5 @@
 //! One migration mechanism for the SQL stores: one embedded list per dialect, built from
-//! `migrations/<dialect>/NNNN_name.sql`, and one runner (`run`) that every store applies
+//! `sql/migrations/<dialect>/NNNN_name.sql`, and one runner (`run`) that every store applies
 //! the same way — one cheap query when the schema is current, otherwise the pending
 //! migrations in order under the dialect's lock, each recorded, exactly once across
 //! concurrent first uses.
@@ -45,12 +45,12 @@ impl Migration {
     }
 }
 
-/// The migrations of a dialect, embedded from `migrations/<dialect>/<name>.sql`, in order.
+/// The migrations of a dialect, embedded from `sql/migrations/<dialect>/<name>.sql`, in order.
 macro_rules! embed {
     ($dialect:literal: $($name:literal),+ $(,)?) => {
         &[$(Migration::new(
             $name,
-            include_str!(concat!("../../migrations/", $dialect, "/", $name, ".sql")),
+            include_str!(concat!("../../sql/migrations/", $dialect, "/", $name, ".sql")),
         )),+]
     };
 }

@@ -3,7 +3,7 @@
 //! # Store
 //!
 //! `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE` (or `postgresql://…`). The schema
-//! (`migrations/postgres/`) is applied on first use and by `idem migrate`: when the database is
+//! (`sql/migrations/postgres/`) is applied on first use and by `idem migrate`: when the database is
 //! already migrated that costs one cheap query (`SELECT max(version) FROM
 //! idem_schema_migrations`); otherwise the migrations run in one transaction under
 //! `pg_advisory_xact_lock`, so several processes starting at once on a fresh database
