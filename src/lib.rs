@@ -50,6 +50,38 @@
 //! assert_eq!(second.skip_reason.unwrap().as_str(), "time_window");
 //! # });
 //! ```
+//!
+//! The other two ways in are job files, no Rust needed: `processor = "sql"` runs SQL on a
+//! warehouse, `processor = "command"` runs any program ([`command`]; `idem exec` does the
+//! same from a crontab line). [`job::plan()`] turns either into a ready run:
+//!
+//! ```
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! use idem::job::{plan, Job, Overrides};
+//! use idem::{Registry, RunStatus};
+//!
+//! let job = Job::parse(
+//!     r#"
+//!     name = "export_orders"
+//!     processor = "command"
+//!     [guards]
+//!     time_window = "20h"
+//!     [command]
+//!     run = ["sh", "-c", "echo exporting {date} >&2"]
+//!     "#,
+//!     &std::env::temp_dir().join("export_orders.toml"),
+//! )
+//! .unwrap();
+//! let ready = plan(&job, &Registry::default(), "memory://", Overrides::default())
+//!     .await
+//!     .unwrap();
+//! let date = idem::parse_date("2025-11-18").unwrap();
+//! let first = ready.runner.run(&*ready.processor, ready.request(date).unwrap()).await.unwrap();
+//! assert_eq!(first.status, RunStatus::Completed);
+//! let again = ready.runner.run(&*ready.processor, ready.request(date).unwrap()).await.unwrap();
+//! assert_eq!(again.skip_reason.unwrap().as_str(), "time_window");
+//! # });
+//! ```
 
 #![warn(missing_docs)]
 

@@ -542,7 +542,7 @@ pub trait EventKeyStore: StoreBase {
 
     /// Deletes event keys of a namespace (their marks, fingerprints and decisions), in one
     /// round trip: how many were marked. A store that cannot answers
-    /// [`Error::Unsupported`](crate::error::Error::Unsupported).
+    /// [`Error::Unsupported`].
     async fn forget_event_keys(&self, namespace: &str, keys: &[String]) -> Result<u64> {
         let _ = (namespace, keys);
         Err(crate::error::Error::Unsupported {
@@ -580,7 +580,7 @@ pub trait EventKeyStore: StoreBase {
     /// and leaves any other mark of those keys alone (one another caller made after this
     /// one expired): how many were deleted. Needed by a store whose
     /// [`batch_concurrency`](Self::batch_concurrency) is above 1; a store that cannot
-    /// answers [`Error::Unsupported`](crate::error::Error::Unsupported).
+    /// answers [`Error::Unsupported`].
     async fn unmark_event_keys(
         &self,
         namespace: &str,
@@ -595,7 +595,7 @@ pub trait EventKeyStore: StoreBase {
     }
 
     /// The named cursor of a namespace (seed 003), `None` before its first advance. A
-    /// store without cursors answers [`Error::Unsupported`](crate::error::Error::Unsupported).
+    /// store without cursors answers [`Error::Unsupported`].
     async fn cursor(&self, namespace: &str, name: &str) -> Result<Option<Cursor>> {
         let _ = (namespace, name);
         Err(crate::error::Error::Unsupported {
