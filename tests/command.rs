@@ -79,6 +79,13 @@ fn pid_alive(pid: i32) -> bool {
     }
 }
 
+/// Every process of `pids` has exited (`why` says what should have stopped it).
+fn assert_gone(pids: &[i32], why: &str) {
+    for p in pids {
+        assert!(!pid_alive(*p), "pid {p} outlived {why}");
+    }
+}
+
 fn wait_for_file(path: &Path, limit: Duration) -> String {
     let start = Instant::now();
     loop {
@@ -359,9 +366,7 @@ fn sigterm_stops_the_program_and_its_children_and_records_an_interrupted_run() {
     assert_eq!(code, 1, "{err}");
     assert_eq!(v["status"], "failed", "{v}");
     assert!(v["error"].as_str().unwrap().contains("interrupted"), "{v}");
-    for p in &pids {
-        assert!(!pid_alive(*p), "pid {p} outlived idem: {err}");
-    }
+    assert_gone(&pids, &format!("idem: {err}"));
     // The lease is released: the next run runs at once.
     std::fs::write(s.dir.join("jobs/sleepy.sh"), "#!/bin/sh\nexit 0\n").unwrap();
     let (code, v, err) = s.json(&["run", "sleepy", "--date", "2026-01-02"]);
@@ -385,9 +390,7 @@ fn sigkill_to_idem_kills_the_program_and_its_children() {
     while pids.iter().any(|p| pid_alive(*p)) && start.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(50));
     }
-    for p in &pids {
-        assert!(!pid_alive(*p), "pid {p} outlived a SIGKILLed idem");
-    }
+    assert_gone(&pids, "a SIGKILLed idem");
 }
 
 /// `idem exec` runs like a command job of that name: recorded in the same ledger, the
@@ -613,9 +616,7 @@ fn a_program_past_its_timeout_is_stopped_with_its_group_and_the_run_fails() {
         .lines()
         .map(|l| l.trim().parse().unwrap())
         .collect();
-    for p in &pids {
-        assert!(!pid_alive(*p), "pid {p} outlived the timeout");
-    }
+    assert_gone(&pids, "the timeout");
     // No key: the next run runs (and, fixed, completes).
     std::fs::write(s.dir.join("jobs/stuck.sh"), "#!/bin/sh\nexit 0\n").unwrap();
     let (code, v, err) = s.run(&j, "2026-01-02");
@@ -852,7 +853,5 @@ fn a_lost_lease_stops_the_program_and_its_children() {
     assert!(started.elapsed() < Duration::from_secs(15), "{err}");
     assert_eq!(code, 1, "{err}");
     assert_eq!(v["status"], "failed", "{v}");
-    for p in &pids {
-        assert!(!pid_alive(*p), "pid {p} outlived the lost lease: {err}");
-    }
+    assert_gone(&pids, &format!("the lost lease: {err}"));
 }
