@@ -1,0 +1,236 @@
+//! Event keys: marks per namespace, cursors, pending marks, taking marks back.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::{now, unique};
+use crate::error::Error;
+use crate::store::{Cursor, EventKeyStore, EventMark, EventVerdict};
+
+/// Event keys: first sighting true, later (and in-batch repeats) false, per namespace.
+pub async fn event_keys_batch(store: &dyn EventKeyStore) {
+    let ns = unique("events");
+    let t = now();
+    let keys: Vec<String> = ["a", "b", "a", "c'; --", "ü"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let first = store.mark_event_keys(&ns, &keys, t).await.unwrap();
+    assert_eq!(first, vec![true, true, false, true, true]);
+    let again = store
+        .mark_event_keys(&ns, &["b".to_string(), "d".to_string()], t)
+        .await
+        .unwrap();
+    assert_eq!(again, vec![false, true]);
+    let other_ns = unique("events");
+    let other = store
+        .mark_event_keys(&other_ns, &["a".to_string()], t)
+        .await
+        .unwrap();
+    assert_eq!(other, vec![true], "namespaces are independent");
+    assert!(store.mark_event_keys(&ns, &[], t).await.unwrap().is_empty());
+}
+
+/// Cursors (seed 003): absent until the first advance; advance with a batch's marks (both
+/// recorded), never backwards; ties on the timestamp ordered by the id; per namespace and
+/// name. A store without cursors (BigQuery) says `Unsupported` for each method.
+pub async fn event_cursor(store: &dyn EventKeyStore) {
+    let ns = unique("cursor");
+    let t = now();
+    let at = |ts: serde_json::Value, id: serde_json::Value| Cursor::at(&ts, &id).unwrap();
+    if store.kind() == "bigquery" {
+        let unsupported = |e: Error| matches!(e, Error::Unsupported { .. });
+        assert!(unsupported(store.cursor(&ns, "c").await.unwrap_err()));
+        let to = at(json!(1), json!("a"));
+        assert!(unsupported(
+            store.advance_cursor(&ns, "c", &to).await.unwrap_err()
+        ));
+        return;
+    }
+    assert_eq!(store.cursor(&ns, "c").await.unwrap(), None);
+    let first = at(json!(10), json!("b"));
+    let verdicts = store
+        .check_and_mark_advancing(&ns, &[EventMark::key("10:b")], t, "c", &first)
+        .await
+        .unwrap();
+    assert_eq!(verdicts, vec![EventVerdict::New]);
+    assert_eq!(store.cursor(&ns, "c").await.unwrap(), Some(first.clone()));
+    assert_eq!(
+        store
+            .is_duplicate(&ns, &["10:b".to_string()], t)
+            .await
+            .unwrap(),
+        vec![true],
+        "the marks are recorded with the cursor"
+    );
+    // Never backwards: same timestamp, smaller id; an earlier timestamp.
+    for behind in [at(json!(10), json!("a")), at(json!(9), json!("z"))] {
+        store.advance_cursor(&ns, "c", &behind).await.unwrap();
+        assert_eq!(store.cursor(&ns, "c").await.unwrap(), Some(first.clone()));
+    }
+    let tie = at(json!(10), json!("c"));
+    store
+        .check_and_mark_advancing(&ns, &[], t, "c", &tie)
+        .await
+        .unwrap();
+    assert_eq!(store.cursor(&ns, "c").await.unwrap(), Some(tie.clone()));
+    let text = at(json!("2024-05-01T10:00:00Z"), json!(42));
+    store.advance_cursor(&ns, "other", &text).await.unwrap();
+    assert_eq!(store.cursor(&ns, "other").await.unwrap(), Some(text));
+    assert_eq!(store.cursor(&ns, "c").await.unwrap(), Some(tie));
+    assert_eq!(store.cursor(&unique("cursor"), "c").await.unwrap(), None);
+}
+
+/// Pending marks (issue 21.1), on a store that [`confirms_pending`]: a mark made with a
+/// marker decision and a short expiry answers later calls with that marker (so another
+/// gate knows to wait); a confirmation by another owner changes nothing; the owner's
+/// confirmation clears the marker and sets the real expiry (here: never); a pending mark
+/// nobody confirmed expires and the next call takes it over as new.
+///
+/// [`confirms_pending`]: crate::store::EventKeyStore::confirms_pending
+pub async fn event_pending(store: &dyn EventKeyStore) {
+    if !store.confirms_pending() {
+        return;
+    }
+    let ns = unique("pending");
+    let t = now();
+    let pending = Duration::from_secs(30);
+    let (mine, theirs) = (
+        json!({"idem_pending": "gate-a"}),
+        json!({"idem_pending": "gate-b"}),
+    );
+    let mark = |k: &str, owner: &serde_json::Value| {
+        EventMark::key(k)
+            .fingerprint("x")
+            .ttl(pending)
+            .decision(owner.clone())
+    };
+    let v = store
+        .check_and_mark(&ns, &[mark("a", &mine), mark("b", &mine)], t)
+        .await
+        .unwrap();
+    assert_eq!(v, [EventVerdict::New, EventVerdict::New]);
+    // Another gate sees the marker: the key is pending, not confirmed.
+    let later = t + chrono::Duration::seconds(1);
+    let v = store
+        .check_and_mark(&ns, &[mark("a", &theirs)], later)
+        .await
+        .unwrap();
+    assert!(
+        matches!(&v[0], EventVerdict::Replay { decision: Some(d), .. } if *d == mine),
+        "{v:?}"
+    );
+    // A confirmation by the wrong owner does nothing.
+    let keys = vec![("a".to_string(), None), ("b".to_string(), None)];
+    assert_eq!(
+        store
+            .confirm_event_keys(&ns, &keys, &theirs.to_string())
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        store
+            .confirm_event_keys(&ns, &keys[..1], &mine.to_string())
+            .await
+            .unwrap(),
+        1
+    );
+    // Confirmed: no marker, and no expiry (long after the pending timeout it is a replay).
+    let much_later = t + chrono::Duration::days(3);
+    let v = store
+        .check_and_mark(&ns, &[mark("a", &theirs), mark("b", &theirs)], much_later)
+        .await
+        .unwrap();
+    assert!(
+        matches!(&v[0], EventVerdict::Replay { decision: None, .. }),
+        "a confirmed mark lasts: {v:?}"
+    );
+    // `b` was never confirmed: its pending mark expired and is taken over.
+    assert_eq!(
+        v[1],
+        EventVerdict::New,
+        "an unconfirmed pending mark expires"
+    );
+    // Confirming `b` as its first owner now does nothing: the mark is gate-b's.
+    assert_eq!(
+        store
+            .confirm_event_keys(&ns, &keys[1..], &mine.to_string())
+            .await
+            .unwrap(),
+        0
+    );
+}
+
+/// Taking back marks ([`EventKeyStore::unmark_event_keys`]): only the marks made at the
+/// given first-seen instant go; a mark made at another instant (another caller's, after
+/// the first one expired) and other keys stay. A store without it must not run calls side
+/// by side.
+pub async fn event_unmark(store: &dyn EventKeyStore) {
+    let ns = unique("unmark");
+    let t = now();
+    let hour = Duration::from_secs(3600);
+    let keys = |ks: &[&str]| ks.iter().map(|k| k.to_string()).collect::<Vec<_>>();
+    let marks = [
+        EventMark::key("a").fingerprint("x").ttl(hour),
+        EventMark::key("b").fingerprint("x").ttl(hour),
+        EventMark::key("c").fingerprint("x"),
+    ];
+    store.check_and_mark(&ns, &marks, t).await.unwrap();
+    // `a` expires and another caller marks it anew.
+    let later = t + chrono::Duration::seconds(3600);
+    let again = store
+        .check_and_mark(
+            &ns,
+            &[EventMark::key("a").fingerprint("y").ttl(hour)],
+            later,
+        )
+        .await
+        .unwrap();
+    assert_eq!(again[0], EventVerdict::New);
+    let unmarked = match store.unmark_event_keys(&ns, &keys(&["a", "b"]), t).await {
+        Err(crate::error::Error::Unsupported { .. }) => {
+            assert_eq!(store.batch_concurrency(), 1, "runs calls side by side");
+            return;
+        }
+        other => other.unwrap(),
+    };
+    assert_eq!(unmarked, 1, "b only: a holds a later mark");
+    let at = later + chrono::Duration::seconds(1);
+    assert_eq!(
+        store
+            .is_duplicate(&ns, &keys(&["a", "b", "c"]), at)
+            .await
+            .unwrap(),
+        vec![true, false, true]
+    );
+    // `b` is new again. Of a, b, c, only c still holds its mark from `t`.
+    let b = store
+        .check_and_mark(&ns, &[EventMark::key("b").fingerprint("z")], at)
+        .await
+        .unwrap();
+    assert_eq!(b[0], EventVerdict::New);
+    assert_eq!(
+        store
+            .unmark_event_keys(&ns, &keys(&["a", "b", "c"]), t)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        store
+            .is_duplicate(&ns, &keys(&["a", "b", "c"]), at)
+            .await
+            .unwrap(),
+        vec![true, true, false]
+    );
+    assert_eq!(
+        store
+            .unmark_event_keys(&ns, &keys(&["a"]), later)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(store.unmark_event_keys(&ns, &[], t).await.unwrap(), 0);
+}
