@@ -98,6 +98,18 @@ pub struct CommandSpec {
     env: BTreeMap<String, String>,
 }
 
+impl CommandSpec {
+    /// The longest a run may take (`None`: no limit).
+    pub fn timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+
+    /// Between SIGTERM and SIGKILL when the program is stopped.
+    pub fn grace(&self) -> Duration {
+        self.grace
+    }
+}
+
 /// One argument: literal text and placeholders.
 #[derive(Debug, Clone, PartialEq)]
 struct Arg(Vec<Piece>);
@@ -546,7 +558,20 @@ fn signal_group(pgid: libc::pid_t, signal: libc::c_int) {
     }
 }
 
+/// Whether any process of the group is still running. Members that are idem's own children
+/// and have ended are reaped first: when idem is PID 1 (a container's entrypoint), the
+/// program's orphaned children are re-parented to it, and a zombie still counts as a member
+/// of its group for `kill(-pgid, 0)`, so without this the group would seem alive until the
+/// grace period ran out.
 fn group_alive(pgid: libc::pid_t) -> bool {
+    loop {
+        // SAFETY: waitpid(2) on the group's members that are our children, without
+        // blocking; the status pointer may be null.
+        let reaped = unsafe { libc::waitpid(-pgid, std::ptr::null_mut(), libc::WNOHANG) };
+        if reaped <= 0 {
+            break;
+        }
+    }
     // SAFETY: signal 0 only checks that the group exists.
     unsafe { libc::kill(-pgid, 0) == 0 }
 }
