@@ -2,7 +2,7 @@
 //!
 //! Memory and SQLite always run. Backends behind a service run when their URL is set and
 //! skip with a message otherwise: `IDEM_TEST_POSTGRES_URL` (a database the tests may fill),
-//! `IDEM_TEST_BIGQUERY_URL` (see README), `IDEM_TEST_REDIS_URL` (`redis://HOST:PORT`: a
+//! `IDEM_TEST_BIGQUERY_URL` (see docs/contributing.md), `IDEM_TEST_REDIS_URL` (`redis://HOST:PORT`: a
 //! Redis holding event keys only, so it runs the event-key checks; each test uses a fresh
 //! key prefix and deletes its keys after).
 
