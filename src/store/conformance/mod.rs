@@ -7,12 +7,6 @@
 //! [`capabilities_hold_across_instances`] asserts. Each check uses its own processor names, so the checks can
 //! share one database and run in any order. Times are passed explicitly (`now`), so
 //! expiry is tested without sleeping.
-//!
-//! One file per capability, as the store traits are split: `lease` (claims, takeover,
-//! renewal), `ledger` (runs, keys and their queries), `maintenance` (purge and cleanup),
-//! `event_keys` (marks, cursors, pending marks, unmarking) and `event_dedup` (replays,
-//! conflicts and expiry of deduplicated events). The helpers they share, and the check that
-//! spans instances, are here.
 
 use std::time::Duration;
 
@@ -24,6 +18,11 @@ use crate::model::{
     micros, new_run_id, KeyKind, KeyRecord, Mode, RunRecord, RunStatus, SkipReason, Trigger,
 };
 
+// One file per capability, as the store traits are split: `lease` (claims, takeover,
+// renewal), `ledger` (runs, keys and their queries), `maintenance` (purge and cleanup),
+// `event_keys` (marks, cursors, pending marks, unmarking) and `event_dedup` (replays,
+// conflicts and expiry of deduplicated events). The helpers they share, and the check that
+// spans instances, are here.
 mod event_dedup;
 mod event_keys;
 mod lease;

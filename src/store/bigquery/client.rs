@@ -1,0 +1,199 @@
+//! Sending one statement: a quota answer is sent again, so is a lost concurrent-update
+//! conflict of a statement whose effect does not depend on what it lost to; a failure is
+//! told apart as the store unavailable or the statement refused.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::store::retry::{retry, Backoff, Retry};
+
+use crate::backend::bigquery::{ApiError, Param, QueryOutput};
+
+use super::BigQueryStore;
+
+/// A mutating statement that lost a concurrent-update conflict (BigQuery itself already
+/// re-ran it up to three times) is sent again after a random pause that doubles from 50 ms
+/// up to 1.6 s: 16 times in all, about 20 s. Under a fleet, the statements of other scopes
+/// on the same lease table are what it conflicts with, so it soon gets through.
+pub(super) const CONFLICT_RETRIES: Backoff = Backoff {
+    attempts: 16,
+    base: Duration::from_millis(50),
+    jitter: Duration::from_millis(100),
+};
+
+/// A statement BigQuery refused for a quota (the table's DML queue is full: "Too many DML
+/// statements outstanding against table …"; a rate limit) did not run, so it is sent
+/// again after a random pause that doubles from 0.2 s up to 6.4 s (plus up to 1 s): 40
+/// times in all, about 4 minutes, then reported as a quota error (never as the store
+/// being unavailable). A full queue holds 20 statements of about a second each, so
+/// trying much more often only spends API calls.
+pub(super) const QUOTA_RETRIES: Backoff = Backoff {
+    attempts: 40,
+    base: Duration::from_millis(200),
+    jitter: Duration::from_secs(1),
+};
+
+impl BigQueryStore {
+    /// A failed call: [`Error::StoreUnavailable`] when BigQuery could not be reached or
+    /// could not answer, [`Error::StoreRejected`] when it refused the statement.
+    pub(super) fn err(&self, e: ApiError) -> Error {
+        if e.is_outage() {
+            let message = e.to_string();
+            Error::store_source(&self.url, message, e)
+        } else {
+            Error::StoreRejected {
+                store: self.url.clone(),
+                operation: format!("the {} statement", e.operation),
+                message: e.to_string(),
+                source: Some(Box::new(e)),
+            }
+        }
+    }
+
+    pub(super) fn bad_row(&self, operation: &str, e: String) -> Error {
+        Error::store(
+            &self.url,
+            format!("bigquery {operation}: unexpected result row: {e}"),
+        )
+    }
+
+    /// Sends one statement; a quota answer ([`ApiError::is_quota`]: the statement did not
+    /// run) is sent again as [`QUOTA_RETRIES`] says, then reported as a quota error.
+    pub(super) async fn send(
+        &self,
+        operation: &str,
+        sql: &str,
+        params: &[Param],
+    ) -> std::result::Result<QueryOutput, ApiError> {
+        let started = Instant::now();
+        let sent = AtomicU32::new(0);
+        let sent = &sent;
+        retry(QUOTA_RETRIES, |attempt| async move {
+            sent.store(attempt + 1, Ordering::Relaxed);
+            match self.conn.query(operation, sql, params.to_vec()).await {
+                Ok(out) => Ok(out),
+                Err(e) if e.is_quota() => {
+                    tracing::debug!("{e}; sending it again after a pause");
+                    Err(Retry::Again(e))
+                }
+                Err(e) => Err(Retry::Stop(e)),
+            }
+        })
+        .await
+        .map_err(|e| {
+            if e.is_quota() {
+                e.after_retries(
+                    "BigQuery quota exceeded",
+                    sent.load(Ordering::Relaxed),
+                    started.elapsed(),
+                )
+            } else {
+                e
+            }
+        })
+    }
+
+    pub(super) async fn query(
+        &self,
+        operation: &str,
+        sql: &str,
+        params: Vec<Param>,
+    ) -> Result<QueryOutput> {
+        self.send(operation, sql, &params)
+            .await
+            .map_err(|e| self.err(e))
+    }
+
+    /// A mutating statement (UPDATE/DELETE) whose effect does not depend on what it lost
+    /// to: sent again after a concurrent-update conflict ([`CONFLICT_RETRIES`]), then
+    /// reported as a conflict. Returns the rows affected.
+    pub(super) async fn mutate(
+        &self,
+        operation: &str,
+        sql: &str,
+        params: Vec<Param>,
+    ) -> Result<u64> {
+        let params = &params;
+        let started = Instant::now();
+        let sent = AtomicU32::new(0);
+        let sent = &sent;
+        let out = retry(CONFLICT_RETRIES, |attempt| async move {
+            sent.store(attempt + 1, Ordering::Relaxed);
+            match self.send(operation, sql, params).await {
+                Ok(out) => Ok(out),
+                Err(e) if e.is_concurrent_update() => {
+                    tracing::debug!("{e}; sending it again");
+                    Err(Retry::Again(e))
+                }
+                Err(e) => Err(Retry::Stop(e)),
+            }
+        })
+        .await
+        .map_err(|e| {
+            let e = if e.is_concurrent_update() {
+                e.after_retries(
+                    "BigQuery concurrent-update conflict",
+                    sent.load(Ordering::Relaxed),
+                    started.elapsed(),
+                )
+            } else {
+                e
+            };
+            self.err(e)
+        })?;
+        out.affected(operation).map_err(|e| self.err(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Quota answers and conflicts that outlast their retries are reported as what they
+    /// are, refused by a working BigQuery, never as the store being unavailable.
+    #[tokio::test]
+    async fn quota_and_conflict_errors_are_not_outages() {
+        let store = BigQueryStore::connect_lazy("bigquery://p/d?endpoint=http://127.0.0.1:9")
+            .await
+            .unwrap();
+        let quota = ApiError::dml_queue_full("claim.take", "p:d.processing_leases_03", 20)
+            .after_retries("BigQuery quota exceeded", 60, Duration::from_secs(190));
+        assert!(quota.is_quota() && !quota.is_outage());
+        let e = store.err(quota);
+        assert!(!e.is_outage(), "{e:?}");
+        assert!(matches!(e, Error::StoreRejected { .. }), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "store bigquery://p/d?endpoint=http://127.0.0.1:9 rejected the claim.take statement: \
+             bigquery claim.take failed: HTTP 400 (resourcesExceeded): BigQuery quota exceeded: \
+             Resources exceeded during query execution: Too many DML statements outstanding \
+             against table p:d.processing_leases_03, limit is 20. (sent 60 time(s) over 190.0s)"
+        );
+        let conflict = ApiError::concurrent_update("finish.release", "p:d.processing_leases_03")
+            .after_retries(
+                "BigQuery concurrent-update conflict",
+                16,
+                Duration::from_secs(20),
+            );
+        let e = store.err(conflict);
+        assert!(matches!(e, Error::StoreRejected { .. }), "{e:?}");
+        assert!(e.to_string().contains("BigQuery concurrent-update conflict: Could not serialize access to table p:d.processing_leases_03 due to concurrent update (sent 16 time(s) over 20.0s)"), "{e}");
+        for reason in ["rateLimitExceeded", "quotaExceeded"] {
+            let e = ApiError::new(
+                "x",
+                crate::backend::bigquery::ErrorShape::Http(403),
+                Some(reason),
+                "Exceeded rate limits",
+            );
+            assert!(e.is_quota() && !e.is_outage(), "{reason}");
+        }
+        let down = ApiError::new(
+            "x",
+            crate::backend::bigquery::ErrorShape::Http(503),
+            Some("backendError"),
+            "down",
+        );
+        assert!(!down.is_quota() && down.is_outage());
+    }
+}

@@ -1,0 +1,122 @@
+//! Event keys: check and mark in two statements (a MERGE, then a read), duplicates,
+//! decisions.
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use crate::error::Result;
+use crate::model::micros;
+use crate::store::event_keys::{self, Found};
+use crate::store::{EventKeyStore, EventMark, EventVerdict};
+
+use crate::backend::bigquery::{string, string_array, struct_array, timestamp, timestamp_text};
+
+use super::BigQueryStore;
+
+#[async_trait]
+impl EventKeyStore for BigQueryStore {
+    async fn check_and_mark(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<EventVerdict>> {
+        if marks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = event_keys::firsts(marks)
+            .into_iter()
+            .map(|m| {
+                vec![
+                    Some(m.key.clone()),
+                    m.fingerprint.clone(),
+                    event_keys::decision_text(m),
+                    m.expires_at(now).map(timestamp_text),
+                ]
+            })
+            .collect();
+        let fields = [
+            ("event_key", "STRING"),
+            ("fingerprint", "STRING"),
+            ("decision", "STRING"),
+            ("expires_at", "TIMESTAMP"),
+        ];
+        let batch = crate::model::new_run_id();
+        let params = vec![
+            struct_array("marks", &fields, rows),
+            string("namespace", namespace),
+            timestamp("now", micros(now)),
+            string("batch_id", &batch),
+        ];
+        self.query("check_and_mark", &self.sql.events_check, params.clone())
+            .await?;
+        let out = self
+            .query("check_and_mark.read", &self.sql.events_checked, params)
+            .await?;
+        let mut found = Found::default();
+        for r in out.records() {
+            let read = || -> std::result::Result<_, String> {
+                Ok((
+                    r.str("event_key")?,
+                    r.opt_str("fingerprint")?,
+                    r.opt_str("decision")?,
+                    r.timestamp("first_seen")?,
+                    r.str("batch_id")?,
+                ))
+            };
+            let (key, fingerprint, decision, first_seen, batch_id) =
+                read().map_err(|e| self.bad_row("check_and_mark.read", e))?;
+            if batch_id == batch {
+                found.marked(key);
+            } else {
+                found.stored(key, fingerprint, decision, first_seen);
+            }
+        }
+        Ok(found.verdicts(marks, now))
+    }
+
+    async fn is_duplicate(
+        &self,
+        namespace: &str,
+        keys: &[String],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<bool>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let out = self
+            .query(
+                "is_duplicate",
+                &self.sql.events_read,
+                vec![
+                    string_array("keys", keys),
+                    string("namespace", namespace),
+                    timestamp("now", micros(now)),
+                ],
+            )
+            .await?;
+        let found: Vec<String> = out
+            .records()
+            .map(|r| r.str("event_key"))
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|e| self.bad_row("is_duplicate", e))?;
+        Ok(event_keys::present(keys, found))
+    }
+
+    async fn record_decision(
+        &self,
+        namespace: &str,
+        key: &str,
+        decision: &serde_json::Value,
+    ) -> Result<bool> {
+        let params = vec![
+            string("namespace", namespace),
+            string("key", key),
+            string("decision", &decision.to_string()),
+        ];
+        let n = self
+            .mutate("record_decision", &self.sql.events_decision, params)
+            .await?;
+        Ok(n > 0)
+    }
+}

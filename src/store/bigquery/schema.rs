@@ -1,0 +1,205 @@
+//! The tables: which exist, creating what is missing, the partition expiration.
+
+use async_trait::async_trait;
+
+use crate::error::{Error, Result};
+use crate::store::migrations::{self, Migration, Schema};
+use crate::store::MAX_PARTITION_EXPIRATION_DAYS;
+
+use crate::backend::bigquery::BigQueryUrl;
+
+use super::leases::LEASE_TABLES;
+use super::BigQueryStore;
+
+/// The tables the migrations ([`migrations::BIGQUERY`]) create. BigQuery keeps no version
+/// record: a dataset holding them all is at the latest version, which one `tables.list`
+/// call (not billed) tells. A migration that only alters a table must add a marker to
+/// this check.
+pub fn tables() -> impl Iterator<Item = &'static str> {
+    [
+        "processing_keys",
+        "processing_runs",
+        "processing_leases",
+        "event_keys",
+    ]
+    .into_iter()
+    .chain(LEASE_TABLES)
+}
+
+/// The partitioned tables (partition expiration applies to these).
+pub(super) const PARTITIONED_TABLES: &[&str] =
+    &["processing_keys", "processing_runs", "event_keys"];
+
+pub(super) fn render_migration(sql: &str, url: &BigQueryUrl) -> String {
+    sql.replace("{project}", &url.project)
+        .replace("{dataset}", &url.dataset)
+}
+
+impl BigQueryStore {
+    /// `ALTER TABLE … SET OPTIONS (partition_expiration_days = N | NULL)` on each
+    /// partitioned table. DDL options cannot be bound as parameters: `days` is an integer,
+    /// checked to be from 1 to [`MAX_PARTITION_EXPIRATION_DAYS`].
+    pub(super) async fn alter_partition_expiration(
+        &self,
+        operation: &str,
+        days: Option<u32>,
+    ) -> Result<()> {
+        let days = match days {
+            Some(d) if (1..=MAX_PARTITION_EXPIRATION_DAYS).contains(&d) => d.to_string(),
+            Some(d) => {
+                return Err(Error::input(format!(
+                    "partition expiration must be from 1 to {MAX_PARTITION_EXPIRATION_DAYS} days, got {d}"
+                )))
+            }
+            None => "NULL".to_string(),
+        };
+        for table in PARTITIONED_TABLES {
+            // Event keys are partitioned by first sighting, but a key's life is its TTL (a
+            // gate's default is never): expiring their partitions would let a 31-day-old
+            // payment through again, so they expire only by `idem cleanup`, by TTL.
+            let days = if *table == "event_keys" {
+                "NULL"
+            } else {
+                days.as_str()
+            };
+            let sql = format!(
+                "ALTER TABLE {} SET OPTIONS (partition_expiration_days = {days})",
+                self.config.table(table)
+            );
+            self.query(operation, &sql, Vec::new()).await?;
+        }
+        Ok(())
+    }
+
+    async fn tables_exist(&self) -> Result<bool> {
+        use gcp_bigquery_client::table::ListOptions;
+        let mut found: Vec<String> = Vec::new();
+        let mut page: Option<String> = None;
+        loop {
+            let mut options = ListOptions::default().max_results(1000);
+            if let Some(token) = page.take() {
+                options = options.page_token(token);
+            }
+            let list = self
+                .conn
+                .rest(
+                    "migrate.check",
+                    self.conn.client().table().list(
+                        &self.config.project,
+                        &self.config.dataset,
+                        options,
+                    ),
+                )
+                .await;
+            let list = match list {
+                Ok(list) => list,
+                Err(e) if e.is_not_found() => return Ok(false),
+                Err(e) => return Err(self.err(e)),
+            };
+            found.extend(
+                list.tables
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|t| t.table_reference.table_id),
+            );
+            match list.next_page_token {
+                Some(token) if !token.is_empty() => page = Some(token),
+                _ => break,
+            }
+        }
+        Ok(tables().all(|t| found.iter().any(|f| f == t)))
+    }
+
+    /// Whether `event_keys` has the columns of migration 0003 (event dedup).
+    async fn event_dedup_columns_exist(&self) -> Result<bool> {
+        let table = self
+            .conn
+            .rest(
+                "migrate.check",
+                self.conn.client().table().get(
+                    &self.config.project,
+                    &self.config.dataset,
+                    "event_keys",
+                    None,
+                ),
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+        let fields = table.schema.fields.unwrap_or_default();
+        Ok(fields.iter().any(|f| f.name == "expires_at"))
+    }
+
+    async fn ensure_dataset(&self) -> Result<()> {
+        use gcp_bigquery_client::model::dataset::Dataset;
+        let (project, dataset) = (&self.config.project, &self.config.dataset);
+        match self
+            .conn
+            .rest(
+                "migrate.dataset",
+                self.conn.client().dataset().get(project, dataset),
+            )
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(self.err(e)),
+        }
+        let mut new = Dataset::new(project, dataset);
+        if let Some(location) = &self.config.location {
+            new = new.location(location);
+        }
+        match self
+            .conn
+            .rest("migrate.dataset", self.conn.client().dataset().create(new))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_already_exists() => Ok(()),
+            Err(e) => Err(self.err(e)),
+        }
+    }
+}
+
+/// No version record: the tables all there is the latest version; no lock either: every
+/// statement is idempotent, and a table created meanwhile by another process is fine.
+#[async_trait]
+impl Schema for BigQueryStore {
+    fn migrations(&self) -> &'static [Migration] {
+        migrations::BIGQUERY
+    }
+
+    async fn version(&self) -> Result<i64> {
+        Ok(if !self.tables_exist().await? {
+            0
+        } else if self.event_dedup_columns_exist().await? {
+            migrations::latest(migrations::BIGQUERY)
+        } else {
+            1
+        })
+    }
+
+    async fn apply(&self) -> Result<()> {
+        self.ensure_dataset().await?;
+        // Every migration, every time: the DDL is idempotent (`IF NOT EXISTS`).
+        for migration in migrations::pending(migrations::BIGQUERY, 0) {
+            let script = render_migration(migration.sql, &self.config);
+            for statement in crate::backend::prepare(&script, crate::backend::Dialect::BigQuery)? {
+                match self
+                    .conn
+                    .query("migrate.create_table", &statement.sql, Vec::new())
+                    .await
+                {
+                    Ok(_) => {}
+                    // Another process created it between IF NOT EXISTS and the create.
+                    Err(e) if e.is_already_exists() => {}
+                    Err(e) => return Err(self.err(e)),
+                }
+            }
+        }
+        if let Some(days) = self.config.partition_expiration_days {
+            self.alter_partition_expiration("migrate.partition_expiration", Some(days))
+                .await?;
+        }
+        Ok(())
+    }
+}
