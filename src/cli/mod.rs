@@ -173,12 +173,13 @@ pub(crate) struct ScheduleArgs {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum ScheduleCommand {
-    /// Print the scheduled jobs as crontab lines or as gcloud commands (text).
+    /// Print the scheduled jobs as crontab lines, gcloud commands or Kubernetes manifests
+    /// (text).
     Export(ExportArgs),
 }
 
 #[derive(Debug, Args)]
-#[command(group(clap::ArgGroup::new("target").required(true).args(["crontab", "cloud_scheduler"])))]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["crontab", "cloud_scheduler", "kubernetes", "kubernetes_scheduler"])))]
 pub(crate) struct ExportArgs {
     /// Only this job.
     job: Option<String>,
@@ -198,16 +199,40 @@ pub(crate) struct ExportArgs {
     /// Crontab: each job appends its output to LOG_DIR/JOB.log.
     #[arg(long, default_value = "/var/log/idem")]
     log_dir: String,
-    /// Cloud Scheduler: the container image (default REGION-docker.pkg.dev/PROJECT/idem/idem:latest).
+    /// Kubernetes: one batch/v1 CronJob per job (YAML for `kubectl apply -f -`).
+    #[arg(long)]
+    kubernetes: bool,
+    /// Kubernetes: a Deployment of N `idem scheduler` replicas instead of CronJobs (the
+    /// jobs' leases keep each slot to one run).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
+    kubernetes_scheduler: Option<u32>,
+    /// Cloud Scheduler and Kubernetes: the image built from the Containerfile (Cloud
+    /// Scheduler's default REGION-docker.pkg.dev/PROJECT/idem/idem:latest; required for
+    /// Kubernetes).
     #[arg(long)]
     image: Option<String>,
     /// Cloud Scheduler: the service account that starts and runs the jobs
     /// (default idem@PROJECT.iam.gserviceaccount.com).
     #[arg(long)]
     service_account: Option<String>,
-    /// Cloud Scheduler: the jobs folder inside the image.
+    /// Cloud Scheduler and Kubernetes: the jobs folder inside the image.
     #[arg(long, default_value = "/app/jobs")]
     image_jobs_dir: String,
+    /// Cloud Scheduler and Kubernetes: read the store URL from this secret instead of
+    /// printing it (Secret Manager secret for Cloud Run; Kubernetes Secret, key `url`,
+    /// default idem-store).
+    #[arg(long, value_name = "NAME")]
+    store_secret: Option<String>,
+    /// Kubernetes: the namespace of every object.
+    #[arg(long)]
+    namespace: Option<String>,
+    /// Kubernetes: mount the jobs folder from this ConfigMap instead of the image's.
+    #[arg(long, value_name = "NAME")]
+    jobs_configmap: Option<String>,
+    /// Kubernetes: the service account the pods run as (with Workload Identity, the one
+    /// bound to a Google service account for BigQuery).
+    #[arg(long, value_name = "NAME")]
+    k8s_service_account: Option<String>,
 }
 
 #[derive(Debug, Clone, Args)]

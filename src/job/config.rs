@@ -579,6 +579,12 @@ impl Job {
 
     /// What the schedule module needs of the job.
     pub fn scheduled(&self) -> Result<crate::schedule::ScheduledJob> {
+        let (timeout, grace) = if self.command.is_some() {
+            let spec = self.command_spec()?;
+            (spec.timeout(), Some(spec.grace()))
+        } else {
+            (None, None)
+        };
         Ok(crate::schedule::ScheduledJob {
             name: self.name.clone(),
             schedule: self.schedule.clone().unwrap_or_default(),
@@ -587,6 +593,10 @@ impl Job {
             lease: self.lease_ttl(),
             path: self.path.clone(),
             missed: self.missed_policy()?,
+            time_window: self.guards.time_window,
+            mode: self.mode,
+            timeout,
+            grace,
         })
     }
 }

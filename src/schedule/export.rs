@@ -46,7 +46,7 @@ fn sh(word: &str) -> Result<String> {
     })
 }
 
-fn crontab_fields(job: &ScheduledJob, target: &str) -> Result<String> {
+pub(super) fn crontab_fields(job: &ScheduledJob, target: &str) -> Result<String> {
     let fields = job.cron()?.crontab_fields().ok_or_else(|| {
         Error::config(format!(
             "job {}: schedule {:?} uses seconds, years or extensions (L, W, #, ?, +), which \
@@ -146,6 +146,9 @@ pub struct CloudSchedulerOptions {
     pub store: String,
     /// The jobs folder inside the image (set as `IDEM_JOBS_DIR`).
     pub jobs_dir: String,
+    /// A Secret Manager secret holding the store URL: `IDEM_STORE` comes from it
+    /// (`--set-secrets`) instead of being printed in the command.
+    pub store_secret: Option<String>,
 }
 
 impl CloudSchedulerOptions {
@@ -177,6 +180,7 @@ impl CloudSchedulerOptions {
             region,
             store: store.to_string(),
             jobs_dir: jobs_dir.to_string(),
+            store_secret: None,
         })
     }
 }
@@ -261,6 +265,12 @@ impl CloudRetry {
 /// A Cloud Run job name: lower-case letters, digits and hyphens, starting with a letter,
 /// at most 63 characters.
 pub fn cloud_run_name(job: &str) -> Result<String> {
+    kubernetes_name(job, 63, "Cloud Run job")
+}
+
+/// `idem-` and the job's name lower-cased, `_`, `.` and spaces as `-`: a name Cloud Run
+/// and Kubernetes take (at most `max` characters); `what` names the object in errors.
+pub(super) fn kubernetes_name(job: &str, max: usize, what: &str) -> Result<String> {
     let mut name = String::from("idem-");
     for c in job.chars() {
         match c {
@@ -269,15 +279,15 @@ pub fn cloud_run_name(job: &str) -> Result<String> {
             '-' | '_' | '.' | ' ' => name.push('-'),
             _ => {
                 return Err(Error::config(format!(
-                    "job {job}: its name has {c:?}, which a Cloud Run job name cannot hold"
+                    "job {job}: its name has {c:?}, which a {what} name cannot hold"
                 )))
             }
         }
     }
     let name = name.trim_end_matches('-').to_string();
-    if name.len() > 63 {
+    if name.len() > max {
         return Err(Error::config(format!(
-            "job {job}: the Cloud Run job name {name} is longer than 63 characters"
+            "job {job}: the {what} name {name} is longer than {max} characters"
         )));
     }
     Ok(name)
@@ -302,7 +312,30 @@ fn flag(name: &str, value: &str) -> Result<String> {
 
 /// The `gcloud` commands for `jobs` (those with a schedule).
 pub fn cloud_scheduler(jobs: &[ScheduledJob], o: &CloudSchedulerOptions) -> Result<String> {
-    let mut out = String::from("#!/bin/sh\n# idem schedule export --cloud-scheduler\nset -e\n");
+    let mut out = format!(
+        "#!/bin/sh\n\
+         # idem schedule export --cloud-scheduler\n\
+         # Build and push the image once (the Containerfile at the root of idem's repository):\n\
+         #   gcloud artifacts repositories create idem --repository-format=docker --location={region} --project={project}\n\
+         #   docker build -t {image} . && docker push {image}\n\
+         # The service account {sa} needs:\n\
+         #   roles/run.invoker on the project (Cloud Scheduler starts the Cloud Run jobs as it)\n",
+        region = o.region,
+        project = o.project,
+        image = o.image,
+        sa = o.service_account,
+    );
+    if o.store.starts_with("bigquery:") {
+        out.push_str(
+            "#   roles/bigquery.jobUser on the project, roles/bigquery.dataEditor on the store's dataset\n",
+        );
+    }
+    if let Some(secret) = &o.store_secret {
+        out.push_str(&format!(
+            "#   roles/secretmanager.secretAccessor on the secret {secret} (the store URL)\n"
+        ));
+    }
+    out.push_str("set -e\n");
     let mut names: std::collections::HashMap<String, &str> = std::collections::HashMap::new();
     for job in jobs {
         let run_name = cloud_run_name(&job.name)?;
@@ -333,16 +366,26 @@ pub fn cloud_scheduler(jobs: &[ScheduledJob], o: &CloudSchedulerOptions) -> Resu
                 "args",
                 &gcloud_list(&["run", &job.name, "--date", &date, "--trigger", "scheduler"]),
             )?,
-            flag(
+        ];
+        let mut deploy = deploy.to_vec();
+        match &o.store_secret {
+            None => deploy.push(flag(
                 "set-env-vars",
                 &gcloud_list(&[
                     &format!("IDEM_STORE={}", o.store),
                     &format!("IDEM_JOBS_DIR={}", o.jobs_dir),
                 ]),
-            )?,
-            "--tasks=1".to_string(),
-            "--max-retries=0".to_string(),
-        ];
+            )?),
+            Some(secret) => {
+                deploy.push(flag(
+                    "set-env-vars",
+                    &format!("IDEM_JOBS_DIR={}", o.jobs_dir),
+                )?);
+                deploy.push(flag("set-secrets", &format!("IDEM_STORE={secret}:latest"))?);
+            }
+        }
+        deploy.push("--tasks=1".to_string());
+        deploy.push("--max-retries=0".to_string());
         let uri = format!(
             "https://{region}-run.googleapis.com/apis/run.googleapis.com/v1/namespaces/{project}/jobs/{run_name}:run",
             region = o.region,
@@ -450,6 +493,7 @@ mod tests {
             service_account: "sa@p.iam.gserviceaccount.com".into(),
             store: "bigquery://p/idem".into(),
             jobs_dir: "/app/jobs".into(),
+            store_secret: None,
         }
     }
 

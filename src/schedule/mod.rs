@@ -38,6 +38,7 @@
 mod backfill;
 mod date;
 pub mod export;
+pub mod kubernetes;
 pub mod scheduler;
 
 use std::path::PathBuf;
@@ -294,6 +295,15 @@ pub struct ScheduledJob {
     pub path: PathBuf,
     /// What `idem scheduler` does with slots it missed.
     pub missed: Missed,
+    /// Its `guards.time_window`, if on.
+    pub time_window: Option<Duration>,
+    /// Its mode (`enforce` unless the job says otherwise).
+    pub mode: crate::model::Mode,
+    /// A command job's `[command] timeout` (exports bound a run's time with it).
+    pub timeout: Option<Duration>,
+    /// A command job's `[command] grace` (SIGTERM → SIGKILL): how long idem may take to
+    /// stop after its own SIGTERM, beyond recording the run.
+    pub grace: Option<Duration>,
 }
 
 impl ScheduledJob {

@@ -1,5 +1,10 @@
 #!/bin/sh
 # idem schedule export --cloud-scheduler
+# Build and push the image once (the Containerfile at the root of idem's repository):
+#   gcloud artifacts repositories create idem --repository-format=docker --location=us-central1 --project=my-project
+#   docker build -t us-central1-docker.pkg.dev/my-project/idem/idem:latest . && docker push us-central1-docker.pkg.dev/my-project/idem/idem:latest
+# The service account idem@my-project.iam.gserviceaccount.com needs:
+#   roles/run.invoker on the project (Cloud Scheduler starts the Cloud Run jobs as it)
 set -e
 
 # daily_sales: "@daily" in UTC, date yesterday, lease 600s

@@ -1,0 +1,546 @@
+//! `idem schedule export --kubernetes` and `--kubernetes-scheduler N`: manifests for a
+//! Kubernetes cluster, as YAML text (golden-tested, validated against Kubernetes' own
+//! schema in CI).
+//!
+//! * **CronJobs** (`--kubernetes`): one `batch/v1` CronJob per scheduled job, running
+//!   `idem run JOB --date EXPR --trigger scheduler` in the image, in the job's zone.
+//! * **A scheduler Deployment** (`--kubernetes-scheduler N`): N replicas of `idem scheduler`
+//!   firing every exported job; the replicas race for each slot and the job's lease lets
+//!   exactly one of them run it (the others skip, `in_progress` or `time_window`).
+//!
+//! Both read the store URL from a Secret (never printed) and the jobs folder from the image
+//! or a ConfigMap, and both name the same image and jobs folder as the Cloud Run export.
+//!
+//! How the settings follow from the job (see [`CronJobTiming`]):
+//! * `concurrencyPolicy: Allow`: each fire is its own scope, and the lease already keeps
+//!   two pods off one scope; `Forbid` would drop a date whenever the previous run overran.
+//! * `startingDeadlineSeconds`: half the lease (10 s at least), as the Cloud Scheduler
+//!   export's retry window: a slot started that late still finds an earlier attempt's lease.
+//! * `terminationGracePeriodSeconds`: the command's grace (SIGTERM → SIGKILL of its
+//!   process group) plus 30 s to record the run as interrupted and release the lease.
+//! * `activeDeadlineSeconds`: with a command `timeout`, every attempt's timeout and grace;
+//!   otherwise a day.
+//! * `backoffLimit: 2` and a pod failure policy that fails the Job at once on exit 2 (bad
+//!   usage or configuration: a retry cannot help); a failed run wrote no key, so a retry
+//!   redoes it.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+use super::export::{crontab_fields, kubernetes_name};
+use super::ScheduledJob;
+
+/// Where and how the manifests run idem.
+#[derive(Debug, Clone)]
+pub struct KubernetesOptions {
+    /// The image built from the Containerfile (required: the registry is the user's).
+    pub image: String,
+    /// `metadata.namespace` of every object, if set.
+    pub namespace: Option<String>,
+    /// The Secret holding the store URL under the key `url`.
+    pub store_secret: String,
+    /// The jobs folder inside the container (`IDEM_JOBS_DIR`).
+    pub jobs_dir: String,
+    /// A ConfigMap mounted at `jobs_dir` instead of the image's jobs folder.
+    pub jobs_configmap: Option<String>,
+    /// The Kubernetes service account the pods run as, if set.
+    pub service_account: Option<String>,
+}
+
+impl KubernetesOptions {
+    /// Checks the store and the names before anything is printed: a SQLite or memory store
+    /// is refused (pods keep no disk between runs, and replicas would not share it), and
+    /// `--image` is required.
+    pub fn validate(&self, store: &str) -> Result<()> {
+        let scheme = store.split(':').next().unwrap_or_default();
+        if matches!(scheme, "sqlite" | "memory") {
+            return Err(Error::config(format!(
+                "--store {scheme}: Kubernetes pods keep no disk between runs and replicas share \
+                 none; export with a postgres:// or bigquery:// store (the manifests read it \
+                 from the Secret {:?})",
+                self.store_secret
+            )));
+        }
+        if self.image.trim().is_empty() {
+            return Err(Error::config(
+                "--image is empty: give the image built from the Containerfile and pushed to \
+                 your registry, such as registry.example.com/idem:1.0",
+            ));
+        }
+        for (flag, name) in [
+            ("--namespace", self.namespace.as_deref()),
+            ("--store-secret", Some(self.store_secret.as_str())),
+            ("--jobs-configmap", self.jobs_configmap.as_deref()),
+            ("--k8s-service-account", self.service_account.as_deref()),
+        ] {
+            if let Some(name) = name {
+                dns_label(flag, name, if flag == "--namespace" { 63 } else { 253 })?;
+            }
+        }
+        if !self.jobs_dir.starts_with('/') {
+            return Err(Error::config(format!(
+                "--image-jobs-dir {:?}: the jobs folder inside the image must be an absolute path",
+                self.jobs_dir
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A Kubernetes object name: lower-case letters, digits, `-` and `.` (`.` not for a
+/// namespace), starting and ending with a letter or digit.
+fn dns_label(flag: &str, name: &str, max: usize) -> Result<()> {
+    let ok_char = |c: char| {
+        c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || (c == '.' && max > 63)
+    };
+    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    if name.len() > max
+        || !name.chars().all(ok_char)
+        || !edge(name.chars().next())
+        || !edge(name.chars().last())
+    {
+        return Err(Error::config(format!(
+            "{flag} {name:?}: not a Kubernetes name (lower-case letters, digits and '-', \
+             starting and ending with a letter or digit, at most {max} characters)"
+        )));
+    }
+    Ok(())
+}
+
+/// The CronJob settings that follow from a job's lease, grace and timeout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CronJobTiming {
+    /// `startingDeadlineSeconds`: lease / 2, at least 10 s (the controller's resolution).
+    pub starting_deadline: Duration,
+    /// `terminationGracePeriodSeconds`: the command's grace + [`RECORD_MARGIN`].
+    pub termination_grace: Duration,
+    /// `activeDeadlineSeconds`: every attempt's timeout and termination grace, or a day.
+    pub active_deadline: Duration,
+    /// `backoffLimit`.
+    pub backoff_limit: u32,
+}
+
+/// The time idem is given after SIGTERM, beyond the command's grace, to record the run as
+/// interrupted and release its lease (a BigQuery call takes seconds).
+pub const RECORD_MARGIN: Duration = Duration::from_secs(30);
+
+/// A run with no timeout is stopped (and recorded interrupted) after this long.
+const DEFAULT_ACTIVE_DEADLINE: Duration = Duration::from_secs(86_400);
+
+impl CronJobTiming {
+    /// The settings for `job`; an error when it has no lease (two overlapping fires of
+    /// one scope would then both run).
+    pub fn for_job(job: &ScheduledJob) -> Result<CronJobTiming> {
+        let lease = job.lease.ok_or_else(|| {
+            Error::config(format!(
+                "job {}: has no lease (guards.lease); two Kubernetes Jobs of one slot (a late \
+                 start, a retry) could then run the same date at once: set guards.lease",
+                job.name
+            ))
+        })?;
+        let secs = |d: Duration| Duration::from_secs(d.as_secs() + u64::from(d.subsec_nanos() > 0));
+        let backoff_limit = 2;
+        let termination_grace = secs(job.grace.unwrap_or_default()) + RECORD_MARGIN;
+        let active_deadline = match job.timeout {
+            Some(t) => (secs(t) + termination_grace)
+                .checked_mul(backoff_limit + 1)
+                .ok_or_else(|| {
+                    Error::config(format!("job {}: [command] timeout is too long", job.name))
+                })?,
+            None => DEFAULT_ACTIVE_DEADLINE,
+        };
+        Ok(CronJobTiming {
+            starting_deadline: Duration::from_secs((lease.as_secs() / 2).max(10)),
+            termination_grace,
+            active_deadline,
+            backoff_limit,
+        })
+    }
+}
+
+/// A YAML value, printed in the order built (Kubernetes readers expect `apiVersion`,
+/// `kind`, `metadata`, `spec` first). Strings are JSON-quoted, which YAML reads as the same
+/// string whatever they hold.
+enum Yaml {
+    Map(Vec<(&'static str, Yaml)>),
+    List(Vec<Yaml>),
+    Str(String),
+    Int(u64),
+    Bool(bool),
+}
+
+fn s(v: &str) -> Yaml {
+    Yaml::Str(v.to_string())
+}
+
+fn secs(d: Duration) -> Yaml {
+    Yaml::Int(d.as_secs())
+}
+
+impl Yaml {
+    fn write(&self, indent: usize, out: &mut String) {
+        let pad = " ".repeat(indent);
+        match self {
+            Yaml::Map(entries) => {
+                for (key, value) in entries {
+                    out.push_str(&pad);
+                    out.push_str(key);
+                    out.push(':');
+                    value.write_after_key(indent, out);
+                }
+            }
+            Yaml::List(items) => {
+                for item in items {
+                    out.push_str(&pad);
+                    out.push('-');
+                    match item {
+                        Yaml::Map(_) => {
+                            // The first entry on the dash's line, the rest under it.
+                            let mut text = String::new();
+                            item.write(indent + 2, &mut text);
+                            out.push(' ');
+                            out.push_str(text.trim_start());
+                        }
+                        scalar => {
+                            out.push(' ');
+                            scalar.write_scalar(out);
+                            out.push('\n');
+                        }
+                    }
+                }
+            }
+            scalar => {
+                out.push_str(&pad);
+                scalar.write_scalar(out);
+                out.push('\n');
+            }
+        }
+    }
+
+    fn write_after_key(&self, indent: usize, out: &mut String) {
+        match self {
+            Yaml::Map(entries) if entries.is_empty() => out.push_str(" {}\n"),
+            Yaml::List(items) if items.is_empty() => out.push_str(" []\n"),
+            Yaml::Map(_) => {
+                out.push('\n');
+                self.write(indent + 2, out);
+            }
+            Yaml::List(_) => {
+                out.push('\n');
+                self.write(indent, out);
+            }
+            scalar => {
+                out.push(' ');
+                scalar.write_scalar(out);
+                out.push('\n');
+            }
+        }
+    }
+
+    fn write_scalar(&self, out: &mut String) {
+        match self {
+            Yaml::Str(v) => out.push_str(&serde_json::Value::from(v.as_str()).to_string()),
+            Yaml::Int(n) => out.push_str(&n.to_string()),
+            Yaml::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+            Yaml::Map(_) | Yaml::List(_) => unreachable!("only scalars"),
+        }
+    }
+}
+
+fn labels(component: &str, name: &str) -> Yaml {
+    Yaml::Map(vec![
+        ("app.kubernetes.io/name", s("idem")),
+        ("app.kubernetes.io/component", s(component)),
+        ("app.kubernetes.io/instance", s(name)),
+    ])
+}
+
+fn metadata(name: &str, component: &str, o: &KubernetesOptions, job: Option<&str>) -> Yaml {
+    let mut m = vec![("name", s(name))];
+    if let Some(ns) = &o.namespace {
+        m.push(("namespace", s(ns)));
+    }
+    m.push(("labels", labels(component, name)));
+    if let Some(job) = job {
+        m.push(("annotations", Yaml::Map(vec![("idem/job", s(job))])));
+    }
+    Yaml::Map(m)
+}
+
+/// The pod spec both exports share: one `idem` container with `args`, the store from the
+/// Secret, the jobs folder from the image or the ConfigMap.
+fn pod_spec(args: Vec<String>, grace: Duration, restart: &str, o: &KubernetesOptions) -> Yaml {
+    let mut container = vec![
+        ("name", s("idem")),
+        ("image", s(&o.image)),
+        ("args", Yaml::List(args.iter().map(|a| s(a)).collect())),
+        (
+            "env",
+            Yaml::List(vec![
+                Yaml::Map(vec![
+                    ("name", s("IDEM_STORE")),
+                    (
+                        "valueFrom",
+                        Yaml::Map(vec![(
+                            "secretKeyRef",
+                            Yaml::Map(vec![("name", s(&o.store_secret)), ("key", s("url"))]),
+                        )]),
+                    ),
+                ]),
+                Yaml::Map(vec![
+                    ("name", s("IDEM_JOBS_DIR")),
+                    ("value", s(&o.jobs_dir)),
+                ]),
+            ]),
+        ),
+    ];
+    let mut spec = vec![("restartPolicy", s(restart))];
+    if let Some(sa) = &o.service_account {
+        spec.push(("serviceAccountName", s(sa)));
+    }
+    spec.push(("terminationGracePeriodSeconds", secs(grace)));
+    spec.push((
+        "securityContext",
+        Yaml::Map(vec![("runAsNonRoot", Yaml::Bool(true))]),
+    ));
+    if let Some(cm) = &o.jobs_configmap {
+        container.push((
+            "volumeMounts",
+            Yaml::List(vec![Yaml::Map(vec![
+                ("name", s("jobs")),
+                ("mountPath", s(&o.jobs_dir)),
+                ("readOnly", Yaml::Bool(true)),
+            ])]),
+        ));
+        spec.push(("containers", Yaml::List(vec![Yaml::Map(container)])));
+        spec.push((
+            "volumes",
+            Yaml::List(vec![Yaml::Map(vec![
+                ("name", s("jobs")),
+                ("configMap", Yaml::Map(vec![("name", s(cm))])),
+            ])]),
+        ));
+    } else {
+        spec.push(("containers", Yaml::List(vec![Yaml::Map(container)])));
+    }
+    Yaml::Map(spec)
+}
+
+fn header(out: &mut String, what: &str, o: &KubernetesOptions) {
+    let ns = o
+        .namespace
+        .as_ref()
+        .map(|n| format!(" --namespace={n}"))
+        .unwrap_or_default();
+    out.push_str(&format!(
+        "# idem schedule export {what}\n\
+         # Apply with: kubectl apply{ns} -f THIS_FILE\n\
+         # The store URL comes from the Secret {secret:?} (key \"url\"), created once:\n\
+         #   kubectl create secret generic {secret}{ns} --from-literal=url='postgres://...'\n",
+        secret = o.store_secret
+    ));
+    if let Some(cm) = &o.jobs_configmap {
+        out.push_str(&format!(
+            "# The jobs folder comes from the ConfigMap {cm:?}, mounted at {}:\n\
+             #   kubectl create configmap {cm}{ns} --from-file=jobs/\n",
+            o.jobs_dir
+        ));
+    } else {
+        out.push_str(&format!(
+            "# The jobs folder is the image's {} (the Containerfile copies jobs/ there).\n",
+            o.jobs_dir
+        ));
+    }
+}
+
+fn document(out: &mut String, comment: &str, object: Yaml) {
+    out.push_str("---\n");
+    out.push_str(comment);
+    object.write(0, out);
+}
+
+/// Names every exported job's object and refuses two that would collide.
+fn names(jobs: &[ScheduledJob]) -> Result<Vec<String>> {
+    let mut seen: std::collections::HashMap<String, &str> = std::collections::HashMap::new();
+    let mut out = Vec::new();
+    for job in jobs {
+        // A CronJob's Jobs add an 11-character suffix to its name, within 63.
+        let name = kubernetes_name(&job.name, 52, "Kubernetes CronJob")?;
+        if let Some(other) = seen.insert(name.clone(), &job.name) {
+            return Err(Error::config(format!(
+                "jobs {other:?} and {:?} both export as CronJob {name:?} (names are \
+                 lowercased, `_` becomes `-`): the second would replace the first; rename one \
+                 of them",
+                job.name
+            )));
+        }
+        out.push(name);
+    }
+    Ok(out)
+}
+
+/// One CronJob per job in `jobs` (those with a schedule).
+pub fn cron_jobs(jobs: &[ScheduledJob], o: &KubernetesOptions) -> Result<String> {
+    let names = names(jobs)?;
+    let mut out = String::new();
+    header(&mut out, "--kubernetes", o);
+    for (job, name) in jobs.iter().zip(&names) {
+        let tz = job.tz()?;
+        let fields = crontab_fields(job, "a Kubernetes CronJob")?;
+        let date = job.date_expr()?.to_string();
+        let t = CronJobTiming::for_job(job)?;
+        let args: Vec<String> = ["run", &job.name, "--date", &date, "--trigger", "scheduler"]
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
+        let pod = Yaml::Map(vec![
+            ("metadata", Yaml::Map(vec![("labels", labels("job", name))])),
+            ("spec", pod_spec(args, t.termination_grace, "Never", o)),
+        ]);
+        let job_spec = Yaml::Map(vec![
+            ("backoffLimit", Yaml::Int(u64::from(t.backoff_limit))),
+            ("activeDeadlineSeconds", secs(t.active_deadline)),
+            (
+                "podFailurePolicy",
+                Yaml::Map(vec![(
+                    "rules",
+                    Yaml::List(vec![Yaml::Map(vec![
+                        ("action", s("FailJob")),
+                        (
+                            "onExitCodes",
+                            Yaml::Map(vec![
+                                ("containerName", s("idem")),
+                                ("operator", s("In")),
+                                ("values", Yaml::List(vec![Yaml::Int(2)])),
+                            ]),
+                        ),
+                        // Required (empty) by the 1.26–1.27 schema; later ones omit it.
+                        ("onPodConditions", Yaml::List(Vec::new())),
+                    ])]),
+                )]),
+            ),
+            ("template", pod),
+        ]);
+        let cron_job = Yaml::Map(vec![
+            ("apiVersion", s("batch/v1")),
+            ("kind", s("CronJob")),
+            ("metadata", metadata(name, "job", o, Some(&job.name))),
+            (
+                "spec",
+                Yaml::Map(vec![
+                    ("schedule", s(&fields)),
+                    ("timeZone", s(tz.name())),
+                    ("concurrencyPolicy", s("Allow")),
+                    ("startingDeadlineSeconds", secs(t.starting_deadline)),
+                    ("successfulJobsHistoryLimit", Yaml::Int(3)),
+                    ("failedJobsHistoryLimit", Yaml::Int(3)),
+                    (
+                        "jobTemplate",
+                        Yaml::Map(vec![
+                            ("metadata", Yaml::Map(vec![("labels", labels("job", name))])),
+                            ("spec", job_spec),
+                        ]),
+                    ),
+                ]),
+            ),
+        ]);
+        let comment = format!(
+            "# {}: {:?} in {}, date {}, lease {}s\n",
+            job.name,
+            job.schedule,
+            tz.name(),
+            date,
+            job.lease.unwrap_or_default().as_secs()
+        );
+        document(&mut out, &comment, cron_job);
+    }
+    Ok(out)
+}
+
+/// The scheduler's own `--grace` in the Deployment: how long running jobs may finish after
+/// SIGTERM before idem stops them.
+pub const SCHEDULER_GRACE: Duration = Duration::from_secs(30);
+
+/// A Deployment of `replicas` `idem scheduler` processes firing `jobs`; `only` names the
+/// jobs on the command line (else the scheduler fires every job with a schedule).
+pub fn scheduler_deployment(
+    jobs: &[ScheduledJob],
+    only: Option<&str>,
+    replicas: u32,
+    o: &KubernetesOptions,
+) -> Result<String> {
+    for job in jobs {
+        // Every replica fires every slot: the lease keeps them off one scope at once, the
+        // time window makes the replicas that waited for it skip once it completed.
+        let missing = if job.lease.is_none() {
+            Some("no lease (guards.lease)")
+        } else if job.time_window.is_none() {
+            Some("no time window (guards.time_window)")
+        } else if job.mode != crate::model::Mode::Enforce {
+            Some("a mode other than enforce")
+        } else {
+            None
+        };
+        if let Some(missing) = missing {
+            return Err(Error::config(format!(
+                "job {}: has {missing}; each of the {replicas} scheduler replicas fires every \
+                 slot, and without both guards enforced each replica would run it in turn: \
+                 set guards.lease and guards.time_window with mode = \"enforce\", or export \
+                 it as a CronJob (--kubernetes)",
+                job.name
+            )));
+        }
+        job.cron()?;
+    }
+    let command_grace = jobs
+        .iter()
+        .filter_map(|j| j.grace)
+        .max()
+        .unwrap_or_default();
+    let grace = SCHEDULER_GRACE + Duration::from_secs(command_grace.as_secs()) + RECORD_MARGIN;
+    let mut args = vec![
+        "scheduler".to_string(),
+        "--grace".to_string(),
+        format!("{}s", SCHEDULER_GRACE.as_secs()),
+    ];
+    args.extend(only.map(str::to_string));
+    let name = "idem-scheduler";
+    let mut out = String::new();
+    header(&mut out, &format!("--kubernetes-scheduler {replicas}"), o);
+    let selector = Yaml::Map(vec![
+        ("app.kubernetes.io/name", s("idem")),
+        ("app.kubernetes.io/component", s("scheduler")),
+        ("app.kubernetes.io/instance", s(name)),
+    ]);
+    let deployment = Yaml::Map(vec![
+        ("apiVersion", s("apps/v1")),
+        ("kind", s("Deployment")),
+        ("metadata", metadata(name, "scheduler", o, None)),
+        (
+            "spec",
+            Yaml::Map(vec![
+                ("replicas", Yaml::Int(u64::from(replicas))),
+                ("selector", Yaml::Map(vec![("matchLabels", selector)])),
+                (
+                    "template",
+                    Yaml::Map(vec![
+                        (
+                            "metadata",
+                            Yaml::Map(vec![("labels", labels("scheduler", name))]),
+                        ),
+                        ("spec", pod_spec(args, grace, "Always", o)),
+                    ]),
+                ),
+            ]),
+        ),
+    ]);
+    let listed: Vec<&str> = jobs.iter().map(|j| j.name.as_str()).collect();
+    let comment = format!(
+        "# {replicas} replicas of `idem scheduler` firing {}; each slot runs once: the \
+         replicas race for the job's lease and the others skip\n",
+        listed.join(", ")
+    );
+    document(&mut out, &comment, deployment);
+    Ok(out)
+}

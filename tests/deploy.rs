@@ -1,0 +1,597 @@
+//! Deploying as a user would (issue 23): `idem schedule export --kubernetes` and
+//! `--kubernetes-scheduler N` equal their golden files (tests/golden/; `IDEM_UPDATE_GOLDEN=1`
+//! rewrites them), validate against Kubernetes' own schema with an independent tool
+//! (`kubernetes-validate` from PyPI, `IDEM_TEST_K8S_VALIDATOR`), name the same image and jobs
+//! folder as the Cloud Run export, refuse what would run a slot twice; and the Deployment's
+//! replicas, as `idem scheduler` processes on Postgres with the exported arguments, complete
+//! every scope exactly once.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+
+use common::{Sandbox, IDEM};
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).to_string()
+}
+
+/// `idem --store STORE --jobs-dir jobs schedule export ARGS` in `dir`.
+fn export(dir: &Path, store: &str, args: &[&str]) -> Output {
+    Command::new(IDEM)
+        .args(["--store", store, "--jobs-dir", "jobs", "schedule", "export"])
+        .args(args)
+        .current_dir(dir)
+        .env_remove("IDEM_STORE")
+        .env_remove("IDEM_JOBS_DIR")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run idem")
+}
+
+fn golden(name: &str, actual: &str) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(name);
+    if std::env::var("IDEM_UPDATE_GOLDEN").as_deref() == Ok("1") {
+        std::fs::write(&path, actual).unwrap();
+    }
+    let expected = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (IDEM_UPDATE_GOLDEN=1 writes it)", path.display()));
+    assert_eq!(
+        actual,
+        expected,
+        "the export differs from {} (IDEM_UPDATE_GOLDEN=1 rewrites it)",
+        path.display()
+    );
+}
+
+fn sql_job(name: &str, extra: &str, guards: &str) -> String {
+    format!(
+        r#"
+name = "{name}"
+processor = "sql"
+{extra}
+[guards]
+{guards}
+[sql]
+warehouse = "sqlite://wh.db"
+setup = "CREATE TABLE IF NOT EXISTS out (job TEXT, day TEXT)"
+process = "INSERT INTO out VALUES ('{name}', @scope)"
+"#
+    )
+}
+
+/// A SQL job in Los Angeles, one in Paris on weekdays, and a command job with a timeout and
+/// a grace period (they set the pods' deadlines).
+fn deploy_jobs(s: &Sandbox) {
+    s.write_job(
+        "sales",
+        &sql_job(
+            "daily_sales",
+            "schedule = \"0 9 * * *\"\ntimezone = \"America/Los_Angeles\"\ndate = \"yesterday\"",
+            "lease = \"10m\"\ntime_window = \"1h\"",
+        ),
+    );
+    s.write_job(
+        "events",
+        &sql_job(
+            "hourly_events",
+            "schedule = \"0 5 * * * MON-FRI\"\ntimezone = \"Europe/Paris\"",
+            "lease = \"2h\"\ntime_window = \"30m\"",
+        ),
+    );
+    s.write_job(
+        "export",
+        r#"
+name = "export_orders"
+processor = "command"
+schedule = "30 6 * * *"
+date = "yesterday"
+[guards]
+lease = "30m"
+time_window = "20h"
+[command]
+run = ["sh", "-c", "echo {date}"]
+timeout = "2h"
+grace = "45s"
+"#,
+    );
+}
+
+const STORE: &str = "postgres://idem@db.internal/idem";
+const IMAGE: &str = "europe-west1-docker.pkg.dev/my-project/idem/idem:1.4.0";
+
+#[test]
+fn kubernetes_cron_jobs_equal_the_golden_file() {
+    let s = Sandbox::new("idem-k8s-golden");
+    deploy_jobs(&s);
+    let out = export(&s.dir, STORE, &["--kubernetes", "--image", IMAGE]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let yaml = text(&out.stdout);
+    golden("kubernetes.yaml", &yaml);
+    // The store URL is never printed: it comes from the Secret.
+    assert!(!yaml.contains("db.internal"), "{yaml}");
+    // The command job's pods get its grace plus time to record, and every attempt's
+    // timeout; the SQL jobs a day.
+    assert!(yaml.contains("terminationGracePeriodSeconds: 75"), "{yaml}");
+    assert!(
+        yaml.contains(&format!("activeDeadlineSeconds: {}", 3 * (7200 + 75))),
+        "{yaml}"
+    );
+    let with = export(
+        &s.dir,
+        STORE,
+        &[
+            "--kubernetes",
+            "--image",
+            IMAGE,
+            "--namespace",
+            "batch",
+            "--jobs-configmap",
+            "idem-jobs",
+            "--store-secret",
+            "warehouse-store",
+            "--k8s-service-account",
+            "idem-runner",
+        ],
+    );
+    assert_eq!(with.status.code(), Some(0), "{}", text(&with.stderr));
+    golden("kubernetes-configmap.yaml", &text(&with.stdout));
+}
+
+#[test]
+fn kubernetes_scheduler_deployment_equals_the_golden_file() {
+    let s = Sandbox::new("idem-k8s-golden-deploy");
+    deploy_jobs(&s);
+    let out = export(
+        &s.dir,
+        STORE,
+        &["--kubernetes-scheduler", "3", "--image", IMAGE],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let yaml = text(&out.stdout);
+    golden("kubernetes-scheduler.yaml", &yaml);
+    assert!(yaml.contains("replicas: 3"), "{yaml}");
+    // The scheduler's grace, the longest command grace, and time to record.
+    assert!(
+        yaml.contains("terminationGracePeriodSeconds: 105"),
+        "{yaml}"
+    );
+}
+
+/// The values of `key: "..."` lines (the exports quote every string).
+fn values(yaml: &str, key: &str) -> Vec<String> {
+    yaml.lines()
+        .filter_map(|l| l.trim().strip_prefix(&format!("{key}: ")))
+        .map(|v| serde_json::from_str::<String>(v).unwrap_or_else(|_| v.to_string()))
+        .collect()
+}
+
+#[test]
+fn every_export_names_the_same_image_and_jobs_folder() {
+    let s = Sandbox::new("idem-k8s-same");
+    deploy_jobs(&s);
+    let cloud = export(
+        &s.dir,
+        STORE,
+        &[
+            "--cloud-scheduler",
+            "my-project/europe-west1",
+            "--image",
+            IMAGE,
+        ],
+    );
+    let cron_jobs = export(&s.dir, STORE, &["--kubernetes", "--image", IMAGE]);
+    let deployment = export(
+        &s.dir,
+        STORE,
+        &["--kubernetes-scheduler", "2", "--image", IMAGE],
+    );
+    for out in [&cloud, &cron_jobs, &deployment] {
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    }
+    let cloud = text(&cloud.stdout);
+    assert_eq!(
+        cloud.matches(&format!("--image={IMAGE}")).count(),
+        3,
+        "{cloud}"
+    );
+    assert_eq!(
+        cloud.matches("IDEM_JOBS_DIR=/app/jobs").count(),
+        3,
+        "{cloud}"
+    );
+    for yaml in [text(&cron_jobs.stdout), text(&deployment.stdout)] {
+        let images = values(&yaml, "image");
+        assert!(
+            !images.is_empty() && images.iter().all(|i| i == IMAGE),
+            "{yaml}"
+        );
+        assert!(yaml.contains("- name: \"IDEM_JOBS_DIR\"\n"), "{yaml}");
+        assert!(
+            values(&yaml, "value").iter().all(|v| v == "/app/jobs"),
+            "{yaml}"
+        );
+    }
+    // Each CronJob runs what the Cloud Run job of the same name runs.
+    let cron_yaml = text(&cron_jobs.stdout);
+    for (name, job) in [
+        ("idem-daily-sales", "daily_sales"),
+        ("idem-export-orders", "export_orders"),
+    ] {
+        assert!(
+            cloud.contains(&format!("gcloud run jobs deploy {name}")),
+            "{cloud}"
+        );
+        assert!(
+            cloud.contains(&format!(
+                "--args='run,{job},--date,yesterday,--trigger,scheduler'"
+            )),
+            "{cloud}"
+        );
+        assert!(
+            cron_yaml.contains(&format!("name: \"{name}\"")),
+            "{cron_yaml}"
+        );
+        assert!(
+            cron_yaml.contains(&format!(
+                "- \"run\"\n            - \"{job}\"\n            - \"--date\"\n            - \"yesterday\"\n            - \"--trigger\"\n            - \"scheduler\"\n"
+            )),
+            "{cron_yaml}"
+        );
+    }
+    // With --store-secret the Cloud Run job reads the store from Secret Manager too.
+    let secret = export(
+        &s.dir,
+        STORE,
+        &[
+            "--cloud-scheduler",
+            "my-project/europe-west1",
+            "--store-secret",
+            "idem-store",
+        ],
+    );
+    assert_eq!(secret.status.code(), Some(0), "{}", text(&secret.stderr));
+    let secret = text(&secret.stdout);
+    assert!(!secret.contains("db.internal"), "{secret}");
+    assert_eq!(
+        secret
+            .matches("--set-secrets='IDEM_STORE=idem-store:latest'")
+            .count(),
+        3,
+        "{secret}"
+    );
+    assert!(
+        secret.contains("roles/secretmanager.secretAccessor"),
+        "{secret}"
+    );
+}
+
+#[test]
+fn kubernetes_exports_refuse_what_would_lose_or_double_a_run() {
+    let s = Sandbox::new("idem-k8s-refuse");
+    deploy_jobs(&s);
+    let refused = |store: &str, args: &[&str], what: &str| {
+        let out = export(&s.dir, store, args);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            text(&out.stdout)
+        );
+        assert!(out.stdout.is_empty(), "{args:?}: nothing printed on error");
+        let err = text(&out.stderr);
+        assert!(err.contains(what), "{args:?}: {err}");
+    };
+    refused(
+        "sqlite://idem.db",
+        &["--kubernetes", "--image", IMAGE],
+        "Kubernetes pods keep no disk between runs",
+    );
+    refused(STORE, &["--kubernetes"], "needs --image");
+    refused(
+        STORE,
+        &[
+            "--kubernetes",
+            "--image",
+            IMAGE,
+            "--namespace",
+            "Batch_Jobs",
+        ],
+        "--namespace \"Batch_Jobs\": not a Kubernetes name",
+    );
+    refused(
+        STORE,
+        &["--kubernetes-scheduler", "0", "--image", IMAGE],
+        "0 is not in 1..=100",
+    );
+    refused(
+        STORE,
+        &[
+            "--kubernetes",
+            "--kubernetes-scheduler",
+            "2",
+            "--image",
+            IMAGE,
+        ],
+        "cannot be used with",
+    );
+    // A job without a time window: every replica would run its slot in turn.
+    s.write_job(
+        "nowindow",
+        &sql_job(
+            "no_window",
+            "schedule = \"0 3 * * *\"",
+            "lease = \"10m\"\ntime_window = \"0s\"",
+        ),
+    );
+    refused(
+        STORE,
+        &["--kubernetes-scheduler", "2", "--image", IMAGE],
+        "job no_window: has no time window",
+    );
+    // As a CronJob (one Job per slot) it is fine.
+    let out = export(&s.dir, STORE, &["--kubernetes", "--image", IMAGE]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // Shadow mode never skips: refused for replicas too.
+    s.write_job(
+        "nowindow",
+        &sql_job(
+            "no_window",
+            "schedule = \"0 3 * * *\"\nmode = \"shadow\"",
+            "lease = \"10m\"\ntime_window = \"1h\"",
+        ),
+    );
+    refused(
+        STORE,
+        &["--kubernetes-scheduler", "2", "--image", IMAGE],
+        "has a mode other than enforce",
+    );
+    // No lease: two Jobs of one slot could run one date at once.
+    s.write_job(
+        "nowindow",
+        &sql_job("no_window", "schedule = \"0 3 * * *\"", "lease = \"0s\""),
+    );
+    refused(
+        STORE,
+        &["--kubernetes", "--image", IMAGE],
+        "job no_window: has no lease",
+    );
+    // Two jobs whose names collide as Kubernetes names.
+    s.write_job(
+        "nowindow",
+        &sql_job("daily-sales", "schedule = \"0 3 * * *\"", "lease = \"10m\""),
+    );
+    refused(
+        STORE,
+        &["--kubernetes", "--image", IMAGE],
+        "both export as CronJob \"idem-daily-sales\"",
+    );
+}
+
+/// Every golden manifest passes Kubernetes' own OpenAPI schema, strictly (no unknown field),
+/// for the oldest release with CronJob time zones (1.27) and the newest the tool knows.
+#[test]
+fn exported_manifests_validate_against_the_kubernetes_schema() {
+    let Some(validator) = common::service_url(
+        "IDEM_TEST_K8S_VALIDATOR",
+        "exported_manifests_validate_against_the_kubernetes_schema",
+        "set IDEM_TEST_K8S_VALIDATOR to a `kubernetes-validate` executable (pip install \
+         kubernetes-validate; .ci/run does)",
+    ) else {
+        return;
+    };
+    let s = Sandbox::new("idem-k8s-validate");
+    deploy_jobs(&s);
+    let mut files = Vec::new();
+    for (name, args) in [
+        ("cronjobs.yaml", vec!["--kubernetes", "--image", IMAGE]),
+        (
+            "configmap.yaml",
+            vec![
+                "--kubernetes",
+                "--image",
+                IMAGE,
+                "--namespace",
+                "batch",
+                "--jobs-configmap",
+                "idem-jobs",
+                "--k8s-service-account",
+                "idem-runner",
+            ],
+        ),
+        (
+            "deployment.yaml",
+            vec!["--kubernetes-scheduler", "3", "--image", IMAGE],
+        ),
+    ] {
+        let out = export(&s.dir, STORE, &args);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let path = s.dir.join(name);
+        std::fs::write(&path, &out.stdout).unwrap();
+        files.push(path);
+    }
+    for version in ["1.27.0", "1.37.0"] {
+        let out = Command::new(&validator)
+            .args(["--strict", "--kubernetes-version", version])
+            .args(&files)
+            .output()
+            .expect("run kubernetes-validate");
+        let report = format!("{}{}", text(&out.stdout), text(&out.stderr));
+        assert_eq!(out.status.code(), Some(0), "{version}: {report}");
+        // 3 CronJobs + 3 CronJobs + 1 Deployment, each named as passing.
+        assert_eq!(
+            report.matches(" passed for resource ").count(),
+            7,
+            "{report}"
+        );
+    }
+    // The validator is not a rubber stamp: a misspelt field fails it.
+    let bad = std::fs::read_to_string(&files[0])
+        .unwrap()
+        .replace("backoffLimit:", "backofLimit:");
+    let bad_path = s.dir.join("bad.yaml");
+    std::fs::write(&bad_path, bad).unwrap();
+    let out = Command::new(&validator)
+        .args(["--strict"])
+        .arg(&bad_path)
+        .output()
+        .expect("run kubernetes-validate");
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        text(&out.stdout).contains("backofLimit"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+/// The args of the exported Deployment's container.
+fn deployment_args(yaml: &str) -> Vec<String> {
+    let mut lines = yaml.lines().skip_while(|l| l.trim() != "args:").skip(1);
+    let mut args = Vec::new();
+    for line in lines.by_ref() {
+        match line.trim().strip_prefix("- ") {
+            Some(v) if !v.contains(':') => args.push(serde_json::from_str(v).unwrap()),
+            _ => break,
+        }
+    }
+    args
+}
+
+/// The Deployment's replicas as processes: two `idem scheduler`s with the exported
+/// arguments and environment (store from `IDEM_STORE`, jobs from `IDEM_JOBS_DIR`) on one
+/// Postgres store fire three every-second jobs (two dates, a SQL and a command job) for
+/// 20 s: every scope completes exactly once, its work ran once, every other fire is a skip
+/// that says why.
+#[test]
+fn two_scheduler_replicas_on_postgres_complete_every_scope_exactly_once() {
+    let Some(url) = common::service_url(
+        "IDEM_TEST_POSTGRES_URL",
+        "two_scheduler_replicas_on_postgres_complete_every_scope_exactly_once",
+        common::POSTGRES_HOW,
+    ) else {
+        return;
+    };
+    let s = Sandbox::with_store("idem-k8s-replicas", &url);
+    let tag = &idem::new_run_id()[..8];
+    let guards = "lease = \"1m\"\ntime_window = \"1h\"";
+    let today = format!("today_{tag}");
+    let yesterday = format!("yesterday_{tag}");
+    let command = format!("command_{tag}");
+    s.write_job(
+        &today,
+        &sql_job(&today, "schedule = \"* * * * * *\"", guards),
+    );
+    s.write_job(
+        &yesterday,
+        &sql_job(
+            &yesterday,
+            "schedule = \"* * * * * *\"\ndate = \"yesterday\"",
+            guards,
+        ),
+    );
+    s.write_job(
+        &command,
+        &format!(
+            r#"
+name = "{command}"
+processor = "command"
+schedule = "* * * * * *"
+[guards]
+{guards}
+[command]
+run = ["sh", "-c", "sleep 0.3; echo {{scope}} >> done.txt"]
+"#
+        ),
+    );
+    let exported = s
+        .command(&[
+            "schedule",
+            "export",
+            "--kubernetes-scheduler",
+            "2",
+            "--image",
+            "idem:test",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        exported.status.code(),
+        Some(0),
+        "{}",
+        text(&exported.stderr)
+    );
+    let args = deployment_args(&text(&exported.stdout));
+    assert_eq!(
+        args,
+        ["scheduler", "--grace", "30s"],
+        "{}",
+        text(&exported.stdout)
+    );
+    assert_eq!(s.idem(&["migrate"]).status.code(), Some(0));
+    let replica = || {
+        Command::new(IDEM)
+            .args(&args)
+            .env("IDEM_STORE", &url)
+            .env("IDEM_JOBS_DIR", s.dir.join("jobs"))
+            .env_remove("RUST_LOG")
+            .current_dir(&s.dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start idem scheduler")
+    };
+    let replicas = [replica(), replica()];
+    std::thread::sleep(Duration::from_secs(20));
+    for r in &replicas {
+        // SAFETY: kill(2) on a child we started and have not waited for.
+        unsafe { libc::kill(r.id() as libc::pid_t, libc::SIGTERM) };
+    }
+    for r in replicas {
+        let started = Instant::now();
+        let out = r.wait_with_output().unwrap();
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(60), "{err}");
+        assert!(err.contains("fire "), "each replica fired: {err}");
+    }
+    let mut completions: BTreeMap<(String, String), usize> = BTreeMap::new();
+    let mut fires = 0;
+    for job in [&today, &yesterday, &command] {
+        let (code, v, err) = s.json(&["runs", "--job", job, "--limit", "0"]);
+        assert_eq!(code, 0, "{err}");
+        let runs = v.as_array().cloned().unwrap_or_default();
+        fires += runs.len();
+        for r in &runs {
+            assert_eq!(r["trigger"], "scheduler", "{r}");
+            match r["status"].as_str() {
+                Some("completed") => {
+                    *completions
+                        .entry((job.to_string(), r["scope"].as_str().unwrap().to_string()))
+                        .or_default() += 1;
+                }
+                Some("skipped") => assert!(
+                    r["skip_reason"] == "time_window" || r["skip_reason"] == "in_progress",
+                    "{r}"
+                ),
+                _ => panic!("a fire neither completed nor skipped: {r}"),
+            }
+        }
+    }
+    // Each job has one scope (its date): three scopes, each completed exactly once.
+    assert_eq!(completions.len(), 3, "{completions:?}");
+    assert!(completions.values().all(|n| *n == 1), "{completions:?}");
+    // Two replicas firing three jobs every second for 20 s: far more fires than scopes.
+    assert!(fires >= 60, "only {fires} fires recorded");
+    // The work itself ran once per scope.
+    let days = s.warehouse_days();
+    assert_eq!(days.len(), 2, "{days:?}");
+    let done = std::fs::read_to_string(s.dir.join("jobs/done.txt")).unwrap_or_default();
+    assert_eq!(done.lines().count(), 1, "{done}");
+}
