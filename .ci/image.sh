@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# Builds the idem image through the Containerfile's runtime stage from local parts and runs
+# it (issue 23). No Docker engine and no registry here: buildah (Debian's package) as root,
+# vfs storage, chroot isolation. The `build` stage is replaced by a folder made from a
+# binary already built (.ci/rootfs.sh, the script that stage runs), so nothing is pulled.
+#
+#   bash .ci/image.sh BINARY POSTGRES_URL
+#
+# Then, inside the image: `idem --version`; `idem run` of a job against POSTGRES_URL
+# completing and then skipping; SIGTERM to a running job leaving an interrupted run and a
+# free lease (the next run of the same date completes).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=$1
+store=$2
+say() { echo "== .ci/image.sh: $*"; }
+
+if ! command -v buildah >/dev/null 2>&1; then
+    say "installing buildah (Debian package)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq buildah >/dev/null
+fi
+root=$(mktemp -d /tmp/idem-image.XXXXXX)
+storage="$root/storage"
+B=(buildah --root "$storage" --runroot "$root/run" --storage-driver vfs)
+container=""
+cleanup() {
+    [ -n "$container" ] && "${B[@]}" rm "$container" >/dev/null 2>&1 || true
+    "${B[@]}" rmi --all --force >/dev/null 2>&1 || true
+    rm -rf "$root" 2>/dev/null || true
+}
+trap cleanup EXIT
+
+# --- build ---------------------------------------------------------------------------
+started=$(date +%s)
+sh .ci/rootfs.sh "$bin" "$root/build/rootfs"
+"${B[@]}" build --quiet --isolation chroot \
+    --build-context build="$root/build" \
+    --target runtime -t localhost/idem:ci -f Containerfile . >/dev/null
+say "image built in $(( $(date +%s) - started )) s"
+"${B[@]}" images localhost/idem:ci
+container=$("${B[@]}" from localhost/idem:ci)
+mnt=$("${B[@]}" mount "$container")
+say "image size: $(du -sb "$mnt" | cut -f1) bytes unpacked ($(du -sh "$mnt" | cut -f1)); idem binary $(stat -c %s "$mnt/usr/local/bin/idem") bytes"
+"${B[@]}" inspect --format '{{.OCIv1.Config.Entrypoint}} user={{.OCIv1.Config.User}} workdir={{.OCIv1.Config.WorkingDir}} env={{.OCIv1.Config.Env}}' localhost/idem:ci
+echo
+
+# The jobs folder: a command job that sleeps for {param.secs} seconds, written into the
+# container's /app/jobs (where a ConfigMap would be mounted).
+job="ci_image_$$"
+cat > "$mnt/app/jobs/$job.toml" <<EOF
+name = "$job"
+processor = "command"
+[params]
+secs = "0"
+[guards]
+lease = "1m"
+time_window = "1h"
+[command]
+run = ["sh", "-c", "sleep {param.secs}; echo slept"]
+grace = "5s"
+EOF
+chmod a+r "$mnt/app/jobs/$job.toml"
+
+# Runs idem inside the image with `buildah run` (the image's user, PATH and environment;
+# host network for Postgres on 127.0.0.1).
+in_image() {
+    "${B[@]}" run --isolation chroot --network host \
+        --env IDEM_STORE="$store" --env RUST_LOG=warn \
+        "$container" -- idem "$@"
+}
+
+say "idem --version (inside the image)"
+in_image --version
+
+say "idem run: completes, then skips (inside the image, Postgres store)"
+in_image run "$job" --date 2025-01-01 | tee "$root/first"
+grep -q "^completed $job for 2025-01-01" "$root/first"
+in_image run "$job" --date 2025-01-01 | tee "$root/second"
+grep -q "^skipped $job for 2025-01-01 (time_window)" "$root/second"
+
+say "the image's own demo job (SQL on its bundled SQLite warehouse, a SQLite store in the workdir)"
+"${B[@]}" run --isolation chroot "$container" -- idem run daily_sales --date 2025-11-18 | tee "$root/demo"
+grep -q "^completed daily_sales for 2025-11-18: 3 record(s)" "$root/demo"
+
+# SIGTERM, as Cloud Run or the kubelet sends it: idem must be PID 1 of its own PID
+# namespace (where the kernel delivers only the signals it handles), which chroot isolation
+# does not give (and OCI isolation needs cgroups this machine lacks). So the image's root
+# filesystem runs under `unshare --pid --fork` and `chroot --userspec`, with the image's
+# user and environment: idem is PID 1 there, as in a container.
+say "SIGTERM to idem as PID 1 running a job (the image's filesystem): interrupted, lease released"
+env -i PATH=/usr/local/bin:/usr/bin:/bin IDEM_JOBS_DIR=/app/jobs \
+    SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt IDEM_STORE="$store" RUST_LOG=warn \
+    MNT="$mnt" CHROOT="$(command -v chroot)" JOB="$job" \
+    "$(command -v unshare)" --pid --fork --mount --kill-child /bin/sh -c '
+        # /dev and /proc, as a container runtime gives them (in this mount namespace only);
+        # then exec: chroot and idem keep PID 1.
+        mount --rbind /dev "$MNT/dev" && mount -t proc proc "$MNT/proc" &&
+        exec "$CHROOT" --userspec=10001:10001 "$MNT" /usr/local/bin/idem run "$JOB" --date 2025-01-02 --param secs=60' \
+    >"$root/term.out" 2>"$root/term.err" &
+runner=$!
+idem_pid=""
+for _ in $(seq 1 150); do
+    idem_pid=$(pgrep -f "^/usr/local/bin/idem run $job --date 2025-01-02" | head -1 || true)
+    if [ -n "$idem_pid" ] && pgrep -f "^sleep 60" >/dev/null; then break; fi
+    sleep 0.2
+done
+[ -n "$idem_pid" ] || { cat "$root/term.err"; echo "idem never started"; exit 1; }
+grep NSpid "/proc/$idem_pid/status"
+[ "$(awk '/^NSpid/ {print $NF}' "/proc/$idem_pid/status")" = 1 ] || { echo "idem is not PID 1 in its namespace"; exit 1; }
+kill -TERM "$idem_pid"
+set +e
+wait "$runner"
+code=$?
+set -e
+cat "$root/term.out" "$root/term.err"
+say "exit code after SIGTERM: $code"
+[ "$code" -ne 0 ] || { echo "an interrupted run must not exit 0"; exit 1; }
+in_image --format json runs --job "$job" --limit 1 | tee "$root/runs.json"
+grep -q '"status": *"failed"' "$root/runs.json"
+grep -qi 'interrupted' "$root/runs.json"
+if pgrep -f "^sleep 60" >/dev/null; then echo "the job's program outlived idem"; exit 1; fi
+# The lease is free: the same date runs again at once (no in_progress skip).
+in_image run "$job" --date 2025-01-02 | tee "$root/rerun"
+grep -q "^completed $job for 2025-01-02" "$root/rerun"
+say "image checks passed"
