@@ -855,3 +855,84 @@ fn a_lost_lease_stops_the_program_and_its_children() {
     assert_eq!(v["status"], "failed", "{v}");
     assert_gone(&pids, &format!("the lost lease: {err}"));
 }
+
+/// idem as a container's entrypoint is PID 1 of its PID namespace: the program's children
+/// that outlive it are re-parented to idem, and once stopped they stay zombies (still
+/// members of the group) until idem reaps them. SIGTERM must stop the run at once, not
+/// after the whole grace period (`[command] grace = "60s"` here; before the fix it took
+/// all of it), and release the lease. Needs `unshare --pid` (root, as in CI).
+#[test]
+fn as_pid_1_sigterm_stops_the_run_without_waiting_out_the_grace_period() {
+    let probe = Command::new("unshare")
+        .args(["--pid", "--fork", "true"])
+        .stderr(Stdio::null())
+        .status();
+    if !probe.is_ok_and(|s| s.success()) {
+        common::skip(
+            "as_pid_1_sigterm_stops_the_run_without_waiting_out_the_grace_period: skipped, \
+             `unshare --pid --fork` is not allowed here (run as root)"
+                .to_string(),
+        );
+        return;
+    }
+    let s = Sandbox::new("idem-command-pid1");
+    script(
+        &s,
+        "sleepy.sh",
+        "#!/bin/sh\nsleep 300 &\necho $$ > pids\necho $! >> pids\nwait\n",
+    );
+    job(
+        &s,
+        "sleepy",
+        r#"["./sleepy.sh"]"#,
+        "grace = \"60s\"",
+        "time_window = \"1h\"",
+    );
+    let jobs = s.dir.join("jobs");
+    let child = Command::new("unshare")
+        .args(["--pid", "--fork", "--kill-child", common::IDEM])
+        .args(["run", "sleepy", "--date", "2026-01-02", "--format", "json"])
+        .arg("--store")
+        .arg(&s.store)
+        .arg("--jobs-dir")
+        .arg(&jobs)
+        .current_dir(&s.dir)
+        .env_remove("IDEM_STORE")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The pids the script writes are the namespace's; the kernel ends the namespace's
+    // processes with its PID 1, so only the wait below can show a slow stop.
+    wait_for_file(&jobs.join("pids"), Duration::from_secs(30));
+    // unshare's only child is idem, PID 1 in its namespace.
+    let children =
+        std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", child.id())).unwrap();
+    let idem: i32 = children.split_whitespace().next().unwrap().parse().unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{idem}/status")).unwrap();
+    let nspid = status.lines().find(|l| l.starts_with("NSpid:")).unwrap();
+    assert!(nspid.ends_with("\t1"), "idem is not PID 1: {nspid}");
+    let started = Instant::now();
+    assert!(Command::new("kill")
+        .args(["-TERM", &idem.to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let (code, v, err) = common::wait(child);
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the stop waited for the 60 s grace period: {:?} {err}",
+        started.elapsed()
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(v["error"].as_str().unwrap().contains("interrupted"), "{v}");
+    std::fs::write(jobs.join("sleepy.sh"), "#!/bin/sh\nexit 0\n").unwrap();
+    let (code, v, err) = s.json(&["run", "sleepy", "--date", "2026-01-02"]);
+    assert_eq!(
+        (code, v["status"].as_str()),
+        (0, Some("completed")),
+        "{err}"
+    );
+}

@@ -1,0 +1,54 @@
+//! The named cursor in front of the dedup set: batches one after the other, each
+//! advancing it with its marks.
+
+use chrono::{DateTime, Utc};
+
+use super::batches::Admitted;
+use crate::error::Result;
+use crate::events::strategy::{EventGate, PreparedBatch};
+use crate::store::Cursor;
+
+/// A named cursor in front of the dedup set (seed 003): events at or before it in
+/// (timestamp, id) order are skipped without a store lookup (`before_cursor`); after each
+/// batch it advances to the batch's last (timestamp, id), in the same transaction as the
+/// batch's marks where the store has one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamCursor {
+    /// The cursor's name (in the gate's namespace).
+    pub name: String,
+    /// The event field holding the timestamp.
+    pub timestamp_field: String,
+    /// The event field holding the id that orders events of one timestamp.
+    pub id_field: String,
+}
+
+/// Checks and marks a batch with a cursor. Batches go one after the other: which events
+/// are before the cursor depends on where the previous batch left it. The cursor
+/// advances to the batch's last (timestamp, id) with the marks (`position` then says
+/// so); a store call that failed (a fallback) marked nothing and moved no cursor. With
+/// pending marks the cursor moves only after the records are out: then the call's `now`
+/// and where the cursor is to move are returned beside the admissions.
+pub(super) async fn admit_at_cursor(
+    gate: &EventGate,
+    c: &StreamCursor,
+    prepared: PreparedBatch,
+    end: Option<Cursor>,
+    position: &mut Option<Cursor>,
+) -> Result<(Admitted, Option<DateTime<Utc>>, Option<(String, Cursor)>)> {
+    let advance = end.as_ref().map(|end| (c.name.as_str(), end));
+    let failures = advance.map(|_| gate.stats().store_errors);
+    // Pending marks: the cursor moves after the records are out.
+    let defer = gate.marks_pending();
+    let now = Utc::now();
+    let admitted = gate
+        .admit(prepared, now, if defer { None } else { advance })
+        .await?;
+    let mut later = None;
+    if failures.is_some_and(|before| gate.stats().store_errors == before) {
+        if defer {
+            later = end.clone().map(|end| (c.name.clone(), end));
+        }
+        *position = end;
+    }
+    Ok((admitted, defer.then_some(now), later))
+}

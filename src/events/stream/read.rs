@@ -1,0 +1,139 @@
+//! Reading a batch: up to a batch of non-blank lines, each parsed (or not) and its event
+//! marked, the cursor's position checked.
+
+use std::io::BufRead;
+
+use serde_json::Value;
+
+use super::cursor::StreamCursor;
+use crate::error::{Error, Result};
+use crate::events::strategy::{EventGate, PreparedBatch};
+use crate::store::Cursor;
+
+/// One line of the batch being worked on.
+pub(super) struct Pending {
+    pub(super) number: u64,
+    /// At or before the cursor: no store lookup.
+    pub(super) before_cursor: bool,
+    /// The line without its end of line (`\n`, `\r\n`) and surrounding blanks.
+    pub(super) text: String,
+    /// Why it is not an event, when parsing already says so.
+    pub(super) error: Option<String>,
+}
+
+/// A batch read from the input: its lines, the marks of its events, and what it counts.
+#[derive(Default)]
+pub(super) struct Batch {
+    pub(super) pending: Vec<Pending>,
+    pub(super) prepared: PreparedBatch,
+    /// The greatest (timestamp, id) of its events after the cursor.
+    pub(super) end: Option<Cursor>,
+    /// Input lines read, blank ones included.
+    pub(super) lines: u64,
+    pub(super) blank: u64,
+    /// The input ended in it.
+    pub(super) eof: bool,
+}
+
+/// Reads up to `size` non-blank lines after line `read` and takes the marks of their
+/// events (parsing, key, fingerprint: the CPU part of a batch). With a cursor, events at
+/// or before `position` are `before_cursor`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn read_batch<R: BufRead>(
+    gate: &EventGate,
+    input: &mut R,
+    input_name: &str,
+    size: usize,
+    read: u64,
+    cursor: Option<(&StreamCursor, Option<&Cursor>)>,
+    ready: Option<&(dyn Fn() -> bool + Sync)>,
+    buf: &mut Vec<u8>,
+) -> Result<Batch> {
+    let mut batch = Batch {
+        pending: Vec::with_capacity(size),
+        ..Batch::default()
+    };
+    while batch.pending.len() < size {
+        if !batch.pending.is_empty() && ready.is_some_and(|ready| !ready()) {
+            // The next line is not there yet: this batch goes now.
+            break;
+        }
+        buf.clear();
+        let n = input
+            .read_until(b'\n', buf)
+            .map_err(|e| Error::io("read", input_name, e))?;
+        if n == 0 {
+            batch.eof = true;
+            break;
+        }
+        batch.lines += 1;
+        let number = read + batch.lines;
+        let bad = |error: String| Pending {
+            number,
+            before_cursor: false,
+            text: String::new(),
+            error: Some(error),
+        };
+        let Ok(text) = std::str::from_utf8(buf) else {
+            batch
+                .pending
+                .push(bad(format!("line {number}: not UTF-8 text")));
+            continue;
+        };
+        let mut text = text.trim();
+        if number == 1 {
+            // A UTF-8 byte order mark (editors on Windows write one) is not part of line 1.
+            text = text.trim_start_matches('\u{feff}').trim_start();
+        }
+        if text.is_empty() {
+            batch.blank += 1;
+            continue;
+        }
+        // Without a cursor, a flat event's mark comes from its text (no `Value` built);
+        // any other line takes the parse below, which also names its problem.
+        if cursor.is_none() && gate.prepare_line(&mut batch.prepared, text) {
+            batch.pending.push(Pending {
+                number,
+                before_cursor: false,
+                text: text.to_string(),
+                error: None,
+            });
+            continue;
+        }
+        match crate::events::parse_event_line(text) {
+            Ok(event @ Value::Object(_)) => {
+                let mut line = Pending {
+                    number,
+                    before_cursor: false,
+                    text: text.to_string(),
+                    error: None,
+                };
+                if let Some((c, position)) = cursor {
+                    match Cursor::of_event(&event, &c.timestamp_field, &c.id_field) {
+                        Err(e) => line.error = Some(format!("line {number}: {e}")),
+                        Ok(at) if position.is_some_and(|p| at <= *p) => {
+                            line.before_cursor = true;
+                        }
+                        Ok(at) => {
+                            if batch.end.as_ref().is_none_or(|end| *end < at) {
+                                batch.end = Some(at);
+                            }
+                        }
+                    }
+                }
+                if line.error.is_none() && !line.before_cursor {
+                    gate.prepare_event(&mut batch.prepared, &event);
+                }
+                batch.pending.push(line);
+            }
+            Ok(other) => batch.pending.push(bad(format!(
+                "line {number}: not a JSON object (found {})",
+                crate::events::json_kind_of_raw(&other.to_string())
+            ))),
+            Err(e) => batch
+                .pending
+                .push(bad(format!("line {number}: not JSON: {e}"))),
+        }
+    }
+    Ok(batch)
+}

@@ -1,0 +1,259 @@
+//! The stream end to end on a memory store, and batches in flight on a store that
+//! answers out of order.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::*;
+use crate::events::dedup::Deduplicator;
+use crate::events::strategy::Strategy;
+use crate::store::{BreakerConfig, EventVerdict, MemoryStore};
+
+async fn gate_text(input: &str, format: OutputFormat) -> (String, StreamSummary) {
+    let dedup = Deduplicator::new(Arc::new(MemoryStore::new()), "t", ["id"]).unwrap();
+    let gate = EventGate::new(dedup, Strategy::Strict, BreakerConfig::default());
+    let mut out = Vec::new();
+    let summary = run(
+        &gate,
+        Stream {
+            input: input.as_bytes(),
+            input_name: "input",
+            output: &mut out,
+            output_name: "output",
+            stop: None,
+            ready: None,
+        },
+        format,
+        2,
+        |_| {},
+    )
+    .await
+    .unwrap();
+    (String::from_utf8(out).unwrap(), summary)
+}
+
+#[tokio::test]
+async fn records_keep_line_numbers_across_blank_and_bad_lines() {
+    let input = "{\"id\":\"a\",\"v\":1}\n\n  \n{\"id\":\"a\",\"v\":1}\r\n{oops\n[1]\n{\"id\":\"a\", \"v\":2}\n{\"v\":3}";
+    let (text, s) = gate_text(input, OutputFormat::Ndjson).await;
+    let records: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let got: Vec<(u64, &str)> = records
+        .iter()
+        .map(|r| (r["line"].as_u64().unwrap(), r["verdict"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (1, "new"),
+            (4, "replay"),
+            (5, "invalid"),
+            (6, "invalid"),
+            (7, "conflict"),
+            (8, "invalid")
+        ]
+    );
+    assert_eq!(records[0]["event"], serde_json::json!({"id": "a", "v": 1}));
+    assert!(
+        text.lines()
+            .nth(4)
+            .unwrap()
+            .ends_with(",\"event\":{\"id\":\"a\", \"v\":2}}"),
+        "unchanged bytes"
+    );
+    assert!(records[2]["error"]
+        .as_str()
+        .unwrap()
+        .starts_with("line 5: not JSON"));
+    assert_eq!(
+        records[3]["error"],
+        "line 6: not a JSON object (found an array)"
+    );
+    assert_eq!(records[5]["error"], "line 8: field `id` is missing");
+    assert_eq!(
+        (s.lines, s.blank, s.new, s.replay, s.conflict, s.invalid),
+        (8, 2, 1, 1, 1, 3)
+    );
+}
+
+#[tokio::test]
+async fn csv_is_quoted() {
+    let (text, _) = gate_text(
+        "{\"id\":\"a,b\",\"q\":\"say \\\"hi\\\"\"}\nnope\n",
+        OutputFormat::Csv,
+    )
+    .await;
+    let mut lines = text.lines();
+    assert_eq!(
+        lines.next().unwrap(),
+        "line,verdict,key,pass,verified,event,error,decision"
+    );
+    assert_eq!(
+        lines.next().unwrap(),
+        r#"1,new,"a,b",true,true,"{""id"":""a,b"",""q"":""say \""hi\""""}",,"#
+    );
+    let bad = lines.next().unwrap();
+    assert!(bad.starts_with("2,invalid,,false,,,"), "{bad}");
+    assert!(bad.contains("line 2: not JSON: "), "{bad}");
+}
+
+/// A real memory store whose batch calls take longer the earlier they were made
+/// (40, 30, 20, 10 ms, again), so a later call overtakes an earlier one unless the
+/// stream waits; it runs up to 4 at once and counts the most that ran together.
+#[derive(Debug, Default)]
+struct Overtaking {
+    inner: MemoryStore,
+    calls: std::sync::atomic::AtomicU64,
+    running: std::sync::atomic::AtomicU64,
+    most: std::sync::atomic::AtomicU64,
+    /// The first call fails (after its 40 ms), as a store outage would.
+    fail_first: bool,
+}
+
+#[async_trait::async_trait]
+impl crate::store::StoreBase for Overtaking {
+    fn kind(&self) -> &'static str {
+        "overtaking"
+    }
+    fn location(&self) -> String {
+        "overtaking://".into()
+    }
+    fn capabilities(&self) -> crate::store::Capabilities {
+        self.inner.capabilities()
+    }
+    async fn migrate(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::store::EventKeyStore for Overtaking {
+    fn batch_concurrency(&self) -> usize {
+        4
+    }
+    async fn check_and_mark(
+        &self,
+        namespace: &str,
+        marks: &[crate::store::EventMark],
+        now: chrono::DateTime<Utc>,
+    ) -> Result<Vec<EventVerdict>> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let call = self.calls.fetch_add(1, SeqCst);
+        let running = self.running.fetch_add(1, SeqCst) + 1;
+        self.most.fetch_max(running, SeqCst);
+        tokio::time::sleep(Duration::from_millis(40 - 10 * (call % 4))).await;
+        let verdicts = if call == 0 && self.fail_first {
+            Err(crate::error::Error::store(
+                "overtaking://",
+                "connection reset",
+            ))
+        } else {
+            self.inner.check_and_mark(namespace, marks, now).await
+        };
+        self.running.fetch_sub(1, SeqCst);
+        verdicts
+    }
+    async fn is_duplicate(
+        &self,
+        namespace: &str,
+        keys: &[String],
+        now: chrono::DateTime<Utc>,
+    ) -> Result<Vec<bool>> {
+        self.inner.is_duplicate(namespace, keys, now).await
+    }
+    async fn record_decision(&self, namespace: &str, key: &str, decision: &Value) -> Result<bool> {
+        self.inner.record_decision(namespace, key, decision).await
+    }
+    async fn unmark_event_keys(
+        &self,
+        namespace: &str,
+        keys: &[String],
+        first_seen: chrono::DateTime<Utc>,
+    ) -> Result<u64> {
+        self.inner
+            .unmark_event_keys(namespace, keys, first_seen)
+            .await
+    }
+}
+
+/// The gate over `input` in batches of 2 on `store`, strict: its outcome and output.
+async fn run_on(store: &Arc<Overtaking>, input: &str) -> (Result<StreamSummary>, Vec<u8>) {
+    let dedup = Deduplicator::new(store.clone(), "t", ["id"]).unwrap();
+    let gate = EventGate::new(dedup, Strategy::Strict, BreakerConfig::default());
+    let mut out = Vec::new();
+    let stream = Stream {
+        input: input.as_bytes(),
+        input_name: "input",
+        output: &mut out,
+        output_name: "output",
+        stop: None,
+        ready: None,
+    };
+    let outcome = run(&gate, stream, OutputFormat::Ndjson, 2, |_| {}).await;
+    (outcome, out)
+}
+
+async fn overtaking_run(input: &str) -> (Vec<(u64, String)>, u64) {
+    let store = Arc::new(Overtaking::default());
+    let (outcome, out) = run_on(&store, input).await;
+    outcome.unwrap();
+    let records = String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let r: Value = serde_json::from_str(l).unwrap();
+            (
+                r["line"].as_u64().unwrap(),
+                r["verdict"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    (
+        records,
+        store.most.load(std::sync::atomic::Ordering::SeqCst),
+    )
+}
+
+#[tokio::test]
+async fn batches_sharing_no_key_run_at_once_and_a_shared_key_waits() {
+    // Eight batches of two distinct keys: up to 4 calls at once, records in input order.
+    let input: String = (0..16).map(|i| format!("{{\"id\":\"k{i}\"}}\n")).collect();
+    let (records, most) = overtaking_run(&input).await;
+    assert_eq!(most, 4, "the store's 4 calls ran at once");
+    let want: Vec<(u64, String)> = (1..=16).map(|n| (n, "new".to_string())).collect();
+    assert_eq!(records, want);
+
+    // Key `a` comes back in the next batch, whose call would finish first: it waits.
+    let input = "{\"id\":\"a\",\"v\":1}\n{\"id\":\"b\"}\n{\"id\":\"c\"}\n{\"id\":\"a\",\"v\":2}\n\
+                 {\"id\":\"d\"}\n{\"id\":\"e\"}\n{\"id\":\"a\",\"v\":1}\n{\"id\":\"f\"}\n";
+    let (records, _) = overtaking_run(input).await;
+    let verdicts: Vec<&str> = records.iter().map(|(_, v)| v.as_str()).collect();
+    assert_eq!(
+        verdicts,
+        ["new", "new", "new", "conflict", "new", "new", "replay", "new"]
+    );
+}
+
+#[tokio::test]
+async fn a_failed_call_under_strict_leaves_the_later_batches_unmarked() {
+    // Calls 2-4 finish (and mark) before call 1 fails; their records are never
+    // written, so their marks are taken back: the next run says `new` for them.
+    let store = Arc::new(Overtaking {
+        fail_first: true,
+        ..Overtaking::default()
+    });
+    let input: String = (0..8).map(|i| format!("{{\"id\":\"k{i}\"}}\n")).collect();
+    let (outcome, out) = run_on(&store, &input).await;
+    let err = outcome.unwrap_err();
+    assert!(err.to_string().contains("connection reset"), "{err}");
+    assert!(out.is_empty(), "no record before the failed batch's");
+    let keys: Vec<String> = (0..8).map(|i| format!("k{i}")).collect();
+    let seen = crate::store::EventKeyStore::is_duplicate(&store.inner, "t", &keys, Utc::now())
+        .await
+        .unwrap();
+    assert_eq!(seen, [false; 8], "nothing left marked");
+    assert!(store.calls.load(std::sync::atomic::Ordering::SeqCst) >= 4);
+}
