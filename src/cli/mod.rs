@@ -128,7 +128,7 @@ pub(crate) enum Command {
     /// Delete keys, ledger rows and expired leases older than the retention.
     Cleanup(CleanupArgs),
     /// List the scheduled jobs and their next fire times; `schedule export` writes them
-    /// out for cron or Cloud Scheduler.
+    /// out for cron, Cloud Scheduler or Kubernetes.
     Schedule(ScheduleArgs),
     /// Print the fingerprint of a set of trade events (NDJSON), as the Python services
     /// compute it: SHA-256 of the sorted event signatures.
