@@ -239,7 +239,10 @@ pub(super) async fn make_room<W: Write>(
         };
         if !oldest.settle().await {
             // It failed (under `strict`): write what came before it, and stop.
-            if sink.emit_all(in_flight, summary, progress).await? {
+            if sink
+                .emit_while(in_flight, summary, progress, |_| true)
+                .await?
+            {
                 return Ok(true);
             }
         }

@@ -272,7 +272,12 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
             });
             // Every batch whose store call returned is written now, oldest first.
             if sink
-                .emit_returned(&mut in_flight, &mut summary, &mut progress)
+                .emit_while(
+                    &mut in_flight,
+                    &mut summary,
+                    &mut progress,
+                    InFlight::is_done,
+                )
                 .await?
             {
                 return Ok(());
@@ -289,7 +294,7 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
                 // The input makes us wait: write what is in flight first, so the lines
                 // read so far are not held back until more come.
                 if sink
-                    .emit_all(&mut in_flight, &mut summary, &mut progress)
+                    .emit_while(&mut in_flight, &mut summary, &mut progress, |_| true)
                     .await?
                 {
                     return Ok(());
@@ -310,7 +315,7 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
                 }
             }
         }
-        sink.emit_all(&mut in_flight, &mut summary, &mut progress)
+        sink.emit_while(&mut in_flight, &mut summary, &mut progress, |_| true)
             .await?;
         Ok(())
     }

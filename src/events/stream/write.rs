@@ -79,31 +79,17 @@ impl<W: Write> Sink<'_, W> {
         Ok(closed)
     }
 
-    /// Writes every batch in flight, oldest first, waiting for each one's store call;
-    /// `Ok(true)` when the output's reader went away.
-    pub(super) async fn emit_all(
+    /// Writes the oldest batch in flight (waiting for its store call) while there is one
+    /// and `write` says so of it: `InFlight::is_done` writes the batches whose calls
+    /// returned, `|_| true` every batch. `Ok(true)` when the output's reader went away.
+    pub(super) async fn emit_while(
         &mut self,
         in_flight: &mut VecDeque<InFlight>,
         summary: &mut StreamSummary,
         progress: &mut impl FnMut(&StreamSummary),
+        write: impl Fn(&InFlight) -> bool,
     ) -> Result<bool> {
-        while !in_flight.is_empty() {
-            if self.emit_oldest(in_flight, summary, progress).await? {
-                return Ok(true);
-            }
-        }
-        Ok(false)
-    }
-
-    /// Writes the oldest batches in flight whose store calls returned, up to the first one
-    /// still running; `Ok(true)` when the output's reader went away.
-    pub(super) async fn emit_returned(
-        &mut self,
-        in_flight: &mut VecDeque<InFlight>,
-        summary: &mut StreamSummary,
-        progress: &mut impl FnMut(&StreamSummary),
-    ) -> Result<bool> {
-        while in_flight.front().is_some_and(InFlight::is_done) {
+        while in_flight.front().is_some_and(&write) {
             if self.emit_oldest(in_flight, summary, progress).await? {
                 return Ok(true);
             }
