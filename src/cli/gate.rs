@@ -12,6 +12,7 @@ use crate::events::strategy::{EventGate, Strategy};
 use crate::events::stream::{self, OutputFormat, Stream, StreamCursor, StreamSummary};
 use crate::events::ContentHashExtractor;
 use crate::model::duration::parse_duration_field;
+use crate::runner::Cancel;
 use crate::store::breaker::BreakerPhase;
 use crate::store::{self, BreakerConfig, EventKeyStore};
 
@@ -110,15 +111,7 @@ fn deduplicator(args: &GateArgs, store: Arc<dyn EventKeyStore>) -> Result<Dedupl
 pub(super) async fn gate(args: &GateArgs, g: &GlobalOptions) -> Result<u8> {
     let format = format(g)?;
     let strategy: Strategy = args.strategy.parse().map_err(named("--strategy"))?;
-    if args.namespace.is_empty() {
-        return Err(Error::input("--namespace must not be empty"));
-    }
-    if let Some(c) = args.namespace.chars().find(|c| c.is_control()) {
-        return Err(Error::input(format!(
-            "--namespace {:?} holds the control character {c:?}: a namespace is printable text",
-            args.namespace
-        )));
-    }
+    check_namespace(&args.namespace)?;
     // Every argument is checked before the store is opened.
     parse_duration_field("--pending-timeout", &args.pending_timeout).map_err(Error::input)?;
     deduplicator(args, Arc::new(store::MemoryStore::new()))?;
@@ -134,56 +127,9 @@ pub(super) async fn gate(args: &GateArgs, g: &GlobalOptions) -> Result<u8> {
         let others: Vec<&std::path::Path> = input_path.into_iter().chain(output_path).collect();
         super::refuse_to_overwrite("--metrics-file", m, &others, &g.store)?;
     }
-    let (input_name, source): (String, Box<dyn Read + Send>) = match input_path {
-        Some(path) => {
-            let f = std::fs::File::open(path).map_err(|e| Error::io("read", path, e))?;
-            (path.display().to_string(), Box::new(f))
-        }
-        None => ("standard input".into(), Box::new(std::io::stdin())),
-    };
-
-    let (output_name, out): (String, Box<dyn Write + Send>) = match output_path {
-        Some(path) => {
-            let f = std::fs::File::create(path).map_err(|e| Error::io("write", path, e))?;
-            (
-                path.display().to_string(),
-                Box::new(std::io::BufWriter::with_capacity(1 << 18, f)),
-            )
-        }
-        None => (
-            "standard output".into(),
-            Box::new(std::io::BufWriter::with_capacity(
-                1 << 18,
-                std::io::stdout(),
-            )),
-        ),
-    };
-    let mut down = false;
-    let store: Arc<dyn EventKeyStore> = match store::open_event_keys(&g.store).await {
-        Ok(store) => store,
-        Err(e) if e.is_store_failure() && strategy != Strategy::Strict => {
-            // Lines go through unverified until the store answers: the breaker in front
-            // tries to open it again once per reset timeout.
-            tracing::warn!("{e}; {strategy}: lines go through unverified until the store answers");
-            down = true;
-            Arc::new(store::ReopeningEventStore::new(&g.store))
-        }
-        Err(e) => return Err(e),
-    };
-    let pending =
-        parse_duration_field("--pending-timeout", &args.pending_timeout).map_err(Error::input)?;
-    let mut gate = EventGate::new(
-        deduplicator(args, store)?,
-        strategy,
-        BreakerConfig::default(),
-    );
-    if !pending.is_zero() {
-        gate = gate.pending(pending);
-    }
-    if down {
-        // That was the first failure: the next try waits for the breaker's timeout.
-        gate.trip_breaker();
-    }
+    let (input_name, source) = open_input(input_path)?;
+    let (output_name, out) = open_output(output_path)?;
+    let gate = open_gate(args, g, strategy).await?;
     if let Some(c) = &cursor {
         // A store without cursors (BigQuery) says so before any line is read.
         gate.cursor(&c.name).await?;
@@ -197,19 +143,7 @@ pub(super) async fn gate(args: &GateArgs, g: &GlobalOptions) -> Result<u8> {
     let input = super::feed::Feed::new(source, Some(stop.clone()))
         .map_err(|e| Error::io("read", &input_name, e))?;
     let ready = input.ready();
-    {
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            let reason = stop.cancelled().await;
-            output::print_gate_summary(&format!(
-                "gate: {reason}: stopping after the lines already read (again to stop now)"
-            ));
-            if let Ok(again) = super::cancel_on_signals() {
-                again.cancelled().await;
-                std::process::exit(i32::from(EXIT_RUN_FAILED));
-            }
-        });
-    }
+    announce_stop(stop.clone());
     let bar = output::gate_bar();
     let mut done = StreamSummary::default();
     let mut metrics_written = std::time::Instant::now();
@@ -251,20 +185,121 @@ pub(super) async fn gate(args: &GateArgs, g: &GlobalOptions) -> Result<u8> {
     if let Some(e) = metrics_error {
         return Err(e);
     }
+    finish(args, &gate, result, &done)
+}
+
+/// A namespace is not empty and holds no control character.
+fn check_namespace(namespace: &str) -> Result<()> {
+    if namespace.is_empty() {
+        return Err(Error::input("--namespace must not be empty"));
+    }
+    if let Some(c) = namespace.chars().find(|c| c.is_control()) {
+        return Err(Error::input(format!(
+            "--namespace {namespace:?} holds the control character {c:?}: a namespace is printable text"
+        )));
+    }
+    Ok(())
+}
+
+/// The input (`None`: standard input) and its name for messages.
+fn open_input(path: Option<&Path>) -> Result<(String, Box<dyn Read + Send>)> {
+    Ok(match path {
+        Some(path) => {
+            let f = std::fs::File::open(path).map_err(|e| Error::io("read", path, e))?;
+            (path.display().to_string(), Box::new(f))
+        }
+        None => ("standard input".into(), Box::new(std::io::stdin())),
+    })
+}
+
+/// The output (`None`: standard output), buffered, and its name for messages.
+fn open_output(path: Option<&Path>) -> Result<(String, Box<dyn Write + Send>)> {
+    Ok(match path {
+        Some(path) => {
+            let f = std::fs::File::create(path).map_err(|e| Error::io("write", path, e))?;
+            (
+                path.display().to_string(),
+                Box::new(std::io::BufWriter::with_capacity(1 << 18, f)),
+            )
+        }
+        None => (
+            "standard output".into(),
+            Box::new(std::io::BufWriter::with_capacity(
+                1 << 18,
+                std::io::stdout(),
+            )),
+        ),
+    })
+}
+
+/// The gate on the store. A store that cannot be opened fails the gate under `strict`;
+/// otherwise lines go through unverified until it answers.
+async fn open_gate(args: &GateArgs, g: &GlobalOptions, strategy: Strategy) -> Result<EventGate> {
+    let mut down = false;
+    let store: Arc<dyn EventKeyStore> = match store::open_event_keys(&g.store).await {
+        Ok(store) => store,
+        Err(e) if e.is_store_failure() && strategy != Strategy::Strict => {
+            // Lines go through unverified until the store answers: the breaker in front
+            // tries to open it again once per reset timeout.
+            tracing::warn!("{e}; {strategy}: lines go through unverified until the store answers");
+            down = true;
+            Arc::new(store::ReopeningEventStore::new(&g.store))
+        }
+        Err(e) => return Err(e),
+    };
+    let pending =
+        parse_duration_field("--pending-timeout", &args.pending_timeout).map_err(Error::input)?;
+    let mut gate = EventGate::new(
+        deduplicator(args, store)?,
+        strategy,
+        BreakerConfig::default(),
+    );
+    if !pending.is_zero() {
+        gate = gate.pending(pending);
+    }
+    if down {
+        // That was the first failure: the next try waits for the breaker's timeout.
+        gate.trip_breaker();
+    }
+    Ok(gate)
+}
+
+/// On the first signal, says the gate is stopping; on a second, exits at once.
+fn announce_stop(stop: Cancel) {
+    tokio::spawn(async move {
+        let reason = stop.cancelled().await;
+        output::print_gate_summary(&format!(
+            "gate: {reason}: stopping after the lines already read (again to stop now)"
+        ));
+        if let Ok(again) = super::cancel_on_signals() {
+            again.cancelled().await;
+            std::process::exit(i32::from(EXIT_RUN_FAILED));
+        }
+    });
+}
+
+/// After the stream: the metrics file and the summary (a line, or JSON); the exit code.
+/// A stream that failed says how far it got (`done`) and fails the gate.
+fn finish(
+    args: &GateArgs,
+    gate: &EventGate,
+    result: Result<StreamSummary>,
+    done: &StreamSummary,
+) -> Result<u8> {
     let json = args.stats_format == "json";
     let summary = match result {
         Ok(summary) => summary,
         Err(e) => {
             if let Some(path) = &args.metrics_file {
-                metrics::write_atomically(path, &metrics::gate_metrics(&done, &gate, false))?;
+                metrics::write_atomically(path, &metrics::gate_metrics(done, gate, false))?;
             }
             // What was written before the failure is recorded: say how far it got.
             if json {
-                output::print_gate_summary(&stats_json(&done, &gate, Some(&e)));
+                output::print_gate_summary(&stats_json(done, gate, Some(&e)));
             } else {
                 output::print_gate_summary(&format!(
                     "{} (stopped there: the lines after these have no record)",
-                    summary_line(&done, &gate)
+                    summary_line(done, gate)
                 ));
             }
             return Err(e);
@@ -275,15 +310,15 @@ pub(super) async fn gate(args: &GateArgs, g: &GlobalOptions) -> Result<u8> {
             path,
             &metrics::gate_metrics(
                 &summary,
-                &gate,
+                gate,
                 summary.interrupted.is_none() && !summary.output_closed,
             ),
         )?;
     }
     if json {
-        output::print_gate_summary(&stats_json(&summary, &gate, None));
+        output::print_gate_summary(&stats_json(&summary, gate, None));
     } else {
-        output::print_gate_summary(&summary_line(&summary, &gate));
+        output::print_gate_summary(&summary_line(&summary, gate));
     }
     Ok(if summary.interrupted.is_some() {
         EXIT_RUN_FAILED
