@@ -273,6 +273,93 @@ fn every_export_names_the_same_image_and_jobs_folder() {
 }
 
 #[test]
+fn an_empty_jobs_folder_a_full_disk_and_single_runner_gaps_are_said() {
+    let s = Sandbox::new("idem-k8s-edges");
+    for args in [
+        vec!["--kubernetes", "--image", IMAGE],
+        vec!["--kubernetes-scheduler", "2", "--image", IMAGE],
+    ] {
+        let out = export(&s.dir, STORE, &args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(
+            text(&out.stderr)
+                .contains("no job with a schedule in the jobs folder: nothing to export"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+    deploy_jobs(&s);
+    // A full disk is an error, not a truncated file and exit 0.
+    let full = Command::new(IDEM)
+        .args(["--store", STORE, "--jobs-dir", "jobs", "schedule", "export"])
+        .args(["--kubernetes", "--image", IMAGE])
+        .current_dir(&s.dir)
+        .env_remove("IDEM_STORE")
+        .stdout(std::fs::File::create("/dev/full").unwrap())
+        .output()
+        .unwrap();
+    assert_ne!(full.status.code(), Some(0));
+    assert!(
+        text(&full.stderr).contains("standard output"),
+        "{}",
+        text(&full.stderr)
+    );
+    // One runner per slot: shadow mode and catch-up are warned about, not refused.
+    s.write_job(
+        "shadow",
+        &sql_job(
+            "shadowed",
+            "schedule = \"0 3 * * *\"\nmode = \"shadow\"\nmissed = \"catch_up\"",
+            "lease = \"10m\"",
+        ),
+    );
+    for args in [
+        vec!["--kubernetes", "--image", IMAGE],
+        vec!["--cloud-scheduler", "p/europe-west1"],
+    ] {
+        let out = export(&s.dir, STORE, &args);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let err = text(&out.stderr);
+        assert!(
+            err.contains("job shadowed: its mode is not enforce"),
+            "{err}"
+        );
+        assert!(
+            err.contains("job shadowed: missed = \"catch_up\" is done by `idem scheduler` only"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn cloud_run_jobs_get_a_task_timeout_retries_and_a_script_that_runs_again() {
+    let s = Sandbox::new("idem-k8s-cloud");
+    deploy_jobs(&s);
+    let out = export(&s.dir, STORE, &["--cloud-scheduler", "p/europe-west1"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let script = text(&out.stdout);
+    // The command job: its timeout, its grace and 30 s to record; the others a day.
+    assert!(script.contains("--task-timeout=7275s"), "{script}");
+    assert_eq!(
+        script.matches("--task-timeout=86400s").count(),
+        2,
+        "{script}"
+    );
+    assert_eq!(script.matches("--max-retries=2").count(), 3, "{script}");
+    // Create the scheduler job, or update it: the script runs again for each release.
+    assert_eq!(
+        script
+            .matches(
+                "then verb=update; else verb=create; fi\ngcloud scheduler jobs \"$verb\" http "
+            )
+            .count(),
+        3,
+        "{script}"
+    );
+    assert!(!script.contains("jobs create http"), "{script}");
+}
+
+#[test]
 fn kubernetes_exports_refuse_what_would_lose_or_double_a_run() {
     let s = Sandbox::new("idem-k8s-refuse");
     deploy_jobs(&s);
@@ -291,7 +378,7 @@ fn kubernetes_exports_refuse_what_would_lose_or_double_a_run() {
     refused(
         "sqlite://idem.db",
         &["--kubernetes", "--image", IMAGE],
-        "Kubernetes pods keep no disk between runs",
+        "a Kubernetes pod keeps no disk between runs",
     );
     refused(STORE, &["--kubernetes"], "needs --image");
     refused(
@@ -361,6 +448,65 @@ fn kubernetes_exports_refuse_what_would_lose_or_double_a_run() {
         STORE,
         &["--kubernetes", "--image", IMAGE],
         "job no_window: has no lease",
+    );
+    // A store the pods could not share or open.
+    for store in ["redis://127.0.0.1", "file:///tmp/x", ""] {
+        refused(
+            store,
+            &["--kubernetes", "--image", IMAGE],
+            "needs a postgres:// or bigquery:// store",
+        );
+        refused(
+            store,
+            &["--cloud-scheduler", "p/europe-west1"],
+            "needs a postgres:// or bigquery:// store",
+        );
+    }
+    // Values that would break the printed commands or comments.
+    refused(
+        STORE,
+        &[
+            "--kubernetes",
+            "--image",
+            "registry.example.com/idem:1.0\nrm -rf /",
+        ],
+        "--image \"registry.example.com/idem:1.0\\nrm -rf /\": holds '\\n'",
+    );
+    refused(
+        STORE,
+        &["--cloud-scheduler", "p/europe-west1", "--image", ""],
+        "--image is empty",
+    );
+    refused(
+        STORE,
+        &[
+            "--cloud-scheduler",
+            "p/europe-west1",
+            "--store-secret",
+            "a b",
+        ],
+        "--store-secret \"a b\": holds ' '",
+    );
+    // A flag the export does not read is an error, not dropped.
+    refused(
+        STORE,
+        &["--kubernetes", "--image", IMAGE, "--service-account", "sa@p.iam.gserviceaccount.com"],
+        "--service-account is not read by a Kubernetes export (Kubernetes pods run as --k8s-service-account)",
+    );
+    refused(
+        STORE,
+        &[
+            "--cloud-scheduler",
+            "p/europe-west1",
+            "--namespace",
+            "batch",
+        ],
+        "--namespace is not read by --cloud-scheduler",
+    );
+    refused(
+        STORE,
+        &["--crontab", "--image", IMAGE],
+        "--image is not read by --crontab",
     );
     // Two jobs whose names collide as Kubernetes names.
     s.write_job(
@@ -527,12 +673,13 @@ run = ["sh", "-c", "sleep 0.3; echo {{scope}} >> done.txt"]
         text(&exported.stderr)
     );
     let args = deployment_args(&text(&exported.stdout));
-    assert_eq!(
-        args,
-        ["scheduler", "--grace", "30s"],
-        "{}",
-        text(&exported.stdout)
-    );
+    // The pods fire the jobs the export checked, by name.
+    let mut named = args[3..].to_vec();
+    named.sort();
+    let mut expected = vec![command.clone(), today.clone(), yesterday.clone()];
+    expected.sort();
+    assert_eq!(&args[..3], ["scheduler", "--grace", "30s"], "{args:?}");
+    assert_eq!(named, expected, "{args:?}");
     assert_eq!(s.idem(&["migrate"]).status.code(), Some(0));
     let replica = || {
         Command::new(IDEM)

@@ -227,9 +227,10 @@ fn the_top_level_is_the_cards() {
         "benches",
         "examples",
         "python",
-        // The image (issue 23): the Containerfile and what its build leaves out.
+        // The image (issue 23): the Containerfile and what its build leaves out (read by
+        // Docker and buildah alike).
         "Containerfile",
-        ".containerignore",
+        ".dockerignore",
         ".ci",
         ".git",
         ".gitignore",

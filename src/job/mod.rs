@@ -56,7 +56,8 @@ pub use plan::{plan, replay_spool, Overrides, Plan};
 
 /// Checks a job name: it names log files, Cloud Run jobs and ledger rows, so it must be a
 /// single, printable path segment: not empty, no `/` or backslash, no control characters, not
-/// starting with `.` (so `..` and hidden files are out), at most 128 characters.
+/// starting with `.` (so `..` and hidden files are out) or `-` (an option on a command
+/// line), at most 128 characters.
 pub fn validate_name(name: &str) -> crate::error::Result<()> {
     let bad = |why: &str| crate::error::Error::config(format!("invalid job name {name:?}: {why}"));
     if name.trim().is_empty() {
@@ -67,6 +68,11 @@ pub fn validate_name(name: &str) -> crate::error::Result<()> {
     }
     if name.starts_with('.') {
         return Err(bad("it starts with '.'"));
+    }
+    if name.starts_with('-') {
+        return Err(bad(
+            "it starts with '-' (on a command line, such as an exported crontab line, it would read as an option)",
+        ));
     }
     if name != name.trim() {
         return Err(bad("it starts or ends with white space"));
@@ -223,6 +229,8 @@ mod tests {
             "new\nline",
             " x",
             "",
+            "-dash",
+            "--date",
         ] {
             let e = job(bad).unwrap_err();
             assert!(

@@ -37,6 +37,53 @@ pub struct CrontabOptions {
     pub log_dir: String,
 }
 
+/// The store an export for many machines may name: Postgres or BigQuery (every runner must
+/// reach it; a SQLite file or memory stays on one machine). `target` names the export.
+pub fn shared_store_scheme(store: &str, target: &str) -> Result<&'static str> {
+    let scheme = url::Url::parse(store)
+        .map(|u| u.scheme().to_ascii_lowercase())
+        .unwrap_or_default();
+    match scheme.as_str() {
+        "postgres" | "postgresql" => Ok("postgres"),
+        "bigquery" => Ok("bigquery"),
+        "sqlite" | "memory" => Err(Error::config(format!(
+            "--store {scheme}: {target} keeps no disk between runs and its runners share none; \
+             export with a postgres:// or bigquery:// store"
+        ))),
+        _ => Err(Error::config(format!(
+            "--store {store:?}: {target} needs a postgres:// or bigquery:// store that every \
+             runner reaches"
+        ))),
+    }
+}
+
+/// A flag value printed into a command or a manifest: not empty, no white space or control
+/// characters (a line break would end a comment or a command).
+pub fn plain_value(flag: &str, value: &str) -> Result<()> {
+    if value.is_empty() {
+        return Err(Error::config(format!("{flag} is empty")));
+    }
+    if let Some(c) = value.chars().find(|c| c.is_whitespace() || c.is_control()) {
+        return Err(Error::config(format!(
+            "{flag} {value:?}: holds {c:?}; give it without white space or control characters"
+        )));
+    }
+    Ok(())
+}
+
+/// The longest a run of `job` may take on a platform that stops it (a Cloud Run task, a
+/// Kubernetes pod), `stop` included: its command `timeout` and grace plus `stop`, else a day.
+pub fn run_deadline(job: &ScheduledJob, stop: Duration) -> Duration {
+    match job.timeout {
+        Some(t) => {
+            let secs =
+                |d: Duration| Duration::from_secs(d.as_secs() + u64::from(d.subsec_nanos() > 0));
+            secs(t) + secs(job.grace.unwrap_or_default()) + stop
+        }
+        None => Duration::from_secs(86_400),
+    }
+}
+
 /// Quotes a word for `sh` (unchanged when it needs no quotes).
 fn sh(word: &str) -> Result<String> {
     shlex::try_quote(word).map(|q| q.into_owned()).map_err(|_| {
@@ -164,13 +211,14 @@ impl CloudSchedulerOptions {
         jobs_dir: &str,
     ) -> Result<CloudSchedulerOptions> {
         let (project, region) = parse_project_region(target)?;
-        let scheme = store.split(':').next().unwrap_or_default();
-        if matches!(scheme, "sqlite" | "memory") {
-            return Err(Error::config(format!(
-                "--store {scheme}: a Cloud Run job keeps no disk between executions; export \
-                 with a postgres:// or bigquery:// store"
-            )));
+        shared_store_scheme(store, "a Cloud Run job")?;
+        if let Some(image) = &image {
+            plain_value("--image", image)?;
         }
+        if let Some(sa) = &service_account {
+            plain_value("--service-account", sa)?;
+        }
+        plain_value("--image-jobs-dir", jobs_dir)?;
         Ok(CloudSchedulerOptions {
             image: image
                 .unwrap_or_else(|| format!("{region}-docker.pkg.dev/{project}/idem/idem:latest")),
@@ -225,6 +273,13 @@ pub struct CloudRetry {
     /// `--max-retry-attempts`.
     pub max_retry_attempts: u32,
 }
+
+/// A Cloud Run task's longest `--task-timeout`.
+const MAX_TASK_TIMEOUT: Duration = Duration::from_secs(168 * 3600);
+
+/// Cloud Run retries of a failed task (`--max-retries`): a failed run wrote no key, so a
+/// retry redoes it; Cloud Scheduler retries only its call that starts the execution.
+pub const CLOUD_RUN_RETRIES: u32 = 2;
 
 /// Cloud Scheduler's shortest attempt deadline.
 const MIN_ATTEMPT_DEADLINE: Duration = Duration::from_secs(15);
@@ -317,7 +372,8 @@ pub fn cloud_scheduler(jobs: &[ScheduledJob], o: &CloudSchedulerOptions) -> Resu
          # idem schedule export --cloud-scheduler\n\
          # Build and push the image once (the Containerfile at the root of idem's repository):\n\
          #   gcloud artifacts repositories create idem --repository-format=docker --location={region} --project={project}\n\
-         #   docker build -t {image} . && docker push {image}\n\
+         #   gcloud auth configure-docker {region}-docker.pkg.dev\n\
+         #   docker build -f Containerfile -t {image} . && docker push {image}\n\
          # The service account {sa} needs:\n\
          #   roles/run.invoker on the project (Cloud Scheduler starts the Cloud Run jobs as it)\n",
         region = o.region,
@@ -331,6 +387,7 @@ pub fn cloud_scheduler(jobs: &[ScheduledJob], o: &CloudSchedulerOptions) -> Resu
         );
     }
     if let Some(secret) = &o.store_secret {
+        plain_value("--store-secret", secret)?;
         out.push_str(&format!(
             "#   roles/secretmanager.secretAccessor on the secret {secret} (the store URL)\n"
         ));
@@ -384,15 +441,32 @@ pub fn cloud_scheduler(jobs: &[ScheduledJob], o: &CloudSchedulerOptions) -> Resu
                 deploy.push(flag("set-secrets", &format!("IDEM_STORE={secret}:latest"))?);
             }
         }
+        let task_timeout = run_deadline(job, Duration::from_secs(30));
+        if task_timeout > MAX_TASK_TIMEOUT {
+            return Err(Error::config(format!(
+                "job {}: [command] timeout and grace come to {}s, more than a Cloud Run task may \
+                 run (168h)",
+                job.name,
+                task_timeout.as_secs()
+            )));
+        }
+        deploy.push(format!("--task-timeout={}", s(task_timeout)));
         deploy.push("--tasks=1".to_string());
-        deploy.push("--max-retries=0".to_string());
+        deploy.push(format!("--max-retries={CLOUD_RUN_RETRIES}"));
         let uri = format!(
             "https://{region}-run.googleapis.com/apis/run.googleapis.com/v1/namespaces/{project}/jobs/{run_name}:run",
             region = o.region,
             project = o.project
         );
+        // Create the scheduler job, or update it when it exists: the script runs again for
+        // every release and every change of schedule.
+        let exists = format!(
+            "if gcloud scheduler jobs describe {run_name} {} {} >/dev/null 2>&1; then verb=update; else verb=create; fi",
+            flag("project", &o.project)?,
+            flag("location", &o.region)?
+        );
         let create = [
-            format!("gcloud scheduler jobs create http {run_name}"),
+            format!("gcloud scheduler jobs \"$verb\" http {run_name}"),
             flag("project", &o.project)?,
             flag("location", &o.region)?,
             flag("schedule", &fields)?,
@@ -409,13 +483,14 @@ pub fn cloud_scheduler(jobs: &[ScheduledJob], o: &CloudSchedulerOptions) -> Resu
             flag("description", &format!("idem job {}", job.name))?,
         ];
         out.push_str(&format!(
-            "\n# {}: {:?} in {}, date {}, lease {}\n{}\n{}\n",
+            "\n# {}: {:?} in {}, date {}, lease {}\n{}\n{}\n{}\n",
             job.name,
             job.schedule,
             tz.name(),
             date,
             s(job.lease.unwrap_or_default()),
             deploy.join(" \\\n  "),
+            exists,
             create.join(" \\\n  ")
         ));
     }

@@ -14,8 +14,9 @@
 //! How the settings follow from the job (see [`CronJobTiming`]):
 //! * `concurrencyPolicy: Allow`: each fire is its own scope, and the lease already keeps
 //!   two pods off one scope; `Forbid` would drop a date whenever the previous run overran.
-//! * `startingDeadlineSeconds`: half the lease (10 s at least), as the Cloud Scheduler
-//!   export's retry window: a slot started that late still finds an earlier attempt's lease.
+//! * `startingDeadlineSeconds`: 10 minutes. A pod evaluates the job's `date` when it starts,
+//!   so a slot the controller starts late processes the date of its start: a short window
+//!   keeps that the slot's date; a slot missed for longer is dropped (a backfill redoes it).
 //! * `terminationGracePeriodSeconds`: the command's grace (SIGTERM → SIGKILL of its
 //!   process group) plus 30 s to record the run as interrupted and release the lease.
 //! * `activeDeadlineSeconds`: with a command `timeout`, every attempt's timeout and grace;
@@ -28,7 +29,9 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 
-use super::export::{crontab_fields, kubernetes_name};
+use super::export::{
+    crontab_fields, kubernetes_name, plain_value, run_deadline, shared_store_scheme,
+};
 use super::ScheduledJob;
 
 /// Where and how the manifests run idem.
@@ -36,6 +39,9 @@ use super::ScheduledJob;
 pub struct KubernetesOptions {
     /// The image built from the Containerfile (required: the registry is the user's).
     pub image: String,
+    /// The store URL the export is for (checked, never printed: the pods read it from the
+    /// Secret).
+    pub store: String,
     /// `metadata.namespace` of every object, if set.
     pub namespace: Option<String>,
     /// The Secret holding the store URL under the key `url`.
@@ -52,22 +58,9 @@ impl KubernetesOptions {
     /// Checks the store and the names before anything is printed: a SQLite or memory store
     /// is refused (pods keep no disk between runs, and replicas would not share it), and
     /// `--image` is required.
-    pub fn validate(&self, store: &str) -> Result<()> {
-        let scheme = store.split(':').next().unwrap_or_default();
-        if matches!(scheme, "sqlite" | "memory") {
-            return Err(Error::config(format!(
-                "--store {scheme}: Kubernetes pods keep no disk between runs and replicas share \
-                 none; export with a postgres:// or bigquery:// store (the manifests read it \
-                 from the Secret {:?})",
-                self.store_secret
-            )));
-        }
-        if self.image.trim().is_empty() {
-            return Err(Error::config(
-                "--image is empty: give the image built from the Containerfile and pushed to \
-                 your registry, such as registry.example.com/idem:1.0",
-            ));
-        }
+    pub fn validate(&self) -> Result<()> {
+        shared_store_scheme(&self.store, "a Kubernetes pod")?;
+        plain_value("--image", &self.image)?;
         for (flag, name) in [
             ("--namespace", self.namespace.as_deref()),
             ("--store-secret", Some(self.store_secret.as_str())),
@@ -111,7 +104,7 @@ fn dns_label(flag: &str, name: &str, max: usize) -> Result<()> {
 /// The CronJob settings that follow from a job's lease, grace and timeout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CronJobTiming {
-    /// `startingDeadlineSeconds`: lease / 2, at least 10 s (the controller's resolution).
+    /// `startingDeadlineSeconds`: [`STARTING_DEADLINE`].
     pub starting_deadline: Duration,
     /// `terminationGracePeriodSeconds`: the command's grace + [`RECORD_MARGIN`].
     pub termination_grace: Duration,
@@ -125,14 +118,16 @@ pub struct CronJobTiming {
 /// interrupted and release its lease (a BigQuery call takes seconds).
 pub const RECORD_MARGIN: Duration = Duration::from_secs(30);
 
-/// A run with no timeout is stopped (and recorded interrupted) after this long.
-const DEFAULT_ACTIVE_DEADLINE: Duration = Duration::from_secs(86_400);
+/// How late the CronJob controller may start a slot (it was down or busy) before dropping
+/// it: the pod evaluates the job's `date` when it starts, so a short window keeps it the
+/// slot's date.
+pub const STARTING_DEADLINE: Duration = Duration::from_secs(600);
 
 impl CronJobTiming {
     /// The settings for `job`; an error when it has no lease (two overlapping fires of
     /// one scope would then both run).
     pub fn for_job(job: &ScheduledJob) -> Result<CronJobTiming> {
-        let lease = job.lease.ok_or_else(|| {
+        job.lease.ok_or_else(|| {
             Error::config(format!(
                 "job {}: has no lease (guards.lease); two Kubernetes Jobs of one slot (a late \
                  start, a retry) could then run the same date at once: set guards.lease",
@@ -143,15 +138,15 @@ impl CronJobTiming {
         let backoff_limit = 2;
         let termination_grace = secs(job.grace.unwrap_or_default()) + RECORD_MARGIN;
         let active_deadline = match job.timeout {
-            Some(t) => (secs(t) + termination_grace)
+            Some(_) => run_deadline(job, RECORD_MARGIN)
                 .checked_mul(backoff_limit + 1)
                 .ok_or_else(|| {
                     Error::config(format!("job {}: [command] timeout is too long", job.name))
                 })?,
-            None => DEFAULT_ACTIVE_DEADLINE,
+            None => run_deadline(job, RECORD_MARGIN),
         };
         Ok(CronJobTiming {
-            starting_deadline: Duration::from_secs((lease.as_secs() / 2).max(10)),
+            starting_deadline: STARTING_DEADLINE,
             termination_grace,
             active_deadline,
             backoff_limit,
@@ -300,9 +295,26 @@ fn pod_spec(args: Vec<String>, grace: Duration, restart: &str, o: &KubernetesOpt
         spec.push(("serviceAccountName", s(sa)));
     }
     spec.push(("terminationGracePeriodSeconds", secs(grace)));
+    // What Pod Security's `restricted` level asks; the image's user is numeric (10001).
     spec.push((
         "securityContext",
-        Yaml::Map(vec![("runAsNonRoot", Yaml::Bool(true))]),
+        Yaml::Map(vec![
+            ("runAsNonRoot", Yaml::Bool(true)),
+            (
+                "seccompProfile",
+                Yaml::Map(vec![("type", s("RuntimeDefault"))]),
+            ),
+        ]),
+    ));
+    container.push((
+        "securityContext",
+        Yaml::Map(vec![
+            ("allowPrivilegeEscalation", Yaml::Bool(false)),
+            (
+                "capabilities",
+                Yaml::Map(vec![("drop", Yaml::List(vec![s("ALL")]))]),
+            ),
+        ]),
     ));
     if let Some(cm) = &o.jobs_configmap {
         container.push((
@@ -328,6 +340,11 @@ fn pod_spec(args: Vec<String>, grace: Duration, restart: &str, o: &KubernetesOpt
 }
 
 fn header(out: &mut String, what: &str, o: &KubernetesOptions) {
+    let example = if o.store.to_ascii_lowercase().starts_with("bigquery:") {
+        "bigquery://PROJECT/DATASET"
+    } else {
+        "postgres://USER:PASSWORD@HOST/DB"
+    };
     let ns = o
         .namespace
         .as_ref()
@@ -337,7 +354,7 @@ fn header(out: &mut String, what: &str, o: &KubernetesOptions) {
         "# idem schedule export {what}\n\
          # Apply with: kubectl apply{ns} -f THIS_FILE\n\
          # The store URL comes from the Secret {secret:?} (key \"url\"), created once:\n\
-         #   kubectl create secret generic {secret}{ns} --from-literal=url='postgres://...'\n",
+         #   kubectl create secret generic {secret}{ns} --from-literal=url='{example}'\n",
         secret = o.store_secret
     ));
     if let Some(cm) = &o.jobs_configmap {
@@ -382,6 +399,11 @@ fn names(jobs: &[ScheduledJob]) -> Result<Vec<String>> {
 
 /// One CronJob per job in `jobs` (those with a schedule).
 pub fn cron_jobs(jobs: &[ScheduledJob], o: &KubernetesOptions) -> Result<String> {
+    if jobs.is_empty() {
+        return Err(Error::config(
+            "no job with a schedule in the jobs folder: nothing to export",
+        ));
+    }
     let names = names(jobs)?;
     let mut out = String::new();
     header(&mut out, "--kubernetes", o);
@@ -462,14 +484,19 @@ pub fn cron_jobs(jobs: &[ScheduledJob], o: &KubernetesOptions) -> Result<String>
 /// SIGTERM before idem stops them.
 pub const SCHEDULER_GRACE: Duration = Duration::from_secs(30);
 
-/// A Deployment of `replicas` `idem scheduler` processes firing `jobs`; `only` names the
-/// jobs on the command line (else the scheduler fires every job with a schedule).
+/// A Deployment of `replicas` `idem scheduler` processes firing `jobs`, named on its
+/// command line (the pods fire those that were checked here, not whatever else the image's
+/// jobs folder holds).
 pub fn scheduler_deployment(
     jobs: &[ScheduledJob],
-    only: Option<&str>,
     replicas: u32,
     o: &KubernetesOptions,
 ) -> Result<String> {
+    if jobs.is_empty() {
+        return Err(Error::config(
+            "no job with a schedule in the jobs folder: nothing to export",
+        ));
+    }
     for job in jobs {
         // Every replica fires every slot: the lease keeps them off one scope at once, the
         // time window makes the replicas that waited for it skip once it completed.
@@ -504,7 +531,7 @@ pub fn scheduler_deployment(
         "--grace".to_string(),
         format!("{}s", SCHEDULER_GRACE.as_secs()),
     ];
-    args.extend(only.map(str::to_string));
+    args.extend(jobs.iter().map(|j| j.name.clone()));
     let name = "idem-scheduler";
     let mut out = String::new();
     header(&mut out, &format!("--kubernetes-scheduler {replicas}"), o);

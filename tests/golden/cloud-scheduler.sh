@@ -2,7 +2,8 @@
 # idem schedule export --cloud-scheduler
 # Build and push the image once (the Containerfile at the root of idem's repository):
 #   gcloud artifacts repositories create idem --repository-format=docker --location=us-central1 --project=my-project
-#   docker build -t us-central1-docker.pkg.dev/my-project/idem/idem:latest . && docker push us-central1-docker.pkg.dev/my-project/idem/idem:latest
+#   gcloud auth configure-docker us-central1-docker.pkg.dev
+#   docker build -f Containerfile -t us-central1-docker.pkg.dev/my-project/idem/idem:latest . && docker push us-central1-docker.pkg.dev/my-project/idem/idem:latest
 # The service account idem@my-project.iam.gserviceaccount.com needs:
 #   roles/run.invoker on the project (Cloud Scheduler starts the Cloud Run jobs as it)
 set -e
@@ -16,9 +17,11 @@ gcloud run jobs deploy idem-daily-sales \
   --command=idem \
   --args='run,daily_sales,--date,yesterday,--trigger,scheduler' \
   --set-env-vars='IDEM_STORE=postgres://idem@10.0.0.5/idem,IDEM_JOBS_DIR=/app/jobs' \
+  --task-timeout=86400s \
   --tasks=1 \
-  --max-retries=0
-gcloud scheduler jobs create http idem-daily-sales \
+  --max-retries=2
+if gcloud scheduler jobs describe idem-daily-sales --project=my-project --location=us-central1 >/dev/null 2>&1; then verb=update; else verb=create; fi
+gcloud scheduler jobs "$verb" http idem-daily-sales \
   --project=my-project \
   --location=us-central1 \
   --schedule='0 0 * * *' \
@@ -43,9 +46,11 @@ gcloud run jobs deploy idem-hourly-events \
   --command=idem \
   --args='run,hourly_events,--date,today,--trigger,scheduler' \
   --set-env-vars='IDEM_STORE=postgres://idem@10.0.0.5/idem,IDEM_JOBS_DIR=/app/jobs' \
+  --task-timeout=86400s \
   --tasks=1 \
-  --max-retries=0
-gcloud scheduler jobs create http idem-hourly-events \
+  --max-retries=2
+if gcloud scheduler jobs describe idem-hourly-events --project=my-project --location=us-central1 >/dev/null 2>&1; then verb=update; else verb=create; fi
+gcloud scheduler jobs "$verb" http idem-hourly-events \
   --project=my-project \
   --location=us-central1 \
   --schedule='5 * * * MON-FRI' \
@@ -70,9 +75,11 @@ gcloud run jobs deploy idem-weekly-cleanup \
   --command=idem \
   --args='run,weekly_cleanup,--date,yesterday,--trigger,scheduler' \
   --set-env-vars='IDEM_STORE=postgres://idem@10.0.0.5/idem,IDEM_JOBS_DIR=/app/jobs' \
+  --task-timeout=86400s \
   --tasks=1 \
-  --max-retries=0
-gcloud scheduler jobs create http idem-weekly-cleanup \
+  --max-retries=2
+if gcloud scheduler jobs describe idem-weekly-cleanup --project=my-project --location=us-central1 >/dev/null 2>&1; then verb=update; else verb=create; fi
+gcloud scheduler jobs "$verb" http idem-weekly-cleanup \
   --project=my-project \
   --location=us-central1 \
   --schedule='0 2 * * 0' \
