@@ -1,0 +1,71 @@
+"""Fixtures: a SQLite store per test, the CI's Postgres and Redis, the `idem` binary.
+
+Under CI (IDEM_REQUIRE_SERVICES=1, as .ci/run sets it) a missing service fails the test
+instead of skipping it.
+"""
+
+import os
+import pathlib
+import subprocess
+import uuid
+
+import pytest
+
+import idem
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+PEER_DATA = REPO.parent / "shared" / "peer-data" / "fund_loads_input.ndjson"
+
+
+def _service(var: str) -> str:
+    url = os.environ.get(var)
+    if not url:
+        if os.environ.get("IDEM_REQUIRE_SERVICES") == "1":
+            pytest.fail(f"{var} is not set (IDEM_REQUIRE_SERVICES=1)")
+        pytest.skip(f"{var} not set")
+    return url
+
+
+@pytest.fixture
+def name():
+    """A processor name of its own, so tests never see each other's runs."""
+    return f"py_{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def sqlite_url(tmp_path):
+    return f"sqlite://{tmp_path}/idem.db"
+
+
+@pytest.fixture
+def store(sqlite_url):
+    return idem.open_store(sqlite_url)
+
+
+@pytest.fixture
+def postgres_url():
+    return _service("IDEM_TEST_POSTGRES_URL")
+
+
+@pytest.fixture
+def redis_url():
+    return _service("IDEM_TEST_REDIS_URL")
+
+
+@pytest.fixture(scope="session")
+def idem_bin():
+    """The `idem` binary of this repository (built if need be; CI built it already)."""
+    path = os.environ.get("IDEM_BIN")
+    if path:
+        return path
+    target = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
+    binary = target / "debug" / "idem"
+    subprocess.run(["cargo", "build", "--quiet", "--bin", "idem"], cwd=REPO, check=True)
+    return str(binary)
+
+
+@pytest.fixture
+def peer_data():
+    if not PEER_DATA.exists():
+        pytest.fail(f"{PEER_DATA} is missing (shared/ beside the repository)")
+    return PEER_DATA

@@ -1,0 +1,81 @@
+"""One ledger for Python and the CLI: a Python run is skipped by `idem run` of the same
+job and scope, a CLI run skips the Python one, and `idem runs` shows Python runs.
+
+The CLI cannot call a Python body, so the job file the CLI runs is a command job of the
+same name and guards: the job name is the ledger's identity (processor_name, keys)."""
+
+import json
+import subprocess
+
+import idem
+
+JOB = """
+name = "{name}"
+processor = "command"
+[guards]
+time_window = "1h"
+[command]
+run = ["sh", "-c", "echo {{date}} >> {marker}"]
+"""
+
+
+def _cli(idem_bin, url, jobs, *args):
+    return subprocess.run(
+        [idem_bin, "--store", url, "--jobs-dir", str(jobs), "--format", "json", *args],
+        capture_output=True,
+        text=True,
+    )
+
+
+def _one_ledger(tmp_path, url, name, idem_bin):
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    marker = tmp_path / "cli-ran"
+    (jobs / f"{name}.toml").write_text(JOB.format(name=name, marker=marker))
+    store = idem.open_store(url)
+    python_ran = []
+
+    @idem.processor(name, store=store, time_window="1h")
+    def body(run):
+        python_ran.append(run.scope)
+        return idem.Outcome(records=7)
+
+    # Python first: the CLI skips.
+    first = body.run(date="2025-11-18", trigger="scheduler")
+    assert first.status == "completed"
+    cli = _cli(idem_bin, url, jobs, "run", name, "--date", "2025-11-18")
+    assert cli.returncode == 0, cli.stderr
+    report = json.loads(cli.stdout)
+    assert report["status"] == "skipped" and report["skip_reason"] == "time_window", report
+    assert report["previous_run"]["run_id"] == first.run_id
+    assert not marker.exists()
+
+    # The CLI first: Python skips.
+    cli = _cli(idem_bin, url, jobs, "run", name, "--date", "2025-11-19")
+    assert cli.returncode == 0, cli.stderr
+    cli_report = json.loads(cli.stdout)
+    assert cli_report["status"] == "completed"
+    assert marker.read_text().split() == ["2025-11-19"]
+    second = body.run(date="2025-11-19")
+    assert second.status == "skipped" and second.skip_reason == "time_window"
+    assert second.previous_run["run_id"] == cli_report["run_id"]
+    assert python_ran == ["2025-11-18"]
+
+    # `idem runs` and `idem explain` see the Python runs.
+    runs = _cli(idem_bin, url, jobs, "runs", "--job", name, "--limit", "0")
+    assert runs.returncode == 0, runs.stderr
+    rows = json.loads(runs.stdout)
+    rows = rows.get("runs", rows) if isinstance(rows, dict) else rows
+    ids = {r["run_id"] for r in rows}
+    assert {first.run_id, second.run_id, cli_report["run_id"]} <= ids
+    explain = _cli(idem_bin, url, jobs, "explain", name, "--date", "2025-11-18")
+    assert explain.returncode == 0, explain.stderr
+    assert first.run_id in explain.stdout
+
+
+def test_one_ledger_with_the_cli_on_sqlite(tmp_path, name, sqlite_url, idem_bin):
+    _one_ledger(tmp_path, sqlite_url, name, idem_bin)
+
+
+def test_one_ledger_with_the_cli_on_postgres(tmp_path, name, postgres_url, idem_bin):
+    _one_ledger(tmp_path, postgres_url, name, idem_bin)
