@@ -48,7 +48,9 @@ pub use figures::{
     Storage, StorageTotals, Wasted, WouldSkip, MIN_ZERO_CHANGE_RUNS,
 };
 pub use options::{ReportOptions, ScaledThresholds, Thresholds};
-use queries::{connect, query, Conn};
+#[cfg(feature = "bigquery")]
+use queries::Conn;
+use queries::{connect, query};
 pub use queries::{sql, sql_for_console, QUERY_NAMES};
 pub use render::{render, OutputFormat};
 pub(crate) use verdict::num;

@@ -1,14 +1,18 @@
 //! The report queries: their SQL per dialect (also for pasting into a console), their
 //! parameters, and running them on the ledger's connection.
 
+#[cfg(feature = "bigquery")]
 use std::time::Duration;
 
+use super::options::ReportOptions;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+use super::rows::cells;
+#[cfg(feature = "bigquery")]
+use super::rows::Cell;
+use super::rows::Row;
+use super::{dialect_of_url, Dialect};
 use crate::backend::redact_url;
 use crate::error::{Error, Result};
-
-use super::options::ReportOptions;
-use super::rows::{cells, Cell, Row};
-use super::{dialect_of_url, Dialect};
 
 /// The names of the report queries, in report order.
 pub const QUERY_NAMES: [&str; 7] = [

@@ -3,13 +3,12 @@
 
 use serde_json::{Map, Value};
 
-use crate::error::Result;
-use crate::events::EventError;
-use crate::key::{digest_value, HashAlgorithm};
-
 use super::normalize::{get_mut_at, insert_at, remove_at};
 use super::normalize::{normalize_amount, normalize_number_amount};
 use super::{kind, paths, require_object, Extractor, FieldPath};
+use crate::error::Result;
+use crate::events::EventError;
+use crate::key::{digest_value, HashAlgorithm};
 
 /// The key is a digest of the event's canonical JSON (object keys sorted, compact; see
 /// [`crate::canonical_json`]), over the `include` fields (all when not set) minus the

@@ -1,16 +1,17 @@
 //! The fast path of a flat event: its key and fingerprint read from the line's text,
 //! without building a `Value`, when the text says the same as the `Value` would.
 
-use crate::error::Result;
-use crate::key::HashAlgorithm;
-
 use super::content::ContentHashExtractor;
 use super::fields::push_part;
 use super::FieldPath;
+use crate::error::Result;
+use crate::key::HashAlgorithm;
 
-/// The key fields and fingerprint of a [`Deduplicator`](crate::events::dedup::Deduplicator) whose
+/// The key fields and fingerprint of a [`Deduplicator`] whose
 /// fields are all top-level (its usual shape), for [`FlatSpec::mark`]: the key and
 /// fingerprint of a flat event line straight from its text, without building a `Value`.
+///
+/// [`Deduplicator`]: crate::events::dedup::Deduplicator
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct FlatSpec {
     /// The key's fields (top-level names), in order.

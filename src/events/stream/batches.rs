@@ -6,15 +6,14 @@ use std::io::Write;
 
 use chrono::{DateTime, Utc};
 
-use crate::error::{Error, Result};
-use crate::events::strategy::{Admission, EventGate};
-use crate::events::InvalidEvent;
-use crate::store::{Cursor, EventVerdict};
-
 use super::read::Pending;
 use super::write::Sink;
 use super::StreamSummary;
+use crate::error::{Error, Result};
+use crate::events::strategy::{Admission, EventGate};
+use crate::events::InvalidEvent;
 use crate::store::breaker::BreakerPhase;
+use crate::store::{Cursor, EventVerdict};
 
 /// Batches whose records will not be written (the output closed, or an earlier batch's
 /// store call failed under `strict`): their calls are let finish rather than cut off, and

@@ -7,15 +7,14 @@ use std::time::Instant;
 
 use serde_json::Value;
 
-use crate::error::{Error, Result};
-use crate::events::fingerprint::write_int;
-use crate::events::strategy::{Admission, EventGate};
-use crate::store::EventVerdict;
-
 use super::batches::InFlight;
 use super::batches::{unmark_new, Finished, Untaken};
 use super::read::Pending;
 use super::{OutputFormat, StreamSummary};
+use crate::error::{Error, Result};
+use crate::events::fingerprint::write_int;
+use crate::events::strategy::{Admission, EventGate};
+use crate::store::EventVerdict;
 
 /// Where a stream's records go.
 pub(super) struct Sink<'a, W> {
