@@ -39,6 +39,7 @@ macro_rules! all_event_key_checks {
             event_dedup_in_batch,
             event_dedup_large_batch,
             event_dedup_after_fresh_batches,
+            event_dedup_after_replayed_batches,
             event_cursor,
             event_unmark,
             event_pending,

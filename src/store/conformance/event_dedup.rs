@@ -287,6 +287,114 @@ pub async fn event_dedup_after_fresh_batches(store: &dyn EventKeyStore) {
     );
 }
 
+/// Batches after all-replayed batches (Postgres then first tries a read, falling back when
+/// some key is absent or expired): replays keep their stored decision and first-seen time
+/// whether their marks expire or not, a changed payload conflicts, an expired key among
+/// stored ones and a fresh one are marked, and a fresh batch after the replays is new.
+pub async fn event_dedup_after_replayed_batches(store: &dyn EventKeyStore) {
+    let ns = unique("replayed");
+    let t = now();
+    let hour = Duration::from_secs(3600);
+    let decision = serde_json::json!({"ok": true});
+    let batch = [
+        EventMark::key("a")
+            .fingerprint("a")
+            .decision(decision.clone()),
+        EventMark::key("b").fingerprint("b").ttl(hour),
+    ];
+    let first = store.check_and_mark(&ns, &batch, t).await.unwrap();
+    assert!(first.iter().all(EventVerdict::is_new), "{first:?}");
+    // The same batch three times: every key stored, one never expiring, one expiring.
+    for pass in 1..=3 {
+        let at = t + chrono::Duration::seconds(pass);
+        let again = store.check_and_mark(&ns, &batch, at).await.unwrap();
+        assert_eq!(
+            replayed(&again[0]),
+            Some(Some(decision.clone())),
+            "{again:?}"
+        );
+        assert_eq!(replayed(&again[1]), Some(None), "{again:?}");
+        assert_eq!(seen_at(&again[0]), Some(t), "{again:?}");
+        assert_eq!(seen_at(&again[1]), Some(t), "{again:?}");
+    }
+    // All stored, with a changed payload and a repeat.
+    let at = t + chrono::Duration::seconds(5);
+    let changed = store
+        .check_and_mark(
+            &ns,
+            &[
+                EventMark::key("a").fingerprint("x"),
+                EventMark::key("b").fingerprint("b"),
+                EventMark::key("b").fingerprint("b"),
+            ],
+            at,
+        )
+        .await
+        .unwrap();
+    let names: Vec<&str> = changed.iter().map(EventVerdict::name).collect();
+    assert_eq!(names, ["conflict", "replay", "replay"], "{changed:?}");
+    assert_eq!(
+        conflicting(&changed[0]).as_deref(),
+        Some("a"),
+        "{changed:?}"
+    );
+    // Two hours on: every key stored, b expired; then c fresh beside a stored key.
+    let later = t + chrono::Duration::hours(2);
+    let third = store
+        .check_and_mark(
+            &ns,
+            &[
+                EventMark::key("a").fingerprint("a"),
+                EventMark::key("b").fingerprint("b2").ttl(hour),
+            ],
+            later,
+        )
+        .await
+        .unwrap();
+    let names: Vec<&str> = third.iter().map(EventVerdict::name).collect();
+    assert_eq!(names, ["replay", "new"], "{third:?}");
+    assert_eq!(seen_at(&third[0]), Some(t), "{third:?}");
+    let fourth = store
+        .check_and_mark(
+            &ns,
+            &[
+                EventMark::key("a").fingerprint("a"),
+                EventMark::key("c").fingerprint("c"),
+            ],
+            later,
+        )
+        .await
+        .unwrap();
+    let names: Vec<&str> = fourth.iter().map(EventVerdict::name).collect();
+    assert_eq!(names, ["replay", "new"], "{fourth:?}");
+    // Replayed again (b and c now first seen at `later`, with the third batch's payloads),
+    // then a batch of fresh keys.
+    let check = later + chrono::Duration::seconds(1);
+    let marks = [
+        EventMark::key("b").fingerprint("b2"),
+        EventMark::key("c").fingerprint("c"),
+    ];
+    for _ in 0..2 {
+        let v = store.check_and_mark(&ns, &marks, check).await.unwrap();
+        let seen: Vec<_> = v.iter().map(seen_at).collect();
+        assert_eq!(seen, [Some(later), Some(later)], "{v:?}");
+    }
+    let fresh = store
+        .check_and_mark(
+            &ns,
+            &[
+                EventMark::key("d"),
+                EventMark::key("e"),
+                EventMark::key("d"),
+            ],
+            check,
+        )
+        .await
+        .unwrap();
+    let names: Vec<&str> = fresh.iter().map(EventVerdict::name).collect();
+    assert_eq!(names, ["new", "new", "replay"], "{fresh:?}");
+}
+
 /// TTL on the real clock: a mark with a short ttl (1.1 s) is a duplicate, then, after
 /// sleeping past it, new again. Every store passes this one; Redis expires marks by its own
 /// clock (`PX`), which [`event_dedup_ttl`]'s moving `now` alone would not show.

@@ -30,8 +30,9 @@ mod ledger;
 mod maintenance;
 
 pub use event_dedup::{
-    event_dedup_after_fresh_batches, event_dedup_in_batch, event_dedup_large_batch,
-    event_dedup_real_ttl, event_dedup_replay_and_conflict, event_dedup_ttl,
+    event_dedup_after_fresh_batches, event_dedup_after_replayed_batches, event_dedup_in_batch,
+    event_dedup_large_batch, event_dedup_real_ttl, event_dedup_replay_and_conflict,
+    event_dedup_ttl,
 };
 pub use event_keys::{event_cursor, event_keys_batch, event_pending, event_unmark};
 pub use lease::{
