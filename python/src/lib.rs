@@ -326,8 +326,9 @@ fn PyString_join(py: Python<'_>, lines: &Bound<'_, PyAny>) -> PyResult<String> {
 #[pyclass(module = "idem._idem", frozen)]
 pub struct NativeJob {
     job: Job,
-    store: Arc<DynStore>,
     version: String,
+    /// The job's runner, made once (each run clones it with its own cancellation).
+    runner: idem::Runner,
 }
 
 /// What one waiting call ended with.
@@ -367,10 +368,11 @@ impl NativeJob {
         let text = toml::to_string(&table).map_err(|e| PyValueError::new_err(e.to_string()))?;
         let job = Job::parse(&text, Path::new(&format!("<python processor {name}>")))
             .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let runner = job.runner(ledger.clone()).map_err(to_py_err)?;
         Ok(NativeJob {
             job,
-            store: ledger,
             version,
+            runner,
         })
     }
 
@@ -398,11 +400,7 @@ impl NativeJob {
     ) -> PyResult<PyObject> {
         let request = self.request(py, date, scope, trigger, params, run_id)?;
         let cancel = Cancel::new();
-        let runner = self
-            .job
-            .runner(self.store.clone())
-            .map_err(to_py_err)?
-            .cancel_on(cancel.clone());
+        let runner = self.runner.clone().cancel_on(cancel.clone());
         let (tx, rx) = mpsc::channel();
         let processor = PyProcessor {
             name: self.job.name.clone(),
@@ -433,7 +431,7 @@ impl NativeJob {
     ) -> PyResult<PyObject> {
         let request = self.request(py, date, scope, None, params, None)?;
         let cancel = Cancel::new();
-        let runner = self.job.runner(self.store.clone()).map_err(to_py_err)?;
+        let runner = self.runner.clone();
         let (tx, rx) = mpsc::channel();
         let processor = PyProcessor {
             name: self.job.name.clone(),
@@ -452,6 +450,46 @@ impl NativeJob {
         let waited = wait(py, rx, &cancel, &none, describe.as_ref());
         finish(py, waited)
     }
+    /// The benchmark's reference: `n` runs of a no-op Rust processor under this job's
+    /// name, guards and store, through the library alone (one call, no Python per run).
+    /// Seconds taken; the statuses counted in `counts`.
+    #[pyo3(signature = (n, date))]
+    fn _bench_rust(&self, py: Python<'_>, n: usize, date: String) -> PyResult<(f64, PyObject)> {
+        let runner = self.runner.clone();
+        let date = idem::parse_date(&date).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let noop = Noop(self.job.name.clone());
+        let name = self.job.name.clone();
+        let (secs, counts) = py
+            .allow_threads(|| {
+                runtime().block_on(async {
+                    let mut counts = std::collections::BTreeMap::<String, u64>::new();
+                    let started = std::time::Instant::now();
+                    for _ in 0..n {
+                        let report = runner
+                            .run(&noop, RunRequest::new(name.clone(), date))
+                            .await?;
+                        *counts.entry(report.status.to_string()).or_default() += 1;
+                    }
+                    Ok::<_, idem::Error>((started.elapsed().as_secs_f64(), counts))
+                })
+            })
+            .map_err(to_py_err)?;
+        let counts = serde_json::to_value(counts).unwrap_or(Value::Null);
+        Ok((secs, json_to_py(py, &counts)?))
+    }
+}
+
+/// A processor that does nothing, for `NativeJob._bench_rust`.
+struct Noop(String);
+
+#[async_trait]
+impl Processor for Noop {
+    fn name(&self) -> &str {
+        &self.0
+    }
+    async fn process(&self, _: &RunRequest) -> Result<Outcome, BoxError> {
+        Ok(Outcome::records(0))
+    }
 }
 
 impl NativeJob {
@@ -464,10 +502,14 @@ impl NativeJob {
         params: Option<&Bound<'_, PyAny>>,
         run_id: Option<String>,
     ) -> PyResult<RunRequest> {
-        let date = self
-            .job
-            .run_date(date.as_deref(), None, chrono::Utc::now())
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        // An ISO date as it is; an expression (`yesterday`, `today-2`) in the job's zone.
+        let date = match date.as_deref().map(idem::parse_date) {
+            Some(Ok(date)) => date,
+            _ => self
+                .job
+                .run_date(date.as_deref(), None, chrono::Utc::now())
+                .map_err(|e| PyValueError::new_err(e.to_string()))?,
+        };
         let mut request = RunRequest::new(self.job.name.clone(), date);
         if let Some(trigger) = trigger {
             let trigger: Trigger = trigger
