@@ -2,14 +2,15 @@
 
 use std::collections::BTreeMap;
 
+use chrono::{DateTime, Utc};
+
 use super::figures::{
-    Day, Duplicates, Effectiveness, Period, ProcessorReport, Report, Runs, Savings, Shadow,
-    Storage, StorageTotals, Wasted, WouldSkip,
+    Day, Duplicates, Effectiveness, Period, ProcessorReport, Report, Runs, Savings, Shadow, Source,
+    Storage, StorageTotals, Verdict, Wasted, WouldSkip,
 };
 use super::options::{ReportOptions, ScaledThresholds};
 use super::rows::{by_processor, float, int, text, time, Row};
-use super::verdict::{decide, Source, Verdict};
-use chrono::{DateTime, Utc};
+use super::verdict::decide;
 
 /// The report from the query results: the thresholds scaled to the period, then per
 /// processor with runs its figures and verdict, then the storage totals.

@@ -1,12 +1,12 @@
 //! The figures of a report: per processor (runs, Q1-Q3, guard effectiveness, shadow
-//! measurement, keys, days) and in all.
+//! measurement, keys, days) and in all, and the verdict they lead to.
 
 use std::collections::BTreeMap;
 
-use super::options::ScaledThresholds;
-use super::verdict::{Source, Verdict};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
+
+use super::options::ScaledThresholds;
 
 /// The period a report covers.
 #[derive(Debug, Clone, Serialize)]
@@ -17,6 +17,48 @@ pub struct Period {
     pub until: DateTime<Utc>,
     /// Length in days.
     pub days: u32,
+}
+
+/// A processor's verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Content hash off: all three signals: enable it.
+    Enable,
+    /// Content hash off: some signals: worth a look (or a shadow run).
+    Consider,
+    /// Content hash off: no signal: the time window is enough.
+    NotNeeded,
+    /// Content hash on and it prevents runs: keep it.
+    Keep,
+    /// Content hash on and it prevented nothing for four weeks: remove it.
+    Remove,
+    /// Too little history to tell.
+    NotEnoughData,
+}
+
+impl Verdict {
+    /// The name in JSON and text output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Enable => "enable",
+            Verdict::Consider => "consider",
+            Verdict::NotNeeded => "not_needed",
+            Verdict::Keep => "keep",
+            Verdict::Remove => "remove",
+            Verdict::NotEnoughData => "not_enough_data",
+        }
+    }
+}
+
+/// Where a verdict's figures come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// What guards did (skips) or would have done (shadow mode).
+    Measured,
+    /// Inferred from completed runs (Q1-Q3).
+    Estimated,
 }
 
 /// Run counts of a processor in the period.

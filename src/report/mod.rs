@@ -44,8 +44,8 @@ mod verdict;
 
 use assemble::assemble;
 pub use figures::{
-    Day, Duplicates, Effectiveness, Period, ProcessorReport, Report, Runs, Savings, Shadow,
-    Storage, StorageTotals, Wasted, WouldSkip, MIN_ZERO_CHANGE_RUNS,
+    Day, Duplicates, Effectiveness, Period, ProcessorReport, Report, Runs, Savings, Shadow, Source,
+    Storage, StorageTotals, Verdict, Wasted, WouldSkip, MIN_ZERO_CHANGE_RUNS,
 };
 pub use options::{ReportOptions, ScaledThresholds, Thresholds};
 #[cfg(feature = "bigquery")]
@@ -54,7 +54,7 @@ use queries::{connect, query};
 pub use queries::{sql, sql_for_console, QUERY_NAMES};
 pub use render::{render, OutputFormat};
 pub(crate) use verdict::num;
-pub use verdict::{Source, Verdict, REMOVE_AFTER_DAYS};
+pub use verdict::REMOVE_AFTER_DAYS;
 
 /// The SQL dialects the report queries exist in (BigQuery's queries are GoogleSQL with
 /// named parameters; `{project}` and `{dataset}` stand for the store URL's validated ids;

@@ -1,54 +1,11 @@
 //! The verdict rules: keep or remove a content hash that is on; enable, consider or not
 //! need one that is off, from three signals measured or estimated.
 
-use super::figures::{ProcessorReport, MIN_ZERO_CHANGE_RUNS};
+use super::figures::{ProcessorReport, Source, Verdict, MIN_ZERO_CHANGE_RUNS};
 use super::options::{ReportOptions, ScaledThresholds};
-use serde::Serialize;
 
 /// How long the content hash must have prevented nothing before the report says remove.
 pub const REMOVE_AFTER_DAYS: u32 = 28;
-
-/// A processor's verdict.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Verdict {
-    /// Content hash off: all three signals: enable it.
-    Enable,
-    /// Content hash off: some signals: worth a look (or a shadow run).
-    Consider,
-    /// Content hash off: no signal: the time window is enough.
-    NotNeeded,
-    /// Content hash on and it prevents runs: keep it.
-    Keep,
-    /// Content hash on and it prevented nothing for four weeks: remove it.
-    Remove,
-    /// Too little history to tell.
-    NotEnoughData,
-}
-
-impl Verdict {
-    /// The name in JSON and text output.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Verdict::Enable => "enable",
-            Verdict::Consider => "consider",
-            Verdict::NotNeeded => "not_needed",
-            Verdict::Keep => "keep",
-            Verdict::Remove => "remove",
-            Verdict::NotEnoughData => "not_enough_data",
-        }
-    }
-}
-
-/// Where a verdict's figures come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Source {
-    /// What guards did (skips) or would have done (shadow mode).
-    Measured,
-    /// Inferred from completed runs (Q1-Q3).
-    Estimated,
-}
 
 /// A threshold for people: whole numbers without decimals.
 pub(crate) fn num(v: f64) -> String {

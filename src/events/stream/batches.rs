@@ -2,17 +2,13 @@
 //! and taking back the marks of batches whose records will not be written.
 
 use std::collections::VecDeque;
-use std::io::Write;
 
 use chrono::{DateTime, Utc};
 
 use super::read::Pending;
-use super::write::Sink;
-use super::StreamSummary;
 use crate::error::{Error, Result};
 use crate::events::strategy::{Admission, EventGate};
 use crate::events::InvalidEvent;
-use crate::store::breaker::BreakerPhase;
 use crate::store::{Cursor, EventVerdict};
 
 /// Batches whose records will not be written (the output closed, or an earlier batch's
@@ -202,48 +198,5 @@ impl InFlight {
             blank: self.blank,
             admitted,
         })
-    }
-}
-
-/// Makes room for a batch's store call: while the calls still running fill the window, or
-/// one of them has one of the batch's `keys`, waits for the oldest running call (batches
-/// whose calls returned are written by the caller, while this batch's call runs). One call
-/// at a time while the breaker is not closed: a recovering store gets its one probe, not a
-/// window of refusals. `Ok(true)` when the stream stops: a call failed (under `strict`),
-/// what came before it is written, or the output's reader went away meanwhile.
-pub(super) async fn make_room<W: Write>(
-    gate: &EventGate,
-    concurrency: usize,
-    keys: &KeySet,
-    in_flight: &mut VecDeque<InFlight>,
-    sink: &mut Sink<'_, W>,
-    summary: &mut StreamSummary,
-    progress: &mut impl FnMut(&StreamSummary),
-) -> Result<bool> {
-    loop {
-        let window = match gate.breaker_phase() {
-            BreakerPhase::Closed => concurrency,
-            _ => 1,
-        };
-        let running = in_flight.iter().filter(|f| !f.is_done()).count();
-        let blocked = in_flight
-            .iter()
-            .any(|f| !f.is_done() && f.keys.shares(keys));
-        if running < window && !blocked {
-            return Ok(false);
-        }
-        // (Calls finish on their own meanwhile: none may be left running.)
-        let Some(oldest) = in_flight.iter_mut().find(|f| !f.is_done()) else {
-            continue;
-        };
-        if !oldest.settle().await {
-            // It failed (under `strict`): write what came before it, and stop.
-            if sink
-                .emit_while(in_flight, summary, progress, |_| true)
-                .await?
-            {
-                return Ok(true);
-            }
-        }
     }
 }

@@ -1,26 +1,13 @@
-//! The named cursor in front of the dedup set: batches one after the other, each
-//! advancing it with its marks.
+//! A batch's call with a [`StreamCursor`]: batches one after the other, each advancing the
+//! cursor with its marks.
 
 use chrono::{DateTime, Utc};
 
 use super::batches::Admitted;
+use super::StreamCursor;
 use crate::error::Result;
 use crate::events::strategy::{EventGate, PreparedBatch};
 use crate::store::Cursor;
-
-/// A named cursor in front of the dedup set (seed 003): events at or before it in
-/// (timestamp, id) order are skipped without a store lookup (`before_cursor`); after each
-/// batch it advances to the batch's last (timestamp, id), in the same transaction as the
-/// batch's marks where the store has one.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StreamCursor {
-    /// The cursor's name (in the gate's namespace).
-    pub name: String,
-    /// The event field holding the timestamp.
-    pub timestamp_field: String,
-    /// The event field holding the id that orders events of one timestamp.
-    pub id_field: String,
-}
 
 /// Checks and marks a batch with a cursor. Batches go one after the other: which events
 /// are before the cursor depends on where the previous batch left it. The cursor

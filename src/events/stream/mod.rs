@@ -37,8 +37,8 @@ use crate::error::{Error, Result};
 use crate::runner::Cancel;
 use crate::store::Cursor;
 
-// Reading a batch, the cursor, the batches in flight and writing their records each have
-// a file; the loop that runs them is here.
+// Reading a batch, its call with a cursor, the batches in flight and writing their records
+// each have a file; the public types and the loop that runs them are here.
 mod batches;
 mod cursor;
 mod read;
@@ -46,9 +46,8 @@ mod read;
 mod tests;
 mod write;
 
-use batches::{make_room, take_back, Call, InFlight, KeySet};
+use batches::{take_back, Call, InFlight, KeySet};
 use cursor::admit_at_cursor;
-pub use cursor::StreamCursor;
 use read::{read_batch, Batch};
 use write::{confirmed, Sink};
 
@@ -143,6 +142,20 @@ pub struct Stream<'a, R, W> {
     /// marked and written at once rather than held until a full batch came. `None`:
     /// batches are full until the input ends.
     pub ready: Option<&'a (dyn Fn() -> bool + Sync)>,
+}
+
+/// A named cursor in front of the dedup set (seed 003): events at or before it in
+/// (timestamp, id) order are skipped without a store lookup (`before_cursor`); after each
+/// batch it advances to the batch's last (timestamp, id), in the same transaction as the
+/// batch's marks where the store has one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamCursor {
+    /// The cursor's name (in the gate's namespace).
+    pub name: String,
+    /// The event field holding the timestamp.
+    pub timestamp_field: String,
+    /// The event field holding the id that orders events of one timestamp.
+    pub id_field: String,
 }
 
 /// Runs the gate over `stream` in batches of `batch` lines; `progress` is called after
@@ -244,16 +257,15 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
                 )
             } else {
                 let keys = KeySet::of(prepared.keys());
-                if make_room(
-                    gate,
-                    concurrency,
-                    &keys,
-                    &mut in_flight,
-                    &mut sink,
-                    &mut summary,
-                    &mut progress,
-                )
-                .await?
+                if sink
+                    .make_room(
+                        concurrency,
+                        &keys,
+                        &mut in_flight,
+                        &mut summary,
+                        &mut progress,
+                    )
+                    .await?
                 {
                     return Ok(());
                 }

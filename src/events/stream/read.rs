@@ -5,7 +5,7 @@ use std::io::BufRead;
 
 use serde_json::Value;
 
-use super::cursor::StreamCursor;
+use super::StreamCursor;
 use crate::error::{Error, Result};
 use crate::events::strategy::{EventGate, PreparedBatch};
 use crate::store::Cursor;

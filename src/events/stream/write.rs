@@ -1,5 +1,6 @@
 //! Writing a batch's records, NDJSON or CSV, once its store call returned; confirming
-//! pending marks once they are out.
+//! pending marks once they are out; making room for the next call by writing what is in
+//! flight.
 
 use std::collections::VecDeque;
 use std::io::Write;
@@ -7,13 +8,13 @@ use std::time::Instant;
 
 use serde_json::Value;
 
-use super::batches::InFlight;
-use super::batches::{unmark_new, Finished, Untaken};
+use super::batches::{unmark_new, Finished, InFlight, KeySet, Untaken};
 use super::read::Pending;
 use super::{OutputFormat, StreamSummary};
 use crate::error::{Error, Result};
 use crate::events::fingerprint::write_int;
 use crate::events::strategy::{Admission, EventGate};
+use crate::store::breaker::BreakerPhase;
 use crate::store::EventVerdict;
 
 /// Where a stream's records go.
@@ -76,6 +77,49 @@ impl<W: Write> Sink<'_, W> {
             progress(summary);
         }
         Ok(closed)
+    }
+
+    /// Makes room for a batch's store call: while the calls still running fill the window,
+    /// or one of them has one of the batch's `keys`, waits for the oldest running call
+    /// (batches whose calls returned are written by the caller, while this batch's call
+    /// runs). One call at a time while the breaker is not closed: a recovering store gets
+    /// its one probe, not a window of refusals. `Ok(true)` when the stream stops: a call
+    /// failed (under `strict`), what came before it is written, or the output's reader went
+    /// away meanwhile.
+    pub(super) async fn make_room(
+        &mut self,
+        concurrency: usize,
+        keys: &KeySet,
+        in_flight: &mut VecDeque<InFlight>,
+        summary: &mut StreamSummary,
+        progress: &mut impl FnMut(&StreamSummary),
+    ) -> Result<bool> {
+        loop {
+            let window = match self.gate.breaker_phase() {
+                BreakerPhase::Closed => concurrency,
+                _ => 1,
+            };
+            let running = in_flight.iter().filter(|f| !f.is_done()).count();
+            let blocked = in_flight
+                .iter()
+                .any(|f| !f.is_done() && f.keys.shares(keys));
+            if running < window && !blocked {
+                return Ok(false);
+            }
+            // (Calls finish on their own meanwhile: none may be left running.)
+            let Some(oldest) = in_flight.iter_mut().find(|f| !f.is_done()) else {
+                continue;
+            };
+            if !oldest.settle().await {
+                // It failed (under `strict`): write what came before it, and stop.
+                if self
+                    .emit_while(in_flight, summary, progress, |_| true)
+                    .await?
+                {
+                    return Ok(true);
+                }
+            }
+        }
     }
 
     /// Writes the oldest batch in flight (waiting for its store call) while there is one
