@@ -365,7 +365,7 @@ mod bigquery {
             .unwrap_err();
         assert!(
             e.to_string()
-                .contains("bigquery claim.read failed: HTTP 400"),
+                .contains("bigquery claim.take failed: HTTP 400"),
             "{e}"
         );
 
@@ -554,8 +554,8 @@ mod bigquery {
             .expect("a conflict is not an error");
         assert_eq!(
             injected.load(Ordering::SeqCst),
-            1,
-            "the conflict was injected"
+            2,
+            "the conflict was injected once, and the claim sent again found the lease held"
         );
         assert_eq!(report.status, RunStatus::Skipped, "{report:?}");
         assert_eq!(report.skip_reason, Some(SkipReason::InProgress));
@@ -619,7 +619,8 @@ mod bigquery {
         );
         assert_eq!(processor.calls.load(Ordering::SeqCst), 0);
 
-        // One conflict on the release in finish: sent again, the run completes and is recorded.
+        // One conflict on the finish (a transaction: ledger row, keys, release): sent again
+        // whole, the run completes and is recorded.
         let releases = Arc::new(AtomicUsize::new(0));
         let store: Arc<DynStore> = {
             let releases = releases.clone();
@@ -628,15 +629,16 @@ mod bigquery {
                     .await
                     .unwrap()
                     .with_fault_hook(hook(move |op| {
-                        (op == "finish.release" && releases.fetch_add(1, Ordering::SeqCst) == 0)
-                            .then(|| {
+                        (op == "finish" && releases.fetch_add(1, Ordering::SeqCst) == 0).then(
+                            || {
                                 Box::pin(async {
                                     Some(ApiError::concurrent_update(
-                                        "finish.release",
+                                        "finish",
                                         "p:d.processing_leases",
                                     ))
                                 }) as FaultFuture
-                            })
+                            },
+                        )
                     })),
             )
         };
@@ -661,9 +663,8 @@ mod bigquery {
             .is_none());
     }
 
-    /// `finish` is several statements on BigQuery; the lease stays held until the keys are
-    /// written, so a run claiming the scope in between sees `in_progress`, and one claiming
-    /// after it sees the keys.
+    /// `finish` is one transaction on BigQuery (ledger row, keys, release): a run claiming
+    /// the scope just before it sees `in_progress`, and one claiming after it sees the keys.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_lease_is_held_until_the_keys_are_written() {
         let url = require_bigquery!("the_lease_is_held_until_the_keys_are_written");
@@ -677,7 +678,7 @@ mod bigquery {
                     .await
                     .unwrap()
                     .with_fault_hook(hook(move |op| {
-                        (op == "finish.keys").then(|| {
+                        (op == "finish").then(|| {
                             let (other, name, seen) = (other.clone(), name.clone(), seen.clone());
                             Box::pin(async move {
                                 let claim = other
@@ -763,15 +764,16 @@ mod bigquery {
         let name = unique("cost");
         let date = idem::parse_date("2025-11-18").unwrap();
 
-        // First run of a scope: check, claim (read, create the lease row, take), re-check,
-        // fence, ledger row, keys, release.
+        // First run of a scope: the check with the lease row (one query), the claim with
+        // the re-check after it (one script: create the row, take it, read the keys), the
+        // finish (one transaction: release, ledger row, keys).
         let before = store.api_calls();
         let first = runner
             .run(&processor, RunRequest::new(name.clone(), date))
             .await
             .unwrap();
         assert_eq!(first.status, RunStatus::Completed);
-        assert_eq!(store.api_calls() - before, 9);
+        assert_eq!(store.api_calls() - before, 3);
 
         // Skipped by the time window: the check and the ledger row.
         let before = store.api_calls();
@@ -782,7 +784,7 @@ mod bigquery {
         assert_eq!(second.skip_reason, Some(SkipReason::TimeWindow));
         assert_eq!(store.api_calls() - before, 2);
 
-        // Skipped in_progress: the check, the lease read, the ledger row.
+        // Skipped in_progress: the check (which read the lease row too) and the ledger row.
         store
             .claim(&ClaimRequest {
                 processor: &name,
@@ -802,7 +804,11 @@ mod bigquery {
             .await
             .unwrap();
         assert_eq!(held.skip_reason, Some(SkipReason::InProgress));
-        assert_eq!(store.api_calls() - before, 3);
+        assert_eq!(
+            held.previous_run.as_ref().map(|p| p.run_id.as_str()),
+            Some("holder")
+        );
+        assert_eq!(store.api_calls() - before, 2);
     }
 
     /// A fleet fired at once, against BigQuery's DML limits (the limits simulator in front
@@ -859,13 +865,34 @@ mod bigquery {
         );
     }
 
-    /// The single-run path, counted at the limits simulator (no contention): a first run
-    /// of a scope costs no more statements than before the fleet work (9, three of them
-    /// mutating: claim, fence, release), and with a lease held 10 minutes past the end of
-    /// the work (the default lease is 1 h) one fewer: the fence is not needed.
+    /// Describes content (so the content hash guard has a key); succeeds.
+    #[derive(Debug, Default)]
+    struct Described {
+        calls: AtomicUsize,
+    }
+
+    #[async_trait]
+    impl Processor for Described {
+        fn name(&self) -> &str {
+            "described"
+        }
+        async fn describe(&self, _: &RunRequest) -> Result<Option<idem::Content>, BoxError> {
+            Ok(Some(idem::Content::new().entities(["p1", "p2"])))
+        }
+        async fn process(&self, _: &RunRequest) -> Result<Outcome, BoxError> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            Ok(Outcome::records(2))
+        }
+    }
+
+    /// Jobs (`jobs.query` calls) per run, counted at the limits simulator (no
+    /// contention), with the default guards (time window 1 h, content hash 24 h, lease
+    /// 1 h) and with time window + lease. Before the scripts, a completed run on a new
+    /// scope was 9 jobs with the default stack and 8 with time window + lease (1 h lease),
+    /// an `in_progress` skip 4 and 3; see docs/bigquery.md, "What a run sends".
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_single_run_costs_no_more_statements_than_before() {
-        let url = require_bigquery!("a_single_run_costs_no_more_statements_than_before");
+    async fn jobs_per_completed_and_skipped_run_at_the_simulator() {
+        let url = require_bigquery!("jobs_per_completed_and_skipped_run_at_the_simulator");
         BigQueryStore::connect(&url).await.unwrap();
         let upstream = super::bq_limits::endpoint_of(&url).expect("an emulator endpoint");
         let sim = super::bq_limits::Simulator::start(
@@ -875,51 +902,131 @@ mod bigquery {
         .await;
         let store = Arc::new(BigQueryStore::connect_lazy(&sim.url(&url)).await.unwrap());
         let date = idem::parse_date("2025-11-18").unwrap();
-        for (lease, statements, mutating) in [(600, 9, 3), (3600, 8, 2)] {
-            let guards = GuardStack::builder()
+        let default_stack = || {
+            GuardStack::builder()
                 .guard(idem::guard::TimeWindowGuard::new(Duration::from_secs(3600)))
-                .guard(LeaseGuard::new(Duration::from_secs(lease)))
-                .build();
+                .guard(idem::guard::ContentHashGuard::new(
+                    Duration::from_secs(86_400),
+                    idem::HashAlgorithm::Sha256,
+                ))
+                .guard(LeaseGuard::new(Duration::from_secs(3600)))
+                .build()
+        };
+        let window_and_lease = || {
+            GuardStack::builder()
+                .guard(idem::guard::TimeWindowGuard::new(Duration::from_secs(3600)))
+                .guard(LeaseGuard::new(Duration::from_secs(3600)))
+                .build()
+        };
+        // (stack, completed: jobs, scripts; skipped by the time window: jobs)
+        let cases: [(&str, GuardStack, u64, u64); 2] = [
+            // time-window check, content-hash check with the lease row, claim script
+            // (with the re-check), finish transaction.
+            ("default", default_stack(), 4, 2),
+            // check with the lease row, claim script, finish transaction.
+            ("time_window+lease", window_and_lease(), 3, 2),
+        ];
+        for (stack, guards, completed_jobs, scripts) in cases {
             let runner = Runner::new(store.clone() as Arc<DynStore>, guards).heartbeat(false);
-            let name = unique("single");
+            let processor = Described::default();
+            let name = unique("jobs");
             sim.reset_stats();
             let report = runner
-                .run(&Counting::default(), RunRequest::new(name.clone(), date))
+                .run(&processor, RunRequest::new(name.clone(), date))
                 .await
                 .unwrap();
-            assert_eq!(report.status, RunStatus::Completed, "{report:?}");
+            assert_eq!(report.status, RunStatus::Completed, "{stack}: {report:?}");
             let stats = sim.stats();
             assert_eq!(
-                (stats.total(), stats.kind("mutating")),
-                (statements, mutating),
-                "lease {lease}s: {stats:?}"
+                (stats.total(), stats.kind("script"), stats.kind("mutating")),
+                (completed_jobs, scripts, 0),
+                "{stack}: a completed run: {stats:?}"
             );
+            assert!(completed_jobs <= 4, "the target: at most 4 jobs");
             assert_eq!(stats.quota_failures + stats.conflict_failures, 0);
-            // Modelled on-demand bytes: 10 MB per statement that reads a table (all but the
-            // keys INSERT, which reads only its parameter).
-            assert_eq!(
-                stats.bytes_billed,
-                (statements - 1) * super::bq_limits::MIN_BILLED_PER_TABLE,
-                "lease {lease}s"
-            );
-            // Released: the scope can be claimed (and the time window then skips it).
+            // Released: free to claim, and the keys are there.
             assert!(store
                 .lease_holder(&name, "2025-11-18", Utc::now())
                 .await
                 .unwrap()
                 .is_none());
+
+            // A re-fire of the completed scope: skipped by the time window.
             sim.reset_stats();
             let again = runner
-                .run(&Counting::default(), RunRequest::new(name, date))
+                .run(&processor, RunRequest::new(name.clone(), date))
                 .await
                 .unwrap();
-            assert_eq!(again.skip_reason, Some(SkipReason::TimeWindow));
+            assert_eq!(again.skip_reason, Some(SkipReason::TimeWindow), "{stack}");
             assert_eq!(
                 sim.stats().total(),
                 2,
-                "a skipped run: check and ledger row"
+                "{stack}: a skip by the time window: the check and the ledger row"
+            );
+            assert_eq!(processor.calls.load(Ordering::SeqCst), 1);
+
+            // A scope another run holds: in_progress.
+            let held_date = idem::parse_date("2025-11-19").unwrap();
+            store
+                .claim(&ClaimRequest {
+                    processor: &name,
+                    scope: "2025-11-19",
+                    run_id: "holder",
+                    ttl: Duration::from_secs(600),
+                    now: Utc::now(),
+                })
+                .await
+                .unwrap();
+            sim.reset_stats();
+            let held = runner
+                .run(&processor, RunRequest::new(name.clone(), held_date))
+                .await
+                .unwrap();
+            assert_eq!(held.skip_reason, Some(SkipReason::InProgress), "{stack}");
+            let in_progress = if stack == "default" { 3 } else { 2 };
+            assert_eq!(
+                sim.stats().total(),
+                in_progress,
+                "{stack}: in_progress: the check(s), the last with the lease row, and the ledger row: {:?}",
+                sim.stats()
             );
         }
+
+        // A skip by the content hash (the time window passed, the content is unchanged):
+        // time-window check, content-hash check with the lease row, ledger row: 3. The
+        // time window is read first so that its skip never queries the content.
+        let runner = Runner::new(store.clone() as Arc<DynStore>, default_stack()).heartbeat(false);
+        let name = unique("content");
+        let processor = Described::default();
+        let first = runner
+            .run(&processor, RunRequest::new(name.clone(), date))
+            .await
+            .unwrap();
+        assert_eq!(first.status, RunStatus::Completed);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        sim.reset_stats();
+        let request = RunRequest::new(name.clone(), date);
+        let unchanged = Runner::new(
+            store.clone() as Arc<DynStore>,
+            GuardStack::builder()
+                .guard(idem::guard::TimeWindowGuard::new(Duration::from_millis(1)))
+                .guard(idem::guard::ContentHashGuard::new(
+                    Duration::from_secs(86_400),
+                    idem::HashAlgorithm::Sha256,
+                ))
+                .guard(LeaseGuard::new(Duration::from_secs(3600)))
+                .build(),
+        )
+        .heartbeat(false)
+        .run(&processor, request)
+        .await
+        .unwrap();
+        assert_eq!(
+            unchanged.skip_reason,
+            Some(SkipReason::DuplicateContentHash),
+            "{unchanged:?}"
+        );
+        assert_eq!(sim.stats().total(), 3, "{:?}", sim.stats());
     }
 
     /// A statement BigQuery refuses for a full DML queue did not run: it is sent again
@@ -935,7 +1042,7 @@ mod bigquery {
                     .await
                     .unwrap()
                     .with_fault_hook(hook(move |op| {
-                        let full = matches!(op, "claim.take" | "finish.release" | "finish.run")
+                        let full = matches!(op, "claim.take" | "finish")
                             && refused.fetch_add(1, Ordering::SeqCst) < 6;
                         full.then(|| {
                             let op = op.to_string();

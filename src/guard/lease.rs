@@ -110,6 +110,13 @@ impl Guard for LeaseGuard {
                 },
             );
         }
+        // The scope was seen held with the keys just read (one round trip fewer): skip
+        // without claiming. A run that waits for the lease claims as usual.
+        if let Some(Some(holder)) = ctx.holder_seen.take() {
+            if holder.run_id != ctx.request.run_id && (self.on_held == OnHeld::Skip || ctx.shadow) {
+                return Ok(self.held(ctx, holder, None));
+            }
+        }
         let started = std::time::Instant::now();
         let mut polls = 0u32;
         // The wait is cancelled from outside: the runner drops this future when its
@@ -120,18 +127,25 @@ impl Guard for LeaseGuard {
             } else {
                 crate::model::micros(chrono::Utc::now())
             };
-            let claim = ctx
+            // Read after the claim, with it (the guard stack's re-check).
+            let lookups = ctx.claim_lookups.clone();
+            let (claim, found) = ctx
                 .store
-                .claim(&ClaimRequest {
-                    processor: &ctx.request.processor,
-                    scope: &ctx.request.scope,
-                    run_id: &ctx.request.run_id,
-                    ttl: self.ttl,
-                    now,
-                })
+                .claim_and_find(
+                    &ClaimRequest {
+                        processor: &ctx.request.processor,
+                        scope: &ctx.request.scope,
+                        run_id: &ctx.request.run_id,
+                        ttl: self.ttl,
+                        now,
+                    },
+                    &lookups,
+                )
                 .await?;
             match claim {
                 Claim::Acquired(lease) => {
+                    ctx.found_with_claim =
+                        found.map(|found| lookups.into_iter().zip(found).collect());
                     let detail = format!(
                         "lease acquired (token {}) until {}",
                         lease.token,

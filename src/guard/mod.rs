@@ -27,7 +27,7 @@ use serde::Serialize;
 use crate::error::Result;
 use crate::key::HashAlgorithm;
 use crate::model::{KeyKind, KeyRecord, RunRequest, Skip};
-use crate::store::{DynStore, KeyLookup, Lease};
+use crate::store::{DynStore, KeyLookup, Lease, LeaseHolder};
 
 mod content_hash;
 mod lease;
@@ -81,6 +81,16 @@ pub struct GuardContext<'a> {
     pub shadow: bool,
     found: HashMap<(KeyKind, String), Option<KeyRecord>>,
     lease: Option<Lease>,
+    /// Who held the lease when the keys of the phase before the lease guard were read,
+    /// when the store read it with them ([`LedgerStore::find_keys_and_holder`]).
+    ///
+    /// [`LedgerStore::find_keys_and_holder`]: crate::store::LedgerStore::find_keys_and_holder
+    holder_seen: Option<Option<LeaseHolder>>,
+    /// The lookups to read right after a claim (the re-check), sent with the claim
+    /// ([`LeaseStore::claim_and_find`](crate::store::LeaseStore::claim_and_find)).
+    claim_lookups: Vec<KeyLookup>,
+    /// Their answers, when the store read them with the claim.
+    found_with_claim: Option<Vec<(KeyLookup, Option<KeyRecord>)>>,
 }
 
 impl GuardContext<'_> {
@@ -149,6 +159,10 @@ pub struct Decision {
     /// The content key, when a guard needed one and it was computed.
     pub content: Option<ContentKey>,
 }
+
+/// What [`GuardStack::after_claim`] answers: the guards asked again, every guard read
+/// after the claim, and the end of the phase read.
+type AfterClaim<'s> = (Vec<&'s Arc<dyn Guard>>, Vec<&'s Arc<dyn Guard>>, usize);
 
 /// Guards in order. Build with [`GuardStack::builder`].
 ///
@@ -232,19 +246,74 @@ impl GuardStack {
     /// Fetches, in one store round trip, the keys `guards` need; guards whose lookups
     /// were already fetched in this epoch are not asked again.
     async fn prefetch(&self, ctx: &mut GuardContext<'_>, guards: &[&Arc<dyn Guard>]) -> Result<()> {
-        let lookups: Vec<KeyLookup> = guards
+        self.prefetch_peeking(ctx, guards, false).await
+    }
+
+    /// The lookups of `guards` (lease guards have none).
+    fn lookups_of(ctx: &GuardContext<'_>, guards: &[&Arc<dyn Guard>]) -> Vec<KeyLookup> {
+        guards
             .iter()
             .filter(|g| !g.takes_lease())
             .flat_map(|g| g.lookups(ctx))
-            .collect();
+            .collect()
+    }
+
+    /// [`prefetch`](Self::prefetch); with `peek`, the lease holder is read in the same
+    /// round trip where the store can (the lease guard comes next: a held scope then
+    /// skips without a claim).
+    async fn prefetch_peeking(
+        &self,
+        ctx: &mut GuardContext<'_>,
+        guards: &[&Arc<dyn Guard>],
+        peek: bool,
+    ) -> Result<()> {
+        let lookups = Self::lookups_of(ctx, guards);
         if lookups.is_empty() {
             return Ok(());
         }
-        let found = ctx.store.find_keys(&lookups).await?;
+        let found = if peek {
+            let (found, holder) = ctx
+                .store
+                .find_keys_and_holder(
+                    &lookups,
+                    &ctx.request.processor,
+                    &ctx.request.scope,
+                    ctx.now,
+                )
+                .await?;
+            ctx.holder_seen = holder;
+            found
+        } else {
+            ctx.store.find_keys(&lookups).await?
+        };
         for (l, f) in lookups.into_iter().zip(found) {
             ctx.found.insert((l.kind, l.key), f);
         }
         Ok(())
+    }
+
+    /// The guards read again right after a claim by the lease guard at `i`: the earlier
+    /// key guards that did not skip, and the next phase.
+    fn after_claim<'s>(
+        &'s self,
+        i: usize,
+        content_known: bool,
+        decision: &Decision,
+    ) -> AfterClaim<'s> {
+        let end = self.phase_end(i + 1, content_known);
+        let recheck: Vec<&Arc<dyn Guard>> = self.guards[..i]
+            .iter()
+            .filter(|g| !g.takes_lease())
+            .filter(|g| {
+                decision
+                    .verdicts
+                    .iter()
+                    .any(|v| v.guard == g.name() && !matches!(v.verdict, Verdict::Skip(_)))
+            })
+            .collect();
+        let mut batch = recheck.clone();
+        batch.extend(self.guards[i + 1..end].iter());
+        (recheck, batch, end)
     }
 
     /// The index just past the phase that starts at `from`: a phase ends before a lease
@@ -297,6 +366,9 @@ impl GuardStack {
             shadow: options.shadow,
             found: HashMap::new(),
             lease: None,
+            holder_seen: None,
+            claim_lookups: Vec::new(),
+            found_with_claim: None,
         };
         let mut decision = Decision::default();
         let mut content_known = false;
@@ -334,8 +406,19 @@ impl GuardStack {
             if i >= fetched && !guard.takes_lease() {
                 let end = self.phase_end(i, content_known);
                 let phase: Vec<&Arc<dyn Guard>> = self.guards[i..end].iter().collect();
-                self.prefetch(&mut ctx, &phase).await?;
+                // The lease guard comes next: read who holds the lease with the keys.
+                let peek = !options.dry_run
+                    && ctx.lease.is_none()
+                    && self.guards.get(end).is_some_and(|g| g.takes_lease());
+                ctx.holder_seen = None;
+                self.prefetch_peeking(&mut ctx, &phase, peek).await?;
                 fetched = end;
+            }
+            if guard.takes_lease() && ctx.lease.is_none() && !options.dry_run {
+                // What the re-check after a claim will read, sent with the claim.
+                let (_, batch, _) = self.after_claim(i, content_known, &decision);
+                ctx.claim_lookups = Self::lookups_of(&ctx, &batch);
+                ctx.found_with_claim = None;
             }
             let had_lease = ctx.lease.is_some();
             let verdict = guard.check(&mut ctx).await;
@@ -359,20 +442,16 @@ impl GuardStack {
                 // Everything read before the claim is stale now: read again, in one round
                 // trip, the keys of the earlier guards and of the next phase.
                 ctx.found.clear();
-                let end = self.phase_end(i + 1, content_known);
-                let recheck: Vec<&Arc<dyn Guard>> = self.guards[..i]
-                    .iter()
-                    .filter(|g| !g.takes_lease())
-                    .filter(|g| {
-                        decision
-                            .verdicts
-                            .iter()
-                            .any(|v| v.guard == g.name() && !matches!(v.verdict, Verdict::Skip(_)))
-                    })
-                    .collect();
-                let mut batch = recheck.clone();
-                batch.extend(self.guards[i + 1..end].iter());
-                self.prefetch(&mut ctx, &batch).await?;
+                let (recheck, batch, end) = self.after_claim(i, content_known, &decision);
+                match ctx.found_with_claim.take() {
+                    // Read by the claim itself, after it took the lease.
+                    Some(found) => {
+                        for (l, f) in found {
+                            ctx.found.insert((l.kind, l.key), f);
+                        }
+                    }
+                    None => self.prefetch(&mut ctx, &batch).await?,
+                }
                 fetched = end;
                 for g in recheck {
                     if let Verdict::Skip(skip) = g.check(&mut ctx).await? {

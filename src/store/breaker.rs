@@ -244,12 +244,35 @@ impl<S: LeaseStore + ?Sized> LeaseStore for CircuitBreakerStore<S> {
     async fn release(&self, lease: &Lease, now: DateTime<Utc>) -> Result<bool> {
         self.always(self.inner.release(lease, now)).await
     }
+
+    async fn claim_and_find(
+        &self,
+        request: &ClaimRequest<'_>,
+        lookups: &[KeyLookup],
+    ) -> Result<(Claim, Option<Vec<Option<KeyRecord>>>)> {
+        self.guarded(self.inner.claim_and_find(request, lookups))
+            .await
+    }
 }
 
 #[async_trait]
 impl<S: LedgerStore + ?Sized> LedgerStore for CircuitBreakerStore<S> {
     async fn find_keys(&self, lookups: &[KeyLookup]) -> Result<Vec<Option<KeyRecord>>> {
         self.guarded(self.inner.find_keys(lookups)).await
+    }
+
+    async fn find_keys_and_holder(
+        &self,
+        lookups: &[KeyLookup],
+        processor: &str,
+        scope: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(Vec<Option<KeyRecord>>, Option<Option<LeaseHolder>>)> {
+        self.guarded(
+            self.inner
+                .find_keys_and_holder(lookups, processor, scope, now),
+        )
+        .await
     }
 
     async fn finish(&self, finish: &Finish) -> Result<()> {

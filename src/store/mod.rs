@@ -398,6 +398,19 @@ pub trait LeaseStore: StoreBase {
     /// Releases a lease without recording anything. Returns false when the lease was no
     /// longer held with this token (expired and taken over): nothing is changed then.
     async fn release(&self, lease: &Lease, now: DateTime<Utc>) -> Result<bool>;
+
+    /// [`claim`](Self::claim), and, when the lease is acquired, the latest key record per
+    /// lookup *read after the claim* (as [`LedgerStore::find_keys`] answers), in one round
+    /// trip where the backend can (BigQuery: one script). `None` for the keys means they
+    /// were not read (the default, one claim): the caller reads them itself.
+    async fn claim_and_find(
+        &self,
+        request: &ClaimRequest<'_>,
+        lookups: &[KeyLookup],
+    ) -> Result<(Claim, Option<Vec<Option<KeyRecord>>>)> {
+        let _ = lookups;
+        Ok((self.claim(request).await?, None))
+    }
 }
 
 /// Processing keys and the run ledger.
@@ -405,6 +418,21 @@ pub trait LeaseStore: StoreBase {
 pub trait LedgerStore: StoreBase {
     /// The latest key record per lookup (same order), or `None`.
     async fn find_keys(&self, lookups: &[KeyLookup]) -> Result<Vec<Option<KeyRecord>>>;
+
+    /// [`find_keys`](Self::find_keys), and who holds the lease on (processor, scope) at
+    /// `now` (as [`LeaseStore::lease_holder`] answers), in one round trip where the backend
+    /// can (BigQuery: one query). The holder is `None` when it was not read (the default:
+    /// `find_keys` alone), `Some(None)` when the scope is free or its lease expired.
+    async fn find_keys_and_holder(
+        &self,
+        lookups: &[KeyLookup],
+        processor: &str,
+        scope: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(Vec<Option<KeyRecord>>, Option<Option<LeaseHolder>>)> {
+        let _ = (processor, scope, now);
+        Ok((self.find_keys(lookups).await?, None))
+    }
 
     /// Records the end of a run: the ledger row, the keys when it completed, the lease
     /// release. See [`Finish`].

@@ -214,6 +214,9 @@ impl Simulator {
             upstream: upstream.trim_end_matches('/').to_string(),
             http: reqwest::Client::builder()
                 .pool_max_idle_per_host(64)
+                // Below the emulator's (uvicorn's) 5 s keep-alive: a pooled connection it
+                // has just closed is never reused (the request would fail unsent).
+                .pool_idle_timeout(Duration::from_secs(2))
                 .build()
                 .expect("http client"),
             upstream_slots: Semaphore::new(UPSTREAM_CALLS),
@@ -412,8 +415,63 @@ fn google_error(reason: &str, message: &str) -> Answer {
     )
 }
 
-/// The kind of a statement and the tables it names (backquoted), target first.
+/// Whether `sql` is a multi-statement script (one job): a statement after a `;`, or a
+/// procedural first keyword.
+fn is_script(sql: &str) -> bool {
+    let first = sql
+        .trim_start()
+        .split(|c: char| c.is_whitespace())
+        .next()
+        .unwrap_or("")
+        .to_ascii_uppercase();
+    matches!(first.as_str(), "IF" | "BEGIN" | "DECLARE")
+        || sql
+            .trim_end()
+            .trim_end_matches(';')
+            .split(';')
+            .filter(|s| !s.trim().is_empty())
+            .count()
+            > 1
+}
+
+/// The tables a script's statements write: `(mutated, inserted into)`, each the
+/// backquoted name after `UPDATE`, `DELETE FROM` or `MERGE [INTO]`, or `INSERT INTO`.
+fn script_targets(sql: &str) -> (Vec<String>, Vec<String>) {
+    let (mut mutated, mut inserted) = (Vec::new(), Vec::new());
+    let parts: Vec<&str> = sql.split('`').collect();
+    for (i, name) in parts.iter().enumerate().skip(1).step_by(2) {
+        let before: Vec<String> = parts[i - 1]
+            .split_whitespace()
+            .rev()
+            .take(2)
+            .map(|w| w.to_ascii_uppercase())
+            .collect();
+        let last = before.first().map(String::as_str).unwrap_or("");
+        let prev = before.get(1).map(String::as_str).unwrap_or("");
+        let list = match (prev, last) {
+            ("INSERT", "INTO") => &mut inserted,
+            (_, "UPDATE") | ("DELETE", "FROM") | (_, "MERGE") | ("MERGE", "INTO") => &mut mutated,
+            _ => continue,
+        };
+        if !list.contains(&name.to_string()) {
+            list.push(name.to_string());
+        }
+    }
+    (mutated, inserted)
+}
+
+/// The kind of a statement and the tables it names (backquoted), target first. A
+/// multi-statement script is `script`.
 fn classify(sql: &str) -> (&'static str, Vec<String>) {
+    if is_script(sql) {
+        let tables = sql
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_string)
+            .collect();
+        return ("script", tables);
+    }
     let first = sql
         .trim_start()
         .split(|c: char| c.is_whitespace())
@@ -441,6 +499,12 @@ fn error_name(table: &str) -> String {
 }
 
 fn billed(kind: &str, tables: &[String]) -> u64 {
+    if kind == "script" {
+        // A script bills each of its statements: modelled as the minimum per table
+        // reference (every reference is read by some statement, or is an INSERT's target:
+        // those are counted by the caller and taken off).
+        return tables.len() as u64 * MIN_BILLED_PER_TABLE;
+    }
     let mut read: Vec<&String> = match kind {
         // The target of an INSERT is written, not read; it is read when it appears again.
         "insert" => tables.iter().skip(1).collect(),
@@ -533,6 +597,7 @@ async fn statement(shared: &Shared, request: Request) -> Answer {
         }
     }
     let answer = match (kind, tables.first()) {
+        ("script", _) => script(shared, &request, &sql).await,
         ("mutating", Some(target)) => mutating(shared, &request, target).await,
         ("insert", Some(target)) => insert(shared, &request, target).await,
         ("select", _) => {
@@ -543,7 +608,12 @@ async fn statement(shared: &Shared, request: Request) -> Answer {
     };
     if answer.0 == 200 {
         let mut stats = shared.stats.lock().unwrap();
-        stats.bytes_billed += billed(kind, &tables);
+        let inserted = if kind == "script" {
+            script_targets(&sql).1.len() as u64 * MIN_BILLED_PER_TABLE
+        } else {
+            0
+        };
+        stats.bytes_billed += billed(kind, &tables) - inserted;
         stats.ran += 1;
     }
     if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&answer.2) {
@@ -609,6 +679,14 @@ async fn admit<'a>(
     Ok(gate.slots.acquire().await.expect("semaphore open"))
 }
 
+/// HTTP 200 without an `errors` array (the emulator answers SQL errors with 200).
+fn succeeded(answer: &Answer) -> bool {
+    answer.0 == 200
+        && serde_json::from_slice::<serde_json::Value>(&answer.2)
+            .ok()
+            .is_some_and(|v| v.get("errors").is_none())
+}
+
 fn affected_rows(answer: &Answer) -> u64 {
     serde_json::from_slice::<serde_json::Value>(&answer.2)
         .ok()
@@ -620,7 +698,68 @@ fn affected_rows(answer: &Answer) -> u64 {
         .unwrap_or(0)
 }
 
+/// A multi-statement script, one job: its INSERTs count against their tables' INSERT
+/// limits (a slot held for the whole script once the free ones are used up); when it
+/// mutates a table it runs as a mutating statement on the first one (queue, latency,
+/// conflicts). A script that commits is taken to have changed rows (its answer carries
+/// no row counts), so concurrent mutating statements on that table conflict with it. A
+/// transaction (`BEGIN TRANSACTION`) that conflicts is not re-run: BigQuery cancels a
+/// conflicting transaction, and the whole of it is rolled back.
+async fn script(shared: &Shared, request: &Request, sql: &str) -> Answer {
+    let (mutated, inserted) = script_targets(sql);
+    let mut held = Vec::new();
+    for target in &inserted {
+        let t = table(shared, target);
+        if t.inserts.fetch_add(1, Ordering::SeqCst) >= shared.limits.insert_free_per_day {
+            let outstanding = t.insert.outstanding.fetch_add(1, Ordering::SeqCst) + 1;
+            t.insert.outstanding.fetch_sub(1, Ordering::SeqCst);
+            if outstanding > t.insert.limit {
+                shared.stats.lock().unwrap().quota_failures += 1;
+                return google_error(
+                    "resourcesExceeded",
+                    &format!(
+                        "Resources exceeded during query execution: Too many DML statements outstanding against table {}, limit is {}.",
+                        error_name(target),
+                        t.insert.queue
+                    ),
+                );
+            }
+            held.push(t);
+        }
+    }
+    let mut permits = Vec::new();
+    for t in &held {
+        t.insert.outstanding.fetch_add(1, Ordering::SeqCst);
+        permits.push(t.insert.slots.acquire().await.expect("semaphore open"));
+    }
+    let transaction = sql.to_ascii_uppercase().contains("BEGIN TRANSACTION");
+    let answer = match mutated.first() {
+        Some(target) => mutating_as(shared, request, target, true, !transaction).await,
+        None => {
+            tokio::time::sleep(shared.limits.dml_latency).await;
+            forward(shared, request).await
+        }
+    };
+    drop(permits);
+    for t in &held {
+        t.insert.outstanding.fetch_sub(1, Ordering::SeqCst);
+    }
+    answer
+}
+
 async fn mutating(shared: &Shared, request: &Request, target: &str) -> Answer {
+    mutating_as(shared, request, target, false, true).await
+}
+
+/// A mutating job on `target`; `script`: it changed rows when it succeeded (no row
+/// count); `rerun`: a conflict is re-run as BigQuery re-runs a DML statement.
+async fn mutating_as(
+    shared: &Shared,
+    request: &Request,
+    target: &str,
+    script: bool,
+    rerun: bool,
+) -> Answer {
     let t = table(shared, target);
     let permit = match admit(shared, &t.mutating, target, false).await {
         Ok(p) => p,
@@ -633,22 +772,27 @@ async fn mutating(shared: &Shared, request: &Request, target: &str) -> Answer {
         let commit = t.commit.lock().await;
         if t.version.load(Ordering::SeqCst) != snapshot {
             drop(commit);
-            if attempt < shared.limits.conflict_retries {
+            if rerun && attempt < shared.limits.conflict_retries {
                 attempt += 1;
                 shared.stats.lock().unwrap().conflict_reruns += 1;
                 continue;
             }
             shared.stats.lock().unwrap().conflict_failures += 1;
-            break google_error(
-                "invalidQuery",
-                &format!(
+            let message = if rerun {
+                format!(
                     "Could not serialize access to table {} due to concurrent update",
                     error_name(target)
-                ),
-            );
+                )
+            } else {
+                format!(
+                    "Transaction is aborted due to concurrent update against table {}.",
+                    error_name(target)
+                )
+            };
+            break google_error("invalidQuery", &message);
         }
         let answer = forward(shared, request).await;
-        if affected_rows(&answer) > 0 {
+        if affected_rows(&answer) > 0 || (script && succeeded(&answer)) {
             t.version.fetch_add(1, Ordering::SeqCst);
         }
         break answer;

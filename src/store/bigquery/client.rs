@@ -105,20 +105,27 @@ impl BigQueryStore {
             .map_err(|e| self.err(e))
     }
 
-    /// A mutating statement (UPDATE/DELETE) whose effect does not depend on what it lost
-    /// to: sent again after a concurrent-update conflict ([`CONFLICT_RETRIES`]), then
-    /// reported as a conflict. Returns the rows affected.
-    pub(super) async fn mutate(
+    /// A multi-statement script (one job, no parameters: its values are literals) that
+    /// may be sent again whole after a concurrent-update conflict: the claim (each
+    /// statement commits by itself; sent again it is a new claim round) and the finish (a
+    /// transaction, rolled back whole when it conflicts). Sent as [`mutate`](Self::mutate)
+    /// sends, then reported as a conflict.
+    pub(super) async fn script(&self, operation: &str, sql: &str) -> Result<QueryOutput> {
+        self.send_again_on_conflict(operation, sql, &[])
+            .await
+            .map_err(|e| self.err(e))
+    }
+
+    pub(super) async fn send_again_on_conflict(
         &self,
         operation: &str,
         sql: &str,
-        params: Vec<Param>,
-    ) -> Result<u64> {
-        let params = &params;
+        params: &[Param],
+    ) -> std::result::Result<QueryOutput, ApiError> {
         let started = Instant::now();
         let sent = AtomicU32::new(0);
         let sent = &sent;
-        let out = retry(CONFLICT_RETRIES, |attempt| async move {
+        retry(CONFLICT_RETRIES, |attempt| async move {
             sent.store(attempt + 1, Ordering::Relaxed);
             match self.send(operation, sql, params).await {
                 Ok(out) => Ok(out),
@@ -131,7 +138,7 @@ impl BigQueryStore {
         })
         .await
         .map_err(|e| {
-            let e = if e.is_concurrent_update() {
+            if e.is_concurrent_update() {
                 e.after_retries(
                     "BigQuery concurrent-update conflict",
                     sent.load(Ordering::Relaxed),
@@ -139,9 +146,23 @@ impl BigQueryStore {
                 )
             } else {
                 e
-            };
-            self.err(e)
-        })?;
+            }
+        })
+    }
+
+    /// A mutating statement (UPDATE/DELETE) whose effect does not depend on what it lost
+    /// to: sent again after a concurrent-update conflict ([`CONFLICT_RETRIES`]), then
+    /// reported as a conflict. Returns the rows affected.
+    pub(super) async fn mutate(
+        &self,
+        operation: &str,
+        sql: &str,
+        params: Vec<Param>,
+    ) -> Result<u64> {
+        let out = self
+            .send_again_on_conflict(operation, sql, &params)
+            .await
+            .map_err(|e| self.err(e))?;
         out.affected(operation).map_err(|e| self.err(e))
     }
 }

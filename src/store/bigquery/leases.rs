@@ -8,13 +8,13 @@ use chrono::{DateTime, Utc};
 
 use crate::error::{Error, Result};
 use crate::model::micros;
-use crate::store::retry::Backoff;
-use crate::store::rows::{lease_from_record, LeaseRow};
-use crate::store::{lease_expiry, Claim, ClaimRequest, Lease, LeaseHolder, LeaseStore};
+use crate::model::KeyRecord;
+use crate::store::rows::{key_from_record, lease_from_record, LeaseRow};
+use crate::store::{lease_expiry, Claim, ClaimRequest, KeyLookup, Lease, LeaseHolder, LeaseStore};
 
-use crate::backend::bigquery::{int64, string, timestamp, Param};
+use crate::backend::bigquery::{int64, string, timestamp, Param, QueryOutput};
 
-use super::client::CONFLICT_RETRIES;
+use super::scripts;
 use super::statements::LeaseStatements;
 use super::BigQueryStore;
 
@@ -56,18 +56,12 @@ pub fn lease_shard(processor: &str, scope: &str) -> usize {
     n as usize % LEASE_TABLES.len()
 }
 
-/// Claim rounds (read, then compare-and-set) before giving up; a round that lost a
-/// concurrent-update conflict pauses as [`CONFLICT_RETRIES`] does before the next (one
-/// whose compare-and-set merely found the row changed reads it again at once). The
-/// conflicts of a fleet are mostly with other scopes' statements on the same lease table,
-/// which do not hold this lease, so a claim keeps trying for about as long as
-/// [`CONFLICT_RETRIES`] before it settles for `in_progress` ("unknown holder").
-const CLAIM_ATTEMPTS: u32 = CONFLICT_RETRIES.attempts;
-
-const CLAIM_ROUNDS: Backoff = Backoff {
-    attempts: CLAIM_ATTEMPTS,
-    ..CONFLICT_RETRIES
-};
+/// Claim scripts sent when one found the lease free yet not taken by it (released
+/// between its statements). A script that lost a concurrent-update conflict is sent again
+/// as [`CONFLICT_RETRIES`] says (the conflicts of a fleet are mostly with other scopes'
+/// statements on the same lease table, which do not hold this lease) before the claim
+/// settles for `in_progress` ("unknown holder").
+const CLAIM_ATTEMPTS: u32 = 4;
 
 impl BigQueryStore {
     /// The lease statements of (processor, scope)'s lease table.
@@ -118,93 +112,118 @@ impl BigQueryStore {
     }
 }
 
-#[async_trait]
-impl LeaseStore for BigQueryStore {
-    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claim> {
+impl BigQueryStore {
+    /// The rows of a claim or merged read ([`scripts::claim`], [`scripts::peek_sql`]): the
+    /// lease row, if any, and the latest key per lookup position.
+    pub(super) fn lease_and_keys(
+        &self,
+        operation: &str,
+        out: &QueryOutput,
+        lookups: usize,
+    ) -> Result<(Option<LeaseRow>, Vec<Option<KeyRecord>>)> {
+        let mut lease = None;
+        let mut found = vec![None; lookups];
+        for r in out.records() {
+            let kind = r.str("row_kind").map_err(|e| self.bad_row(operation, e))?;
+            if kind == "lease" {
+                lease = Some(lease_from_record(&r).map_err(|e| self.bad_row(operation, e))?);
+                continue;
+            }
+            let pos = r.i64("pos").map_err(|e| self.bad_row(operation, e))?;
+            let slot = usize::try_from(pos)
+                .ok()
+                .and_then(|p| found.get_mut(p))
+                .ok_or_else(|| self.bad_row(operation, format!("position {pos} out of range")))?;
+            *slot = Some(key_from_record(&r).map_err(|e| self.bad_row(operation, e))?);
+        }
+        Ok((lease, found))
+    }
+
+    /// The claim as one script ([`scripts::claim`]): create the row if missing, take the
+    /// lease if free or expired, and answer the lease row and the keys of `lookups` read
+    /// after it. A script that lost a concurrent-update conflict is sent again (a new
+    /// claim round; BigQuery already re-ran the UPDATE against the new data three times);
+    /// one that lost every round reads the lease: held, or `in_progress` with an unknown
+    /// holder, never a run failure.
+    async fn claim_script(
+        &self,
+        request: &ClaimRequest<'_>,
+        lookups: &[KeyLookup],
+    ) -> Result<(Claim, Option<Vec<Option<KeyRecord>>>)> {
         let now = micros(request.now);
         let expires_at = lease_expiry(now, request.ttl);
-        let mut conflicts = 0;
-        for attempt in 0..CLAIM_ATTEMPTS {
-            let row = self
-                .lease_row("claim.read", request.processor, request.scope)
-                .await?;
-            let seen = match &row {
-                Some(r) => {
-                    if let Some(holder) = r.held_at(now) {
-                        return Ok(Claim::Held(holder));
-                    }
-                    r.token
-                }
-                None => {
-                    self.query(
-                        "claim.create",
-                        &self.leases(request.processor, request.scope).create,
-                        vec![
-                            string("processor", request.processor),
-                            string("scope", request.scope),
-                            timestamp("now", now),
-                        ],
-                    )
-                    .await?;
-                    0
-                }
-            };
-            let taken = self
-                .send(
-                    "claim.take",
-                    &self.leases(request.processor, request.scope).take,
-                    &[
-                        string("processor", request.processor),
-                        string("scope", request.scope),
-                        string("run_id", request.run_id),
-                        int64("token", seen),
-                        timestamp("now", now),
-                        timestamp("expires_at", expires_at),
-                    ],
-                )
-                .await;
-            match taken {
-                Ok(out) => {
-                    if out.affected("claim.take").map_err(|e| self.err(e))? >= 1 {
-                        return Ok(request.acquired(seen + 1, now, expires_at));
-                    }
-                    // Another claim changed the row since it was read: read it again.
-                }
+        let table = LEASE_TABLES[lease_shard(request.processor, request.scope)];
+        let sql = scripts::claim(
+            &self.config.table(table),
+            &self.config.table("processing_keys"),
+            request.processor,
+            request.scope,
+            request.run_id,
+            now,
+            expires_at,
+            lookups,
+        );
+        for _ in 0..CLAIM_ATTEMPTS {
+            let out = match self.send_again_on_conflict("claim.take", &sql, &[]).await {
+                Ok(out) => out,
                 Err(e) if e.is_concurrent_update() => {
-                    // Another statement on the lease table committed first; this claim
-                    // did not. Read again: usually that was a competing claim (held).
-                    tracing::info!("{e}: the claim lost a concurrent update");
-                    conflicts += 1;
-                    if attempt + 1 < CLAIM_ATTEMPTS {
-                        tokio::time::sleep(CLAIM_ROUNDS.pause(attempt)).await;
+                    // Lost every round to concurrent updates of the lease table: read it.
+                    tracing::info!("{e}: the claim lost concurrent updates");
+                    let row = self
+                        .lease_row("claim.read", request.processor, request.scope)
+                        .await?;
+                    if let Some(holder) = row.as_ref().and_then(|r| r.held_at(now)) {
+                        return Ok((Claim::Held(holder), None));
                     }
+                    return Ok((
+                        Claim::Held(LeaseHolder {
+                            run_id: format!(
+                                "unknown (the claim lost to concurrent updates on {table}: {e})"
+                            ),
+                            token: row.map_or(0, |r| r.token),
+                            acquired_at: now,
+                            expires_at: now,
+                        }),
+                        None,
+                    ));
                 }
                 Err(e) => return Err(self.err(e)),
+            };
+            let (lease, found) = self.lease_and_keys("claim", &out, lookups.len())?;
+            let Some(row) = lease else {
+                return Err(self.bad_row("claim", "no lease row after the claim".into()));
+            };
+            if row.holder.as_deref() == Some(request.run_id) && row.acquired_at == now {
+                return Ok((
+                    request.acquired(row.token, now, row.expires_at),
+                    Some(found),
+                ));
             }
-        }
-        let row = self
-            .lease_row("claim.read", request.processor, request.scope)
-            .await?;
-        if let Some(holder) = row.as_ref().and_then(|r| r.held_at(now)) {
-            return Ok(Claim::Held(holder));
-        }
-        if conflicts > 0 {
-            // Lost every round to concurrent updates of the lease table without anyone
-            // holding this lease now: still "someone else was writing", not a failure.
-            return Ok(Claim::Held(LeaseHolder {
-                run_id: format!(
-                    "unknown (the claim lost {conflicts} concurrent update conflict(s) on {})",
-                    LEASE_TABLES[lease_shard(request.processor, request.scope)]
-                ),
-                token: row.map_or(0, |r| r.token),
-                acquired_at: now,
-                expires_at: now,
-            }));
+            if let Some(holder) = row.held_at(now) {
+                return Ok((Claim::Held(holder), None));
+            }
+            // Free, yet not taken by this claim: another run released it between the
+            // statements. Claim again.
         }
         Err(Error::store(
             &self.url,
             format!("lease claim did not settle after {CLAIM_ATTEMPTS} attempts"),
         ))
+    }
+}
+
+#[async_trait]
+impl LeaseStore for BigQueryStore {
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claim> {
+        Ok(self.claim_script(request, &[]).await?.0)
+    }
+
+    async fn claim_and_find(
+        &self,
+        request: &ClaimRequest<'_>,
+        lookups: &[KeyLookup],
+    ) -> Result<(Claim, Option<Vec<Option<KeyRecord>>>)> {
+        self.claim_script(request, lookups).await
     }
 
     async fn lease_holder(

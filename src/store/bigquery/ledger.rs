@@ -1,34 +1,26 @@
-//! The ledger and keys: one query per guard decision, a finish in the order that keeps
-//! the guarantees, the run queries.
-
-use std::time::Duration;
+//! The ledger and keys: one query per guard decision (with the lease row, when the lease
+//! guard comes next), a finish that is one transaction, the run queries.
 
 use async_trait::async_trait;
-use chrono::DateTime;
+use chrono::{DateTime, Utc};
 
 use crate::error::{Error, Result};
-use crate::model::{micros, time, KeyRecord, RunRecord, RunStatus};
+use crate::model::{micros, KeyRecord, RunRecord, RunStatus};
 use crate::store::rows::{key_from_record, run_from_record};
-use crate::store::{Finish, KeyLookup, LedgerStore, RunFilter};
+use crate::store::{Finish, KeyLookup, LeaseHolder, LeaseStore, LedgerStore, RunFilter};
 
 use crate::backend::bigquery::{
     date, int64, opt_int64, opt_string, string, string_array, struct_array, timestamp,
-    timestamp_text,
+    timestamp_text, Param,
 };
 
-use super::BigQueryStore;
+use super::leases::{lease_shard, LEASE_TABLES};
+use super::{scripts, BigQueryStore};
 
-/// How long a finishing run keeps its lease at least while its ledger row and keys are
-/// written (a crash right then blocks the scope this long, or until the lease's own expiry).
-const FINISH_HOLD: Duration = Duration::from_secs(600);
-
-#[async_trait]
-impl LedgerStore for BigQueryStore {
-    async fn find_keys(&self, lookups: &[KeyLookup]) -> Result<Vec<Option<KeyRecord>>> {
-        let mut out = vec![None; lookups.len()];
-        let Some(oldest) = lookups.iter().map(|l| micros(l.since)).min() else {
-            return Ok(out);
-        };
+impl BigQueryStore {
+    /// The parameters of [`super::FIND_KEYS_SQL`]; `None` without lookups.
+    fn find_keys_params(lookups: &[KeyLookup]) -> Option<Vec<Param>> {
+        let oldest = lookups.iter().map(|l| micros(l.since)).min()?;
         let mut keys: Vec<String> = lookups.iter().map(|l| l.key.clone()).collect();
         keys.sort();
         keys.dedup();
@@ -44,73 +36,24 @@ impl LedgerStore for BigQueryStore {
                 ]
             })
             .collect();
-        let result = self
-            .query(
-                "find_keys",
-                &self.sql.find_keys,
-                vec![
-                    struct_array(
-                        "lookups",
-                        &[
-                            ("pos", "INT64"),
-                            ("key", "STRING"),
-                            ("kind", "STRING"),
-                            ("since", "TIMESTAMP"),
-                        ],
-                        rows,
-                    ),
-                    string_array("keys", &keys),
-                    timestamp("oldest_since", oldest),
+        Some(vec![
+            struct_array(
+                "lookups",
+                &[
+                    ("pos", "INT64"),
+                    ("key", "STRING"),
+                    ("kind", "STRING"),
+                    ("since", "TIMESTAMP"),
                 ],
-            )
-            .await?;
-        for r in result.records() {
-            let pos = r.i64("pos").map_err(|e| self.bad_row("find_keys", e))?;
-            let slot = usize::try_from(pos)
-                .ok()
-                .and_then(|p| out.get_mut(p))
-                .ok_or_else(|| self.bad_row("find_keys", format!("position {pos} out of range")))?;
-            *slot = Some(key_from_record(&r).map_err(|e| self.bad_row("find_keys", e))?);
-        }
-        Ok(out)
+                rows,
+            ),
+            string_array("keys", &keys),
+            timestamp("oldest_since", oldest),
+        ])
     }
 
-    async fn finish(&self, finish: &Finish) -> Result<()> {
-        let run = &finish.run;
-        let writes_keys = run.status == RunStatus::Completed && !finish.keys.is_empty();
-        // 1. The fence: nothing is written for a run whose lease was taken over. A run
-        //    that writes keys keeps its lease (held a little longer) until they are
-        //    written, so a run claiming the scope after it re-checks and sees them; any
-        //    other run releases at once. A lease that is held for FINISH_HOLD more anyway
-        //    needs no fence: it cannot have been taken over (a claim takes only an expired
-        //    lease) and stays held while the keys are written — one mutating statement
-        //    less per run, which is what a fleet is short of.
-        let hold = chrono::Duration::from_std(FINISH_HOLD).unwrap_or_default();
-        let fence = finish
-            .lease
-            .as_ref()
-            .filter(|l| !writes_keys || l.expires_at < run.finished_at + hold);
-        if let Some(lease) = fence {
-            let statements = self.leases(&lease.processor, &lease.scope);
-            let mut params = Self::fenced_params(lease);
-            let (operation, sql) = if writes_keys {
-                params.push(timestamp(
-                    "hold_until",
-                    micros(
-                        run.finished_at
-                            + chrono::Duration::from_std(FINISH_HOLD).unwrap_or_default(),
-                    ),
-                ));
-                ("finish.fence", &statements.hold)
-            } else {
-                params.push(timestamp("now", micros(run.finished_at)));
-                ("finish.release", &statements.release)
-            };
-            if self.mutate(operation, sql, params).await? == 0 {
-                return Err(self.lease_lost(lease).await);
-            }
-        }
-        // 2. The ledger row (once per run id).
+    /// The ledger row alone (once per run id), one parameterised statement.
+    async fn insert_run(&self, run: &RunRecord) -> Result<()> {
         let inserted = self
             .query(
                 "finish.run",
@@ -150,79 +93,99 @@ impl LedgerStore for BigQueryStore {
                 run_id: run.run_id.clone(),
             });
         }
-        // 3. The keys, only for a completed run.
-        if writes_keys {
-            let rows = finish
-                .keys
-                .iter()
-                .map(|k| {
-                    vec![
-                        Some(k.key.clone()),
-                        Some(k.kind.as_str().to_string()),
-                        Some(k.processor.clone()),
-                        Some(k.scope.clone()),
-                        Some(time::day_text(k.scope_date)),
-                        Some(timestamp_text(micros(k.processed_at))),
-                        k.entity_count.map(|n| n.to_string()),
-                        Some(k.metadata.to_string()),
-                        Some(k.run_id.clone()),
-                    ]
-                })
-                .collect();
-            self.query(
-                "finish.keys",
-                &self.sql.keys_insert,
-                vec![struct_array(
-                    "keys",
-                    &[
-                        ("processing_key", "STRING"),
-                        ("kind", "STRING"),
-                        ("processor_name", "STRING"),
-                        ("scope", "STRING"),
-                        ("scope_date", "DATE"),
-                        ("processed_at", "TIMESTAMP"),
-                        ("entity_count", "INT64"),
-                        ("metadata", "STRING"),
-                        ("run_id", "STRING"),
-                    ],
-                    rows,
-                )],
-            )
-            .await?;
-            // 4. Now the keys are visible: release.
-            if let Some(lease) = &finish.lease {
-                let mut params = Self::fenced_params(lease);
-                params.push(timestamp("now", micros(run.finished_at)));
-                // The result is recorded whatever happens here, so this cannot fail the
-                // finish; a lease not released expires by itself.
-                match self
-                    .mutate(
-                        "finish.release",
-                        &self.leases(&lease.processor, &lease.scope).release,
-                        params,
-                    )
-                    .await
-                {
-                    Ok(0) => tracing::warn!(
-                        "run {}: the lease on {}/{} was taken over while its result was being recorded (finishing took longer than {:?})",
-                        run.run_id,
-                        lease.processor,
-                        lease.scope,
-                        FINISH_HOLD
-                    ),
-                    Ok(_) => {}
-                    Err(e) => tracing::warn!(
-                        "run {} is recorded, but its lease could not be released; it expires by {}: {e}",
-                        run.run_id,
-                        time::utc_text(
-                            (run.finished_at + chrono::Duration::from_std(FINISH_HOLD).unwrap_or_default())
-                                .max(lease.expires_at)
-                        )
-                    ),
-                }
-            }
-        }
         Ok(())
+    }
+}
+
+#[async_trait]
+impl LedgerStore for BigQueryStore {
+    async fn find_keys(&self, lookups: &[KeyLookup]) -> Result<Vec<Option<KeyRecord>>> {
+        let mut out = vec![None; lookups.len()];
+        let Some(params) = Self::find_keys_params(lookups) else {
+            return Ok(out);
+        };
+        let result = self.query("find_keys", &self.sql.find_keys, params).await?;
+        for r in result.records() {
+            let pos = r.i64("pos").map_err(|e| self.bad_row("find_keys", e))?;
+            let slot = usize::try_from(pos)
+                .ok()
+                .and_then(|p| out.get_mut(p))
+                .ok_or_else(|| self.bad_row("find_keys", format!("position {pos} out of range")))?;
+            *slot = Some(key_from_record(&r).map_err(|e| self.bad_row("find_keys", e))?);
+        }
+        Ok(out)
+    }
+
+    async fn find_keys_and_holder(
+        &self,
+        lookups: &[KeyLookup],
+        processor: &str,
+        scope: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(Vec<Option<KeyRecord>>, Option<Option<LeaseHolder>>)> {
+        let Some(params) = Self::find_keys_params(lookups) else {
+            let holder = self.lease_holder(processor, scope, now).await?;
+            return Ok((Vec::new(), Some(holder)));
+        };
+        let mut params = params;
+        params.push(string("processor", processor));
+        params.push(string("scope", scope));
+        let out = self
+            .query("find_keys", &self.leases(processor, scope).peek, params)
+            .await?;
+        let (lease, found) = self.lease_and_keys("find_keys", &out, lookups.len())?;
+        Ok((found, Some(lease.and_then(|r| r.held_at(micros(now))))))
+    }
+
+    async fn finish(&self, finish: &Finish) -> Result<()> {
+        let run = &finish.run;
+        let writes_keys = run.status == RunStatus::Completed && !finish.keys.is_empty();
+        if finish.lease.is_none() && !writes_keys {
+            // A run without a lease that writes no key (a skip): the ledger row alone, one
+            // parameterised statement.
+            return self.insert_run(run).await;
+        }
+        // Everything else is one job: a transaction that releases the lease (fenced on its
+        // token and holder), inserts the ledger row and the keys of a completed run, and
+        // commits them together, or rolls all of it back when the lease was taken over or
+        // the run id is recorded already. The keys become visible exactly when the lease
+        // is free, so a run that claims the scope next and re-checks sees them.
+        let keys: &[KeyRecord] = if writes_keys { &finish.keys } else { &[] };
+        let leases = finish
+            .lease
+            .as_ref()
+            .map(|l| {
+                self.config
+                    .table(LEASE_TABLES[lease_shard(&l.processor, &l.scope)])
+            })
+            .unwrap_or_default();
+        let sql = scripts::finish(
+            &self.config.table("processing_runs"),
+            &self.config.table("processing_keys"),
+            &leases,
+            run,
+            keys,
+            finish.lease.as_ref(),
+        );
+        let out = self.script("finish", &sql).await?;
+        let outcome = out
+            .records()
+            .next()
+            .map(|r| r.str("outcome"))
+            .transpose()
+            .map_err(|e| self.bad_row("finish", e))?;
+        match outcome.as_deref() {
+            Some(scripts::RECORDED) => Ok(()),
+            Some(scripts::DUPLICATE) => Err(Error::DuplicateRunId {
+                store: self.url.clone(),
+                run_id: run.run_id.clone(),
+            }),
+            Some(scripts::LOST) => match &finish.lease {
+                Some(lease) => Err(self.lease_lost(lease).await),
+                None => Err(self.bad_row("finish", "lease lost without a lease".into())),
+            },
+            other => Err(self.bad_row("finish", format!("unexpected outcome {other:?}"))),
+        }
     }
 
     async fn runs(&self, filter: &RunFilter) -> Result<Vec<RunRecord>> {

@@ -18,30 +18,32 @@
 //!   which filters on the partition column (`processed_at`) with the oldest window start,
 //!   so partitions older than the longest window are never read, and on the clustering
 //!   column (`processing_key IN UNNEST(@keys)`) so only the blocks holding the keys are.
-//! * **Claims without a lock**: a lease row is read; when free, the claim is a single
-//!   `UPDATE … WHERE token = @seen AND (free or expired)` — compare-and-set on the fencing
-//!   token, judged by `numDmlAffectedRows`. It is always an UPDATE (a missing row is first
-//!   created *free* with `INSERT … WHERE NOT EXISTS`) because BigQuery only detects
-//!   conflicts between statements that modify existing rows: two concurrent insert-only
-//!   statements both commit. A concurrent-update conflict on the claim means another
-//!   statement on the lease table committed first: the claim is lost, the lease is read
-//!   again and the run sees `in_progress` (never a run failure).
+//! * **Claims without a lock**: the claim is one script (one job, [`scripts`]): unless the
+//!   lease is held and unexpired, a missing row is first created *free* with `INSERT …
+//!   WHERE NOT EXISTS` and taken with one `UPDATE … WHERE (free or expired)`, and the
+//!   script reads the row back (the run won when it names it with its claim time) with the
+//!   guards' keys read after the claim ([`LeaseStore::claim_and_find`]). It is always an
+//!   UPDATE because BigQuery only detects conflicts between statements that modify
+//!   existing rows: two concurrent insert-only statements both commit. A claim that
+//!   conflicts is sent again and then sees the lease held: `in_progress`, never a run
+//!   failure. The check before the claim reads the lease row too
+//!   ([`LedgerStore::find_keys_and_holder`]), so a held scope skips without any DML.
 //! * **Leases sharded over 16 tables** ([`LEASE_TABLES`], chosen by [`lease_shard`]), since
 //!   BigQuery's DML queues and conflicts are per table: a fleet of runs firing at once
 //!   spreads its claims and releases over 16 queues. A statement refused for a full queue
 //!   (or a rate limit) did not run and is sent again with backoff (`QUOTA_RETRIES`);
 //!   quota and conflict errors that outlast their retries are reported as such, never as
 //!   the store being unavailable. See docs/bigquery.md, "Fleets".
-//! * **`finish` is not atomic** (the emulator ignores parameters in multi-statement
-//!   scripts, and BigQuery has no cross-statement locks anyway). It runs in an order that
-//!   keeps the guarantees: first the fence (`UPDATE … WHERE token = @t AND holder_run_id =
-//!   @r`; 0 rows ⇒ [`Error::LeaseLost`] and nothing is written), which for a completed run
-//!   keeps the lease held a while longer; then the ledger row; then the keys; and only then
-//!   the release, so a run that claims the scope next re-checks and sees the keys. A crash
-//!   in between leaves a ledger row without keys — the next run processes again — never a
-//!   key without its ledger row, never a key from a run whose lease was taken over.
+//! * **`finish` is one transaction** (one job): the fenced release (`UPDATE … WHERE token
+//!   = @t AND holder_run_id = @r`), and only if it matched and the run id is new, the
+//!   ledger row and the keys; committed together, so the keys are visible exactly when
+//!   the lease is free, or rolled back whole ([`Error::LeaseLost`], duplicate run id).
+//!   Scripts bind no query parameters on the emulator, so their values are literals
+//!   built in one place (`literals`: plain strings quoted, any other base64-encoded).
 //!
 //! [`LedgerStore::find_keys`]: super::LedgerStore::find_keys
+//! [`LedgerStore::find_keys_and_holder`]: super::LedgerStore::find_keys_and_holder
+//! [`LeaseStore::claim_and_find`]: super::LeaseStore::claim_and_find
 
 use std::time::Duration;
 
@@ -60,14 +62,16 @@ mod client;
 mod event_keys;
 mod leases;
 mod ledger;
+mod literals;
 mod maintenance;
 mod schema;
+mod scripts;
 mod statements;
 
 pub use leases::{lease_shard, LEASE_TABLES};
 pub use schema::tables;
 use statements::Statements;
-pub use statements::{FIND_KEYS_SQL, LEASE_TAKE_SQL};
+pub use statements::FIND_KEYS_SQL;
 
 /// Default limit for one store statement, polling included.
 const STORE_TIMEOUT: Duration = Duration::from_secs(300);

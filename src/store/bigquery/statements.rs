@@ -29,30 +29,8 @@ SELECT {lease_columns} FROM {leases}
 WHERE processor_name = @processor AND scope = @scope
 ORDER BY token DESC LIMIT 1";
 
-/// Creates a *free* lease row when none exists. An INSERT, so it never conflicts; two
-/// concurrent ones may both insert, which is harmless: both rows are free with token 0,
-/// and every later UPDATE matches (and rewrites) both alike.
-const LEASE_CREATE_SQL: &str = "\
-INSERT INTO {leases} (processor_name, scope, holder_run_id, token, acquired_at, expires_at)
-SELECT @processor, @scope, NULL, 0, @now, @now
-FROM UNNEST([1])
-WHERE NOT EXISTS (SELECT 1 FROM {leases} WHERE processor_name = @processor AND scope = @scope)";
-
-/// The claim: compare-and-set on the token seen, only when free or expired.
-pub const LEASE_TAKE_SQL: &str = "\
-UPDATE {leases}
-SET holder_run_id = @run_id, token = token + 1, acquired_at = @now, expires_at = @expires_at
-WHERE processor_name = @processor AND scope = @scope AND token = @token
-  AND (holder_run_id IS NULL OR expires_at <= @now)";
-
 const LEASE_RENEW_SQL: &str = "\
 UPDATE {leases} SET expires_at = @expires_at
-WHERE processor_name = @processor AND scope = @scope AND token = @token AND holder_run_id = @run_id";
-
-/// The fence of a finish that writes keys: still the holder? Then hold the lease until
-/// `@hold_until` at least, while the ledger row and keys are written.
-const LEASE_HOLD_SQL: &str = "\
-UPDATE {leases} SET expires_at = GREATEST(expires_at, @hold_until)
 WHERE processor_name = @processor AND scope = @scope AND token = @token AND holder_run_id = @run_id";
 
 const LEASE_RELEASE_SQL: &str = "\
@@ -69,12 +47,6 @@ SELECT @run_id, @processor, @scope, @scope_date, @trigger_source, @mode, @starte
 @records_processed, @processing_key, @error, PARSE_JSON(@output, wide_number_mode => 'round')
 FROM UNNEST([1])
 WHERE NOT EXISTS (SELECT 1 FROM {runs} WHERE run_id = @run_id)";
-
-const KEYS_INSERT_SQL: &str = "\
-INSERT INTO {keys} ({key_columns})
-SELECT r.processing_key, r.kind, r.processor_name, r.scope, r.scope_date, r.processed_at, \
-r.entity_count, PARSE_JSON(r.metadata, wide_number_mode => 'round'), r.run_id
-FROM UNNEST(@keys) AS r";
 
 /// Ledger rows; `started_at` is the partition column, so `@since` prunes.
 const RUNS_SQL: &str = "\
@@ -146,7 +118,6 @@ pub(super) struct Statements {
     /// The lease statements of each lease table, by shard.
     pub(super) leases: Vec<LeaseStatements>,
     pub(super) run_insert: String,
-    pub(super) keys_insert: String,
     pub(super) runs: String,
     pub(super) purge: String,
     pub(super) cleanup: [String; 4],
@@ -162,10 +133,9 @@ pub(super) struct Statements {
 #[derive(Debug, Clone)]
 pub(super) struct LeaseStatements {
     pub(super) read: String,
-    pub(super) create: String,
-    pub(super) take: String,
+    /// The merged read: the lease row and the guards' keys in one query.
+    pub(super) peek: String,
     pub(super) renew: String,
-    pub(super) hold: String,
     pub(super) release: String,
 }
 
@@ -183,10 +153,8 @@ impl Statements {
             let render = |sql: &str| render(sql).replace("{leases}", &url.table(table));
             LeaseStatements {
                 read: render(LEASE_READ_SQL),
-                create: render(LEASE_CREATE_SQL),
-                take: render(LEASE_TAKE_SQL),
+                peek: super::scripts::peek_sql(&url.table("processing_keys"), &url.table(table)),
                 renew: render(LEASE_RENEW_SQL),
-                hold: render(LEASE_HOLD_SQL),
                 release: render(LEASE_RELEASE_SQL),
             }
         };
@@ -194,7 +162,6 @@ impl Statements {
             find_keys: render(FIND_KEYS_SQL),
             leases: LEASE_TABLES.iter().map(|t| leases(t)).collect(),
             run_insert: render(RUN_INSERT_SQL),
-            keys_insert: render(KEYS_INSERT_SQL),
             runs: render(RUNS_SQL),
             purge: render(PURGE_SQL),
             cleanup: [
@@ -236,7 +203,7 @@ mod tests {
             &sql.find_keys,
             &sql.run_insert,
             &sql.runs,
-            &sql.leases[15].take,
+            &sql.leases[15].peek,
         ] {
             assert!(!s.contains('{'), "unrendered placeholder in {s}");
         }
