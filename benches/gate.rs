@@ -416,10 +416,17 @@ fn main() {
     };
     if let Some(floor) = of("postgres COPY floor") {
         println!("median over the rounds of (lines/s) / (Postgres COPY floor rows/s):");
-        for pass in ["first pass ", "replay pass"] {
+        for pass in ["first pass ", "replay pass", "first, pending off"] {
             if let Some(v) = of(&format!("postgres {pass}")) {
                 let r: Vec<f64> = v.iter().zip(&floor).map(|(g, f)| g / f).collect();
-                println!("  postgres {pass:<15}: {:.2}", median(r));
+                println!(
+                    "  postgres {pass:<18}: {:.2}  (rounds: {})",
+                    median(r.clone()),
+                    r.iter()
+                        .map(|r| format!("{r:.2}"))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                );
             }
         }
     }
