@@ -14,47 +14,10 @@ use crate::store::{lease_expiry, Claim, ClaimRequest, KeyLookup, Lease, LeaseHol
 
 use crate::backend::bigquery::{int64, string, timestamp, Param, QueryOutput};
 
+use super::schema::{lease_shard, LEASE_TABLES};
 use super::scripts;
 use super::statements::LeaseStatements;
 use super::BigQueryStore;
-
-/// The lease tables (migration 0004): a lease lives in `processing_leases_NN`, NN =
-/// [`lease_shard`] of its processor and scope. BigQuery's DML limits are per table (2
-/// mutating statements running, 20 queued) and concurrent mutating statements conflict
-/// per table, so 16 tables take 16 times the claims, renewals and releases at once.
-/// `processing_leases` (schema 1) is no longer written; cleanup still empties it.
-pub const LEASE_TABLES: [&str; 16] = [
-    "processing_leases_00",
-    "processing_leases_01",
-    "processing_leases_02",
-    "processing_leases_03",
-    "processing_leases_04",
-    "processing_leases_05",
-    "processing_leases_06",
-    "processing_leases_07",
-    "processing_leases_08",
-    "processing_leases_09",
-    "processing_leases_10",
-    "processing_leases_11",
-    "processing_leases_12",
-    "processing_leases_13",
-    "processing_leases_14",
-    "processing_leases_15",
-];
-
-/// The lease table of (processor, scope): an index into [`LEASE_TABLES`], from the first
-/// four bytes of SHA-256(processor NUL scope), so it is the same for every idem process
-/// and version.
-pub fn lease_shard(processor: &str, scope: &str) -> usize {
-    use sha2::{Digest, Sha256};
-    let mut hash = Sha256::new();
-    hash.update(processor.as_bytes());
-    hash.update([0u8]);
-    hash.update(scope.as_bytes());
-    let digest = hash.finalize();
-    let n = u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]]);
-    n as usize % LEASE_TABLES.len()
-}
 
 /// Claim scripts sent when one found the lease free yet not taken by it (released
 /// between its statements). A script that lost a concurrent-update conflict is sent again

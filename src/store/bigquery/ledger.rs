@@ -14,7 +14,7 @@ use crate::backend::bigquery::{
     timestamp_text, Param,
 };
 
-use super::leases::{lease_shard, LEASE_TABLES};
+use super::schema::{lease_shard, LEASE_TABLES};
 use super::{scripts, BigQueryStore};
 
 impl BigQueryStore {

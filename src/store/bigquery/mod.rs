@@ -18,7 +18,7 @@
 //!   which filters on the partition column (`processed_at`) with the oldest window start,
 //!   so partitions older than the longest window are never read, and on the clustering
 //!   column (`processing_key IN UNNEST(@keys)`) so only the blocks holding the keys are.
-//! * **Claims without a lock**: the claim is one script (one job, [`scripts`]): unless the
+//! * **Claims without a lock**: the claim is one script (one job, `scripts.rs`): unless the
 //!   lease is held and unexpired, a missing row is first created *free* with `INSERT …
 //!   WHERE NOT EXISTS` and taken with one `UPDATE … WHERE (free or expired)`, and the
 //!   script reads the row back (the run won when it names it with its claim time) with the
@@ -68,8 +68,8 @@ mod schema;
 mod scripts;
 mod statements;
 
-pub use leases::{lease_shard, LEASE_TABLES};
 pub use schema::tables;
+pub use schema::{lease_shard, LEASE_TABLES};
 use statements::Statements;
 pub use statements::FIND_KEYS_SQL;
 

@@ -5,7 +5,7 @@ use crate::store::rows::{KEY_COLUMNS, LEASE_COLUMNS, RUN_COLUMNS};
 
 use crate::backend::bigquery::BigQueryUrl;
 
-use super::leases::LEASE_TABLES;
+use super::schema::LEASE_TABLES;
 
 /// The per-run check: every guard lookup of a run in one statement. `@lookups` is an
 /// `ARRAY<STRUCT<pos INT64, key STRING, kind STRING, since TIMESTAMP>>`; `@keys` the
