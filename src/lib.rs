@@ -82,6 +82,43 @@
 //! assert_eq!(again.skip_reason.unwrap().as_str(), "time_window");
 //! # });
 //! ```
+//!
+//! And a SQL job: its scripts run in the warehouse (here a SQLite file beside the job file)
+//! with the scope bound as `@scope`, never formatted into the SQL:
+//!
+//! ```
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! use idem::job::{plan, Job, Overrides};
+//! use idem::{Registry, RunStatus};
+//!
+//! let dir = std::env::temp_dir().join(format!("idem-doc-{}", idem::new_run_id()));
+//! std::fs::create_dir_all(&dir).unwrap();
+//! let job = Job::parse(
+//!     r#"
+//!     name = "daily_totals"
+//!     processor = "sql"
+//!     [guards]
+//!     time_window = "1h"
+//!     [sql]
+//!     warehouse = "sqlite://wh.db"
+//!     setup = "CREATE TABLE IF NOT EXISTS totals (day TEXT PRIMARY KEY, runs INTEGER)"
+//!     process = "INSERT OR REPLACE INTO totals VALUES (@scope, 1)"
+//!     "#,
+//!     &dir.join("daily_totals.toml"),
+//! )
+//! .unwrap();
+//! let ready = plan(&job, &Registry::default(), "memory://", Overrides::default())
+//!     .await
+//!     .unwrap();
+//! let date = idem::parse_date("2025-11-18").unwrap();
+//! let first = ready.runner.run(&*ready.processor, ready.request(date).unwrap()).await.unwrap();
+//! assert_eq!(first.status, RunStatus::Completed);
+//! assert!(dir.join("wh.db").exists());
+//! let again = ready.runner.run(&*ready.processor, ready.request(date).unwrap()).await.unwrap();
+//! assert_eq!(again.skip_reason.unwrap().as_str(), "time_window");
+//! # std::fs::remove_dir_all(&dir).ok();
+//! # });
+//! ```
 
 #![warn(missing_docs)]
 
