@@ -934,3 +934,135 @@ fn interrupt_sleeping_sql(url: &str, guards: &str, field: &str, error: &str) {
     assert_eq!(runs[0]["status"], "failed", "{runs}");
     assert_eq!(runs[0]["error"], v["error"], "{runs}");
 }
+
+/// A store left by the build before this one (schema version 6: migrations 0001–0006 run and
+/// recorded as its runner did, holding a completed run, its keys and a gate key) upgrades
+/// with this build: `idem migrate` applies only what is new, the old run still makes the
+/// same date skip and the old gate key is a replay. The rows are written by this build in
+/// another schema and copied over (0007 changes storage only, not columns), so they are
+/// what the older build wrote.
+#[test]
+fn a_store_at_schema_version_6_upgrades_and_keeps_its_runs_and_keys() {
+    let Some(url) = pg_url("a_store_at_schema_version_6_upgrades_and_keeps_its_runs_and_keys")
+    else {
+        return;
+    };
+    let rt = runtime();
+    let pool = rt.block_on(db(&url));
+    let tag = suffix();
+    let (old, donor) = (format!("idem_v6_{tag}"), format!("idem_v6_donor_{tag}"));
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let scoped = |schema: &str| format!("{url}{sep}options[search_path]={schema}");
+    for schema in [&old, &donor] {
+        rt.block_on(sqlx::query(&format!("CREATE SCHEMA {schema}")).execute(&pool))
+            .unwrap();
+    }
+    // The older build's schema: 0001–0006, each recorded in idem_schema_migrations.
+    rt.block_on(async {
+        use sqlx::Executor as _;
+        let mut conn = pool.acquire().await.unwrap();
+        (&mut *conn)
+            .execute(format!("SET search_path TO {old}").as_str())
+            .await
+            .unwrap();
+        (&mut *conn)
+            .execute(
+                "CREATE TABLE idem_schema_migrations (version INTEGER PRIMARY KEY, \
+                 name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+            )
+            .await
+            .unwrap();
+        for m in idem::store::migrations::POSTGRES
+            .iter()
+            .filter(|m| m.version <= 6)
+        {
+            (&mut *conn).execute(m.sql).await.unwrap();
+            sqlx::query("INSERT INTO idem_schema_migrations (version, name) VALUES ($1, $2)")
+                .bind(m.version as i32)
+                .bind(m.name)
+                .execute(&mut *conn)
+                .await
+                .unwrap();
+        }
+        (&mut *conn).execute("RESET search_path").await.unwrap();
+    });
+    // What the older build wrote: a completed command job run and a gate key.
+    let donor_dir = Sandbox::with_store("idem-pg-v6-donor", &scoped(&donor));
+    let name = format!("old_{tag}");
+    let job = format!(
+        "name = \"{name}\"\nprocessor = \"command\"\n[guards]\ntime_window = \"1h\"\n\
+         [command]\nrun = [\"true\"]\n"
+    );
+    donor_dir.write_job("old", &job);
+    let (code, v, err) = donor_dir.json(&["run", &name, "--date", "2025-11-18"]);
+    assert_eq!(
+        (code, v["status"].as_str()),
+        (0, Some("completed")),
+        "{err}"
+    );
+    let gate = |dir: &Sandbox| {
+        let mut child = dir
+            .command(&["gate", "--key", "id", "--format", "ndjson"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(b"{\"id\":\"e1\",\"amount\":1}\n")
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    assert!(gate(&donor_dir).contains("\"verdict\":\"new\""));
+    for table in ["processing_runs", "processing_keys", "event_keys"] {
+        rt.block_on(
+            sqlx::query(&format!(
+                "INSERT INTO {old}.{table} SELECT * FROM {donor}.{table}"
+            ))
+            .execute(&pool),
+        )
+        .unwrap();
+    }
+    // This build on the old store.
+    let dir = Sandbox::with_store("idem-pg-v6", &scoped(&old));
+    dir.write_job("old", &job);
+    let (code, doc, err) = dir.json(&["migrate"]);
+    assert_eq!(code, 0, "{doc} {err}");
+    let versions: Vec<i32> = rt
+        .block_on(
+            sqlx::query_scalar(&format!(
+                "SELECT version FROM {old}.idem_schema_migrations ORDER BY version"
+            ))
+            .fetch_all(&pool),
+        )
+        .unwrap();
+    let expected: Vec<i32> = idem::store::migrations::POSTGRES
+        .iter()
+        .map(|m| m.version as i32)
+        .collect();
+    assert_eq!(
+        versions, expected,
+        "the old versions kept, the new ones added once"
+    );
+    let (code, v, err) = dir.json(&["run", &name, "--date", "2025-11-18"]);
+    assert_eq!(
+        (code, v["status"].as_str(), v["skip_reason"].as_str()),
+        (0, Some("skipped"), Some("time_window")),
+        "{v} {err}"
+    );
+    assert!(gate(&dir).contains("\"verdict\":\"replay\""));
+    for schema in [&old, &donor] {
+        rt.block_on(sqlx::query(&format!("DROP SCHEMA {schema} CASCADE")).execute(&pool))
+            .unwrap();
+    }
+}
