@@ -7,47 +7,15 @@
 //! every scope exactly once.
 
 use std::collections::BTreeMap;
-use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{Sandbox, IDEM};
+use common::{export, golden, Sandbox, IDEM};
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).to_string()
-}
-
-/// `idem --store STORE --jobs-dir jobs schedule export ARGS` in `dir`.
-fn export(dir: &Path, store: &str, args: &[&str]) -> Output {
-    Command::new(IDEM)
-        .args(["--store", store, "--jobs-dir", "jobs", "schedule", "export"])
-        .args(args)
-        .current_dir(dir)
-        .env_remove("IDEM_STORE")
-        .env_remove("IDEM_JOBS_DIR")
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run idem")
-}
-
-fn golden(name: &str, actual: &str) {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/golden")
-        .join(name);
-    if std::env::var("IDEM_UPDATE_GOLDEN").as_deref() == Ok("1") {
-        std::fs::write(&path, actual).unwrap();
-    }
-    let expected = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e} (IDEM_UPDATE_GOLDEN=1 writes it)", path.display()));
-    assert_eq!(
-        actual,
-        expected,
-        "the export differs from {} (IDEM_UPDATE_GOLDEN=1 rewrites it)",
-        path.display()
-    );
 }
 
 fn sql_job(name: &str, extra: &str, guards: &str) -> String {

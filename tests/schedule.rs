@@ -2,14 +2,13 @@
 //! the job fields `schedule`/`timezone`/`date`, and the crontab and Cloud Scheduler exports
 //! (golden files under tests/golden/; `IDEM_UPDATE_GOLDEN=1` rewrites them).
 
-use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
 mod common;
 
-use common::{Sandbox, IDEM};
+use common::{export, golden, Sandbox, IDEM};
 
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).to_string()
@@ -269,39 +268,6 @@ fn a_missing_or_bad_date_exits_2_naming_the_flag_and_runs_nothing() {
     assert!(
         !s.dir.join("jobs/wh.db").exists(),
         "no SQL ran against the warehouse"
-    );
-}
-
-/// Runs `idem --store STORE --jobs-dir jobs ARGS` in `dir` (paths relative, as the golden
-/// files expect).
-fn export(dir: &Path, store: &str, args: &[&str]) -> Output {
-    Command::new(IDEM)
-        .args(["--store", store, "--jobs-dir", "jobs", "schedule", "export"])
-        .args(args)
-        .current_dir(dir)
-        .env_remove("IDEM_STORE")
-        .env_remove("IDEM_JOBS_DIR")
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run idem")
-}
-
-fn golden(name: &str, actual: &str) {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/golden")
-        .join(name);
-    if std::env::var("IDEM_UPDATE_GOLDEN").as_deref() == Ok("1") {
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(&path, actual).unwrap();
-    }
-    let expected = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e} (IDEM_UPDATE_GOLDEN=1 writes it)", path.display()));
-    assert_eq!(
-        actual,
-        expected,
-        "the export differs from {} (IDEM_UPDATE_GOLDEN=1 rewrites it)",
-        path.display()
     );
 }
 

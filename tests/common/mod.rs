@@ -288,3 +288,39 @@ pub fn wait(child: Child) -> (i32, Value, String) {
 pub fn toml_str(s: &str) -> String {
     serde_json::to_string(s).expect("string")
 }
+
+/// Runs `idem --store STORE --jobs-dir jobs schedule export ARGS` in `dir` (paths relative, as the golden
+/// files expect).
+#[allow(dead_code)]
+pub fn export(dir: &Path, store: &str, args: &[&str]) -> Output {
+    Command::new(IDEM)
+        .args(["--store", store, "--jobs-dir", "jobs", "schedule", "export"])
+        .args(args)
+        .current_dir(dir)
+        .env_remove("IDEM_STORE")
+        .env_remove("IDEM_JOBS_DIR")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run idem")
+}
+
+/// Compares an export with `tests/golden/NAME` (`IDEM_UPDATE_GOLDEN=1` rewrites it).
+#[allow(dead_code)]
+pub fn golden(name: &str, actual: &str) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(name);
+    if std::env::var("IDEM_UPDATE_GOLDEN").as_deref() == Ok("1") {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, actual).unwrap();
+    }
+    let expected = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (IDEM_UPDATE_GOLDEN=1 writes it)", path.display()));
+    assert_eq!(
+        actual,
+        expected,
+        "the export differs from {} (IDEM_UPDATE_GOLDEN=1 rewrites it)",
+        path.display()
+    );
+}
