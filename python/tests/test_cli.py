@@ -1,5 +1,6 @@
 """One ledger for Python and the CLI: a Python run is skipped by `idem run` of the same
-job and scope, a CLI run skips the Python one, and `idem runs` shows Python runs.
+job and scope, a CLI run skips the Python one, and `idem runs`, `idem explain` and
+`idem report` show Python runs.
 
 The CLI cannot call a Python body, so the job file the CLI runs is a command job of the
 same name and guards: the job name is the ledger's identity (processor_name, keys)."""
@@ -71,6 +72,15 @@ def _one_ledger(tmp_path, url, name, idem_bin):
     explain = _cli(idem_bin, url, jobs, "explain", name, "--date", "2025-11-18")
     assert explain.returncode == 0, explain.stderr
     assert first.run_id in explain.stdout
+
+    # `idem report` counts them with the CLI's: 2 completed (one each), 2 skipped.
+    rep = _cli(idem_bin, url, jobs, "report", "--job", name)
+    assert rep.returncode == 0, rep.stderr
+    (proc,) = json.loads(rep.stdout)["processors"]
+    assert proc["job"] == name
+    assert proc["runs"]["total_invocations"] == 4, proc
+    assert proc["runs"]["completed_runs"] == 2, proc
+    assert proc["runs"]["skipped_runs"] == 2, proc
 
 
 def test_one_ledger_with_the_cli_on_sqlite(tmp_path, name, sqlite_url, idem_bin):
