@@ -35,7 +35,7 @@ mod bigquery {
     use idem::store::bigquery::{BigQueryStore, FIND_KEYS_SQL};
     use idem::store::migrations::BIGQUERY as MIGRATIONS;
     use idem::store::prelude::*;
-    use idem::store::{ClaimRequest, DynStore, Finish, KeyLookup};
+    use idem::store::{ClaimRequest, DynStore, Finish, KeyLookup, RunFilter};
     use idem::warehouse::{prepare, BigQueryWarehouse, Dialect, Warehouse};
     use idem::{
         async_trait, scope_key, BoxError, Error, KeyKind, Outcome, Processor, RunRequest,
@@ -869,6 +869,7 @@ mod bigquery {
     #[derive(Debug, Default)]
     struct Described {
         calls: AtomicUsize,
+        describes: AtomicUsize,
     }
 
     #[async_trait]
@@ -877,6 +878,7 @@ mod bigquery {
             "described"
         }
         async fn describe(&self, _: &RunRequest) -> Result<Option<idem::Content>, BoxError> {
+            self.describes.fetch_add(1, Ordering::SeqCst);
             Ok(Some(idem::Content::new().entities(["p1", "p2"])))
         }
         async fn process(&self, _: &RunRequest) -> Result<Outcome, BoxError> {
@@ -889,7 +891,9 @@ mod bigquery {
     /// contention), with the default guards (time window 1 h, content hash 24 h, lease
     /// 1 h) and with time window + lease. Before the scripts, a completed run on a new
     /// scope was 9 jobs with the default stack and 8 with time window + lease (1 h lease),
-    /// an `in_progress` skip 4 and 3; see docs/bigquery.md, "What a run sends".
+    /// an `in_progress` skip 4 and 3; before the early lease read and the skip recorded
+    /// with the content read, an `in_progress` skip and a content-hash skip were 3 with
+    /// the default stack; see docs/bigquery.md, "What a run sends".
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn jobs_per_completed_and_skipped_run_at_the_simulator() {
         let url = require_bigquery!("jobs_per_completed_and_skipped_run_at_the_simulator");
@@ -920,9 +924,10 @@ mod bigquery {
         };
         // (stack, completed: jobs, scripts; skipped by the time window: jobs)
         let cases: [(&str, GuardStack, u64, u64); 2] = [
-            // time-window check, content-hash check with the lease row, claim script
-            // (with the re-check), finish transaction.
-            ("default", default_stack(), 4, 2),
+            // time-window check (with the lease row), content-hash check with the lease
+            // row (a script: on a hit it records the skip), claim script (with the
+            // re-check), finish transaction.
+            ("default", default_stack(), 4, 3),
             // check with the lease row, claim script, finish transaction.
             ("time_window+lease", window_and_lease(), 3, 2),
         ];
@@ -978,23 +983,41 @@ mod bigquery {
                 .await
                 .unwrap();
             sim.reset_stats();
+            let describes = processor.describes.load(Ordering::SeqCst);
             let held = runner
                 .run(&processor, RunRequest::new(name.clone(), held_date))
                 .await
                 .unwrap();
             assert_eq!(held.skip_reason, Some(SkipReason::InProgress), "{stack}");
-            let in_progress = if stack == "default" { 3 } else { 2 };
             assert_eq!(
                 sim.stats().total(),
-                in_progress,
-                "{stack}: in_progress: the check(s), the last with the lease row, and the ledger row: {:?}",
+                2,
+                "{stack}: in_progress: the first check, with the lease row, and the ledger row: {:?}",
                 sim.stats()
             );
+            // Held by another run: skipped before the content is described (the default
+            // stack's content guard is not asked).
+            assert_eq!(
+                held.guards
+                    .iter()
+                    .map(|g| g.guard.as_str())
+                    .collect::<Vec<_>>(),
+                ["time_window", "lease"],
+                "{stack}"
+            );
+            assert_eq!(held.processing_key, None, "{stack}");
+            assert_eq!(
+                processor.describes.load(Ordering::SeqCst),
+                describes,
+                "{stack}"
+            );
+            assert!(held.recorded(), "{stack}");
         }
 
         // A skip by the content hash (the time window passed, the content is unchanged):
-        // time-window check, content-hash check with the lease row, ledger row: 3. The
-        // time window is read first so that its skip never queries the content.
+        // time-window check (with the lease row), then one script: the content-hash check
+        // with the lease row and, on its hit, the ledger row: 2. The time window is read
+        // first so that its skip never queries the content.
         let runner = Runner::new(store.clone() as Arc<DynStore>, default_stack()).heartbeat(false);
         let name = unique("content");
         let processor = Described::default();
@@ -1006,8 +1029,7 @@ mod bigquery {
         tokio::time::sleep(Duration::from_millis(5)).await;
         sim.reset_stats();
         let request = RunRequest::new(name.clone(), date);
-        let unchanged = Runner::new(
-            store.clone() as Arc<DynStore>,
+        let short_window = || {
             GuardStack::builder()
                 .guard(idem::guard::TimeWindowGuard::new(Duration::from_millis(1)))
                 .guard(idem::guard::ContentHashGuard::new(
@@ -1015,18 +1037,152 @@ mod bigquery {
                     idem::HashAlgorithm::Sha256,
                 ))
                 .guard(LeaseGuard::new(Duration::from_secs(3600)))
-                .build(),
-        )
-        .heartbeat(false)
-        .run(&processor, request)
-        .await
-        .unwrap();
+                .build()
+        };
+        let unchanged = Runner::new(store.clone() as Arc<DynStore>, short_window())
+            .heartbeat(false)
+            .run(&processor, request)
+            .await
+            .unwrap();
         assert_eq!(
             unchanged.skip_reason,
             Some(SkipReason::DuplicateContentHash),
             "{unchanged:?}"
         );
-        assert_eq!(sim.stats().total(), 3, "{:?}", sim.stats());
+        assert_eq!(sim.stats().total(), 2, "{:?}", sim.stats());
+        assert_eq!(sim.stats().kind("script"), 1, "{:?}", sim.stats());
+        assert!(unchanged.recorded());
+        // The row recorded with the read is the row `record` writes for the skip.
+        let previous = unchanged.previous_run.as_ref().expect("the previous run");
+        assert_eq!(previous.run_id, first.run_id);
+        let rows = store
+            .runs(&RunFilter {
+                run_id: Some(unchanged.run_id.clone()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        let row = &rows[0];
+        assert_eq!(
+            (
+                row.status,
+                row.skip_reason.clone(),
+                row.previous_run_id.as_deref(),
+                row.processing_key.as_deref(),
+                row.mode,
+                row.started_at,
+                row.finished_at,
+                row.duration_ms,
+            ),
+            (
+                RunStatus::Skipped,
+                Some(SkipReason::DuplicateContentHash),
+                Some(first.run_id.as_str()),
+                first.processing_key.as_deref(),
+                idem::Mode::Enforce,
+                unchanged.started_at,
+                unchanged.finished_at,
+                unchanged.duration_ms,
+            )
+        );
+        assert_eq!(processor.calls.load(Ordering::SeqCst), 1);
+
+        // A content skip under a run id the ledger holds already (an id in idem's own
+        // form is not looked up before the run): the script records nothing, and the skip
+        // is recorded as `record` does, under the derived id.
+        sim.reset_stats();
+        let mut reused = RunRequest::new(name.clone(), date);
+        reused.run_id = first.run_id.clone();
+        let duplicate = Runner::new(store.clone() as Arc<DynStore>, short_window())
+            .heartbeat(false)
+            .run(&processor, reused)
+            .await
+            .unwrap();
+        assert_eq!(
+            duplicate.skip_reason,
+            Some(SkipReason::DuplicateContentHash)
+        );
+        assert!(
+            duplicate.run_id.starts_with(&format!("{}.", first.run_id)),
+            "a derived id: {duplicate:?}"
+        );
+        assert!(duplicate.recorded(), "{duplicate:?}");
+        let rows = store
+            .runs(&RunFilter {
+                run_id: Some(duplicate.run_id.clone()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        assert_eq!(rows[0].skip_reason, Some(SkipReason::DuplicateContentHash));
+
+        // Shadow mode asks every guard and records the would-skip as before: nothing is
+        // recorded with the read, the run goes on.
+        sim.reset_stats();
+        let shadow = Runner::new(store.clone() as Arc<DynStore>, short_window())
+            .heartbeat(false)
+            .mode(idem::Mode::Shadow)
+            .run(&processor, RunRequest::new(name.clone(), date))
+            .await
+            .unwrap();
+        assert_eq!(shadow.status, RunStatus::Completed, "{shadow:?}");
+        assert_eq!(
+            shadow.would_skip_reason,
+            Some(SkipReason::DuplicateContentHash)
+        );
+        assert_eq!(
+            shadow
+                .guards
+                .iter()
+                .map(|g| g.guard.as_str())
+                .collect::<Vec<_>>(),
+            ["time_window", "content_hash", "lease"]
+        );
+        assert_eq!(processor.calls.load(Ordering::SeqCst), 2);
+
+        // A scope held by another run, whose content would skip too: in enforce mode the
+        // lease seen held with the first read decides (in_progress, 2 jobs); shadow mode
+        // asks every guard in order and reports the content's would-skip first.
+        let held_scope = idem::parse_date("2025-11-20").unwrap();
+        let described = Runner::new(store.clone() as Arc<DynStore>, short_window())
+            .heartbeat(false)
+            .run(&processor, RunRequest::new(name.clone(), held_scope))
+            .await
+            .unwrap();
+        assert_eq!(described.status, RunStatus::Completed);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        store
+            .claim(&ClaimRequest {
+                processor: &name,
+                scope: "2025-11-20",
+                run_id: "holder",
+                ttl: Duration::from_secs(600),
+                now: Utc::now(),
+            })
+            .await
+            .unwrap();
+        sim.reset_stats();
+        let enforce = Runner::new(store.clone() as Arc<DynStore>, short_window())
+            .heartbeat(false)
+            .run(&processor, RunRequest::new(name.clone(), held_scope))
+            .await
+            .unwrap();
+        assert_eq!(enforce.skip_reason, Some(SkipReason::InProgress));
+        assert_eq!(sim.stats().total(), 2, "{:?}", sim.stats());
+        let shadow = Runner::new(store.clone() as Arc<DynStore>, short_window())
+            .heartbeat(false)
+            .mode(idem::Mode::Shadow)
+            .run(&processor, RunRequest::new(name.clone(), held_scope))
+            .await
+            .unwrap();
+        assert_eq!(
+            shadow.would_skip_reason,
+            Some(SkipReason::DuplicateContentHash),
+            "{shadow:?}"
+        );
+        assert_eq!(shadow.guards.len(), 3, "{shadow:?}");
     }
 
     /// A statement BigQuery refuses for a full DML queue did not run: it is sent again

@@ -55,6 +55,12 @@ impl Guard for ContentHashGuard {
             .collect()
     }
 
+    /// The content key's hit alone decides: found, the run skips.
+    fn skips_on_hit(&self, ctx: &GuardContext<'_>) -> Option<(KeyLookup, SkipReason)> {
+        let lookup = self.lookups(ctx).into_iter().next()?;
+        Some((lookup, SkipReason::DuplicateContentHash))
+    }
+
     async fn check(&self, ctx: &mut GuardContext<'_>) -> Result<Verdict> {
         let key = ctx.content_key.as_deref().ok_or_else(|| {
             Error::config(format!(

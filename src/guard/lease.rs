@@ -94,6 +94,12 @@ impl Guard for LeaseGuard {
         true
     }
 
+    /// Skips on a scope another run holds, unless it waits for the lease.
+    fn skip_when_held(&self, ctx: &GuardContext<'_>, holder: &LeaseHolder) -> Option<Verdict> {
+        (self.on_held == OnHeld::Skip && holder.run_id != ctx.request.run_id)
+            .then(|| self.held(ctx, holder.clone(), None))
+    }
+
     async fn check(&self, ctx: &mut GuardContext<'_>) -> Result<Verdict> {
         if ctx.dry_run {
             return Ok(

@@ -15,6 +15,13 @@
 //! are asked again and the guards after it read fresh keys. A run that completed between
 //! another run's check and its claim (or while it waited for the lease) is then seen, so
 //! a scope never runs twice.
+//!
+//! In enforce mode two more round trips go where the store can (BigQuery): the lease
+//! holder is read with the first keys when a lease guard comes later, so a scope another
+//! run holds skips `in_progress` before its content is described
+//! ([`Guard::skip_when_held`]); and a guard that decides on one key's hit alone
+//! ([`Guard::skips_on_hit`], the content hash) has its skip's ledger row recorded with the
+//! read that finds the key.
 
 use std::collections::HashMap;
 use std::fmt::Debug;
@@ -26,8 +33,8 @@ use serde::Serialize;
 
 use crate::error::Result;
 use crate::key::HashAlgorithm;
-use crate::model::{KeyKind, KeyRecord, RunRequest, Skip};
-use crate::store::{DynStore, KeyLookup, Lease, LeaseHolder};
+use crate::model::{KeyKind, KeyRecord, RunRecord, RunRequest, Skip, SkipReason};
+use crate::store::{DynStore, KeyLookup, Lease, LeaseHolder, SkipOnHit};
 
 mod content_hash;
 mod lease;
@@ -131,6 +138,27 @@ pub trait Guard: Send + Sync + Debug {
     /// True for guards that take the run's lease (they are not re-checked).
     fn takes_lease(&self) -> bool {
         false
+    }
+
+    /// The lookup whose hit alone decides this guard, and the reason it then skips with:
+    /// the guard skips with `reason` (its previous run: the key's run) exactly when the
+    /// key is found, and proceeds when it is not. In enforce mode a store may then record
+    /// the skip with the read that finds the key
+    /// ([`LedgerStore::find_keys_recording_skip`]), one round trip fewer. `None` (the
+    /// default) for a guard that decides on anything else.
+    ///
+    /// [`LedgerStore::find_keys_recording_skip`]: crate::store::LedgerStore::find_keys_recording_skip
+    fn skips_on_hit(&self, _ctx: &GuardContext<'_>) -> Option<(KeyLookup, SkipReason)> {
+        None
+    }
+
+    /// For a lease guard: its verdict when the scope was seen held by `holder` in a read
+    /// made before the guard was reached, if it would skip on that at once (no claim, no
+    /// wait). In enforce mode the stack then skips there, without asking the guards in
+    /// between (nor describing the content). `None` (the default): the guard is asked in
+    /// turn.
+    fn skip_when_held(&self, _ctx: &GuardContext<'_>, _holder: &LeaseHolder) -> Option<Verdict> {
+        None
     }
 
     /// Decides. May use the prefetched keys, the store, or anything else.
@@ -246,7 +274,9 @@ impl GuardStack {
     /// Fetches, in one store round trip, the keys `guards` need; guards whose lookups
     /// were already fetched in this epoch are not asked again.
     async fn prefetch(&self, ctx: &mut GuardContext<'_>, guards: &[&Arc<dyn Guard>]) -> Result<()> {
-        self.prefetch_peeking(ctx, guards, false).await
+        self.prefetch_peeking(ctx, guards, false, None)
+            .await
+            .map(|_| ())
     }
 
     /// The lookups of `guards` (lease guards have none).
@@ -259,19 +289,47 @@ impl GuardStack {
     }
 
     /// [`prefetch`](Self::prefetch); with `peek`, the lease holder is read in the same
-    /// round trip where the store can (the lease guard comes next: a held scope then
-    /// skips without a claim).
+    /// round trip where the store can (a lease guard comes later: a held scope then
+    /// skips without a claim). With `skip`, the ledger row of the skip the first guard of
+    /// `guards` makes on a hit is recorded with the read where the store can (see
+    /// [`Guard::skips_on_hit`]): the answer is that row, with its previous run, when it
+    /// was recorded.
     async fn prefetch_peeking(
         &self,
         ctx: &mut GuardContext<'_>,
         guards: &[&Arc<dyn Guard>],
         peek: bool,
-    ) -> Result<()> {
+        skip: Option<(KeyLookup, RunRecord)>,
+    ) -> Result<Option<RunRecord>> {
         let lookups = Self::lookups_of(ctx, guards);
         if lookups.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
-        let found = if peek {
+        let skip = skip.and_then(|(lookup, run)| {
+            let position = lookups.iter().position(|l| *l == lookup)?;
+            Some(SkipOnHit { position, run })
+        });
+        let mut recorded = None;
+        let found = if let Some(skip) = skip {
+            let (found, holder, was_recorded) = ctx
+                .store
+                .find_keys_recording_skip(&lookups, ctx.now, peek, &skip)
+                .await?;
+            if peek {
+                ctx.holder_seen = holder;
+            }
+            if was_recorded {
+                let previous = found
+                    .get(skip.position)
+                    .and_then(|k| k.as_ref())
+                    .map(|k| k.run_id.clone());
+                recorded = Some(RunRecord {
+                    previous_run_id: previous,
+                    ..skip.run
+                });
+            }
+            found
+        } else if peek {
             let (found, holder) = ctx
                 .store
                 .find_keys_and_holder(
@@ -289,7 +347,30 @@ impl GuardStack {
         for (l, f) in lookups.into_iter().zip(found) {
             ctx.found.insert((l.kind, l.key), f);
         }
-        Ok(())
+        Ok(recorded)
+    }
+
+    /// The skip row to record with the read of the phase that starts with `guard`, when
+    /// that guard decides on a hit alone ([`Guard::skips_on_hit`]): `template` with the
+    /// reason, the content key and the finish time filled in.
+    fn skip_row(
+        ctx: &GuardContext<'_>,
+        guard: &Arc<dyn Guard>,
+        template: &RunRecord,
+    ) -> Option<(KeyLookup, RunRecord)> {
+        let (lookup, reason) = guard.skips_on_hit(ctx)?;
+        let finished_at = crate::model::micros(Utc::now());
+        Some((
+            lookup,
+            RunRecord {
+                skip_reason: Some(reason),
+                processing_key: ctx.content_key.clone(),
+                previous_run_id: None,
+                finished_at,
+                duration_ms: (finished_at - template.started_at).num_milliseconds(),
+                ..template.clone()
+            },
+        ))
     }
 
     /// The guards read again right after a claim by the lease guard at `i`: the earlier
@@ -348,6 +429,14 @@ impl GuardStack {
     /// otherwise (shadow, explain) every guard is evaluated and the first skip is
     /// reported. On error, a lease acquired so far is returned through `lease_out` so the
     /// caller can release it.
+    ///
+    /// In enforce mode (`stop_at_first_skip`, neither `dry_run` nor `shadow`), when a lease
+    /// guard comes after a guard that needs the content, the lease holder is read with the
+    /// first keys already (where the store can): a scope held by another run then skips
+    /// `in_progress` there, without describing the content, if the lease guard skips on a
+    /// held scope ([`Guard::skip_when_held`]). The skip reported is then `in_progress`
+    /// even where the content guard would have skipped too; shadow mode and `explain`
+    /// ask every guard in order, as before.
     pub async fn decide(
         &self,
         request: &RunRequest,
@@ -357,6 +446,36 @@ impl GuardStack {
         options: DecideOptions,
         lease_out: &mut Option<Lease>,
     ) -> Result<Decision> {
+        Ok(self
+            .decide_recording(request, store, now, content, options, lease_out, None)
+            .await?
+            .0)
+    }
+
+    /// [`decide`](Self::decide); with `skip_row` (enforce mode), the ledger row of a skip
+    /// by a guard that decides on a hit alone ([`Guard::skips_on_hit`]) is recorded with
+    /// the read that finds the key, where the store can: `skip_row` is the run's ledger
+    /// row as a skip (status, mode, times, ids), and the row recorded, if one was, is
+    /// answered with the decision, its reason, content key, previous run and finish time
+    /// filled in.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn decide_recording(
+        &self,
+        request: &RunRequest,
+        store: &DynStore,
+        now: DateTime<Utc>,
+        content: &dyn ContentSource,
+        options: DecideOptions,
+        lease_out: &mut Option<Lease>,
+        skip_row: Option<&RunRecord>,
+    ) -> Result<(Decision, Option<RunRecord>)> {
+        let enforce = options.stop_at_first_skip && !options.dry_run && !options.shadow;
+        let skip_row = skip_row.filter(|_| enforce);
+        // The lease guard, and who held the scope, when the holder was read before it was
+        // next (enforce mode).
+        let mut held_early: Option<(usize, LeaseHolder)> = None;
+        // The skip row recorded with a read, and the guard whose hit it is.
+        let mut recorded: Option<(usize, RunRecord)> = None;
         let mut ctx = GuardContext {
             request,
             store,
@@ -377,6 +496,21 @@ impl GuardStack {
         let mut i = 0;
         while i < self.guards.len() {
             let guard = &self.guards[i];
+            // Every guard of the last phase proceeded, and a lease guard further on saw the
+            // scope held in its read: skip there if it skips on that.
+            if i >= fetched {
+                if let Some((l, holder)) = held_early.take() {
+                    let lease_guard = &self.guards[l];
+                    if let Some(Verdict::Skip(skip)) = lease_guard.skip_when_held(&ctx, &holder) {
+                        decision.skip.get_or_insert_with(|| skip.clone());
+                        decision.verdicts.push(GuardVerdict {
+                            guard: lease_guard.name().to_string(),
+                            verdict: Verdict::Skip(skip),
+                        });
+                        break;
+                    }
+                }
+            }
             if let Some(algorithm) = guard.content_hash() {
                 if !content_known {
                     content_known = true;
@@ -407,11 +541,30 @@ impl GuardStack {
                 let end = self.phase_end(i, content_known);
                 let phase: Vec<&Arc<dyn Guard>> = self.guards[i..end].iter().collect();
                 // The lease guard comes next: read who holds the lease with the keys.
-                let peek = !options.dry_run
-                    && ctx.lease.is_none()
-                    && self.guards.get(end).is_some_and(|g| g.takes_lease());
+                let next_is_lease = self.guards.get(end).is_some_and(|g| g.takes_lease());
+                let peek = !options.dry_run && ctx.lease.is_none() && next_is_lease;
+                // Enforce mode, a lease guard further on: read who holds it now, so a held
+                // scope skips before the content is described.
+                let early = (enforce && ctx.lease.is_none() && !next_is_lease)
+                    .then(|| self.guards[end..].iter().position(|g| g.takes_lease()))
+                    .flatten()
+                    .map(|o| end + o);
+                let skip = match (skip_row, &recorded, ctx.lease.is_none()) {
+                    (Some(template), None, true) => Self::skip_row(&ctx, guard, template),
+                    _ => None,
+                };
                 ctx.holder_seen = None;
-                self.prefetch_peeking(&mut ctx, &phase, peek).await?;
+                let row = self
+                    .prefetch_peeking(&mut ctx, &phase, peek || early.is_some(), skip)
+                    .await?;
+                if let Some(row) = row {
+                    recorded = Some((i, row));
+                }
+                if let Some(l) = early {
+                    if let Some(Some(holder)) = ctx.holder_seen.take() {
+                        held_early = Some((l, holder));
+                    }
+                }
                 fetched = end;
             }
             if guard.takes_lease() && ctx.lease.is_none() && !options.dry_run {
@@ -426,6 +579,18 @@ impl GuardStack {
                 *lease_out = ctx.lease.clone();
             }
             let verdict = verdict?;
+            if let Some((at, row)) = &recorded {
+                if *at == i && !Self::is_recorded_skip(&verdict, row) {
+                    // A guard that broke its word (Guard::skips_on_hit): the run goes on,
+                    // and its recording meets the run id taken (a derived id is used).
+                    tracing::error!(
+                        guard = guard.name(),
+                        "the guard declared it skips on a hit, but answered {verdict:?}; run {} is recorded as skipped already",
+                        request.run_id
+                    );
+                    recorded = None;
+                }
+            }
             let claimed_now = !had_lease && ctx.lease.is_some();
             let skipped = matches!(verdict, Verdict::Skip(_));
             if let Verdict::Skip(skip) = &verdict {
@@ -478,7 +643,20 @@ impl GuardStack {
             i += 1;
         }
         decision.lease = ctx.lease;
-        Ok(decision)
+        let recorded = recorded.map(|(_, row)| row).filter(|row| {
+            decision
+                .skip
+                .as_ref()
+                .is_some_and(|s| Self::is_recorded_skip(&Verdict::Skip(s.clone()), row))
+        });
+        Ok((decision, recorded))
+    }
+
+    /// Whether `verdict` is the skip `row` records (its reason and previous run).
+    fn is_recorded_skip(verdict: &Verdict, row: &RunRecord) -> bool {
+        matches!(verdict, Verdict::Skip(s)
+            if Some(&s.reason) == row.skip_reason.as_ref()
+                && s.previous_run.as_ref().map(|p| &p.run_id) == row.previous_run_id.as_ref())
     }
 }
 

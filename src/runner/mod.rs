@@ -529,9 +529,9 @@ impl Runner {
                 },
             }
         };
-        let decision = match decided {
+        let (decision, recorded) = match decided {
             Ok(decided) => match decided? {
-                Decided::Go(decision) => decision,
+                Decided::Go(decision, recorded) => (decision, recorded),
                 Decided::Failed(lease) => {
                     crate::backend::cancels_sent(CANCEL_SEND_TIMEOUT).await;
                     return Ok(self.record(report, &request, lease, Vec::new()).await);
@@ -549,6 +549,10 @@ impl Runner {
         report.processing_key = decision.content.map(|c| c.key);
         if let Some(skip) = decision.skip {
             if self.note_skip(skip, &request, &mut report) {
+                if let Some(row) = recorded {
+                    // Recorded with the guards' read (enforce mode, no lease taken).
+                    return Ok(self.recorded_with_read(report, &request, *row));
+                }
                 return Ok(self.record(report, &request, lease, Vec::new()).await);
             }
         }
@@ -603,12 +607,19 @@ impl Runner {
         report: &mut RunReport,
     ) -> Result<Decided> {
         if self.mode == Mode::Off || self.guards.is_empty() {
-            return Ok(Decided::Go(Decision::default()));
+            return Ok(Decided::Go(Decision::default(), None));
         }
         let mut lease_out = None;
+        // In enforce mode a skip decided on one read may be recorded with it: the ledger row
+        // `record` would write for the skip, the guards filling in what they decide.
+        let skip_row = (self.mode == Mode::Enforce).then(|| {
+            let mut skipped = report.clone();
+            skipped.status = RunStatus::Skipped;
+            skipped.ledger_row(request)
+        });
         let decided = self
             .guards
-            .decide(
+            .decide_recording(
                 request,
                 &*self.store,
                 report.started_at,
@@ -619,10 +630,11 @@ impl Runner {
                     shadow: self.mode == Mode::Shadow,
                 },
                 &mut lease_out,
+                skip_row.as_ref(),
             )
             .await;
         match decided {
-            Ok(d) => Ok(Decided::Go(d)),
+            Ok((d, recorded)) => Ok(Decided::Go(d, recorded.map(Box::new))),
             Err(Error::Processor { source, .. }) => {
                 // Preparing or describing the content failed: a failed run, recorded (the
                 // lease, if one was taken, is released by the recording).
@@ -646,7 +658,7 @@ impl Runner {
                         report
                             .store_errors
                             .push(format!("checking the guards: {e}"));
-                        Ok(Decided::Go(Decision::default()))
+                        Ok(Decided::Go(Decision::default(), None))
                     }
                     _ => Err(e),
                 }
@@ -792,6 +804,28 @@ impl Runner {
                 ),
             }
         }
+    }
+
+    /// A skip whose ledger row the store recorded with the guards' read
+    /// ([`LedgerStore::find_keys_recording_skip`](crate::store::LedgerStore::find_keys_recording_skip)):
+    /// the report takes the row's finish time, and is recorded.
+    fn recorded_with_read(
+        &self,
+        mut report: RunReport,
+        request: &RunRequest,
+        row: RunRecord,
+    ) -> RunReport {
+        report.finished_at = row.finished_at;
+        report.duration_ms = row.duration_ms;
+        report.recording = Recording::Recorded;
+        let written = report.ledger_row(request);
+        if written != row {
+            tracing::error!(
+                "run {}: the skip recorded with the read differs from the report: {row:?} vs {written:?}",
+                report.run_id
+            );
+        }
+        report
     }
 
     /// Writes the ledger row (and keys, and the lease release); never fails the caller:
@@ -963,8 +997,9 @@ const CANCEL_SEND_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What [`Runner::decide`] leaves the run with.
 enum Decided {
-    /// Go on with this decision (skip or run).
-    Go(Decision),
+    /// Go on with this decision (skip or run), and the skip's ledger row when the store
+    /// recorded it with the guards' read.
+    Go(Decision, Option<Box<RunRecord>>),
     /// The run failed before processing; record it (releasing this lease).
     Failed(Option<Lease>),
 }

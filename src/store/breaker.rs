@@ -21,7 +21,7 @@ use chrono::{DateTime, Utc};
 use super::{
     Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, Cursor, EventKeyStore,
     EventMark, EventVerdict, Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore,
-    MaintenanceStore, PartitionExpiration, RunFilter, StoreBase,
+    MaintenanceStore, PartitionExpiration, RunFilter, SkipOnHit, StoreBase,
 };
 use crate::error::{Error, Result};
 use crate::model::{KeyRecord, RunRecord};
@@ -271,6 +271,20 @@ impl<S: LedgerStore + ?Sized> LedgerStore for CircuitBreakerStore<S> {
         self.guarded(
             self.inner
                 .find_keys_and_holder(lookups, processor, scope, now),
+        )
+        .await
+    }
+
+    async fn find_keys_recording_skip(
+        &self,
+        lookups: &[KeyLookup],
+        now: DateTime<Utc>,
+        peek: bool,
+        skip: &SkipOnHit,
+    ) -> Result<(Vec<Option<KeyRecord>>, Option<Option<LeaseHolder>>, bool)> {
+        self.guarded(
+            self.inner
+                .find_keys_recording_skip(lookups, now, peek, skip),
         )
         .await
     }

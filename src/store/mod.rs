@@ -178,6 +178,18 @@ pub struct Finish {
     pub lease: Option<Lease>,
 }
 
+/// A skip a store may record with the read that decides it
+/// ([`LedgerStore::find_keys_recording_skip`]): when the key of lookup `position` is found,
+/// `run` is inserted with `previous_run_id` set to that key's run id, unless its run id is
+/// in the ledger already. A lookup that finds nothing writes nothing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SkipOnHit {
+    /// The lookup (its position in the read) whose hit is the skip.
+    pub position: usize,
+    /// The ledger row of the skip; its `previous_run_id` is the hit's run id.
+    pub run: RunRecord,
+}
+
 /// Filter for [`LedgerStore::runs`].
 #[derive(Debug, Clone, Default)]
 pub struct RunFilter {
@@ -432,6 +444,33 @@ pub trait LedgerStore: StoreBase {
     ) -> Result<(Vec<Option<KeyRecord>>, Option<Option<LeaseHolder>>)> {
         let _ = (processor, scope, now);
         Ok((self.find_keys(lookups).await?, None))
+    }
+
+    /// [`find_keys`](Self::find_keys) (with the lease holder of `skip.run`'s processor and
+    /// scope at `now`, as [`find_keys_and_holder`](Self::find_keys_and_holder) answers it,
+    /// when `peek`), and, when the key of lookup `skip.position` is found, the skip's
+    /// ledger row ([`SkipOnHit`]) in the same round trip where the backend can (BigQuery:
+    /// one script). The last value is true when the row was recorded: false when the key
+    /// was not found, when the run id is in the ledger already (the caller then records
+    /// the skip itself, as [`finish`](Self::finish) does), or when the store does not
+    /// record with the read (the default: the read alone).
+    ///
+    /// The keys answered are the ones the row was decided on (one read), so the caller's
+    /// guard sees exactly the key whose run id the row names.
+    async fn find_keys_recording_skip(
+        &self,
+        lookups: &[KeyLookup],
+        now: DateTime<Utc>,
+        peek: bool,
+        skip: &SkipOnHit,
+    ) -> Result<(Vec<Option<KeyRecord>>, Option<Option<LeaseHolder>>, bool)> {
+        if !peek {
+            return Ok((self.find_keys(lookups).await?, None, false));
+        }
+        let (found, holder) = self
+            .find_keys_and_holder(lookups, &skip.run.processor, &skip.run.scope, now)
+            .await?;
+        Ok((found, holder, false))
     }
 
     /// Records the end of a run: the ledger row, the keys when it completed, the lease

@@ -6,8 +6,8 @@ use chrono::{DateTime, Utc};
 
 use crate::error::{Error, Result};
 use crate::model::{micros, KeyRecord, RunRecord, RunStatus};
-use crate::store::rows::{key_from_record, run_from_record};
-use crate::store::{Finish, KeyLookup, LeaseHolder, LeaseStore, LedgerStore, RunFilter};
+use crate::store::rows::{key_from_record, lease_from_record, run_from_record};
+use crate::store::{Finish, KeyLookup, LeaseHolder, LeaseStore, LedgerStore, RunFilter, SkipOnHit};
 
 use crate::backend::bigquery::{
     date, int64, opt_int64, opt_string, string, string_array, struct_array, timestamp,
@@ -135,6 +135,60 @@ impl LedgerStore for BigQueryStore {
             .await?;
         let (lease, found) = self.lease_and_keys("find_keys", &out, lookups.len())?;
         Ok((found, Some(lease.and_then(|r| r.held_at(micros(now))))))
+    }
+
+    async fn find_keys_recording_skip(
+        &self,
+        lookups: &[KeyLookup],
+        now: DateTime<Utc>,
+        peek: bool,
+        skip: &SkipOnHit,
+    ) -> Result<(Vec<Option<KeyRecord>>, Option<Option<LeaseHolder>>, bool)> {
+        let run = &skip.run;
+        if skip.position >= lookups.len() {
+            return Err(Error::config(format!(
+                "a skip recorded on the hit of lookup {} of {}",
+                skip.position,
+                lookups.len()
+            )));
+        }
+        let sql = scripts::find_recording_skip(
+            &self.config.table("processing_runs"),
+            &self.config.table("processing_keys"),
+            &self
+                .config
+                .table(LEASE_TABLES[lease_shard(&run.processor, &run.scope)]),
+            lookups,
+            skip,
+        );
+        let out = self.script("find_keys.record_skip", &sql).await?;
+        let mut lease = None;
+        let mut found = vec![None; lookups.len()];
+        let mut recorded_previous = None;
+        for r in out.records() {
+            let bad = |e| self.bad_row("find_keys.record_skip", e);
+            match r.str("row_kind").map_err(bad)?.as_str() {
+                "lease" => lease = Some(lease_from_record(&r).map_err(bad)?),
+                scripts::RECORDED_ROW => {
+                    recorded_previous = Some(r.opt_str("run_id").map_err(bad)?);
+                }
+                _ => {
+                    let pos = r.i64("pos").map_err(bad)?;
+                    let slot = usize::try_from(pos)
+                        .ok()
+                        .and_then(|p| found.get_mut(p))
+                        .ok_or_else(|| bad(format!("position {pos} out of range")))?;
+                    *slot = Some(key_from_record(&r).map_err(bad)?);
+                }
+            }
+        }
+        // Recorded when this run's skip row is in the ledger and names the key read (an
+        // earlier attempt of the script may have recorded it on another key: then the
+        // caller records as usual and meets the run id taken).
+        let hit = found[skip.position].as_ref().map(|k| k.run_id.as_str());
+        let recorded = hit.is_some() && recorded_previous.flatten().as_deref() == hit;
+        let holder = peek.then(|| lease.and_then(|r| r.held_at(micros(now))));
+        Ok((found, holder, recorded))
     }
 
     async fn finish(&self, finish: &Finish) -> Result<()> {

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 
 use crate::model::{micros, KeyRecord, RunRecord};
 use crate::store::rows::{KEY_COLUMNS, RUN_COLUMNS};
-use crate::store::{KeyLookup, Lease};
+use crate::store::{KeyLookup, Lease, SkipOnHit};
 
 use super::literals as lit;
 use super::statements::FIND_KEYS_SQL;
@@ -192,7 +192,83 @@ END IF;",
     )
 }
 
+/// The type of the `found` variable of [`find_recording_skip`]: the rows of
+/// [`FIND_KEYS_SQL`].
+const FOUND_TYPE: &str = "ARRAY<STRUCT<pos INT64, processing_key STRING, kind STRING, \
+processor_name STRING, scope STRING, scope_date DATE, processed_at TIMESTAMP, \
+entity_count INT64, metadata JSON, run_id STRING>>";
+
+/// The row of a [`find_recording_skip`] answer that says the skip is recorded: its
+/// `row_kind`; its `run_id` column holds the recorded row's `previous_run_id`.
+pub(super) const RECORDED_ROW: &str = "run";
+
+/// The guards' read with the ledger row of the skip it decides, as one script (one job):
+/// the latest key per lookup is read once, into a variable. Only when the key of lookup
+/// `skip.position` is there is the ledger read (a miss reads no more than the plain
+/// check): unless the run id is in the ledger, the skip's row is inserted with that key's
+/// run id as `previous_run_id`; then this run's skip row is looked up (inserted now, or
+/// by an earlier attempt of the same script). The script answers, as [`peek_sql`] does,
+/// the lease row of (processor, scope) and the keys read (the very rows the insert was
+/// decided on), and a [`RECORDED_ROW`] when this run's skip row is in the ledger. Not a
+/// transaction: one INSERT, which commits by itself.
+pub(super) fn find_recording_skip(
+    runs: &str,
+    keys: &str,
+    leases: &str,
+    lookups: &[KeyLookup],
+    skip: &SkipOnHit,
+) -> String {
+    let run = &skip.run;
+    let (p, s) = (lit::string(&run.processor), lit::string(&run.scope));
+    let id = lit::string(&run.run_id);
+    let pos = lit::int64(i64::try_from(skip.position).unwrap_or(i64::MAX));
+    let found = "SELECT ARRAY_AGG(STRUCT(f.pos AS pos, f.processing_key AS processing_key, \
+f.kind AS kind, f.processor_name AS processor_name, f.scope AS scope, \
+f.scope_date AS scope_date, f.processed_at AS processed_at, f.entity_count AS entity_count, \
+f.metadata AS metadata, f.run_id AS run_id))";
+    format!(
+        "DECLARE found {FOUND_TYPE} DEFAULT ({found} FROM ({find_keys}) AS f);
+DECLARE recorded_previous STRING DEFAULT NULL;
+DECLARE recorded BOOL DEFAULT FALSE;
+IF EXISTS (SELECT 1 FROM UNNEST(found) AS f WHERE f.pos = {pos}) THEN
+  IF NOT EXISTS (SELECT 1 FROM {runs} WHERE run_id = {id}) THEN
+    INSERT INTO {runs} ({RUN_COLUMNS})
+    SELECT {values} FROM UNNEST(found) AS f WHERE f.pos = {pos};
+  END IF;
+  SET recorded = EXISTS (SELECT 1 FROM {runs} WHERE {this_row});
+  SET recorded_previous = (SELECT previous_run_id FROM {runs} WHERE {this_row} LIMIT 1);
+END IF;
+{lease}
+UNION ALL
+{keys_read}
+UNION ALL
+SELECT '{RECORDED_ROW}', CAST(NULL AS STRING), CAST(NULL AS INT64), CAST(NULL AS TIMESTAMP), \
+CAST(NULL AS TIMESTAMP), CAST(NULL AS INT64), CAST(NULL AS STRING), CAST(NULL AS STRING), \
+CAST(NULL AS STRING), CAST(NULL AS STRING), CAST(NULL AS DATE), CAST(NULL AS TIMESTAMP), \
+CAST(NULL AS INT64), CAST(NULL AS JSON), recorded_previous
+FROM UNNEST([1]) WHERE recorded;",
+        find_keys = find_keys_literal(keys, lookups),
+        values = run_values_with(run, "f.run_id".to_string()),
+        lease = LEASE_BRANCH
+            .replace("{leases}", leases)
+            .replace("{processor}", &p)
+            .replace("{scope}", &s),
+        keys_read = KEY_BRANCH.replace("{find_keys}", "SELECT f.* FROM UNNEST(found) AS f"),
+        this_row = format!(
+            "run_id = {id} AND started_at = {} AND status = {} AND skip_reason = {}",
+            lit::timestamp(micros(run.started_at)),
+            lit::string(run.status.as_str()),
+            lit::opt_string(run.skip_reason.as_ref().map(|r| r.as_str())),
+        ),
+    )
+}
+
 fn run_values(run: &RunRecord) -> String {
+    run_values_with(run, lit::opt_string(run.previous_run_id.as_deref()))
+}
+
+/// The values of `run`'s ledger row, with `previous` as its `previous_run_id`.
+fn run_values_with(run: &RunRecord, previous: String) -> String {
     [
         lit::string(&run.run_id),
         lit::string(&run.processor),
@@ -206,7 +282,7 @@ fn run_values(run: &RunRecord) -> String {
         lit::string(run.status.as_str()),
         lit::opt_string(run.skip_reason.as_ref().map(|r| r.as_str())),
         lit::opt_string(run.would_skip_reason.as_ref().map(|r| r.as_str())),
-        lit::opt_string(run.previous_run_id.as_deref()),
+        previous,
         lit::opt_int64(run.records_processed),
         lit::opt_string(run.processing_key.as_deref()),
         lit::opt_string(run.error.as_deref()),
