@@ -43,6 +43,7 @@ macro_rules! all_event_key_checks {
             event_cursor,
             event_unmark,
             event_pending,
+            event_pending_batches,
         );
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

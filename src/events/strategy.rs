@@ -32,6 +32,7 @@
 //! # })
 //! ```
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -44,7 +45,8 @@ use super::InvalidEvent;
 use crate::error::{Error, Result};
 use crate::store::breaker::BreakerPhase;
 use crate::store::{
-    BreakerConfig, CircuitBreakerStore, Cursor, EventKeyStore, EventMark, EventVerdict, StoreBase,
+    BreakerConfig, CircuitBreakerStore, Cursor, EventKeyStore, EventMark, EventVerdict,
+    PendingBatch, StoreBase,
 };
 
 /// What a store failure does to a batch.
@@ -108,6 +110,19 @@ pub struct Admission {
     /// A key this gate marked *pending* ([`EventGate::pending`]): the expiry its
     /// confirmation gives it (`None` inside: never), once its record is out.
     pub confirm: Option<Option<DateTime<Utc>>>,
+    /// The batch (of this gate) whose pending marks the key's carries, when `confirm` is
+    /// set: a confirmation is per batch.
+    pub pending_batch: Option<u64>,
+}
+
+/// The pending marks of one batch, to confirm once its records are out
+/// ([`EventGate::confirmations`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Confirmation {
+    /// The batch's marker (compact JSON).
+    pub marker: String,
+    /// Its new keys and the expiry each gets when confirmed (`None`: never).
+    pub keys: Vec<(String, Option<DateTime<Utc>>)>,
 }
 
 impl Admission {
@@ -314,12 +329,30 @@ pub struct EventGate {
 /// How a gate marks keys pending (see [`EventGate::pending`]).
 #[derive(Debug)]
 struct PendingMarks {
-    /// The decision a pending mark carries: `{"idem_pending": TOKEN}`, unique to the gate.
-    marker: Value,
-    /// The marker as the stores keep it (compact JSON).
-    marker_text: String,
+    /// The gate's token: a batch's marker is `{"idem_pending": "TOKEN/N"}`, N the batch's
+    /// number, so a key pending for an earlier batch of this gate is told from one pending
+    /// for another gate.
+    token: String,
+    /// The number of the next batch.
+    batches: AtomicU64,
     /// How long a pending mark lives unconfirmed.
     timeout: Duration,
+}
+
+impl PendingMarks {
+    /// Batch `n`'s marker, as the stores keep it (compact JSON).
+    fn marker(&self, n: u64) -> String {
+        serde_json::json!({ PENDING_FIELD: format!("{}/{n}", self.token) }).to_string()
+    }
+
+    /// Whether a stored decision is the marker of a batch of this gate.
+    fn is_mine(&self, decision: &Value) -> bool {
+        decision
+            .get(PENDING_FIELD)
+            .and_then(Value::as_str)
+            .and_then(|t| t.strip_prefix(self.token.as_str()))
+            .is_some_and(|rest| rest.starts_with('/'))
+    }
 }
 
 /// The name of the pending marker's one field.
@@ -393,10 +426,9 @@ impl EventGate {
         if !self.dedup.store.confirms_pending() {
             return self;
         }
-        let marker = serde_json::json!({ PENDING_FIELD: crate::new_run_id() });
         self.pending = Some(Arc::new(PendingMarks {
-            marker_text: marker.to_string(),
-            marker,
+            token: crate::new_run_id(),
+            batches: AtomicU64::new(0),
             timeout: timeout.max(Duration::from_millis(1)),
         }));
         self
@@ -417,37 +449,56 @@ impl EventGate {
         self.confirm_keys(self.confirmations(admitted)).await
     }
 
-    /// The (key, expiry) pairs [`confirm`](Self::confirm) sends for `admitted`.
+    /// What [`confirm`](Self::confirm) sends for `admitted`: per batch, its marker and
+    /// its new keys with their real expiries (one batch for the admissions of one call).
     pub fn confirmations(
         &self,
         admitted: &[std::result::Result<Admission, InvalidEvent>],
-    ) -> Vec<(String, Option<DateTime<Utc>>)> {
-        if self.pending.is_none() {
+    ) -> Vec<Confirmation> {
+        let Some(p) = &self.pending else {
             return Vec::new();
-        }
-        admitted
-            .iter()
-            .filter_map(|a| match a {
-                Ok(a) if matches!(a.verdict, Some(EventVerdict::New)) => {
-                    a.confirm.map(|at| (a.key.clone(), at))
+        };
+        let mut out: Vec<(u64, Confirmation)> = Vec::new();
+        for a in admitted {
+            let Ok(a) = a else { continue };
+            let (Some(EventVerdict::New), Some(at), Some(n)) =
+                (&a.verdict, a.confirm, a.pending_batch)
+            else {
+                continue;
+            };
+            let i = match out.iter().position(|(m, _)| *m == n) {
+                Some(i) => i,
+                None => {
+                    out.push((
+                        n,
+                        Confirmation {
+                            marker: p.marker(n),
+                            keys: Vec::new(),
+                        },
+                    ));
+                    out.len() - 1
                 }
-                _ => None,
-            })
-            .collect()
+            };
+            out[i].1.keys.push((a.key.clone(), at));
+        }
+        out.into_iter().map(|(_, c)| c).collect()
     }
 
-    /// Confirms these pending marks (see [`confirm`](Self::confirm)).
-    pub async fn confirm_keys(&self, keys: Vec<(String, Option<DateTime<Utc>>)>) -> Result<u64> {
-        let Some(p) = &self.pending else {
-            return Ok(0);
-        };
-        if keys.is_empty() {
+    /// Confirms these batches' pending marks (see [`confirm`](Self::confirm)): how many
+    /// keys were confirmed.
+    pub async fn confirm_keys(&self, batches: Vec<Confirmation>) -> Result<u64> {
+        if self.pending.is_none() {
             return Ok(0);
         }
-        self.dedup
-            .store
-            .confirm_event_keys(self.dedup.namespace(), &keys, &p.marker_text)
-            .await
+        let mut confirmed = 0;
+        for c in batches.iter().filter(|c| !c.keys.is_empty()) {
+            confirmed += self
+                .dedup
+                .store
+                .confirm_pending_batch(self.dedup.namespace(), &c.marker, &c.keys)
+                .await?;
+        }
+        Ok(confirmed)
     }
 
     /// Moves the named cursor of the gate's namespace to `to` (never backwards).
@@ -614,36 +665,44 @@ impl EventGate {
         let PreparedBatch { mut marks, slots } = batch;
         let invalid = slots.len() - marks.len();
         let namespace = self.dedup.namespace();
-        // Pending marks: each key's real expiry kept for its confirmation; the store gets
-        // the marker and the pending timeout (or the real TTL when shorter).
-        let confirm_at: Vec<Option<DateTime<Utc>>> = match &self.pending {
+        // Pending marks: the batch gets a marker of its own, and each key's real expiry is
+        // kept for its confirmation.
+        let pending = self
+            .pending
+            .as_ref()
+            .map(|p| (p, p.batches.fetch_add(1, Ordering::Relaxed)));
+        let marker = pending.map(|(p, n)| p.marker(n));
+        let confirm_at: Vec<Option<DateTime<Utc>>> = match &pending {
             None => Vec::new(),
-            Some(p) => marks
-                .iter_mut()
-                .map(|m| {
-                    let real = m.ttl;
-                    let at = m.expires_at(now);
-                    m.ttl = Some(real.map_or(p.timeout, |t| t.min(p.timeout)));
-                    m.decision = Some(p.marker.clone());
-                    at
-                })
-                .collect(),
+            Some(_) => marks.iter().map(|m| m.expires_at(now)).collect(),
         };
         let outcome = if marks.is_empty() && advance.is_none() {
             Ok(Vec::new())
         } else {
             let started = Instant::now();
-            let outcome = match advance {
-                None => self.breaker.check_and_mark(namespace, &marks, now).await,
-                Some((name, to)) => {
-                    self.breaker
-                        .check_and_mark_advancing(namespace, &marks, now, name, to)
+            let outcome = match (pending, &marker) {
+                (Some((p, _)), Some(marker)) => {
+                    let batch = PendingBatch {
+                        marker,
+                        timeout: p.timeout,
+                    };
+                    match self
+                        .breaker
+                        .check_and_mark_pending(namespace, &marks, now, batch, advance)
                         .await
+                    {
+                        Ok(verdicts) => self.settle_pending(p, batch, &marks, verdicts).await,
+                        Err(e) => Err(e),
+                    }
                 }
-            };
-            let outcome = match (&self.pending, outcome) {
-                (Some(p), Ok(verdicts)) => self.settle_pending(p, &marks, verdicts).await,
-                (_, outcome) => outcome,
+                _ => match advance {
+                    None => self.breaker.check_and_mark(namespace, &marks, now).await,
+                    Some((name, to)) => {
+                        self.breaker
+                            .check_and_mark_advancing(namespace, &marks, now, name, to)
+                            .await
+                    }
+                },
             };
             let mut r = self.recorder();
             r.latencies.record(started.elapsed());
@@ -723,6 +782,7 @@ impl EventGate {
                 verdict,
                 passes: new || log_only,
                 confirm,
+                pending_batch: confirm.and(pending.map(|(_, n)| n)),
             }));
         }
         Ok(out)
@@ -735,6 +795,7 @@ impl EventGate {
     async fn settle_pending(
         &self,
         p: &PendingMarks,
+        batch: PendingBatch<'_>,
         marks: &[EventMark],
         mut verdicts: Vec<EventVerdict>,
     ) -> Result<Vec<EventVerdict>> {
@@ -747,7 +808,7 @@ impl EventGate {
                     decision: Some(d), ..
                 } = v
                 {
-                    if *d == p.marker {
+                    if p.is_mine(d) {
                         if let EventVerdict::Replay { decision, .. } = v {
                             *decision = None;
                         }
@@ -768,7 +829,7 @@ impl EventGate {
             let again: Vec<EventMark> = waiting.iter().map(|&i| marks[i].clone()).collect();
             let answers = self
                 .breaker
-                .check_and_mark(namespace, &again, Utc::now())
+                .check_and_mark_pending(namespace, &again, Utc::now(), batch, None)
                 .await?;
             for (&i, v) in waiting.iter().zip(answers) {
                 verdicts[i] = v;

@@ -21,7 +21,7 @@ use chrono::{DateTime, Utc};
 use super::{
     Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, Cursor, EventKeyStore,
     EventMark, EventVerdict, Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore,
-    MaintenanceStore, PartitionExpiration, RunFilter, SkipOnHit, StoreBase,
+    MaintenanceStore, PartitionExpiration, PendingBatch, RunFilter, SkipOnHit, StoreBase,
 };
 use crate::error::{Error, Result};
 use crate::model::{KeyRecord, RunRecord};
@@ -381,6 +381,33 @@ impl<S: EventKeyStore + ?Sized> EventKeyStore for CircuitBreakerStore<S> {
     ) -> Result<u64> {
         // Not through the breaker: a confirmation is owed for records already written.
         self.inner.confirm_event_keys(namespace, keys, owner).await
+    }
+
+    async fn check_and_mark_pending(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+        batch: PendingBatch<'_>,
+        cursor: Option<(&str, &Cursor)>,
+    ) -> Result<Vec<EventVerdict>> {
+        self.guarded(
+            self.inner
+                .check_and_mark_pending(namespace, marks, now, batch, cursor),
+        )
+        .await
+    }
+
+    async fn confirm_pending_batch(
+        &self,
+        namespace: &str,
+        marker: &str,
+        keys: &[(String, Option<DateTime<Utc>>)],
+    ) -> Result<u64> {
+        // Not through the breaker: a confirmation is owed for records already written.
+        self.inner
+            .confirm_pending_batch(namespace, marker, keys)
+            .await
     }
 
     async fn cursor(&self, namespace: &str, name: &str) -> Result<Option<Cursor>> {

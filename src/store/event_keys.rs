@@ -63,6 +63,44 @@ impl EventMark {
     }
 }
 
+/// A batch whose new keys are marked *pending* until its records are out
+/// ([`check_and_mark_pending`](super::EventKeyStore::check_and_mark_pending)).
+#[derive(Debug, Clone, Copy)]
+pub struct PendingBatch<'a> {
+    /// The marker its keys carry until the batch is confirmed, as compact JSON text
+    /// (`{"idem_pending": TOKEN}`, the token unique to the batch): a stored key found
+    /// pending is a replay whose decision is this marker.
+    pub marker: &'a str,
+    /// How long its marks live unconfirmed: a batch never confirmed is taken over as new
+    /// once this has passed.
+    pub timeout: Duration,
+}
+
+impl PendingBatch<'_> {
+    /// `mark` as the per-key pending mark: the marker as its decision, and the shorter of
+    /// its own TTL and the batch's timeout (what
+    /// [`confirm_event_keys`](super::EventKeyStore::confirm_event_keys) later replaces).
+    pub fn per_key(&self, mark: &EventMark) -> EventMark {
+        EventMark {
+            key: mark.key.clone(),
+            fingerprint: mark.fingerprint.clone(),
+            ttl: Some(mark.ttl.map_or(self.timeout, |t| t.min(self.timeout))),
+            decision: Some(
+                serde_json::from_str(self.marker)
+                    .unwrap_or_else(|_| Value::String(self.marker.to_string())),
+            ),
+        }
+    }
+
+    /// When a batch marked at `now` is taken over unconfirmed.
+    pub fn deadline(&self, now: DateTime<Utc>) -> DateTime<Utc> {
+        EventMark::default()
+            .ttl(self.timeout)
+            .expires_at(now)
+            .unwrap_or(now)
+    }
+}
+
 /// What [`check_and_mark`](super::EventKeyStore::check_and_mark) found for one key.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "verdict", rename_all = "snake_case")]

@@ -25,7 +25,7 @@ use serde::Serialize;
 pub use crate::backend::redact_url;
 use crate::error::{Error, Result};
 use crate::model::{KeyKind, KeyRecord, RunRecord, RunStatus, SkipReason, Trigger};
-pub use event_keys::{Cursor, EventMark, EventVerdict};
+pub use event_keys::{Cursor, EventMark, EventVerdict, PendingBatch};
 
 #[cfg(feature = "bigquery")]
 pub mod bigquery;
@@ -640,6 +640,53 @@ pub trait EventKeyStore: StoreBase {
             store: self.kind(),
             operation: "confirming pending event marks",
         })
+    }
+
+    /// [`check_and_mark`](Self::check_and_mark) of a batch whose new keys are marked
+    /// *pending* (docs/events.md, "Pending marks"), with the cursor's advance when given
+    /// (as [`check_and_mark_advancing`](Self::check_and_mark_advancing)). `marks` carry
+    /// their real TTL, which a key gets once
+    /// [`confirm_pending_batch`](Self::confirm_pending_batch) confirms the batch (their
+    /// decisions are not kept: a confirmed key has none); until then a key this call
+    /// marked is found pending (a replay whose decision is `batch.marker`), and once
+    /// `batch.timeout` has passed unconfirmed it is expired.
+    ///
+    /// By default each key carries the pending state itself: the marker as its decision
+    /// and the shorter of its TTL and the timeout ([`PendingBatch::per_key`]), replaced
+    /// key by key when confirmed. A store may keep it once for the batch instead
+    /// (Postgres: one row per batch, so a confirmation is one row, not a write per key).
+    async fn check_and_mark_pending(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+        batch: PendingBatch<'_>,
+        cursor: Option<(&str, &Cursor)>,
+    ) -> Result<Vec<EventVerdict>> {
+        let marks: Vec<EventMark> = marks.iter().map(|m| batch.per_key(m)).collect();
+        match cursor {
+            None => self.check_and_mark(namespace, &marks, now).await,
+            Some((name, to)) => {
+                self.check_and_mark_advancing(namespace, &marks, now, name, to)
+                    .await
+            }
+        }
+    }
+
+    /// Confirms a batch marked by [`check_and_mark_pending`](Self::check_and_mark_pending)
+    /// with `marker`, once the records of its new keys, `keys` with their real expiries,
+    /// are out: its keys still carrying its mark become plain marks (no marker, their real
+    /// expiry); keys taken over meanwhile by another call are left alone. How many were
+    /// confirmed (a store that keeps the state once per batch: `keys.len()` when the
+    /// batch was pending, else 0). By default,
+    /// [`confirm_event_keys`](Self::confirm_event_keys) with the marker as owner.
+    async fn confirm_pending_batch(
+        &self,
+        namespace: &str,
+        marker: &str,
+        keys: &[(String, Option<DateTime<Utc>>)],
+    ) -> Result<u64> {
+        self.confirm_event_keys(namespace, keys, marker).await
     }
 
     /// Takes back marks nobody was told about: deletes the marks of `keys` made at

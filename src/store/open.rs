@@ -336,6 +336,32 @@ impl EventKeyStore for ReopeningEventStore {
             .await
     }
 
+    async fn check_and_mark_pending(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+        batch: super::PendingBatch<'_>,
+        cursor: Option<(&str, &super::Cursor)>,
+    ) -> Result<Vec<EventVerdict>> {
+        self.get()
+            .await?
+            .check_and_mark_pending(namespace, marks, now, batch, cursor)
+            .await
+    }
+
+    async fn confirm_pending_batch(
+        &self,
+        namespace: &str,
+        marker: &str,
+        keys: &[(String, Option<DateTime<Utc>>)],
+    ) -> Result<u64> {
+        self.get()
+            .await?
+            .confirm_pending_batch(namespace, marker, keys)
+            .await
+    }
+
     async fn cursor(&self, namespace: &str, name: &str) -> Result<Option<super::Cursor>> {
         self.get().await?.cursor(namespace, name).await
     }

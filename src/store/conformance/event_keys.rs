@@ -163,6 +163,215 @@ pub async fn event_pending(store: &dyn EventKeyStore) {
     );
 }
 
+/// Pending marks by the batch ([`check_and_mark_pending`], [`confirm_pending_batch`]), on
+/// a store that [`confirms_pending`]: a batch's new keys answer other calls with the
+/// batch's marker until it is confirmed; confirming another batch changes nothing; once
+/// confirmed they are plain marks with their real expiry (here one hour, and never) and
+/// no decision; keys of a batch nobody confirmed expire with its timeout, are not
+/// duplicates any more and are taken over as new (by a plain call too); with a cursor,
+/// the cursor moves with the marks.
+///
+/// [`check_and_mark_pending`]: crate::store::EventKeyStore::check_and_mark_pending
+/// [`confirm_pending_batch`]: crate::store::EventKeyStore::confirm_pending_batch
+/// [`confirms_pending`]: crate::store::EventKeyStore::confirms_pending
+pub async fn event_pending_batches(store: &dyn EventKeyStore) {
+    if !store.confirms_pending() {
+        return;
+    }
+    let ns = unique("batches");
+    let t = now();
+    let hour = Duration::from_secs(3600);
+    let batch = |marker: &'static str| crate::store::PendingBatch {
+        marker,
+        timeout: Duration::from_secs(30),
+    };
+    let (a, b) = (
+        r#"{"idem_pending":"gate-a/0"}"#,
+        r#"{"idem_pending":"gate-b/0"}"#,
+    );
+    let at = |s: i64| t + chrono::Duration::seconds(s);
+    store
+        .check_and_mark(&ns, &[EventMark::key("old").fingerprint("x")], t)
+        .await
+        .unwrap();
+    let marks = [
+        EventMark::key("k1").fingerprint("x").ttl(hour),
+        EventMark::key("k2")
+            .fingerprint("x")
+            .decision(json!({"ok": 1})),
+        EventMark::key("old").fingerprint("x"),
+    ];
+    let v = store
+        .check_and_mark_pending(&ns, &marks, t, batch(a), None)
+        .await
+        .unwrap();
+    assert_eq!(v[..2], [EventVerdict::New, EventVerdict::New]);
+    assert!(matches!(v[2], EventVerdict::Replay { .. }), "{v:?}");
+    // Another batch sees the marker; the key is marked (a duplicate) meanwhile.
+    let v = store
+        .check_and_mark_pending(
+            &ns,
+            &[EventMark::key("k1").fingerprint("x")],
+            at(1),
+            batch(b),
+            None,
+        )
+        .await
+        .unwrap();
+    let marker: serde_json::Value = serde_json::from_str(a).unwrap();
+    assert!(
+        matches!(&v[0], EventVerdict::Replay { decision: Some(d), .. } if *d == marker),
+        "pending for batch a: {v:?}"
+    );
+    assert_eq!(
+        store
+            .is_duplicate(&ns, &["k1".to_string()], at(1))
+            .await
+            .unwrap(),
+        [true]
+    );
+    // Confirming batch b (which marked nothing) leaves batch a pending.
+    store
+        .confirm_pending_batch(&ns, b, &[("k1".to_string(), None)])
+        .await
+        .unwrap();
+    let v = store
+        .check_and_mark(&ns, &[EventMark::key("k1")], at(2))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&v[0], EventVerdict::Replay { decision: Some(d), .. } if *d == marker),
+        "still pending for batch a: {v:?}"
+    );
+    let confirmed = store
+        .confirm_pending_batch(
+            &ns,
+            a,
+            &[
+                (
+                    "k1".to_string(),
+                    Some(crate::model::micros(t + chrono::Duration::hours(1))),
+                ),
+                ("k2".to_string(), None),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(confirmed, 2);
+    // Long past the pending timeout: plain marks, with their own decision and expiry.
+    let v = store
+        .check_and_mark(
+            &ns,
+            &[
+                EventMark::key("k1").fingerprint("x"),
+                EventMark::key("k2").fingerprint("y"),
+            ],
+            at(60),
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(&v[0], EventVerdict::Replay { decision: None, .. }),
+        "confirmed: {v:?}"
+    );
+    assert!(
+        matches!(&v[1], EventVerdict::Conflict { stored_fingerprint, .. } if stored_fingerprint == "x"),
+        "confirmed, fingerprint kept: {v:?}"
+    );
+    let v = store
+        .check_and_mark(&ns, &[EventMark::key("k2")], at(61))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&v[0], EventVerdict::Replay { decision: None, .. }),
+        "a pending mark keeps no decision: {v:?}"
+    );
+    let later = t + chrono::Duration::hours(2);
+    let v = store
+        .check_and_mark(&ns, &[EventMark::key("k1"), EventMark::key("k2")], later)
+        .await
+        .unwrap();
+    assert_eq!(
+        v[0],
+        EventVerdict::New,
+        "k1's real expiry (one hour) passed"
+    );
+    assert!(
+        matches!(v[1], EventVerdict::Replay { .. }),
+        "k2 never expires: {v:?}"
+    );
+
+    // A batch nobody confirms: pending until its timeout, then gone.
+    let c = r#"{"idem_pending":"gate-c/7"}"#;
+    let v = store
+        .check_and_mark_pending(
+            &ns,
+            &[EventMark::key("u1"), EventMark::key("u2")],
+            t,
+            batch(c),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(v, [EventVerdict::New, EventVerdict::New]);
+    assert_eq!(
+        store
+            .is_duplicate(&ns, &["u1".to_string(), "u2".to_string()], at(29))
+            .await
+            .unwrap(),
+        [true, true]
+    );
+    assert_eq!(
+        store
+            .is_duplicate(&ns, &["u1".to_string(), "u2".to_string()], at(31))
+            .await
+            .unwrap(),
+        [false, false],
+        "an unconfirmed batch's keys expire with its timeout"
+    );
+    let v = store
+        .check_and_mark(&ns, &[EventMark::key("u1")], at(31))
+        .await
+        .unwrap();
+    assert_eq!(v, [EventVerdict::New], "taken over by a plain call");
+    let v = store
+        .check_and_mark_pending(
+            &ns,
+            &[EventMark::key("u1"), EventMark::key("u2")],
+            at(32),
+            batch(b),
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(v[0], EventVerdict::Replay { decision: None, .. }),
+        "{v:?}"
+    );
+    assert_eq!(v[1], EventVerdict::New, "taken over by another batch");
+    assert_eq!(
+        store
+            .mark_event_keys(&ns, &["u2".to_string()], at(33))
+            .await
+            .unwrap(),
+        [false],
+        "pending for batch b"
+    );
+
+    // With a cursor: the marks and the cursor's advance together.
+    let to = Cursor::at(&json!(5), &json!("e5")).unwrap();
+    match store
+        .check_and_mark_pending(&ns, &[EventMark::key("cur")], t, batch(a), Some(("c", &to)))
+        .await
+    {
+        Err(crate::error::Error::Unsupported { .. }) => {}
+        other => {
+            assert_eq!(other.unwrap(), [EventVerdict::New]);
+            assert_eq!(store.cursor(&ns, "c").await.unwrap(), Some(to));
+        }
+    }
+}
+
 /// Taking back marks ([`EventKeyStore::unmark_event_keys`]): only the marks made at the
 /// given first-seen instant go; a mark made at another instant (another caller's, after
 /// the first one expired) and other keys stay. A store without it must not run calls side

@@ -373,13 +373,40 @@ async fn only_event_keys_expired_before_the_cut_off_go(store: &dyn Store) {
         )
         .await
         .unwrap();
+    // Pending batches (where the store confirms them): one never confirmed, dead since
+    // day 1, goes; one confirmed, its keys never expiring, stays.
+    let (dead, kept) = (unique("dead"), unique("kept"));
+    let pending = store.confirms_pending();
+    if pending {
+        for (key, marker) in [
+            (&dead, r#"{"idem_pending":"dead/0"}"#),
+            (&kept, r#"{"idem_pending":"kept/0"}"#),
+        ] {
+            let batch = crate::store::PendingBatch {
+                marker,
+                timeout: day,
+            };
+            store
+                .check_and_mark_pending(&ns, &[EventMark::key(key)], epoch(0), batch, None)
+                .await
+                .unwrap();
+        }
+        store
+            .confirm_pending_batch(&ns, r#"{"idem_pending":"kept/0"}"#, &[(kept.clone(), None)])
+            .await
+            .unwrap();
+    }
     let every = CleanupPolicy {
         batch: 1,
         dry_run: true,
         ..CleanupPolicy::before(epoch(2))
     };
     let counted = store.cleanup(&every).await.unwrap();
-    assert_eq!(counted.event_keys_deleted, 1, "{counted:?}");
+    assert_eq!(
+        counted.event_keys_deleted,
+        1 + u64::from(pending),
+        "{counted:?}"
+    );
     let done = store
         .cleanup(&CleanupPolicy {
             dry_run: false,
@@ -403,4 +430,16 @@ async fn only_event_keys_expired_before_the_cut_off_go(store: &dyn Store) {
         "only the key that expired before the cut-off is deleted; one without expiry and \
          one still live stay"
     );
+    if pending {
+        // Asked while the dead batch was still pending: its key is gone, the confirmed stays.
+        let seen = store
+            .is_duplicate(&ns, &[dead, kept], epoch(0) + chrono::Duration::hours(1))
+            .await
+            .unwrap();
+        assert_eq!(
+            seen,
+            [false, true],
+            "the dead batch's key goes, the confirmed stays"
+        );
+    }
 }

@@ -34,7 +34,9 @@ pub use event_dedup::{
     event_dedup_large_batch, event_dedup_real_ttl, event_dedup_replay_and_conflict,
     event_dedup_ttl,
 };
-pub use event_keys::{event_cursor, event_keys_batch, event_pending, event_unmark};
+pub use event_keys::{
+    event_cursor, event_keys_batch, event_pending, event_pending_batches, event_unmark,
+};
 pub use lease::{
     claim_excludes_and_release_frees, concurrent_claims_have_one_winner,
     expired_lease_is_taken_over_and_fenced, renew_extends_lease,
