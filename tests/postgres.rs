@@ -817,8 +817,8 @@ fn concurrent_first_use_migrates_once() {
         "each migration applied once"
     );
     assert_eq!(
-        tables, 6,
-        "five idem tables (event_cursors too) and the migrations table"
+        tables, 7,
+        "six idem tables (event_cursors and event_pending too) and the migrations table"
     );
     rt.block_on(sqlx::query(&format!("DROP SCHEMA {schema} CASCADE")).execute(&pool))
         .unwrap();
@@ -939,8 +939,8 @@ fn interrupt_sleeping_sql(url: &str, guards: &str, field: &str, error: &str) {
 /// recorded as its runner did, holding a completed run, its keys and a gate key) upgrades
 /// with this build: `idem migrate` applies only what is new, the old run still makes the
 /// same date skip and the old gate key is a replay. The rows are written by this build in
-/// another schema and copied over (0007 changes storage only, not columns), so they are
-/// what the older build wrote.
+/// another schema and copied over in the old build's columns (0007 changes storage only;
+/// 0008 adds a column the old rows lack), so they are what the older build wrote.
 #[test]
 fn a_store_at_schema_version_6_upgrades_and_keeps_its_runs_and_keys() {
     let Some(url) = pg_url("a_store_at_schema_version_6_upgrades_and_keeps_its_runs_and_keys")
@@ -1024,10 +1024,24 @@ fn a_store_at_schema_version_6_upgrades_and_keeps_its_runs_and_keys() {
         String::from_utf8_lossy(&out.stdout).to_string()
     };
     assert!(gate(&donor_dir).contains("\"verdict\":\"new\""));
-    for table in ["processing_runs", "processing_keys", "event_keys"] {
+    // The columns the old build had (0008 added `pending` to event keys: a confirmed mark
+    // is the same row without it).
+    for (table, columns) in [
+        ("processing_runs", "*"),
+        ("processing_keys", "*"),
+        (
+            "event_keys",
+            "namespace, event_key, first_seen, fingerprint, decision, expires_at",
+        ),
+    ] {
+        let into = if columns == "*" {
+            String::new()
+        } else {
+            format!("({columns})")
+        };
         rt.block_on(
             sqlx::query(&format!(
-                "INSERT INTO {old}.{table} SELECT * FROM {donor}.{table}"
+                "INSERT INTO {old}.{table} {into} SELECT {columns} FROM {donor}.{table}"
             ))
             .execute(&pool),
         )

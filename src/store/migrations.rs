@@ -59,7 +59,7 @@ macro_rules! embed {
 pub const SQLITE: &[Migration] = embed!("sqlite": "0001_init", "0002_report_indexes", "0003_event_dedup", "0004_report_covering", "0005_event_cursors");
 
 /// Postgres's migrations.
-pub const POSTGRES: &[Migration] = embed!("postgres": "0001_init", "0002_report_indexes", "0003_event_dedup", "0005_event_cursors", "0006_event_keys_bytes", "0007_event_keys_fillfactor");
+pub const POSTGRES: &[Migration] = embed!("postgres": "0001_init", "0002_report_indexes", "0003_event_dedup", "0005_event_cursors", "0006_event_keys_bytes", "0007_event_keys_fillfactor", "0008_event_pending");
 
 /// BigQuery's migrations (`{project}` and `{dataset}` are replaced by the validated ids).
 pub const BIGQUERY: &[Migration] = embed!(

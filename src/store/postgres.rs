@@ -38,7 +38,9 @@ use async_trait::async_trait;
 use chrono::{DateTime, NaiveDate, Utc};
 use serde_json::Value;
 use sqlx::error::BoxDynError;
-use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
+use sqlx::postgres::{
+    PgArguments, PgConnectOptions, PgConnection, PgPool, PgPoolCopyExt, PgPoolOptions,
+};
 use sqlx::{Arguments, Connection, Executor, FromRow, Row};
 
 use super::common::{cleanup_tables, statements, upsert_claim, CLEANUP_TABLES};
@@ -48,7 +50,7 @@ use super::rows::{KeyRow, LeaseColumns, LeaseRow, RunRow, KEY_COLUMNS, RUN_COLUM
 use super::{
     lease_expiry, redact_url, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport,
     EventKeyStore, EventMark, EventVerdict, Finish, KeyLookup, Lease, LeaseHolder, LeaseStore,
-    LedgerStore, MaintenanceStore, RunFilter, StoreBase,
+    LedgerStore, MaintenanceStore, PendingBatch, RunFilter, StoreBase,
 };
 use crate::backend::postgres::{connect_options, sqlx_message, ACQUIRE_TIMEOUT};
 use crate::error::{Error, Result};
@@ -70,6 +72,11 @@ const UNDEFINED_TABLE: &str = "42P01";
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
     pool: PgPool,
+    /// The connection pending batches are confirmed on (one row deleted each), with
+    /// `synchronous_commit` off: a confirmation lost to a server crash leaves the batch
+    /// unconfirmed, its keys expire with its timeout and are reported `new` again (at
+    /// least once, never lost), so none need wait for a WAL flush of its own.
+    confirm_pool: PgPool,
     options: PgConnectOptions,
     /// The URL without its password.
     url: String,
@@ -138,8 +145,15 @@ impl PostgresStore {
                 })
             })
             .connect_lazy_with(options.clone());
+        let confirm_pool = PgPoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .idle_timeout(Duration::from_secs(120))
+            .connect_lazy_with(options.clone().options([("synchronous_commit", "off")]));
         Ok(PostgresStore {
             pool,
+            confirm_pool,
             options,
             url: redact_url(url),
             last_batch: Arc::new(AtomicU8::new(BatchShape::Fresh as u8)),
@@ -560,7 +574,9 @@ impl MaintenanceStore for PostgresStore {
             "started_at < $1 AND ($2::text IS NULL OR processor_name = $2) AND run_id NOT IN \
                  (SELECT run_id FROM processing_keys WHERE processed_at >= $3)",
             "expires_at < $1 AND ($2::text IS NULL OR processor_name = $2) AND $3::timestamptz IS NOT NULL",
-            "expires_at IS NOT NULL AND expires_at < $1 AND $2::text IS NULL AND $3::timestamptz IS NOT NULL",
+            // Expired, or of a pending batch whose deadline passed unconfirmed.
+            "(expires_at < $1 OR pending IN (SELECT id FROM event_pending WHERE deadline < $1)) \
+                 AND $2::text IS NULL AND $3::timestamptz IS NOT NULL",
         ];
         cleanup_tables(
             policy,
@@ -583,16 +599,61 @@ impl MaintenanceStore for PostgresStore {
                 let sql = format!(
                     "DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} WHERE {condition} LIMIT $4))"
                 );
-                Ok(statements::cleanup(&sql, cutoff, policy.processor.as_deref(), policy.keys_before)
+                let deleted = statements::cleanup(&sql, cutoff, policy.processor.as_deref(), policy.keys_before)
                     .bind(policy.limit())
                     .execute(&self.pool)
                     .await
                     .map_err(|e| self.err(e))?
-                    .rows_affected())
+                    .rows_affected();
+                if table == "event_keys" && policy.processor.is_none() {
+                    // Then the rows of dead pending batches none of whose keys is left
+                    // (found through the first-seen index: a batch's keys share its
+                    // first-seen time). Never before their keys: a key whose batch row is
+                    // gone reads as confirmed.
+                    sqlx::query(
+                        "DELETE FROM event_pending d WHERE d.deadline < $1 AND NOT EXISTS ( \
+                           SELECT 1 FROM event_keys e WHERE e.first_seen = d.first_seen \
+                             AND e.namespace = d.namespace AND e.pending = d.id)",
+                    )
+                    .bind(cutoff)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                }
+                Ok(deleted)
             },
         )
         .await
     }
+}
+
+/// The batch a statement marks keys for, registered first: with a pending marker ($7, the deadline $8) one row of `event_pending` (migration 0008),
+/// whose id the batch's keys carry in `pending` until the confirmation deletes that row;
+/// without one ($7 NULL), nothing, and the keys carry NULL.
+macro_rules! batch_cte {
+    () => {
+        "batch AS (
+  INSERT INTO event_pending (namespace, marker, first_seen, deadline)
+  SELECT $1, $7, $6, $8 WHERE $7::text IS NOT NULL
+  RETURNING id
+)"
+    };
+}
+
+/// The row of key `i.event_key` of namespace $1 (`s`, expired or not) looked up through the
+/// primary key (`LATERAL … LIMIT 1` is never turned into a join the planner could choose to
+/// run as a scan of the table, e.g. on statistics taken while it was still small), with
+/// its pending batch's row (`p`: present while the batch is unconfirmed).
+macro_rules! stored_row {
+    () => {
+        "CROSS JOIN LATERAL (
+    SELECT s.event_key, s.fingerprint, s.decision, s.first_seen, s.expires_at, s.pending
+    FROM event_keys s
+    WHERE s.namespace = $1 AND s.event_key = i.event_key
+    LIMIT 1
+  ) s
+  LEFT JOIN event_pending p ON p.id = s.pending"
+    };
 }
 
 /// In one statement: reads the stored rows of keys unexpired at $6, and marks the first
@@ -601,37 +662,42 @@ impl MaintenanceStore for PostgresStore {
 /// when its WHERE is false, a write (and WAL) per replayed key. `found` is false for a key
 /// that neither was marked nor is visible to the statement's snapshot (a concurrent batch
 /// committed it meanwhile): read again with [`EVENTS_READ_SQL`]. Keys are inserted in the
-/// order they were sent (byte order), whatever the plan. The stored rows are looked up one
-/// key at a time through the primary key (`LATERAL … LIMIT 1` is never turned into a join
-/// the planner could choose to run as a scan of the table, e.g. on statistics taken while
-/// it was still small).
-const EVENTS_MARK_SQL: &str = "\
-WITH input AS (
+/// order they were sent (byte order), whatever the plan. A key is expired when its expiry
+/// or its unconfirmed batch's deadline has passed; a key of an unconfirmed batch reads as
+/// that batch's marker.
+const EVENTS_MARK_SQL: &str = concat!(
+    "WITH input AS (
   SELECT * FROM UNNEST($2::text[], $3::text[], $4::text[], $5::timestamptz[])
     WITH ORDINALITY AS i(event_key, fingerprint, decision, expires_at, n)
-), stored AS (
-  SELECT s.* FROM input i CROSS JOIN LATERAL (
-    SELECT s.event_key, s.fingerprint, s.decision, s.first_seen FROM event_keys s
-    WHERE s.namespace = $1 AND s.event_key = i.event_key
-      AND (s.expires_at IS NULL OR s.expires_at > $6)
-    LIMIT 1
-  ) s
+), ",
+    batch_cte!(),
+    ", stored AS (
+  SELECT s.event_key, s.fingerprint, COALESCE(p.marker, s.decision::text) AS decision,
+         s.first_seen
+  FROM input i ",
+    stored_row!(),
+    "
+  WHERE (s.expires_at IS NULL OR s.expires_at > $6) AND (p.deadline IS NULL OR p.deadline > $6)
 ), marked AS (
-  INSERT INTO event_keys AS e (namespace, event_key, first_seen, fingerprint, decision, expires_at)
-  SELECT $1, event_key, $6, fingerprint, decision::jsonb, expires_at FROM input i
+  INSERT INTO event_keys AS e
+    (namespace, event_key, first_seen, fingerprint, decision, expires_at, pending)
+  SELECT $1, event_key, $6, fingerprint, decision::jsonb, expires_at, (SELECT id FROM batch)
+  FROM input i
   WHERE NOT EXISTS (SELECT 1 FROM stored s WHERE s.event_key = i.event_key)
   ORDER BY i.n
   ON CONFLICT (namespace, event_key) DO UPDATE SET
     first_seen = EXCLUDED.first_seen, fingerprint = EXCLUDED.fingerprint,
-    decision = EXCLUDED.decision, expires_at = EXCLUDED.expires_at
+    decision = EXCLUDED.decision, expires_at = EXCLUDED.expires_at, pending = EXCLUDED.pending
   WHERE e.expires_at <= $6
+     OR EXISTS (SELECT 1 FROM event_pending d WHERE d.id = e.pending AND d.deadline <= $6)
   RETURNING e.event_key
 )
 SELECT i.event_key, m.event_key IS NOT NULL AS new, s.event_key IS NOT NULL AS found,
-       s.fingerprint, s.decision::text AS decision, s.first_seen
+       s.fingerprint, s.decision, s.first_seen
 FROM input i
 LEFT JOIN marked m ON m.event_key = i.event_key
-LEFT JOIN stored s ON s.event_key = i.event_key";
+LEFT JOIN stored s ON s.event_key = i.event_key"
+);
 
 /// The first try of a batch without a cursor, in one statement: looks up the row of every
 /// key ($2, in byte order) through the primary key, expired or not, and when none has
@@ -642,53 +708,44 @@ LEFT JOIN stored s ON s.event_key = i.event_key";
 /// transaction commits meanwhile fails the insert (unique violation, 23505) and the whole
 /// statement with it, and a found row that has expired needs the upsert's take-over: both
 /// are left to [`EVENTS_MARK_SQL`], this having written nothing.
-const EVENTS_INSERT_SQL: &str = "\
-WITH input AS (
+const EVENTS_INSERT_SQL: &str = concat!(
+    "WITH input AS (
   SELECT * FROM UNNEST($2::text[], $3::text[], $4::text[], $5::timestamptz[])
     WITH ORDINALITY AS i(event_key, fingerprint, decision, expires_at, n)
-), existing AS (
-  SELECT s.* FROM input i CROSS JOIN LATERAL (
-    SELECT s.event_key, s.fingerprint, s.decision, s.first_seen, s.expires_at FROM event_keys s
-    WHERE s.namespace = $1 AND s.event_key = i.event_key
-    LIMIT 1
-  ) s
+), ",
+    batch_cte!(),
+    ", existing AS (
+  SELECT s.event_key, s.fingerprint, COALESCE(p.marker, s.decision::text) AS decision,
+         s.first_seen, (s.expires_at <= $6 OR p.deadline <= $6) AS expired
+  FROM input i ",
+    stored_row!(),
+    "
 ), inserted AS (
-  INSERT INTO event_keys (namespace, event_key, first_seen, fingerprint, decision, expires_at)
-  SELECT $1, event_key, $6, fingerprint, decision::jsonb, expires_at FROM input i
+  INSERT INTO event_keys
+    (namespace, event_key, first_seen, fingerprint, decision, expires_at, pending)
+  SELECT $1, event_key, $6, fingerprint, decision::jsonb, expires_at, (SELECT id FROM batch)
+  FROM input i
   WHERE NOT EXISTS (SELECT 1 FROM existing x WHERE x.event_key = i.event_key)
-    AND NOT EXISTS (SELECT 1 FROM existing x WHERE x.expires_at <= $6)
+    AND NOT EXISTS (SELECT 1 FROM existing x WHERE x.expired)
   ORDER BY i.n
   RETURNING 1
 )
 SELECT (SELECT count(*) FROM inserted) AS inserted, x.event_key, x.fingerprint,
-       x.decision::text AS decision, x.first_seen, x.expires_at <= $6 AS expired
-FROM (SELECT 1) AS one LEFT JOIN existing x ON true";
-
-/// A batch's keys ($2, in byte order) inserted as they are, in the order sent, when a
-/// batch of the same stream found every key absent: no lookup first (the primary key's
-/// unique check is the lookup). A key that is stored, expired or not, fails the statement
-/// whole (unique violation, 23505), nothing written, and the batch goes to
-/// [`EVENTS_INSERT_SQL`]. On 200 k fresh keys it costs the server about 40 % less than
-/// [`EVENTS_INSERT_SQL`], whose per-key lookups find nothing.
-const EVENTS_INSERT_ALL_SQL: &str = "\
-INSERT INTO event_keys (namespace, event_key, first_seen, fingerprint, decision, expires_at)
-SELECT $1, event_key, $6, fingerprint, decision::jsonb, expires_at
-FROM UNNEST($2::text[], $3::text[], $4::text[], $5::timestamptz[])
-  AS i(event_key, fingerprint, decision, expires_at)";
+       x.decision, x.first_seen, x.expired
+FROM (SELECT 1) AS one LEFT JOIN existing x ON true"
+);
 
 /// The stored rows of keys $2 (expired at $3 or not), looked up one key at a time through
 /// the primary key (as in [`EVENTS_MARK_SQL`]): the first try of a batch when a batch of
 /// the same stream found every key stored. A read, so nothing to write when every key is
 /// found unexpired; otherwise the batch goes to [`EVENTS_INSERT_SQL`]. `expired` is NULL
 /// for a key that never expires.
-const EVENTS_LOOKUP_SQL: &str = "\
-SELECT s.event_key, s.fingerprint, s.decision::text AS decision, s.first_seen,
-       s.expires_at <= $3 AS expired
-FROM UNNEST($2::text[]) AS i(event_key) CROSS JOIN LATERAL (
-  SELECT s.event_key, s.fingerprint, s.decision, s.first_seen, s.expires_at FROM event_keys s
-  WHERE s.namespace = $1 AND s.event_key = i.event_key
-  LIMIT 1
-) s";
+const EVENTS_LOOKUP_SQL: &str = concat!(
+    "SELECT s.event_key, s.fingerprint, COALESCE(p.marker, s.decision::text) AS decision,
+       s.first_seen, (s.expires_at <= $3 OR p.deadline <= $3) AS expired
+FROM UNNEST($2::text[]) AS i(event_key) ",
+    stored_row!()
+);
 
 /// Deletes the rows of keys $2 (only those first seen at $3, unless $3 is NULL), locking
 /// them first in key order (`FOR UPDATE` under `ORDER BY`; `event_key` compares as bytes,
@@ -707,10 +764,88 @@ DELETE FROM event_keys e USING (
 WHERE e.namespace = $1 AND e.event_key = l.event_key
   AND ($3::timestamptz IS NULL OR e.first_seen = $3)";
 
-/// The unexpired rows of keys $2.
-const EVENTS_READ_SQL: &str = "\
-SELECT event_key, fingerprint, decision::text AS decision, first_seen FROM event_keys
-WHERE namespace = $1 AND event_key = ANY($2::text[]) AND (expires_at IS NULL OR expires_at > $3)";
+/// The unexpired rows of keys $2, looked up one key at a time (as in
+/// [`EVENTS_LOOKUP_SQL`]; `event_key = ANY($2)` let the planner scan the namespace).
+const EVENTS_READ_SQL: &str = concat!(
+    "SELECT s.event_key, s.fingerprint, COALESCE(p.marker, s.decision::text) AS decision,
+       s.first_seen
+FROM UNNEST($2::text[]) AS i(event_key) ",
+    stored_row!(),
+    "
+WHERE (s.expires_at IS NULL OR s.expires_at > $3) AND (p.deadline IS NULL OR p.deadline > $3)"
+);
+
+/// Appends `text` to a `COPY … FROM STDIN` (text format) row: backslash, tab, newline and
+/// carriage return escaped.
+fn copy_field(row: &mut String, text: &str) {
+    if !text.contains(['\\', '\t', '\n', '\r']) {
+        row.push_str(text);
+        return;
+    }
+    for c in text.chars() {
+        match c {
+            '\\' => row.push_str("\\\\"),
+            '\t' => row.push_str("\\t"),
+            '\n' => row.push_str("\\n"),
+            '\r' => row.push_str("\\r"),
+            c => row.push(c),
+        }
+    }
+}
+
+/// An instant as `COPY` text (microseconds, UTC).
+fn copy_instant(at: DateTime<Utc>) -> String {
+    at.format("%Y-%m-%d %H:%M:%S%.6f+00").to_string()
+}
+
+/// The `COPY` text of a batch's keys (`firsts`, in byte order), marked at `now` for
+/// pending batch `pending` (or none).
+fn copy_rows(
+    namespace: &str,
+    firsts: &[&EventMark],
+    decisions: &[Option<String>],
+    expiries: &[Option<DateTime<Utc>>],
+    now: DateTime<Utc>,
+    pending: Option<i64>,
+) -> String {
+    let mut head = String::with_capacity(namespace.len() + 1);
+    copy_field(&mut head, namespace);
+    head.push('\t');
+    let mut tail = String::from("\t");
+    tail.push_str(&copy_instant(now));
+    tail.push('\t');
+    let pending = pending.map_or_else(|| "\\N".to_string(), |id| id.to_string());
+    let mut out = String::with_capacity(firsts.len() * (head.len() + 120));
+    let mut last_expiry: Option<(DateTime<Utc>, String)> = None;
+    for ((m, decision), expiry) in firsts.iter().zip(decisions).zip(expiries) {
+        out.push_str(&head);
+        copy_field(&mut out, &m.key);
+        out.push_str(&tail);
+        match &m.fingerprint {
+            Some(f) => copy_field(&mut out, f),
+            None => out.push_str("\\N"),
+        }
+        out.push('\t');
+        match decision {
+            Some(d) => copy_field(&mut out, d),
+            None => out.push_str("\\N"),
+        }
+        out.push('\t');
+        match expiry {
+            Some(at) => {
+                if last_expiry.as_ref().is_none_or(|(t, _)| t != at) {
+                    last_expiry = Some((*at, copy_instant(*at)));
+                }
+                out.push_str(&last_expiry.as_ref().expect("set above").1);
+            }
+            None => out.push_str("\\N"),
+        }
+        out.push('\t');
+        out.push_str(&pending);
+        out.push('\n');
+    }
+    out
+}
 
 type EventRow = (String, Option<String>, Option<String>, DateTime<Utc>);
 
@@ -776,19 +911,86 @@ async fn advance(
 }
 
 impl PostgresStore {
+    /// The first try of a batch without a cursor when the last batch found every key
+    /// absent: its rows sent with `COPY` straight into `event_keys`, as a bulk load (rows
+    /// written a page at a time, one WAL record per page rather than per row; the primary
+    /// key's unique check is the lookup). A key stored, expired or not, fails the copy
+    /// whole (unique violation): nothing is written, and `false` sends the batch on to
+    /// [`EVENTS_INSERT_SQL`]. A pending batch's row (migration 0008) goes in the same
+    /// transaction, so its keys are never seen without it.
+    async fn copy_fresh(
+        &self,
+        namespace: &str,
+        firsts: &[&EventMark],
+        decisions: &[Option<String>],
+        expiries: &[Option<DateTime<Utc>>],
+        now: DateTime<Utc>,
+        pending: Option<(&str, DateTime<Utc>)>,
+    ) -> Result<bool> {
+        const COPY: &str = "COPY event_keys (namespace, event_key, first_seen, fingerprint, \
+                            decision, expires_at, pending) FROM STDIN";
+        let now = micros(now);
+        let copied = match pending {
+            None => {
+                let rows = copy_rows(namespace, firsts, decisions, expiries, now, None);
+                async {
+                    let mut copy = self.pool.copy_in_raw(COPY).await?;
+                    copy.send(rows.as_bytes()).await?;
+                    copy.finish().await
+                }
+                .await
+            }
+            // The batch's row and its keys in one transaction (one commit to wait for).
+            Some((marker, deadline)) => {
+                async {
+                    let mut tx = self.pool.begin().await?;
+                    let id: i64 = sqlx::query_scalar(
+                        "INSERT INTO event_pending (namespace, marker, first_seen, deadline) \
+                         VALUES ($1, $2, $3, $4) RETURNING id",
+                    )
+                    .bind(namespace)
+                    .bind(marker)
+                    .bind(now)
+                    .bind(micros(deadline))
+                    .fetch_one(&mut *tx)
+                    .await?;
+                    let rows = copy_rows(namespace, firsts, decisions, expiries, now, Some(id));
+                    let mut copy = tx.copy_in_raw(COPY).await?;
+                    copy.send(rows.as_bytes()).await?;
+                    let n = copy.finish().await?;
+                    tx.commit().await.map(|()| n)
+                }
+                .await
+            }
+        };
+        match copied {
+            Ok(_) => Ok(true),
+            // A key is stored (or was committed meanwhile): nothing written.
+            Err(sqlx::Error::Database(e))
+                if e.kind() == sqlx::error::ErrorKind::UniqueViolation =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(self.err(e)),
+        }
+    }
+
     /// Keeps what a batch found, for the next to choose its first statement by.
     fn remember(&self, shape: BatchShape) {
         self.last_batch.store(shape as u8, Ordering::Relaxed);
     }
 
-    /// `check_and_mark`, and the cursor's advance in the same transaction.
+    /// `check_and_mark`, and the cursor's advance in the same transaction; with `pending`
+    /// (a marker and its deadline) the keys it marks are pending for that batch.
     async fn mark_batch(
         &self,
         namespace: &str,
         marks: &[EventMark],
         now: DateTime<Utc>,
         cursor: Option<(&str, &Cursor)>,
+        pending: Option<(&str, DateTime<Utc>)>,
     ) -> Result<Vec<EventVerdict>> {
+        let (marker, deadline) = (pending.map(|p| p.0), pending.map(|p| micros(p.1)));
         if marks.is_empty() {
             if let Some((name, to)) = cursor {
                 return self
@@ -805,9 +1007,10 @@ impl PostgresStore {
         let keys: Vec<&str> = firsts.iter().map(|m| m.key.as_str()).collect();
         let fingerprints: Vec<Option<&str>> =
             firsts.iter().map(|m| m.fingerprint.as_deref()).collect();
+        // A pending batch's keys keep no decision (as a confirmed per-key pending mark).
         let decisions: Vec<Option<String>> = firsts
             .iter()
-            .map(|m| event_keys::decision_text(m))
+            .map(|m| event_keys::decision_text(m).filter(|_| pending.is_none()))
             .collect();
         let expiries: Vec<Option<DateTime<Utc>>> =
             firsts.iter().map(|m| m.expires_at(now)).collect();
@@ -815,21 +1018,11 @@ impl PostgresStore {
             // The statement the last batch's shape suggests, when it can say alone.
             match BatchShape::load(&self.last_batch) {
                 BatchShape::Fresh => {
-                    let tried = sqlx::query(EVENTS_INSERT_ALL_SQL)
-                        .bind(namespace)
-                        .bind(&keys)
-                        .bind(&fingerprints)
-                        .bind(&decisions)
-                        .bind(&expiries)
-                        .bind(micros(now))
-                        .execute(&self.pool)
-                        .await;
-                    match tried {
-                        Ok(_) => return Ok(event_keys::all_new(marks, &firsts, now)),
-                        // A key is stored (or was committed meanwhile): nothing written.
-                        Err(sqlx::Error::Database(e))
-                            if e.kind() == sqlx::error::ErrorKind::UniqueViolation => {}
-                        Err(e) => return Err(self.err(e)),
+                    if self
+                        .copy_fresh(namespace, &firsts, &decisions, &expiries, now, pending)
+                        .await?
+                    {
+                        return Ok(event_keys::all_new(marks, &firsts, now));
                     }
                 }
                 BatchShape::Seen => {
@@ -875,6 +1068,8 @@ impl PostgresStore {
                     .bind(&decisions)
                     .bind(&expiries)
                     .bind(micros(now))
+                    .bind(marker)
+                    .bind(deadline)
                     .fetch_all(&self.pool)
                     .await;
             match tried {
@@ -917,7 +1112,9 @@ impl PostgresStore {
             .bind(&fingerprints)
             .bind(&decisions)
             .bind(&expiries)
-            .bind(micros(now));
+            .bind(micros(now))
+            .bind(marker)
+            .bind(deadline);
         type Marked = (
             String,
             bool,
@@ -997,8 +1194,10 @@ impl EventKeyStore for PostgresStore {
              SELECT $1, k, $3 FROM UNNEST($2::text[]) AS t(k) \
              ON CONFLICT (namespace, event_key) DO UPDATE SET \
                first_seen = EXCLUDED.first_seen, fingerprint = NULL, decision = NULL, \
-               expires_at = NULL \
-             WHERE e.expires_at IS NOT NULL AND e.expires_at <= EXCLUDED.first_seen \
+               expires_at = NULL, pending = NULL \
+             WHERE (e.expires_at IS NOT NULL AND e.expires_at <= EXCLUDED.first_seen) \
+                OR EXISTS (SELECT 1 FROM event_pending d \
+                           WHERE d.id = e.pending AND d.deadline <= EXCLUDED.first_seen) \
              RETURNING event_key",
         )
         .bind(namespace)
@@ -1017,7 +1216,7 @@ impl EventKeyStore for PostgresStore {
         marks: &[EventMark],
         now: DateTime<Utc>,
     ) -> Result<Vec<EventVerdict>> {
-        self.mark_batch(namespace, marks, now, None).await
+        self.mark_batch(namespace, marks, now, None, None).await
     }
 
     async fn check_and_mark_advancing(
@@ -1028,8 +1227,52 @@ impl EventKeyStore for PostgresStore {
         cursor: &str,
         to: &Cursor,
     ) -> Result<Vec<EventVerdict>> {
-        self.mark_batch(namespace, marks, now, Some((cursor, to)))
+        self.mark_batch(namespace, marks, now, Some((cursor, to)), None)
             .await
+    }
+
+    /// The batch's pending state is one row of `event_pending` (migration 0008), which its
+    /// keys name; they carry their real expiry and decision from the start.
+    async fn check_and_mark_pending(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+        batch: PendingBatch<'_>,
+        cursor: Option<(&str, &Cursor)>,
+    ) -> Result<Vec<EventVerdict>> {
+        self.mark_batch(
+            namespace,
+            marks,
+            now,
+            cursor,
+            Some((batch.marker, batch.deadline(now))),
+        )
+        .await
+    }
+
+    /// One row deleted: the batch's keys that still name it are confirmed at once (their
+    /// real expiry and decision were stored with them).
+    async fn confirm_pending_batch(
+        &self,
+        namespace: &str,
+        marker: &str,
+        keys: &[(String, Option<DateTime<Utc>>)],
+    ) -> Result<u64> {
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let done = sqlx::query("DELETE FROM event_pending WHERE namespace = $1 AND marker = $2")
+            .bind(namespace)
+            .bind(marker)
+            .execute(&self.confirm_pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(if done.rows_affected() > 0 {
+            keys.len() as u64
+        } else {
+            0
+        })
     }
 
     async fn forget_event_keys(&self, namespace: &str, keys: &[String]) -> Result<u64> {
