@@ -1,15 +1,18 @@
 //! The event API: `fingerprint(events)` and `Gate.check_and_mark(events)`, the same
 //! deduplicator and strategies as `idem gate`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use chrono::{DateTime, Utc};
+
 use idem::events::dedup::{Deduplicator, Ttl};
-use idem::events::strategy::{EventGate, Strategy};
+use idem::events::strategy::{Admission, EventGate, Strategy};
 use idem::events::ContentHashExtractor;
 use idem::model::duration::parse_duration_field;
-use idem::store::{BreakerConfig, EventKeyStore};
-use pyo3::exceptions::PyValueError;
+use idem::store::{BreakerConfig, EventKeyStore, EventVerdict};
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use serde_json::Value;
@@ -85,6 +88,12 @@ pub struct Verdict {
     /// Why the event is invalid.
     #[pyo3(get)]
     error: Option<String>,
+    /// Not seen from Python: the gate that gave the verdict (`Gate::id`) and, for a key
+    /// that gate marked pending, what `Gate.confirm` needs (`Admission::confirm`, the
+    /// expiry confirming gives it, and `Admission::pending_batch`).
+    gate: u64,
+    confirm: Option<Option<DateTime<Utc>>>,
+    pending_batch: Option<u64>,
 }
 
 #[pymethods]
@@ -120,7 +129,12 @@ impl Verdict {
 pub struct Gate {
     gate: Arc<EventGate>,
     namespace: String,
+    /// Tells this gate's verdicts from another's (`Gate.confirm`).
+    id: u64,
 }
+
+/// The next `Gate::id`.
+static GATE_IDS: AtomicU64 = AtomicU64::new(1);
 
 fn fields(what: &str, list: Vec<String>) -> PyResult<Vec<String>> {
     if list.is_empty() || list.iter().any(|f| f.trim().is_empty()) {
@@ -231,6 +245,7 @@ impl Gate {
         Ok(Gate {
             gate: Arc::new(gate),
             namespace,
+            id: GATE_IDS.fetch_add(1, Ordering::Relaxed),
         })
     }
 
@@ -241,7 +256,8 @@ impl Gate {
     }
 
     /// Checks and marks a batch (JSON texts or dicts) in one store round trip, the GIL
-    /// released: one `Verdict` per event, in order.
+    /// released: one `Verdict` per event, in order. With `pending_timeout`, the new keys
+    /// are marked pending: pass the verdicts to `confirm` once the events are handled.
     fn check_and_mark(&self, py: Python<'_>, events: &Bound<'_, PyAny>) -> PyResult<Vec<Verdict>> {
         let events = events_of(py, events)?;
         let gate = self.gate.clone();
@@ -260,6 +276,9 @@ impl Gate {
                     passes: a.passes,
                     key: Some(a.key),
                     error: None,
+                    gate: self.id,
+                    confirm: a.confirm,
+                    pending_batch: a.pending_batch,
                 },
                 Err(e) => Verdict {
                     verdict: "invalid",
@@ -267,12 +286,58 @@ impl Gate {
                     passes: false,
                     verified: false,
                     error: Some(e.to_string()),
+                    gate: self.id,
+                    confirm: None,
+                    pending_batch: None,
                 },
             })
             .collect())
     }
 
-    /// The events of the batch that pass (new ones), in order.
+    /// Confirms the pending marks (`pending_timeout`) of the new keys among `verdicts`
+    /// (what `check_and_mark` calls of this gate returned), once their events are handled,
+    /// the GIL released: how many keys were confirmed. 0 without pending marks. Verdicts
+    /// of another gate raise `ValueError`.
+    fn confirm(&self, py: Python<'_>, verdicts: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let mut admissions = Vec::new();
+        let mut seen = HashSet::new();
+        for v in verdicts.try_iter()? {
+            let v = v?;
+            let v = v
+                .downcast::<Verdict>()
+                .map_err(|_| PyTypeError::new_err("confirm takes the Verdicts of check_and_mark"))?
+                .get();
+            if v.gate != self.id {
+                return Err(PyValueError::new_err(
+                    "confirm: a verdict of another gate (confirm on the gate that gave it)",
+                ));
+            }
+            let (Some(key), Some(_), Some(batch)) = (&v.key, v.confirm, v.pending_batch) else {
+                continue;
+            };
+            // The same verdict passed twice is confirmed once.
+            if !seen.insert((batch, key.clone())) {
+                continue;
+            }
+            admissions.push(Ok(Admission {
+                key: key.clone(),
+                verdict: Some(EventVerdict::New),
+                passes: true,
+                confirm: v.confirm,
+                pending_batch: v.pending_batch,
+            }));
+        }
+        let confirmations = self.gate.confirmations(&admissions);
+        if confirmations.is_empty() {
+            return Ok(0);
+        }
+        let gate = self.gate.clone();
+        py.allow_threads(|| runtime().block_on(gate.confirm_keys(confirmations)))
+            .map_err(to_py_err)
+    }
+
+    /// The events of the batch that pass (new ones), in order. With `pending_timeout`,
+    /// nothing confirms their marks: use `check_and_mark` and `confirm` instead.
     fn filter<'py>(
         &self,
         py: Python<'py>,

@@ -3,6 +3,7 @@ on the peer data, on SQLite, Postgres and Redis, and on the same keys."""
 
 import json
 import subprocess
+import time
 import uuid
 
 import pytest
@@ -91,3 +92,46 @@ def test_redis_is_for_event_keys_only(redis_url, name):
     store = idem.open_store(redis_url)
     with pytest.raises(idem.IdemError, match="event keys only"):
         idem.processor(name, store=store)(lambda run: None)
+
+
+def test_pending_marks_expire_unless_confirmed(sqlite_url, postgres_url, redis_url):
+    """With pending_timeout, a new key stays pending until confirm: unconfirmed, its
+    event is new again after the timeout (a restarted gate handles it again); confirmed,
+    it is a replay. One sleep for the three stores."""
+    stores = {
+        "sqlite": sqlite_url,
+        "postgres": postgres_url,
+        "redis": f"{redis_url}?prefix=idem-py-{uuid.uuid4().hex[:8]}",
+    }
+    dropped = [{"id": f"d{i}", "a": i} for i in range(3)]
+    handled = [{"id": f"h{i}", "a": i} for i in range(3)]
+    namespaces = {}
+    for label, url in stores.items():
+        namespaces[label] = ns = f"pending-{uuid.uuid4().hex}"
+        gate = idem.Gate(idem.open_store(url), ns, "id", pending_timeout="1s")
+        # Never confirmed: the process "died" before handling these.
+        assert [str(v) for v in gate.check_and_mark(dropped)] == ["new"] * 3, label
+        first = gate.check_and_mark(handled[:2])
+        second = gate.check_and_mark(handled[2:] + [handled[0], "not json"])
+        assert [str(v) for v in second] == ["new", "replay", "invalid"], label
+        # Verdicts of several calls together; new keys only, each once.
+        assert gate.confirm(first + second + first) == 3, label
+        with pytest.raises(ValueError):
+            idem.Gate(idem.open_store(url), ns, "id", pending_timeout="1s").confirm(first)
+        with pytest.raises(TypeError):
+            gate.confirm(["new"])
+    time.sleep(1.5)
+    for label, url in stores.items():
+        # A gate started again after the timeout.
+        gate = idem.Gate(idem.open_store(url), namespaces[label], "id", pending_timeout="1s")
+        assert [str(v) for v in gate.check_and_mark(dropped)] == ["new"] * 3, label
+        assert [str(v) for v in gate.check_and_mark(handled)] == ["replay"] * 3, label
+
+
+def test_confirm_without_pending_marks_is_a_no_op(store):
+    gate = idem.Gate(store, "no-pending", "id")
+    verdicts = gate.check_and_mark([{"id": 1}, {"id": 2}])
+    assert [str(v) for v in verdicts] == ["new", "new"]
+    assert gate.confirm(verdicts) == 0
+    assert gate.confirm([]) == 0
+    assert [str(v) for v in gate.check_and_mark([{"id": 1}])] == ["replay"]
