@@ -248,6 +248,33 @@ fn postgres_copy_floor(url: &str, lines: usize) -> f64 {
     })
 }
 
+/// Lets the Postgres server at `url` settle before a measured case: `VACUUM` of the event
+/// tables (with `vacuum`: after a round's keys were deleted, so autovacuum does not run
+/// beside the next case) and a `CHECKPOINT` (so no case pays for the dirty pages of the one
+/// before; skipped without the privilege).
+#[cfg(feature = "postgres")]
+fn postgres_settle(url: &str, vacuum: bool) {
+    use sqlx::Connection;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+        if vacuum {
+            for table in ["event_keys", "event_pending"] {
+                let _ = sqlx::query(&format!("VACUUM {table}"))
+                    .execute(&mut conn)
+                    .await;
+            }
+        }
+        let _ = sqlx::query("CHECKPOINT").execute(&mut conn).await;
+    })
+}
+
+#[cfg(not(feature = "postgres"))]
+fn postgres_settle(_url: &str, _vacuum: bool) {}
+
 /// Deletes the bench's `lines` keys of `namespace` from the store at `url`.
 fn forget(url: &str, namespace: &str, lines: usize) {
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -304,6 +331,9 @@ fn main() {
             std::iter::once(("sqlite", &sqlite)).chain(postgres.iter().map(|pg| ("postgres", pg)));
         for (name, store) in durable {
             for pass in ["first pass ", "replay pass"] {
+                if name == "postgres" {
+                    postgres_settle(store, false);
+                }
                 let r = gate(&input, store, &ns, batch);
                 println!(
                     "  {name:<9} {pass}: {:>9.0} lines/s ({:.2} s, peak {} MiB)",
@@ -315,6 +345,9 @@ fn main() {
             }
             // The price of pending marks: the same first pass with them off (marks final
             // at once, no confirming round trip), in a namespace of its own.
+            if name == "postgres" {
+                postgres_settle(store, false);
+            }
             let r = gate_with(
                 &input,
                 store,
@@ -333,6 +366,7 @@ fn main() {
             // The round's rows go, so rounds (and runs) do not grow the table they measure.
             forget(pg, &ns, lines);
             forget(pg, &format!("{ns}-final"), lines);
+            postgres_settle(pg, true);
             #[cfg(feature = "postgres")]
             {
                 let s = postgres_copy_floor(pg, lines);
