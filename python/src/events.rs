@@ -93,7 +93,7 @@ pub struct Verdict {
     /// expiry confirming gives it, and `Admission::pending_batch`).
     gate: u64,
     confirm: Option<Option<DateTime<Utc>>>,
-    pending_batch: Option<u64>,
+    pending_batch: Option<idem::events::strategy::BatchRef>,
 }
 
 #[pymethods]

@@ -110,9 +110,18 @@ pub struct Admission {
     /// A key this gate marked *pending* ([`EventGate::pending`]): the expiry its
     /// confirmation gives it (`None` inside: never), once its record is out.
     pub confirm: Option<Option<DateTime<Utc>>>,
-    /// The batch (of this gate) whose pending marks the key's carries, when `confirm` is
+    /// The batch (of this gate) whose pending mark the key carries, when `confirm` is
     /// set: a confirmation is per batch.
-    pub pending_batch: Option<u64>,
+    pub pending_batch: Option<BatchRef>,
+}
+
+/// A batch of a gate that marks keys pending ([`Admission::pending_batch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BatchRef {
+    /// The batch's number in its gate.
+    pub n: u64,
+    /// How many keys it found new: a confirmation of all of them confirms the batch whole.
+    pub new_keys: usize,
 }
 
 /// The pending marks of one batch, to confirm once its records are out
@@ -123,6 +132,9 @@ pub struct Confirmation {
     pub marker: String,
     /// Its new keys and the expiry each gets when confirmed (`None`: never).
     pub keys: Vec<(String, Option<DateTime<Utc>>)>,
+    /// Whether `keys` are every key the batch found new (a store may then confirm the
+    /// batch at once rather than key by key).
+    pub whole: bool,
 }
 
 impl Admission {
@@ -458,22 +470,23 @@ impl EventGate {
         let Some(p) = &self.pending else {
             return Vec::new();
         };
-        let mut out: Vec<(u64, Confirmation)> = Vec::new();
+        let mut out: Vec<(BatchRef, Confirmation)> = Vec::new();
         for a in admitted {
             let Ok(a) = a else { continue };
-            let (Some(EventVerdict::New), Some(at), Some(n)) =
+            let (Some(EventVerdict::New), Some(at), Some(batch)) =
                 (&a.verdict, a.confirm, a.pending_batch)
             else {
                 continue;
             };
-            let i = match out.iter().position(|(m, _)| *m == n) {
+            let i = match out.iter().position(|(b, _)| b.n == batch.n) {
                 Some(i) => i,
                 None => {
                     out.push((
-                        n,
+                        batch,
                         Confirmation {
-                            marker: p.marker(n),
+                            marker: p.marker(batch.n),
                             keys: Vec::new(),
+                            whole: false,
                         },
                     ));
                     out.len() - 1
@@ -481,7 +494,15 @@ impl EventGate {
             };
             out[i].1.keys.push((a.key.clone(), at));
         }
-        out.into_iter().map(|(_, c)| c).collect()
+        out.into_iter()
+            .map(|(batch, mut c)| {
+                // Whole when every key it found new is here (each once).
+                let distinct: std::collections::HashSet<&str> =
+                    c.keys.iter().map(|(k, _)| k.as_str()).collect();
+                c.whole = distinct.len() == batch.new_keys;
+                c
+            })
+            .collect()
     }
 
     /// Confirms these batches' pending marks (see [`confirm`](Self::confirm)): how many
@@ -495,7 +516,7 @@ impl EventGate {
             confirmed += self
                 .dedup
                 .store
-                .confirm_pending_batch(self.dedup.namespace(), &c.marker, &c.keys)
+                .confirm_pending_batch(self.dedup.namespace(), &c.marker, &c.keys, c.whole)
                 .await?;
         }
         Ok(confirmed)
@@ -738,6 +759,10 @@ impl EventGate {
             }
             Err(e) => return Err(e),
         };
+        // How many keys the batch found new (each once: a repeat is a replay of the first).
+        let new_keys = verdicts
+            .as_ref()
+            .map_or(0, |v| v.iter().filter(|v| v.is_new()).count());
         let mut verdicts = verdicts.map(|v| v.into_iter().map(Some).collect::<Vec<_>>());
         let log_only = self.strategy == Strategy::LogOnly;
         let mut out = Vec::with_capacity(slots.len());
@@ -782,7 +807,7 @@ impl EventGate {
                 verdict,
                 passes: new || log_only,
                 confirm,
-                pending_batch: confirm.and(pending.map(|(_, n)| n)),
+                pending_batch: confirm.and(pending.map(|(_, n)| BatchRef { n, new_keys })),
             }));
         }
         Ok(out)

@@ -403,10 +403,11 @@ impl<S: EventKeyStore + ?Sized> EventKeyStore for CircuitBreakerStore<S> {
         namespace: &str,
         marker: &str,
         keys: &[(String, Option<DateTime<Utc>>)],
+        whole: bool,
     ) -> Result<u64> {
         // Not through the breaker: a confirmation is owed for records already written.
         self.inner
-            .confirm_pending_batch(namespace, marker, keys)
+            .confirm_pending_batch(namespace, marker, keys, whole)
             .await
     }
 

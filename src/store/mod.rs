@@ -673,19 +673,23 @@ pub trait EventKeyStore: StoreBase {
         }
     }
 
-    /// Confirms a batch marked by [`check_and_mark_pending`](Self::check_and_mark_pending)
-    /// with `marker`, once the records of its new keys, `keys` with their real expiries,
-    /// are out: its keys still carrying its mark become plain marks (no marker, their real
-    /// expiry); keys taken over meanwhile by another call are left alone. How many were
-    /// confirmed (a store that keeps the state once per batch: `keys.len()` when the
-    /// batch was pending, else 0). By default,
-    /// [`confirm_event_keys`](Self::confirm_event_keys) with the marker as owner.
+    /// Confirms new keys of a batch marked by
+    /// [`check_and_mark_pending`](Self::check_and_mark_pending) with `marker`, once their
+    /// records are out: `keys` with their real expiries, `whole` when they are every key
+    /// the batch found new. Those still carrying the batch's mark become plain marks (no
+    /// marker, their real expiry); keys taken over meanwhile by another call, and the
+    /// batch's other keys, are left alone. How many were confirmed (a store that keeps the
+    /// state once per batch, confirming it whole: `keys.len()` when the batch was pending,
+    /// else 0). By default, [`confirm_event_keys`](Self::confirm_event_keys) with the
+    /// marker as owner, whole or not.
     async fn confirm_pending_batch(
         &self,
         namespace: &str,
         marker: &str,
         keys: &[(String, Option<DateTime<Utc>>)],
+        whole: bool,
     ) -> Result<u64> {
+        let _ = whole;
         self.confirm_event_keys(namespace, keys, marker).await
     }
 

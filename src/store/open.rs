@@ -355,10 +355,11 @@ impl EventKeyStore for ReopeningEventStore {
         namespace: &str,
         marker: &str,
         keys: &[(String, Option<DateTime<Utc>>)],
+        whole: bool,
     ) -> Result<u64> {
         self.get()
             .await?
-            .confirm_pending_batch(namespace, marker, keys)
+            .confirm_pending_batch(namespace, marker, keys, whole)
             .await
     }
 

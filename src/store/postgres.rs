@@ -72,11 +72,6 @@ const UNDEFINED_TABLE: &str = "42P01";
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
     pool: PgPool,
-    /// The connection pending batches are confirmed on (one row deleted each), with
-    /// `synchronous_commit` off: a confirmation lost to a server crash leaves the batch
-    /// unconfirmed, its keys expire with its timeout and are reported `new` again (at
-    /// least once, never lost), so none need wait for a WAL flush of its own.
-    confirm_pool: PgPool,
     options: PgConnectOptions,
     /// The URL without its password.
     url: String,
@@ -145,15 +140,8 @@ impl PostgresStore {
                 })
             })
             .connect_lazy_with(options.clone());
-        let confirm_pool = PgPoolOptions::new()
-            .max_connections(1)
-            .min_connections(0)
-            .acquire_timeout(ACQUIRE_TIMEOUT)
-            .idle_timeout(Duration::from_secs(120))
-            .connect_lazy_with(options.clone().options([("synchronous_commit", "off")]));
         Ok(PostgresStore {
             pool,
-            confirm_pool,
             options,
             url: redact_url(url),
             last_batch: Arc::new(AtomicU8::new(BatchShape::Fresh as u8)),
@@ -575,7 +563,8 @@ impl MaintenanceStore for PostgresStore {
                  (SELECT run_id FROM processing_keys WHERE processed_at >= $3)",
             "expires_at < $1 AND ($2::text IS NULL OR processor_name = $2) AND $3::timestamptz IS NOT NULL",
             // Expired, or of a pending batch whose deadline passed unconfirmed.
-            "(expires_at < $1 OR pending IN (SELECT id FROM event_pending WHERE deadline < $1)) \
+            "(expires_at < $1 OR (pending, first_seen) IN \
+                   (SELECT id, first_seen FROM event_pending WHERE deadline < $1)) \
                  AND $2::text IS NULL AND $3::timestamptz IS NOT NULL",
         ];
         cleanup_tables(
@@ -605,15 +594,19 @@ impl MaintenanceStore for PostgresStore {
                     .await
                     .map_err(|e| self.err(e))?
                     .rows_affected();
-                if table == "event_keys" && policy.processor.is_none() {
-                    // Then the rows of dead pending batches none of whose keys is left
-                    // (found through the first-seen index: a batch's keys share its
-                    // first-seen time). Never before their keys: a key whose batch row is
-                    // gone reads as confirmed.
+                if table == "event_keys"
+                    && policy.processor.is_none()
+                    && deleted < policy.limit() as u64
+                {
+                    // After the last batch of keys: the rows of dead pending batches none
+                    // of whose keys is left, each probed through the first-seen index (a
+                    // batch's keys share its first-seen time; a per-row probe, not a join
+                    // the planner could run as a scan of every key). Never before their
+                    // keys: a key whose batch row is gone reads as confirmed.
                     sqlx::query(
-                        "DELETE FROM event_pending d WHERE d.deadline < $1 AND NOT EXISTS ( \
+                        "DELETE FROM event_pending d WHERE d.deadline < $1 AND ( \
                            SELECT 1 FROM event_keys e WHERE e.first_seen = d.first_seen \
-                             AND e.namespace = d.namespace AND e.pending = d.id)",
+                             AND e.namespace = d.namespace AND e.pending = d.id LIMIT 1) IS NULL",
                     )
                     .bind(cutoff)
                     .execute(&self.pool)
@@ -629,14 +622,19 @@ impl MaintenanceStore for PostgresStore {
 
 /// The batch a statement marks keys for, registered first: with a pending marker ($7, the deadline $8) one row of `event_pending` (migration 0008),
 /// whose id the batch's keys carry in `pending` until the confirmation deletes that row;
-/// without one ($7 NULL), nothing, and the keys carry NULL.
+/// without one ($7 NULL), nothing, and the keys carry NULL. Only when the statement will
+/// insert a key (`$when`): a batch row no key names would wait for the cleanup.
 macro_rules! batch_cte {
-    () => {
-        "batch AS (
+    ($when:literal) => {
+        concat!(
+            "batch AS (
   INSERT INTO event_pending (namespace, marker, first_seen, deadline)
-  SELECT $1, $7, $6, $8 WHERE $7::text IS NOT NULL
+  SELECT $1, $7, $6, $8 WHERE $7::text IS NOT NULL AND ",
+            $when,
+            "
   RETURNING id
 )"
+        )
     };
 }
 
@@ -652,7 +650,7 @@ macro_rules! stored_row {
     WHERE s.namespace = $1 AND s.event_key = i.event_key
     LIMIT 1
   ) s
-  LEFT JOIN event_pending p ON p.id = s.pending"
+  LEFT JOIN event_pending p ON p.id = s.pending AND p.first_seen = s.first_seen"
     };
 }
 
@@ -669,16 +667,19 @@ const EVENTS_MARK_SQL: &str = concat!(
     "WITH input AS (
   SELECT * FROM UNNEST($2::text[], $3::text[], $4::text[], $5::timestamptz[])
     WITH ORDINALITY AS i(event_key, fingerprint, decision, expires_at, n)
-), ",
-    batch_cte!(),
-    ", stored AS (
+), stored AS (
   SELECT s.event_key, s.fingerprint, COALESCE(p.marker, s.decision::text) AS decision,
          s.first_seen
   FROM input i ",
     stored_row!(),
     "
   WHERE (s.expires_at IS NULL OR s.expires_at > $6) AND (p.deadline IS NULL OR p.deadline > $6)
-), marked AS (
+), ",
+    batch_cte!(
+        "EXISTS (SELECT 1 FROM input i
+    WHERE NOT EXISTS (SELECT 1 FROM stored s WHERE s.event_key = i.event_key))"
+    ),
+    ", marked AS (
   INSERT INTO event_keys AS e
     (namespace, event_key, first_seen, fingerprint, decision, expires_at, pending)
   SELECT $1, event_key, $6, fingerprint, decision::jsonb, expires_at, (SELECT id FROM batch)
@@ -689,7 +690,8 @@ const EVENTS_MARK_SQL: &str = concat!(
     first_seen = EXCLUDED.first_seen, fingerprint = EXCLUDED.fingerprint,
     decision = EXCLUDED.decision, expires_at = EXCLUDED.expires_at, pending = EXCLUDED.pending
   WHERE e.expires_at <= $6
-     OR EXISTS (SELECT 1 FROM event_pending d WHERE d.id = e.pending AND d.deadline <= $6)
+     OR EXISTS (SELECT 1 FROM event_pending d
+                WHERE d.id = e.pending AND d.first_seen = e.first_seen AND d.deadline <= $6)
   RETURNING e.event_key
 )
 SELECT i.event_key, m.event_key IS NOT NULL AS new, s.event_key IS NOT NULL AS found,
@@ -712,15 +714,19 @@ const EVENTS_INSERT_SQL: &str = concat!(
     "WITH input AS (
   SELECT * FROM UNNEST($2::text[], $3::text[], $4::text[], $5::timestamptz[])
     WITH ORDINALITY AS i(event_key, fingerprint, decision, expires_at, n)
-), ",
-    batch_cte!(),
-    ", existing AS (
+), existing AS (
   SELECT s.event_key, s.fingerprint, COALESCE(p.marker, s.decision::text) AS decision,
          s.first_seen, (s.expires_at <= $6 OR p.deadline <= $6) AS expired
   FROM input i ",
     stored_row!(),
     "
-), inserted AS (
+), ",
+    batch_cte!(
+        "NOT EXISTS (SELECT 1 FROM existing x WHERE x.expired)
+    AND EXISTS (SELECT 1 FROM input i
+      WHERE NOT EXISTS (SELECT 1 FROM existing x WHERE x.event_key = i.event_key))"
+    ),
+    ", inserted AS (
   INSERT INTO event_keys
     (namespace, event_key, first_seen, fingerprint, decision, expires_at, pending)
   SELECT $1, event_key, $6, fingerprint, decision::jsonb, expires_at, (SELECT id FROM batch)
@@ -793,9 +799,26 @@ fn copy_field(row: &mut String, text: &str) {
     }
 }
 
+/// Whether `e` says the connection could not be had or used (a connection exception, or
+/// no error from the statement itself), rather than an answer to the statement.
+fn connection_refused(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(d) => d.code().is_some_and(|c| c.starts_with("08")),
+        sqlx::Error::RowNotFound
+        | sqlx::Error::ColumnNotFound(_)
+        | sqlx::Error::ColumnDecode { .. }
+        | sqlx::Error::Decode(_)
+        | sqlx::Error::TypeNotFound { .. } => false,
+        _ => true,
+    }
+}
+
 /// An instant as `COPY` text (microseconds, UTC).
 fn copy_instant(at: DateTime<Utc>) -> String {
-    at.format("%Y-%m-%d %H:%M:%S%.6f+00").to_string()
+    // The year unsigned and at least 4 digits: chrono's `%Y` signs years past 9999 (an
+    // expiry saturated at the largest instant), which Postgres refuses.
+    use chrono::Datelike;
+    format!("{:04}{}", at.year(), at.format("-%m-%d %H:%M:%S%.6f+00"))
 }
 
 /// The `COPY` text of a batch's keys (`firsts`, in byte order), marked at `now` for
@@ -1149,11 +1172,38 @@ impl PostgresStore {
         }
         if !unseen.is_empty() {
             // Rare: committed by a concurrent batch after this statement's snapshot.
-            let unseen: Vec<&str> = unseen.iter().map(String::as_str).collect();
+            let refs: Vec<&str> = unseen.iter().map(String::as_str).collect();
+            let mut missing: std::collections::HashSet<String> = unseen.iter().cloned().collect();
             for (key, fingerprint, decision, first_seen) in
-                self.read_events(namespace, &unseen, now).await?
+                self.read_events(namespace, &refs, now).await?
             {
+                missing.remove(&key);
                 found.stored(key, fingerprint, decision, first_seen);
+            }
+            if !missing.is_empty() {
+                // Rarer: gone again before the read (the other batch took its marks back,
+                // or they expired): marked anew here, never answered as a replay of a
+                // mark nobody holds.
+                let again: Vec<EventMark> = firsts
+                    .iter()
+                    .filter(|m| missing.contains(&m.key))
+                    .map(|m| (*m).clone())
+                    .collect();
+                let verdicts =
+                    Box::pin(self.mark_batch(namespace, &again, now, None, pending)).await?;
+                for (m, v) in again.into_iter().zip(verdicts) {
+                    match v {
+                        EventVerdict::New => found.marked(m.key),
+                        EventVerdict::Replay {
+                            decision,
+                            first_seen,
+                        } => found.stored(m.key, None, decision.map(|d| d.to_string()), first_seen),
+                        EventVerdict::Conflict {
+                            stored_fingerprint,
+                            first_seen,
+                        } => found.stored(m.key, Some(stored_fingerprint), None, first_seen),
+                    }
+                }
             }
         }
         Ok(found.verdicts(marks, now))
@@ -1197,7 +1247,8 @@ impl EventKeyStore for PostgresStore {
                expires_at = NULL, pending = NULL \
              WHERE (e.expires_at IS NOT NULL AND e.expires_at <= EXCLUDED.first_seen) \
                 OR EXISTS (SELECT 1 FROM event_pending d \
-                           WHERE d.id = e.pending AND d.deadline <= EXCLUDED.first_seen) \
+                           WHERE d.id = e.pending AND d.first_seen = e.first_seen \
+                             AND d.deadline <= EXCLUDED.first_seen) \
              RETURNING event_key",
         )
         .bind(namespace)
@@ -1258,21 +1309,67 @@ impl EventKeyStore for PostgresStore {
         namespace: &str,
         marker: &str,
         keys: &[(String, Option<DateTime<Utc>>)],
+        whole: bool,
     ) -> Result<u64> {
         if keys.is_empty() {
             return Ok(0);
         }
-        let done = sqlx::query("DELETE FROM event_pending WHERE namespace = $1 AND marker = $2")
-            .bind(namespace)
-            .bind(marker)
-            .execute(&self.confirm_pool)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(if done.rows_affected() > 0 {
-            keys.len() as u64
-        } else {
-            0
-        })
+        let names: Vec<&str> = keys.iter().map(|(k, _)| k.as_str()).collect();
+        // One transaction with `synchronous_commit` off: a confirmation lost to a server
+        // crash leaves the batch unconfirmed, its keys expire with its timeout and are
+        // reported `new` again (at least once, never lost), so it need not wait for a WAL
+        // flush of its own. Whole: the batch's one row goes. Some of its keys only: those
+        // keys stop naming it (looked up one at a time), the others stay pending.
+        let confirm = || async {
+            let mut tx = self.pool.begin().await?;
+            sqlx::query("SET LOCAL synchronous_commit = off")
+                .execute(&mut *tx)
+                .await?;
+            let done = if whole {
+                let done =
+                    sqlx::query("DELETE FROM event_pending WHERE namespace = $1 AND marker = $2")
+                        .bind(namespace)
+                        .bind(marker)
+                        .execute(&mut *tx)
+                        .await?;
+                if done.rows_affected() > 0 {
+                    keys.len() as u64
+                } else {
+                    0
+                }
+            } else {
+                sqlx::query(
+                    "UPDATE event_keys e SET pending = NULL \
+                     FROM UNNEST($3::text[]) AS k(event_key), event_pending p \
+                     WHERE p.namespace = $1 AND p.marker = $2 \
+                       AND e.namespace = $1 AND e.event_key = k.event_key \
+                       AND e.pending = p.id AND e.first_seen = p.first_seen",
+                )
+                .bind(namespace)
+                .bind(marker)
+                .bind(&names)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
+            };
+            tx.commit().await.map(|()| done)
+        };
+        // Owed for records already written: asked again (a connection lost, a pool busy
+        // under load) before the keys are left to expire.
+        let mut pause = Duration::from_millis(100);
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match confirm().await {
+                Ok(n) => return Ok(n),
+                Err(e) if tries < 4 && connection_refused(&e) => {
+                    tracing::debug!("confirming a pending batch again: {e}");
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                }
+                Err(e) => return Err(self.err(e)),
+            }
+        }
     }
 
     async fn forget_event_keys(&self, namespace: &str, keys: &[String]) -> Result<u64> {

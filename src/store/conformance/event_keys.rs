@@ -190,6 +190,19 @@ pub async fn event_pending_batches(store: &dyn EventKeyStore) {
         r#"{"idem_pending":"gate-b/0"}"#,
     );
     let at = |s: i64| t + chrono::Duration::seconds(s);
+    // A batch of fresh keys only first (Postgres tries its bulk path), whose marker the
+    // next call uses again (a batch asked again, as a gate waiting on a key does).
+    let v = store
+        .check_and_mark_pending(
+            &ns,
+            &[EventMark::key("f1"), EventMark::key("f2")],
+            t,
+            batch(a),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(v, [EventVerdict::New, EventVerdict::New]);
     store
         .check_and_mark(&ns, &[EventMark::key("old").fingerprint("x")], t)
         .await
@@ -232,7 +245,7 @@ pub async fn event_pending_batches(store: &dyn EventKeyStore) {
     );
     // Confirming batch b (which marked nothing) leaves batch a pending.
     store
-        .confirm_pending_batch(&ns, b, &[("k1".to_string(), None)])
+        .confirm_pending_batch(&ns, b, &[("k1".to_string(), None)], true)
         .await
         .unwrap();
     let v = store
@@ -242,6 +255,20 @@ pub async fn event_pending_batches(store: &dyn EventKeyStore) {
     assert!(
         matches!(&v[0], EventVerdict::Replay { decision: Some(d), .. } if *d == marker),
         "still pending for batch a: {v:?}"
+    );
+    // Some of batch a's keys confirmed: those only; f2 stays pending, then expires.
+    let confirmed = store
+        .confirm_pending_batch(&ns, a, &[("f1".to_string(), None)], false)
+        .await
+        .unwrap();
+    assert_eq!(confirmed, 1, "f1 only");
+    assert_eq!(
+        store
+            .is_duplicate(&ns, &["f1".to_string(), "f2".to_string()], at(40))
+            .await
+            .unwrap(),
+        [true, false],
+        "a key left out of a partial confirmation stays pending, and expires"
     );
     let confirmed = store
         .confirm_pending_batch(
@@ -254,6 +281,7 @@ pub async fn event_pending_batches(store: &dyn EventKeyStore) {
                 ),
                 ("k2".to_string(), None),
             ],
+            true,
         )
         .await
         .unwrap();

@@ -392,7 +392,12 @@ async fn only_event_keys_expired_before_the_cut_off_go(store: &dyn Store) {
                 .unwrap();
         }
         store
-            .confirm_pending_batch(&ns, r#"{"idem_pending":"kept/0"}"#, &[(kept.clone(), None)])
+            .confirm_pending_batch(
+                &ns,
+                r#"{"idem_pending":"kept/0"}"#,
+                &[(kept.clone(), None)],
+                true,
+            )
             .await
             .unwrap();
     }
