@@ -199,6 +199,12 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// `median  (rounds: r1 r2 …)` of per-round ratios.
+fn median_and_rounds(v: &[f64]) -> String {
+    let rounds: Vec<String> = v.iter().map(|r| format!("{r:.2}")).collect();
+    format!("{:.2}  (rounds: {})", median(v.to_vec()), rounds.join(" "))
+}
+
 /// The Postgres floor: seconds to `COPY` the rows the gate writes for `lines` fresh keys
 /// into a new table shaped like `event_keys` (its primary key and `first_seen` index), in
 /// one statement on one connection: bulk loading, no conflict check, no read-back, no
@@ -430,14 +436,7 @@ fn main() {
     if !ratios.is_empty() {
         println!("median over the rounds of (lines/s) / (raw Redis SET NX EX keys/s, fresh keys):");
         for (case, v) in &ratios {
-            println!(
-                "  {case:<30}: {:.2}  (rounds: {})",
-                median(v.clone()),
-                v.iter()
-                    .map(|r| format!("{r:.2}"))
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            );
+            println!("  {case:<30}: {}", median_and_rounds(v));
         }
     }
 
@@ -453,14 +452,7 @@ fn main() {
         for pass in ["first pass ", "replay pass", "first, pending off"] {
             if let Some(v) = of(&format!("postgres {pass}")) {
                 let r: Vec<f64> = v.iter().zip(&floor).map(|(g, f)| g / f).collect();
-                println!(
-                    "  postgres {pass:<18}: {:.2}  (rounds: {})",
-                    median(r.clone()),
-                    r.iter()
-                        .map(|r| format!("{r:.2}"))
-                        .collect::<Vec<_>>()
-                        .join(" ")
-                );
+                println!("  postgres {pass:<18}: {}", median_and_rounds(&r));
             }
         }
     }

@@ -45,6 +45,20 @@ mod bigquery {
 
     use super::common::Sandbox;
 
+    /// Another run ("holder") takes the lease of `scope` for ten minutes.
+    async fn hold(store: &dyn LeaseStore, name: &str, scope: &str) {
+        store
+            .claim(&ClaimRequest {
+                processor: name,
+                scope,
+                run_id: "holder",
+                ttl: Duration::from_secs(600),
+                now: Utc::now(),
+            })
+            .await
+            .unwrap();
+    }
+
     /// The emulator URL, or `None` after saying why the test is skipped (in CI, with
     /// `IDEM_REQUIRE_SERVICES=1`, a missing URL fails the test instead).
     fn bigquery_url(test: &str) -> Option<String> {
@@ -785,16 +799,7 @@ mod bigquery {
         assert_eq!(store.api_calls() - before, 2);
 
         // Skipped in_progress: the check (which read the lease row too) and the ledger row.
-        store
-            .claim(&ClaimRequest {
-                processor: &name,
-                scope: "2025-11-19",
-                run_id: "holder",
-                ttl: Duration::from_secs(600),
-                now: Utc::now(),
-            })
-            .await
-            .unwrap();
+        hold(&*store, &name, "2025-11-19").await;
         let before = store.api_calls();
         let held = runner
             .run(
@@ -972,16 +977,7 @@ mod bigquery {
 
             // A scope another run holds: in_progress.
             let held_date = idem::parse_date("2025-11-19").unwrap();
-            store
-                .claim(&ClaimRequest {
-                    processor: &name,
-                    scope: "2025-11-19",
-                    run_id: "holder",
-                    ttl: Duration::from_secs(600),
-                    now: Utc::now(),
-                })
-                .await
-                .unwrap();
+            hold(&*store, &name, "2025-11-19").await;
             sim.reset_stats();
             let describes = processor.describes.load(Ordering::SeqCst);
             let held = runner
@@ -1153,16 +1149,7 @@ mod bigquery {
             .unwrap();
         assert_eq!(described.status, RunStatus::Completed);
         tokio::time::sleep(Duration::from_millis(5)).await;
-        store
-            .claim(&ClaimRequest {
-                processor: &name,
-                scope: "2025-11-20",
-                run_id: "holder",
-                ttl: Duration::from_secs(600),
-                now: Utc::now(),
-            })
-            .await
-            .unwrap();
+        hold(&*store, &name, "2025-11-20").await;
         sim.reset_stats();
         let enforce = Runner::new(store.clone() as Arc<DynStore>, short_window())
             .heartbeat(false)
