@@ -64,6 +64,41 @@ pub trait Processor: Send + Sync {
     async fn process(&self, request: &RunRequest) -> Result<Outcome, BoxError>;
 }
 
+/// A processor's failure that names the exit status the command line ends with: a
+/// command job's program's own (its exit code, 128+N when signal N ended it, 124 when it
+/// ran past its timeout, 126/127 when it could not start), passed through as `timeout(1)`
+/// does. The runner keeps the status in
+/// [`RunReport::exit_status`](crate::runner::RunReport::exit_status).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExitStatusError {
+    /// The exit status (1 to 255).
+    pub status: u8,
+    /// What happened, for the ledger's error.
+    pub message: String,
+}
+
+impl std::fmt::Display for ExitStatusError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ExitStatusError {}
+
+impl ExitStatusError {
+    /// The exit status `error` names, if it is (or wraps) an [`ExitStatusError`].
+    pub fn status_of(error: &(dyn std::error::Error + 'static)) -> Option<u8> {
+        let mut at = Some(error);
+        while let Some(e) = at {
+            if let Some(x) = e.downcast_ref::<ExitStatusError>() {
+                return Some(x.status);
+            }
+            at = e.source();
+        }
+        None
+    }
+}
+
 /// Processors by name.
 #[derive(Clone, Default)]
 pub struct Registry {

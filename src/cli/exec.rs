@@ -1,18 +1,26 @@
 //! `idem exec NAME [guards] -- PROGRAM ARGS…`: a crontab line's program behind the guards,
 //! with no job file. It runs exactly as a command job called NAME would (the same ledger,
 //! `runs` and `report`): the flags are written into a job in memory and validated as a
-//! job file is.
+//! job file is. As a wrapper it passes on what a wrapper should: standard input, the
+//! arguments as given, the signals it receives, and the program's exit status.
 
-use super::output;
-use super::{cancel_on_signals, ExecArgs, GlobalOptions};
+use super::output::{self, Format};
+use super::{ExecArgs, GlobalOptions};
+use crate::command::signals;
 use crate::error::{Error, Result};
 use crate::job::{plan, Job, Overrides};
-use crate::model::Trigger;
+use crate::model::{exit, RunStatus, Trigger};
 use crate::processor::Registry;
+use crate::runner::{Cancel, RunReport};
 
 impl ExecArgs {
     /// The job the flags describe, validated as a job file would be; errors name the flag.
+    /// Relative dates are read in `--timezone`, else the machine's zone.
     fn job(&self) -> Result<Job> {
+        let zone = match &self.timezone {
+            Some(tz) => tz.clone(),
+            None => local_zone()?,
+        };
         let mut guards = toml::Table::new();
         let put = |table: &mut toml::Table, key: &str, value: &Option<String>| {
             if let Some(v) = value {
@@ -22,13 +30,18 @@ impl ExecArgs {
         put(&mut guards, "time_window", &self.time_window);
         put(&mut guards, "content_hash", &self.content_hash);
         put(&mut guards, "lease", &self.lease);
+        put(
+            &mut guards,
+            "on_change",
+            &self.on_change.map(|c| c.as_str().to_string()),
+        );
         let mut command = toml::Table::new();
         command.insert(
             "run".into(),
             toml::Value::Array(
                 self.argv
                     .iter()
-                    .map(|a| toml::Value::String(a.clone()))
+                    .map(|a| crate::command::ArgText(a.clone()).to_toml())
                     .collect(),
             ),
         );
@@ -48,6 +61,9 @@ impl ExecArgs {
         }
         put(&mut command, "timeout", &self.timeout);
         put(&mut command, "grace", &self.grace);
+        if self.keep_descendants {
+            command.insert("keep_descendants".into(), toml::Value::Boolean(true));
+        }
         let mut job = toml::Table::new();
         job.insert("name".into(), toml::Value::String(self.name.clone()));
         job.insert(
@@ -58,7 +74,7 @@ impl ExecArgs {
             "date".into(),
             toml::Value::String(self.date.clone().unwrap_or_else(|| "today".into())),
         );
-        put(&mut job, "timezone", &self.timezone);
+        job.insert("timezone".into(), toml::Value::String(zone.clone()));
         if !self.param.is_empty() {
             let params: toml::Table = self
                 .param
@@ -74,13 +90,59 @@ impl ExecArgs {
         // A job "file" that names the command line: errors read `job file <idem exec NAME>: …`,
         // and the program runs in the current folder.
         let path = format!("<idem exec {}>", self.name);
-        Job::parse(&text, std::path::Path::new(&path)).map_err(|e| {
-            Error::config(e.to_string().replacen(
-                &format!("job file {path}"),
-                &format!("idem exec {}", self.name),
-                1,
-            ))
-        })
+        let mut job = Job::parse(&text, std::path::Path::new(&path)).map_err(|e| {
+            let message = e
+                .to_string()
+                .replacen(
+                    &format!("job file {path}"),
+                    &format!("idem exec {}", self.name),
+                    1,
+                )
+                .replace("[command] grace", "--grace")
+                .replace("[guards] lease", "--lease");
+            Error::config(message)
+        })?;
+        if let Some(command) = job.command.as_mut() {
+            command.date_zone = Some(zone);
+        }
+        Ok(job)
+    }
+}
+
+/// The machine's time zone, as the `date` command reads it: `TZ` (an IANA name, `:NAME`,
+/// or a path into a zoneinfo folder; empty is UTC), else `/etc/localtime` (a link into
+/// the zoneinfo folder, or `/etc/timezone` beside it); UTC when neither is there.
+fn local_zone() -> Result<String> {
+    let valid = |name: &str| crate::schedule::parse_timezone(name).is_ok();
+    if let Some(tz) = std::env::var_os("TZ") {
+        let text = tz.to_string_lossy();
+        let name = text.strip_prefix(':').unwrap_or(&text);
+        if name.is_empty() {
+            return Ok("UTC".into());
+        }
+        let name = match name.split_once("zoneinfo/") {
+            Some((_, zone)) if name.starts_with('/') => zone,
+            _ => name,
+        };
+        if valid(name) {
+            return Ok(name.to_string());
+        }
+        return Err(Error::input(format!(
+            "TZ={text:?}: not a time zone idem can read (an IANA name like Europe/Paris); \
+             set TZ to one, or pass --timezone"
+        )));
+    }
+    match iana_time_zone::get_timezone() {
+        Ok(name) if valid(&name) => Ok(name),
+        _ if !std::path::Path::new("/etc/localtime").exists() => Ok("UTC".into()),
+        Ok(name) => Err(Error::input(format!(
+            "the machine's time zone {name:?} (/etc/localtime) is not one idem can read; pass \
+             --timezone or set TZ"
+        ))),
+        Err(e) => Err(Error::input(format!(
+            "cannot tell the machine's time zone from /etc/localtime ({e}); pass --timezone \
+             or set TZ"
+        ))),
     }
 }
 
@@ -90,14 +152,14 @@ pub(super) async fn exec(args: &ExecArgs, g: &GlobalOptions, registry: &Registry
         super::refuse_to_overwrite("--metrics-file", path, &[], &g.store)?;
     }
     let job = args.job()?;
-    let cancel = cancel_on_signals()?;
+    let cancel = stop_on_signals()?;
     let overrides = Overrides {
         mode: args.mode,
-        store_failure: None,
+        store_failure: args.on_store_failure,
         trigger: Some(args.trigger.unwrap_or(Trigger::Manual)),
         scope: args.scope.clone(),
         run_id: args.run_id.clone(),
-        cancel: Some(cancel),
+        cancel: Some(cancel.clone()),
         spool: true,
         params: args.param.iter().cloned().collect(),
     };
@@ -105,9 +167,87 @@ pub(super) async fn exec(args: &ExecArgs, g: &GlobalOptions, registry: &Registry
     let request = overrides.request(&job, date)?;
     let plan = plan(&job, registry, &g.store, overrides).await?;
     let report = plan.runner.run(&*plan.processor, request).await?;
-    output::print_report(&report, g.format);
-    if let Some(path) = &args.metrics_file {
-        super::metrics::write_atomically(path, &super::metrics::run_metrics(&report))?;
+    let code = command_exit_code(&report, &cancel, args.skip_exit_code);
+    if !args.quiet {
+        output::print_report(&report, g.format);
+    } else if report.status == RunStatus::Failed {
+        print_error_line(&report, g.format);
     }
-    Ok(report.exit_code())
+    if let Some(path) = &args.metrics_file {
+        super::metrics::write_atomically(path, &super::metrics::run_metrics(&report, code))?;
+    }
+    Ok(code)
+}
+
+/// `--quiet`'s one line for a failed run (the program's standard error went through
+/// already: not its tail again).
+fn print_error_line(report: &RunReport, format: Format) {
+    let error = report.error.as_deref().unwrap_or("failed");
+    let first = error
+        .split("; last lines of its stderr:")
+        .next()
+        .unwrap_or(error)
+        .lines()
+        .next()
+        .unwrap_or(error);
+    let line = format!(
+        "{} for {} failed: {first} (run id {})",
+        report.job, report.scope, report.run_id
+    );
+    if format == Format::Json {
+        output::print_json(&serde_json::json!({"error": line}));
+    }
+    output::print_error_line(line);
+}
+
+/// The exit status of a command job's run, as a wrapper gives it (`timeout(1)`): 0 when
+/// it completed, `skip_code` (default 0) when skipped, the program's own status when it
+/// failed (its code, 128+N for signal N, 124 past its timeout), 128+N when idem was
+/// stopped by signal N, 3 when the result could not be recorded, else 1.
+pub(super) fn command_exit_code(report: &RunReport, cancel: &Cancel, skip_code: Option<u8>) -> u8 {
+    match report.status {
+        RunStatus::Skipped => skip_code.unwrap_or(exit::OK),
+        RunStatus::Completed => exit::OK,
+        RunStatus::Failed if report.recording_failed() => exit::STORE_UNAVAILABLE,
+        RunStatus::Failed => report
+            .exit_status
+            .or_else(|| {
+                let signal = signals::number(cancel.reason()?)?;
+                u8::try_from(128 + signal).ok()
+            })
+            .unwrap_or(exit::RUN_FAILED),
+    }
+}
+
+/// Listens for every signal that would otherwise end idem ([`signals::handled`]), so none
+/// ends it unrecorded. Each is forwarded, as it came, to the process group of the program
+/// running (a command job); SIGHUP, SIGINT, SIGQUIT and SIGTERM also cancel the returned
+/// token (the run stops and is recorded as interrupted, its lease released), and so does
+/// any of them when no program runs to pass it to. The token's reason is the signal's name.
+pub(super) fn stop_on_signals() -> Result<Cancel> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let cancel = Cancel::new();
+    for sig in signals::handled() {
+        let mut stream = match signal(SignalKind::from_raw(sig)) {
+            Ok(s) => s,
+            Err(e) if signals::STOPPING.contains(&sig) => {
+                return Err(Error::config(format!("cannot listen for signals: {e}")))
+            }
+            Err(e) => {
+                tracing::debug!("not listening for {}: {e}", signals::name(sig));
+                continue;
+            }
+        };
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            while stream.recv().await.is_some() {
+                let stops = signals::STOPPING.contains(&sig);
+                let forwarded = crate::command::forward_signal(sig, stops);
+                if stops || !forwarded {
+                    cancel.cancel(signals::name(sig));
+                }
+            }
+        });
+    }
+    Ok(cancel)
 }

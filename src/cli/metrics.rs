@@ -9,6 +9,7 @@ use std::path::Path;
 use crate::error::{Error, Result};
 use crate::events::strategy::EventGate;
 use crate::events::stream::StreamSummary;
+use crate::model::RunStatus;
 use crate::runner::RunReport;
 use crate::store::breaker::BreakerPhase;
 
@@ -220,7 +221,7 @@ pub(super) fn gate_metrics(s: &StreamSummary, gate: &EventGate, finished: bool) 
 
 /// One run's metrics: its status, skip reason and trigger as labels, its duration and
 /// the records it processed.
-pub(super) fn run_metrics(r: &RunReport) -> String {
+pub(super) fn run_metrics(r: &RunReport, exit_code: u8) -> String {
     let status = r.status.to_string();
     let skip = r
         .skip_reason
@@ -249,7 +250,11 @@ pub(super) fn run_metrics(r: &RunReport) -> String {
         "gauge",
         "1 when the run succeeded or was skipped as already done, 0 otherwise.",
         job,
-        if r.exit_code() == 0 { 1.0 } else { 0.0 },
+        if matches!(r.status, RunStatus::Completed | RunStatus::Skipped) {
+            1.0
+        } else {
+            0.0
+        },
     );
     m.one(
         "idem_run_duration_seconds",
@@ -270,7 +275,7 @@ pub(super) fn run_metrics(r: &RunReport) -> String {
         "gauge",
         "The exit code of idem run.",
         job,
-        r.exit_code() as f64,
+        f64::from(exit_code),
     );
     m.one(
         "idem_run_finished_timestamp_seconds",

@@ -274,6 +274,9 @@ pub(crate) struct RunArgs {
     /// theirs across retries and tasks), the run is recorded as ID.<8 hex digits>.
     #[arg(long)]
     run_id: Option<String>,
+    /// Exit with this status when the run is skipped (default 0).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8), conflicts_with = "from")]
+    skip_exit_code: Option<u8>,
     /// Write the run's metrics to FILE in Prometheus text format (for node_exporter's
     /// textfile collector), atomically, when the run ends (not with --from/--to).
     #[arg(long, value_name = "FILE", conflicts_with = "from")]
@@ -300,14 +303,17 @@ fn parse_param(s: &str) -> std::result::Result<(String, String), String> {
 pub(crate) struct ExecArgs {
     /// The job's name in the ledger (what `runs --job` and `report --job` take).
     name: String,
-    /// The program and its arguments, after `--`; `{date}`, `{scope}`, `{run_id}`,
-    /// `{trigger}` and `{job}` are replaced in each argument (no shell reads them).
-    #[arg(last = true, required = true, value_name = "PROGRAM ARGS")]
-    argv: Vec<String>,
+    /// The program and its arguments, after `--`, passed as given: only `{date}`,
+    /// `{scope}`, `{run_id}`, `{trigger}`, `{job}` and `{param.NAME}` are replaced (no
+    /// shell reads them; other braces stay).
+    #[arg(last = true, required = true, value_name = "PROGRAM ARGS",
+          value_parser = clap::value_parser!(std::ffi::OsString))]
+    argv: Vec<std::ffi::OsString>,
     /// The partition date: YYYY-MM-DD, today, yesterday or today-N (in --timezone).
     #[arg(long, allow_hyphen_values = true, default_value = "today")]
     date: Option<String>,
-    /// The IANA time zone relative dates are read in (default UTC).
+    /// The IANA time zone relative dates are read in [default: the machine's, as `date`
+    /// reads it: TZ, else /etc/localtime].
     #[arg(long)]
     timezone: Option<String>,
     /// Skip when the same date completed within this long (e.g. 20h).
@@ -329,9 +335,29 @@ pub(crate) struct ExecArgs {
     /// Between SIGTERM and SIGKILL when the program is stopped [default: 30s].
     #[arg(long, value_name = "DURATION")]
     grace: Option<String>,
+    /// Leave the processes the program starts running when it exits (a daemon); by
+    /// default idem stops them (SIGTERM, then SIGKILL after --grace) before it records.
+    #[arg(long)]
+    keep_descendants: bool,
+    /// When the run the time window finds had another command: skip (default, with a
+    /// warning) or rerun.
+    #[arg(long, value_enum, value_name = "WHAT")]
+    on_change: Option<crate::guard::OnChange>,
+    /// Exit with this status when the run is skipped (default 0), so `idem exec … && next`
+    /// can tell "ran now" from "already done".
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8))]
+    skip_exit_code: Option<u8>,
+    /// Print nothing of idem's own when the run completes or is skipped, only its error
+    /// line when it fails (the program's output and idem's warnings still show).
+    #[arg(long, short)]
+    quiet: bool,
     /// enforce (default), shadow or off.
     #[arg(long, value_enum)]
     mode: Option<Mode>,
+    /// strict (default: the store unavailable is exit 3, nothing run) or best_effort (run
+    /// unguarded and record later).
+    #[arg(long, value_enum)]
+    on_store_failure: Option<StoreFailurePolicy>,
     /// Scope, when it is not just the date (default: the date).
     #[arg(long)]
     scope: Option<String>,
@@ -402,6 +428,7 @@ impl ExplainArgs {
             run_id: None,
             metrics_file: None,
             param: self.param.clone(),
+            skip_exit_code: None,
         }
     }
 }
@@ -612,12 +639,19 @@ pub fn main_with(registry: Registry) -> ExitCode {
     };
     // sqlx warns of every statement slower than 1 s with its whole text (the report's
     // queries over a large ledger are, by design): that is for `RUST_LOG=sqlx=warn`.
-    init_logging(if matches!(cli.command, Command::Scheduler(_)) {
+    init_logging(match &cli.command {
         // One line per fire.
-        "warn,sqlx::query=error,sqlx::pool=error,idem::scheduler=info"
-    } else {
-        "warn,sqlx::query=error,sqlx::pool=error"
+        Command::Scheduler(_) => "warn,sqlx::query=error,sqlx::pool=error,idem::scheduler=info",
+        // Only errors, and the warning that a changed command was skipped.
+        Command::Exec(args) if args.quiet => "error,idem::changed=warn",
+        _ => "warn,sqlx::query=error,sqlx::pool=error",
     });
+    // A wrapper passes its standard input on to the program it runs.
+    if matches!(&cli.command, Command::Exec(_))
+        || matches!(&cli.command, Command::Run(args) if args.from.is_none())
+    {
+        crate::command::inherit_stdin();
+    }
     // A command job's child writes to idem's standard output, unless idem's own output
     // there is a machine-readable report: then to its standard error.
     if !matches!(cli.global.format_arg, FormatArg::Human) {
@@ -640,6 +674,11 @@ pub fn main_with(registry: Registry) -> ExitCode {
         }
     };
     let code = runtime.block_on(async {
+        // As a container's entrypoint (PID 1), idem reaps what the container's processes
+        // leave behind, as an init must.
+        if std::process::id() == 1 {
+            crate::command::reap_orphans();
+        }
         let code = execute(cli, &registry).await;
         // The runner waits for the cancellation of an interrupted run's warehouse
         // statements; this catches any other (the runtime's tasks end with `main`).

@@ -3,8 +3,9 @@
 
 use std::sync::Arc;
 
+use super::exec::{command_exit_code, stop_on_signals};
 use super::output::{self, Format};
-use super::{cancel_on_signals, ExplainArgs, GlobalOptions, RunArgs, EXIT_OK};
+use super::{ExplainArgs, GlobalOptions, RunArgs, EXIT_OK};
 use crate::error::{Error, Result};
 use crate::job::{find_job, plan, Job, Overrides};
 use crate::model::{RunRequest, Trigger};
@@ -45,23 +46,31 @@ fn prepare(args: &RunArgs, g: &GlobalOptions, overrides: &Overrides) -> Result<(
     Ok((job, request))
 }
 
-/// `idem run JOB`: one date through the guards; SIGINT/SIGTERM stop the processor and
-/// record the run as interrupted.
+/// `idem run JOB`: one date through the guards; a signal (SIGINT, SIGTERM, SIGHUP, …)
+/// stops the processor and records the run as interrupted. A command job exits as
+/// `idem exec` does (the program's status; [`command_exit_code`]).
 pub(super) async fn run(args: &RunArgs, g: &GlobalOptions, registry: &Registry) -> Result<u8> {
     super::check_range(&args.from, &args.to)?;
     if let Some(path) = &args.metrics_file {
         super::refuse_to_overwrite("--metrics-file", path, &[], &g.store)?;
     }
-    let cancel = cancel_on_signals()?;
-    let overrides = args.overrides(Trigger::Manual, Some(cancel));
+    let cancel = stop_on_signals()?;
+    let overrides = args.overrides(Trigger::Manual, Some(cancel.clone()));
     let (job, request) = prepare(args, g, &overrides)?;
     let plan = plan(&job, registry, &g.store, overrides).await?;
     let report = plan.runner.run(&*plan.processor, request).await?;
     output::print_report(&report, g.format);
+    let code = if job.processor == crate::command::COMMAND_PROCESSOR {
+        command_exit_code(&report, &cancel, args.skip_exit_code)
+    } else if report.status == crate::model::RunStatus::Skipped {
+        args.skip_exit_code.unwrap_or(EXIT_OK)
+    } else {
+        report.exit_code()
+    };
     if let Some(path) = &args.metrics_file {
-        super::metrics::write_atomically(path, &super::metrics::run_metrics(&report))?;
+        super::metrics::write_atomically(path, &super::metrics::run_metrics(&report, code))?;
     }
-    Ok(report.exit_code())
+    Ok(code)
 }
 
 /// `idem explain JOB`: what a run would decide now, nothing run or claimed.
@@ -109,7 +118,7 @@ pub(super) async fn backfill(args: &RunArgs, g: &GlobalOptions, registry: &Regis
         chrono::Utc::now(),
     )?;
     // One token stops the running dates (the runner) and the dates after them (here).
-    let cancel = cancel_on_signals()?;
+    let cancel = stop_on_signals()?;
     let overrides = args.overrides(Trigger::Backfill, Some(cancel.clone()));
     let requests = dates
         .iter()

@@ -42,7 +42,7 @@ mod time_window;
 
 pub use content_hash::ContentHashGuard;
 pub use lease::{LeaseGuard, OnHeld};
-pub use time_window::TimeWindowGuard;
+pub use time_window::{OnChange, TimeWindowGuard};
 
 /// A guard's answer.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -86,6 +86,9 @@ pub struct GuardContext<'a> {
     pub dry_run: bool,
     /// True in shadow mode: a lease guard that finds the scope held proceeds anyway.
     pub shadow: bool,
+    /// The processor's version (empty when it has none): the time window tells a run of
+    /// changed code from a repeat.
+    pub version: String,
     found: HashMap<(KeyKind, String), Option<KeyRecord>>,
     lease: Option<Lease>,
     /// Who held the lease when the keys of the phase before the lease guard were read,
@@ -483,6 +486,7 @@ impl GuardStack {
             content_key: None,
             dry_run: options.dry_run,
             shadow: options.shadow,
+            version: content.version(),
             found: HashMap::new(),
             lease: None,
             holder_seen: None,
@@ -683,6 +687,12 @@ pub enum ContentError {
 /// Computes the run's content key when the first guard that needs one is reached.
 #[async_trait]
 pub trait ContentSource: Send + Sync {
+    /// The processor's version ([`Processor::version`](crate::processor::Processor::version)):
+    /// a guard compares it with the one a key was written with. Empty by default.
+    fn version(&self) -> String {
+        String::new()
+    }
+
     /// The content key with `algorithm`, or `None` when the processor describes no
     /// content.
     async fn content_key(

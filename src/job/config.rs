@@ -96,6 +96,10 @@ pub struct GuardsConfig {
     /// `sha256` (default) or `md5`.
     #[serde(default, deserialize_with = "de::hash")]
     pub hash: HashAlgorithm,
+    /// What the time window does when the run within it had another version of the job
+    /// (a command job's command changed): `skip` (default, with a warning) or `rerun`.
+    #[serde(default)]
+    pub on_change: crate::guard::OnChange,
 }
 
 /// The `[sql]` table.
@@ -364,7 +368,10 @@ impl Job {
             }
         }
         if self.processor == crate::command::COMMAND_PROCESSOR {
-            self.command_spec()?;
+            let spec = self.command_spec()?;
+            if self.guards.heartbeat.unwrap_or(true) {
+                spec.check_lease(self.lease_ttl(), "[command] grace", "[guards] lease")?;
+            }
             if self.guards.content_hash.is_some()
                 && self.command.as_ref().is_some_and(|c| c.content.is_none())
             {
@@ -464,9 +471,10 @@ impl Job {
                 )));
             }
             builder = match name {
-                GuardName::TimeWindow => {
-                    builder.option_guard(g.time_window.map(TimeWindowGuard::new))
-                }
+                GuardName::TimeWindow => builder.option_guard(
+                    g.time_window
+                        .map(|w| TimeWindowGuard::new(w).on_change(g.on_change)),
+                ),
                 GuardName::ContentHash => {
                     builder.option_guard(g.content_hash.map(|w| ContentHashGuard::new(w, g.hash)))
                 }

@@ -24,7 +24,7 @@ use crate::model::{
     exit, micros, KeyKind, KeyRecord, Mode, Outcome, PreviousRun, RunRecord, RunRequest, RunStatus,
     Skip, SkipReason, Trigger,
 };
-use crate::processor::Processor;
+use crate::processor::{ExitStatusError, Processor};
 use crate::store::spool::Spool;
 use crate::store::{DynStore, Finish, Lease};
 
@@ -149,6 +149,10 @@ pub struct RunReport {
     pub finished_at: DateTime<Utc>,
     /// Duration in milliseconds.
     pub duration_ms: i64,
+    /// The exit status a failed run's processor named ([`ExitStatusError`]): a command
+    /// job's program's own (its code, 128+N for signal N, 124 past its timeout), which the
+    /// CLI exits with. Not in the JSON report.
+    pub exit_status: Option<u8>,
 }
 
 impl Serialize for RunReport {
@@ -208,16 +212,18 @@ impl RunReport {
             started_at,
             finished_at: started_at,
             duration_ms: 0,
+            exit_status: None,
         }
     }
 
-    /// The CLI's exit code for this report: 0 completed or skipped, 1 failed, 3 the
-    /// result could not be recorded under a strict policy.
+    /// The CLI's exit code for this report: 0 completed or skipped, 1 failed (or the
+    /// status the processor named: [`RunReport::exit_status`]), 3 the result could not be
+    /// recorded under a strict policy.
     pub fn exit_code(&self) -> u8 {
         match self.status {
             RunStatus::Completed | RunStatus::Skipped => exit::OK,
             RunStatus::Failed if self.recording_failed() => exit::STORE_UNAVAILABLE,
-            RunStatus::Failed => exit::RUN_FAILED,
+            RunStatus::Failed => self.exit_status.unwrap_or(exit::RUN_FAILED),
         }
     }
 
@@ -295,6 +301,8 @@ struct Describe<'a> {
     request: &'a RunRequest,
     with_prepare: bool,
     prepared: tokio::sync::OnceCell<()>,
+    /// The exit status a failed description named ([`ExitStatusError`]).
+    failed_status: std::sync::OnceLock<u8>,
 }
 
 impl<'a> Describe<'a> {
@@ -304,6 +312,7 @@ impl<'a> Describe<'a> {
             request,
             with_prepare,
             prepared: tokio::sync::OnceCell::new(),
+            failed_status: std::sync::OnceLock::new(),
         }
     }
 
@@ -320,6 +329,10 @@ impl<'a> Describe<'a> {
 
 #[async_trait::async_trait]
 impl ContentSource for Describe<'_> {
+    fn version(&self) -> String {
+        self.processor.version()
+    }
+
     async fn content_key(
         &self,
         algorithm: HashAlgorithm,
@@ -328,7 +341,13 @@ impl ContentSource for Describe<'_> {
             self.prepare().await?;
             self.processor.describe(self.request).await
         };
-        match described.await {
+        let described = described.await;
+        if let Err(e) = &described {
+            if let Some(status) = ExitStatusError::status_of(&**e) {
+                let _ = self.failed_status.set(status);
+            }
+        }
+        match described {
             Ok(content) => Ok(content.map(|content| ContentKey {
                 key: content.key_with_version(
                     &self.request.processor,
@@ -533,6 +552,7 @@ impl Runner {
             Ok(decided) => match decided? {
                 Decided::Go(decision, recorded) => (decision, recorded),
                 Decided::Failed(lease) => {
+                    report.exit_status = content.failed_status.get().copied();
                     crate::backend::cancels_sent(CANCEL_SEND_TIMEOUT).await;
                     return Ok(self.record(report, &request, lease, Vec::new()).await);
                 }
@@ -574,6 +594,7 @@ impl Runner {
             }
             Err(e) => {
                 report.status = RunStatus::Failed;
+                report.exit_status = ExitStatusError::status_of(&*e);
                 report.error = Some(e.to_string());
             }
         }
@@ -590,7 +611,14 @@ impl Runner {
             }
         }
         let keys = if report.status == RunStatus::Completed {
-            completed_keys(&request, &report, self.mode, processed_at, entity_count)
+            completed_keys(
+                &request,
+                &report,
+                self.mode,
+                processed_at,
+                entity_count,
+                &processor.version(),
+            )
         } else {
             Vec::new()
         };
@@ -1005,18 +1033,24 @@ enum Decided {
 }
 
 /// The keys a completed run writes: its scope key, and its content key when it has one.
+/// Their metadata holds the processor's version when it has one, so a later skip can tell
+/// that the code (a command job's command, a SQL job's SQL) changed since.
 fn completed_keys(
     request: &RunRequest,
     report: &RunReport,
     mode: Mode,
     processed_at: DateTime<Utc>,
     entity_count: Option<i64>,
+    version: &str,
 ) -> Vec<KeyRecord> {
-    let metadata = serde_json::json!({
+    let mut metadata = serde_json::json!({
         "trigger": request.trigger,
         "records_processed": report.records_processed,
         "mode": mode,
     });
+    if !version.is_empty() {
+        metadata["version"] = serde_json::Value::String(version.to_string());
+    }
     let key = |key: String, kind: KeyKind| KeyRecord {
         key,
         kind,
