@@ -208,7 +208,8 @@ fn a_failing_program_records_a_failed_run_no_key_and_the_retry_runs() {
     );
     let j = job(&s, "flaky", r#"["./flaky.sh"]"#, "", "time_window = \"1h\"");
     let (code, v, err) = s.run(&j, "2026-01-02");
-    assert_eq!(code, 1, "{err}");
+    // `idem run` exits with the program's status, as `idem exec` does.
+    assert_eq!(code, 3, "{err}");
     assert_eq!(v["status"], "failed");
     let error = v["error"].as_str().unwrap();
     assert!(
@@ -250,9 +251,10 @@ fn identical_content_skips_and_changed_content_runs() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(v["skip_reason"], "duplicate_content_hash", "{v}");
     assert_eq!(starts(&s).len(), 1);
-    // Changed content: runs.
+    // Changed content, same scope (the content key holds the scope, so only the content
+    // differs): runs.
     std::fs::write(s.dir.join("jobs/input.txt"), "a\nc\n").unwrap();
-    let (code, v, err) = s.run(&j, "2026-01-04");
+    let (code, v, err) = s.run(&j, "2026-01-02");
     assert_eq!(
         (code, v["status"].as_str()),
         (0, Some("completed")),
@@ -316,9 +318,9 @@ fn bad_command_jobs_exit_2_naming_the_field_with_nothing_recorded() {
         ("noexec", r#"["./noexec.sh"]"#, "", "is not executable"),
         (
             "placeholder",
-            r#"["echo", "{dat}"]"#,
+            r#"["echo", "{param.dat}"]"#,
             "",
-            "unknown placeholder {dat}",
+            "{param.dat} names no parameter \"dat\"",
         ),
         (
             "timeout",
@@ -363,7 +365,8 @@ fn sigterm_stops_the_program_and_its_children_and_records_an_interrupted_run() {
         .success());
     let (code, v, err) = common::wait(child);
     assert!(started.elapsed() < Duration::from_secs(10), "{err}");
-    assert_eq!(code, 1, "{err}");
+    // 128 + 15, as a shell reports a program SIGTERM stopped.
+    assert_eq!(code, 143, "{err}");
     assert_eq!(v["status"], "failed", "{v}");
     assert!(v["error"].as_str().unwrap().contains("interrupted"), "{v}");
     assert_gone(&pids, &format!("idem: {err}"));
@@ -563,7 +566,8 @@ fn a_program_writing_a_gibibyte_does_not_grow_idems_memory() {
     .stderr(Stdio::null())
     .output()
     .unwrap();
-    assert_eq!(out.status.code(), Some(1));
+    // The program's own exit status.
+    assert_eq!(out.status.code(), Some(4));
     // SAFETY: getrusage writes into the struct it is given.
     let peak_kib = unsafe {
         let mut usage: libc::rusage = std::mem::zeroed();
@@ -602,7 +606,8 @@ fn a_program_past_its_timeout_is_stopped_with_its_group_and_the_run_fails() {
     let started = Instant::now();
     let (code, v, err) = s.run(&j, "2026-01-02");
     assert!(started.elapsed() < Duration::from_secs(15), "{err}");
-    assert_eq!(code, 1, "{err}");
+    // As timeout(1) says it.
+    assert_eq!(code, 124, "{err}");
     assert_eq!(v["status"], "failed");
     assert!(
         v["error"]
@@ -828,7 +833,8 @@ fn the_scheduler_fires_a_command_job_and_exports_run_it_by_name() {
 #[test]
 fn a_lost_lease_stops_the_program_and_its_children() {
     let s = Sandbox::new("idem-command-lease-lost");
-    let (child, pids) = start_sleepy(&s, "grace = \"2s\"", "lease = \"3s\"", true);
+    // A grace period at most half the lease (a longer one is refused).
+    let (child, pids) = start_sleepy(&s, "grace = \"2s\"", "lease = \"4s\"", true);
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let store = idem::store::open(&s.store).await.unwrap();
@@ -926,7 +932,7 @@ fn as_pid_1_sigterm_stops_the_run_without_waiting_out_the_grace_period() {
         "the stop waited for the 60 s grace period: {:?} {err}",
         started.elapsed()
     );
-    assert_eq!(code, 1, "{err}");
+    assert_eq!(code, 143, "{err}");
     assert!(v["error"].as_str().unwrap().contains("interrupted"), "{v}");
     std::fs::write(jobs.join("sleepy.sh"), "#!/bin/sh\nexit 0\n").unwrap();
     let (code, v, err) = s.json(&["run", "sleepy", "--date", "2026-01-02"]);
@@ -934,5 +940,891 @@ fn as_pid_1_sigterm_stops_the_run_without_waiting_out_the_grace_period() {
         (code, v["status"].as_str()),
         (0, Some("completed")),
         "{err}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// `idem exec` as a drop-in cron wrapper: exit status, standard input, arguments, output,
+// signals, the program's tree (issue 34).
+// ---------------------------------------------------------------------------------------
+
+/// Waits (up to `limit`, a bound for a stuck test, not a measure) until `done` holds.
+fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < limit, "{what} never happened");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The pid a script wrote to `jobs/NAME` (waits for it).
+fn pid_in(s: &Sandbox, name: &str) -> i32 {
+    let path = s.dir.join("jobs").join(name);
+    wait_until(&format!("{name} written"), Duration::from_secs(30), || {
+        std::fs::read_to_string(&path).is_ok_and(|t| t.ends_with('\n'))
+    });
+    std::fs::read_to_string(&path)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Sends `signal` (a name for kill(1): HUP, TERM, …) to process `pid`.
+fn send(signal: &str, pid: u32) {
+    assert!(Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+}
+
+/// Ends processes a test left running on purpose (by pid).
+fn end(pids: &[i32]) {
+    for p in pids {
+        // SAFETY: kill(2) on a pid this test started.
+        unsafe {
+            libc::kill(*p, libc::SIGKILL);
+        }
+    }
+}
+
+/// `idem FLAGS --store STORE --jobs-dir DIR --` (`FLAGS`: `exec NAME …`, human output),
+/// ready for the program and its arguments.
+fn exec_with(s: &Sandbox, store: &str, flags: &[&str]) -> Command {
+    let mut c = Command::new(common::IDEM);
+    c.args(flags)
+        .arg("--store")
+        .arg(store)
+        .arg("--jobs-dir")
+        .arg(s.dir.join("jobs"))
+        .arg("--")
+        .current_dir(&s.dir)
+        .env_remove("IDEM_STORE")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null());
+    c
+}
+
+/// `idem exec` with `--format json`, to its end.
+fn exec_json(s: &Sandbox, args: &[&str]) -> (i32, Value, String) {
+    common::parse(exec_command(s, args).output().unwrap())
+}
+
+/// The program's own exit status comes out of `idem exec` and `idem run` as `timeout(1)`
+/// gives it: its code, 128+N when signal N killed it, 124 past `--timeout`, 127 when it
+/// is not there; a skip is 0, or the code `--skip-exit-code` names.
+#[test]
+fn the_programs_exit_status_passes_through() {
+    let s = Sandbox::new("idem-exec-status");
+    let cases: [(&[&str], i32, &str); 5] = [
+        (&["--", "sh", "-c", "exit 7"], 7, "exited with code 7"),
+        (
+            &["--", "sh", "-c", "kill -KILL $$"],
+            137,
+            "was killed by signal 9 (SIGKILL)",
+        ),
+        (
+            &["--timeout", "1s", "--grace", "1s", "--", "sleep", "60"],
+            124,
+            "ran past [command] timeout = 1s",
+        ),
+        (
+            &["--param", "p=no-such-program-idem", "--", "{param.p}"],
+            127,
+            "not found on PATH",
+        ),
+        (&["--", "true"], 0, ""),
+    ];
+    for (i, (args, want, says)) in cases.into_iter().enumerate() {
+        let name = format!("status{i}");
+        let mut all = vec!["exec", name.as_str(), "--date", "2026-01-02"];
+        all.extend(args);
+        let (code, v, err) = exec_json(&s, &all);
+        assert_eq!(code, want, "{args:?}: {v} {err}");
+        if want != 0 {
+            assert_eq!(v["status"], "failed", "{v}");
+            assert!(v["error"].as_str().unwrap().contains(says), "{v}");
+        }
+    }
+    // A skip: 0 by default (cron must not mail), or the code asked for.
+    let skip = |extra: &[&str]| {
+        let mut all = vec![
+            "exec",
+            "status4",
+            "--date",
+            "2026-01-02",
+            "--time-window",
+            "1h",
+        ];
+        all.extend(extra);
+        all.extend(["--", "true"]);
+        exec_json(&s, &all)
+    };
+    let (code, v, _) = skip(&[]);
+    assert_eq!(
+        (code, v["skip_reason"].as_str()),
+        (0, Some("time_window")),
+        "{v}"
+    );
+    let (code, v, _) = skip(&["--skip-exit-code", "100"]);
+    assert_eq!(
+        (code, v["skip_reason"].as_str()),
+        (100, Some("time_window")),
+        "{v}"
+    );
+    // `idem run` of a command job: the same.
+    job(&s, "seven", r#"["sh", "-c", "exit 7"]"#, "", "");
+    let (code, v, err) = s.json(&["run", "seven", "--date", "2026-01-02"]);
+    assert_eq!(code, 7, "{v} {err}");
+    let j = job(&s, "once", r#"["true"]"#, "", "time_window = \"1h\"");
+    assert_eq!(s.run(&j, "2026-01-02").0, 0);
+    let out = s.idem(&[
+        "run",
+        "once",
+        "--date",
+        "2026-01-02",
+        "--skip-exit-code",
+        "100",
+    ]);
+    assert_eq!(out.status.code(), Some(100));
+}
+
+/// `echo data | idem exec j -- cat`: the program reads idem's standard input.
+#[test]
+fn standard_input_reaches_the_program() {
+    let s = Sandbox::new("idem-exec-stdin");
+    let mut child = exec_command(
+        &s,
+        &[
+            "exec",
+            "j",
+            "--date",
+            "2026-01-02",
+            "--",
+            "sh",
+            "-c",
+            "cat > got.txt",
+        ],
+    )
+    .stdin(Stdio::piped())
+    .spawn()
+    .unwrap();
+    {
+        use std::io::Write as _;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"line one\nline two\n").unwrap();
+    }
+    let (code, v, err) = common::wait(child);
+    assert_eq!(
+        (code, v["status"].as_str()),
+        (0, Some("completed")),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(s.dir.join("got.txt")).unwrap(),
+        "line one\nline two\n"
+    );
+}
+
+/// Braces that are not idem's placeholders, `${VAR}`, and bytes that are not UTF-8 reach
+/// the program unchanged; `{date}` is replaced and `{{date}}` is the text `{date}`.
+#[test]
+fn arguments_reach_the_program_as_given() {
+    use std::os::unix::ffi::OsStrExt as _;
+    let s = Sandbox::new("idem-exec-args");
+    std::fs::write(s.dir.join("found.txt"), "found me\n").unwrap();
+    let not_utf8 = std::ffi::OsStr::from_bytes(b"caf\xe9-{date}.csv");
+    let out = exec_with(&s, &s.store, &["exec", "args", "--date", "2026-01-02"])
+        .args([
+            "sh",
+            "-c",
+            "for a in \"$@\"; do printf '%s\\n' \"$a\"; done > args.txt",
+            "sh",
+        ])
+        .args([
+            "BEGIN{print}",
+            "{}",
+            ";",
+            "{\"a\":1}",
+            "${HOME}",
+            "{date}",
+            "{{date}}",
+        ])
+        .arg(not_utf8)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let want: Vec<u8> = {
+        // The placeholder inside the non-UTF-8 argument is replaced too.
+        let mut w = b"BEGIN{print}\n{}\n;\n{\"a\":1}\n${HOME}\n2026-01-02\n{date}\n".to_vec();
+        w.extend_from_slice(b"caf\xe9-2026-01-02.csv\n");
+        w
+    };
+    assert_eq!(std::fs::read(s.dir.join("args.txt")).unwrap(), want);
+    // The programs a crontab runs this way: awk, find -exec, a shell's ${VAR}.
+    for (args, prints) in [
+        (vec!["awk", "BEGIN{print \"awk ran\"}"], "awk ran"),
+        (
+            vec!["find", ".", "-name", "found.txt", "-exec", "cat", "{}", ";"],
+            "found me",
+        ),
+        (vec!["sh", "-c", "echo \"home is ${HOME}\""], "home is /"),
+    ] {
+        let name = format!("prog-{}", args[0]);
+        let out = exec_with(&s, &s.store, &["exec", &name])
+            .args(&args)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {out:?}");
+        assert!(stdout.contains(prints), "{args:?}: {stdout}");
+    }
+}
+
+/// `--quiet`: nothing of idem's own on a completed or skipped run (cron mails any
+/// output), one error line on a failed one.
+#[test]
+fn quiet_prints_nothing_unless_the_run_fails() {
+    let s = Sandbox::new("idem-exec-quiet");
+    let quiet = |name: &str, program: &[&str]| {
+        let flags = [
+            "exec",
+            name,
+            "--quiet",
+            "--date",
+            "2026-01-02",
+            "--time-window",
+            "1h",
+        ];
+        exec_with(&s, &s.store, &flags)
+            .args(program)
+            .output()
+            .unwrap()
+    };
+    for what in ["completed", "skipped"] {
+        let out = quiet("q", &["true"]);
+        assert_eq!(out.status.code(), Some(0), "{what}");
+        assert!(out.stdout.is_empty(), "{what}: {out:?}");
+        assert!(out.stderr.is_empty(), "{what}: {out:?}");
+    }
+    assert_eq!(runs(&s, "q").len(), 2);
+    let out = quiet("f", &["sh", "-c", "echo 'disk full' >&2; exit 4"]);
+    assert_eq!(out.status.code(), Some(4));
+    assert!(out.stdout.is_empty(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    // The program's own stderr, then idem's one line.
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 2, "{err}");
+    assert_eq!(lines[0], "disk full");
+    assert!(
+        lines[1].starts_with("error: f for 2026-01-02 failed: \"sh\" exited with code 4"),
+        "{err}"
+    );
+}
+
+/// A program that leaves a background child and a `setsid` daemon behind: both are
+/// stopped (SIGTERM) once it exits, and the run is recorded, its lease released, only after
+/// they are gone. Each leftover, told to stop, waits for the test's `go`: meanwhile the
+/// lease is still held (another run of the date is skipped in_progress) and idem has not
+/// exited. `--keep-descendants` leaves a daemon running.
+#[test]
+fn what_the_program_leaves_running_is_stopped_before_the_lease_is_free() {
+    let s = Sandbox::new("idem-exec-tree");
+    // A leftover: on SIGTERM says so, then waits for `go`.
+    script(
+        &s,
+        "leftover.sh",
+        "#!/bin/sh\ncd \"$(dirname \"$0\")\"\ntrap 'echo stopping > \"stopping-$1\"; while [ ! -f go ]; do sleep 0.02; done; exit 0' TERM\necho $$ > \"$1.pid\"\nwhile :; do sleep 0.05; done\n",
+    );
+    let child = exec_command(
+        &s,
+        &[
+            "exec",
+            "tree",
+            "--date",
+            "2026-01-02",
+            "--",
+            "sh",
+            "-c",
+            "jobs/leftover.sh bg >/dev/null 2>&1 & setsid jobs/leftover.sh daemon >/dev/null 2>&1 & while [ ! -f jobs/bg.pid ] || [ ! -f jobs/daemon.pid ]; do sleep 0.02; done",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let pids = [pid_in(&s, "bg.pid"), pid_in(&s, "daemon.pid")];
+    let mut child = child;
+    // Both are told to stop while idem still runs (on main idem exited, leaving them).
+    let stopping = |p: &str| s.dir.join("jobs").join(format!("stopping-{p}")).exists();
+    let start = Instant::now();
+    while !(stopping("bg") && stopping("daemon")) {
+        if let Some(status) = child.try_wait().unwrap() {
+            end(&pids);
+            panic!("idem exited ({status}) with the program's processes still running");
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "never told to stop"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "idem exited before its tree"
+    );
+    let (code, v, err) = exec_json(&s, &["exec", "tree", "--date", "2026-01-02", "--", "true"]);
+    assert_eq!(
+        (code, v["skip_reason"].as_str()),
+        (0, Some("in_progress")),
+        "the lease was free while the tree ran: {v} {err}"
+    );
+    std::fs::write(s.dir.join("jobs/go"), "").unwrap();
+    let (code, v, err) = common::wait(child);
+    assert_eq!(
+        (code, v["status"].as_str()),
+        (0, Some("completed")),
+        "{err}"
+    );
+    assert_gone(&pids, "the run");
+    // Now the date is free.
+    let (code, v, err) = exec_json(&s, &["exec", "tree", "--date", "2026-01-02", "--", "true"]);
+    assert_eq!(
+        (code, v["status"].as_str()),
+        (0, Some("completed")),
+        "{err}"
+    );
+
+    // --keep-descendants: the daemon a job starts stays.
+    let (code, v, err) = exec_json(
+        &s,
+        &[
+            "exec",
+            "daemon",
+            "--keep-descendants",
+            "--",
+            "sh",
+            "-c",
+            "setsid sleep 300 >/dev/null 2>&1 & echo $! > jobs/kept.pid",
+        ],
+    );
+    assert_eq!(
+        (code, v["status"].as_str()),
+        (0, Some("completed")),
+        "{err}"
+    );
+    let kept = pid_in(&s, "kept.pid");
+    assert!(pid_alive(kept), "--keep-descendants stopped the daemon");
+    end(&[kept]);
+}
+
+/// `--timeout 2s --grace 1s` bounds idem, whatever holds the program's standard error: a
+/// `setsid` descendant (stopped with the tree), or a process outside the tree that opened
+/// the pipe (idem stops reading). The holders last 40 s; idem returns long before (about
+/// 2 s; the bound is loose for a busy machine). The content command is bounded too.
+#[test]
+fn the_timeout_bounds_idem_whatever_holds_its_pipes() {
+    let s = Sandbox::new("idem-exec-bound");
+    let started = Instant::now();
+    let (code, v, err) = exec_json(
+        &s,
+        &[
+            "exec",
+            "escaped",
+            "--timeout",
+            "2s",
+            "--grace",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            "setsid sleep 40 & echo $! > jobs/escaped.pid; sleep 40",
+        ],
+    );
+    let took = started.elapsed();
+    assert_eq!(code, 124, "{v} {err}");
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+    assert_gone(&[pid_in(&s, "escaped.pid")], "the timeout");
+
+    // A process outside the tree holds the program's stderr.
+    let child = exec_command(
+        &s,
+        &[
+            "exec",
+            "held",
+            "--timeout",
+            "2s",
+            "--grace",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            "echo $$ > jobs/held.pid; sleep 40",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let program = pid_in(&s, "held.pid");
+    let holder = std::fs::OpenOptions::new()
+        .write(true)
+        .open(format!("/proc/{program}/fd/2"))
+        .unwrap();
+    let started = Instant::now();
+    let (code, v, err) = common::wait(child);
+    let took = started.elapsed();
+    drop(holder);
+    assert_eq!(code, 124, "{v} {err}");
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+
+    // The content command.
+    let started = Instant::now();
+    let (code, v, err) = exec_json(
+        &s,
+        &[
+            "exec",
+            "slow-content",
+            "--content-hash",
+            "1h",
+            "--content",
+            "sleep 40",
+            "--timeout",
+            "1s",
+            "--grace",
+            "1s",
+            "--",
+            "true",
+        ],
+    );
+    assert!(started.elapsed() < Duration::from_secs(20), "{err}");
+    assert_eq!(code, 124, "{v} {err}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("the content command \"sleep\" ran past"),
+        "{v}"
+    );
+}
+
+/// SIGHUP (a closed ssh session), SIGQUIT and SIGINT to idem: each reaches the program as
+/// sent, the run is recorded interrupted with exit 128+N, no process of the tree is left,
+/// and the lease is free. SIGUSR1 is only passed on: a program that handles it goes on.
+#[test]
+fn signals_reach_the_program_and_leave_a_recorded_run_and_a_free_lease() {
+    let s = Sandbox::new("idem-exec-signals");
+    script(
+        &s,
+        "sleepy.sh",
+        "#!/bin/sh\ncd \"$(dirname \"$0\")\"\nfor sig in HUP QUIT INT USR1; do trap \"echo $sig >> got; [ $sig = USR1 ] || exit 1\" $sig; done\nsleep 300 &\necho $! > child.pid\necho $$ > program.pid\nwhile [ ! -f go ]; do sleep 0.02; done\n",
+    );
+    for (sig, number) in [("HUP", 1), ("QUIT", 3), ("INT", 2)] {
+        for f in ["got", "child.pid", "program.pid"] {
+            let _ = std::fs::remove_file(s.dir.join("jobs").join(f));
+        }
+        let child = exec_command(
+            &s,
+            &[
+                "exec",
+                "sleepy",
+                "--date",
+                "2026-01-02",
+                "--grace",
+                "5s",
+                "--",
+                "jobs/sleepy.sh",
+            ],
+        )
+        .spawn()
+        .unwrap();
+        let pids = [pid_in(&s, "program.pid"), pid_in(&s, "child.pid")];
+        send(sig, child.id());
+        let (code, v, err) = common::wait(child);
+        assert_eq!(code, 128 + number, "{sig}: {v} {err}");
+        assert_eq!(v["status"], "failed", "{sig}: {v}");
+        assert!(
+            v["error"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("interrupted by SIG{sig}")),
+            "{sig}: {v}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(s.dir.join("jobs/got")).unwrap(),
+            format!("{sig}\n"),
+            "the program got another signal than SIG{sig}"
+        );
+        assert_gone(&pids, &format!("SIG{sig}: {err}"));
+        let recorded = runs(&s, "sleepy");
+        assert!(
+            recorded[0]["error"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("interrupted by SIG{sig}")),
+            "{recorded:?}"
+        );
+    }
+    // The lease is free: the next run runs at once.
+    let (code, v, err) = exec_json(
+        &s,
+        &["exec", "sleepy", "--date", "2026-01-02", "--", "true"],
+    );
+    assert_eq!(
+        (code, v["status"].as_str()),
+        (0, Some("completed")),
+        "{err}"
+    );
+    // SIGUSR1 is passed on; the program handles it and finishes.
+    let _ = std::fs::remove_file(s.dir.join("jobs/got"));
+    let _ = std::fs::remove_file(s.dir.join("jobs/program.pid"));
+    let child = exec_command(
+        &s,
+        &[
+            "exec",
+            "sleepy",
+            "--date",
+            "2026-01-03",
+            "--",
+            "jobs/sleepy.sh",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    pid_in(&s, "program.pid");
+    send("USR1", child.id());
+    let got = s.dir.join("jobs/got");
+    wait_until("the program got SIGUSR1", Duration::from_secs(30), || {
+        std::fs::read_to_string(&got).is_ok_and(|t| t == "USR1\n")
+    });
+    std::fs::write(s.dir.join("jobs/go"), "").unwrap();
+    let (code, v, err) = common::wait(child);
+    assert_eq!(
+        (code, v["status"].as_str()),
+        (0, Some("completed")),
+        "{err}"
+    );
+}
+
+/// SIGKILL to idem: its watchdog stops what left the program's group too, and removes
+/// the run's private folder (mode 0700) with its result file.
+#[test]
+fn sigkill_to_idem_leaves_no_process_and_no_result_folder() {
+    let s = Sandbox::new("idem-exec-sigkill");
+    let mut child = exec_command(
+        &s,
+        &[
+            "exec",
+            "killed",
+            "--grace",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            "setsid sleep 300 >/dev/null 2>&1 & echo $! > jobs/escaped.pid; \
+             stat -c %a \"$(dirname \"$IDEM_RESULT\")\" > jobs/mode; \
+             echo \"$IDEM_RESULT\" > jobs/result; echo '{\"records\": 1}' > \"$IDEM_RESULT\"; \
+             echo $$ > jobs/program.pid; sleep 300",
+        ],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let pids = [pid_in(&s, "escaped.pid"), pid_in(&s, "program.pid")];
+    let result = std::fs::read_to_string(s.dir.join("jobs/result")).unwrap();
+    let folder = Path::new(result.trim()).parent().unwrap().to_path_buf();
+    assert_eq!(
+        std::fs::read_to_string(s.dir.join("jobs/mode")).unwrap(),
+        "700\n"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    wait_until("the watchdog's stop", Duration::from_secs(30), || {
+        pids.iter().all(|p| !pid_alive(*p)) && !folder.exists()
+    });
+}
+
+/// The result folder is removed when the run is stopped from outside (SIGTERM) too.
+#[test]
+fn the_result_folder_is_removed_when_the_run_is_stopped() {
+    let s = Sandbox::new("idem-exec-folder");
+    let child = exec_command(
+        &s,
+        &[
+            "exec",
+            "stopped",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$IDEM_RESULT\" > jobs/result; echo $$ > jobs/program.pid; sleep 300",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    pid_in(&s, "program.pid");
+    let result = std::fs::read_to_string(s.dir.join("jobs/result")).unwrap();
+    let folder = Path::new(result.trim()).parent().unwrap().to_path_buf();
+    assert!(folder.is_dir());
+    send("TERM", child.id());
+    let (code, _, err) = common::wait(child);
+    assert_eq!(code, 143, "{err}");
+    assert!(!folder.exists(), "{} is still there", folder.display());
+}
+
+/// A grace period over half the lease: if idem died, the lease could expire while the
+/// watchdog still lets the old tree run, and a second run start beside it. Refused (exit 2,
+/// naming both), for `idem exec` and job files alike; nothing runs.
+#[test]
+fn a_grace_period_over_half_the_lease_is_refused_naming_both() {
+    let s = Sandbox::new("idem-exec-grace");
+    let out = exec_with(&s, &s.store, &["exec", "g", "--lease", "10s"])
+        .args(["sh", "-c", "echo ran > jobs/ran"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--grace 30s (the default) is more than half of --lease 10s"),
+        "{err}"
+    );
+    let out = exec_with(
+        &s,
+        &s.store,
+        &["exec", "g", "--lease", "10s", "--grace", "6s"],
+    )
+    .arg("true")
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--grace 6s is more than half"));
+    let (code, v, err) = exec_json(
+        &s,
+        &["exec", "g", "--lease", "10s", "--grace", "5s", "--", "true"],
+    );
+    assert_eq!(
+        (code, v["status"].as_str()),
+        (0, Some("completed")),
+        "{err}"
+    );
+    job(
+        &s,
+        "gj",
+        r#"["true"]"#,
+        "grace = \"20s\"",
+        "lease = \"30s\"",
+    );
+    let out = s.idem(&["run", "gj", "--date", "2026-01-02"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("[command] grace 20s is more than half of [guards] lease 30s"),
+        "{err}"
+    );
+    assert!(!s.dir.join("jobs/ran").exists());
+}
+
+/// A name reused for another command: the time window still skips (the date is done),
+/// but says the command changed, on stderr and in the report (and in `explain` for a job
+/// file); `--on-change rerun` runs the changed command.
+#[test]
+fn a_changed_command_skipped_by_the_time_window_says_so() {
+    let s = Sandbox::new("idem-exec-changed");
+    let backup = |what: &str, extra: &[&str]| {
+        let mut all = vec![
+            "exec",
+            "backup",
+            "--date",
+            "2026-01-02",
+            "--time-window",
+            "20h",
+        ];
+        all.extend(extra);
+        all.extend(["--", "sh", "-c"]);
+        let line = format!("echo {what} >> jobs/starts.log");
+        all.push(&line);
+        exec_json(&s, &all)
+    };
+    let (code, v, err) = backup("DB", &[]);
+    assert_eq!(
+        (code, v["status"].as_str()),
+        (0, Some("completed")),
+        "{err}"
+    );
+    // The same command: a plain skip.
+    let (_, v, err) = backup("DB", &[]);
+    assert_eq!(v["skip_reason"], "time_window");
+    assert!(!err.contains("changed"), "{err}");
+    // Another command under the name: skipped, and said so.
+    let (code, v, err) = backup("FILES", &[]);
+    assert_eq!(
+        (code, v["skip_reason"].as_str()),
+        (0, Some("time_window")),
+        "{v}"
+    );
+    assert!(
+        err.contains("WARN")
+            && err.contains(
+                "backup: skipped for 2026-01-02 by the time window, though the job changed"
+            ),
+        "{err}"
+    );
+    assert!(
+        v["detail"]
+            .as_str()
+            .unwrap()
+            .contains("the job changed since that run"),
+        "{v}"
+    );
+    // --on-change rerun runs it.
+    let (code, v, err) = backup("FILES", &["--on-change", "rerun"]);
+    assert_eq!(
+        (code, v["status"].as_str()),
+        (0, Some("completed")),
+        "{err}"
+    );
+    assert_eq!(starts(&s), ["DB", "FILES"]);
+    // A job file edited after its run: `explain` says so.
+    let j = job(&s, "edited", r#"["true"]"#, "", "time_window = \"20h\"");
+    assert_eq!(s.run(&j, "2026-01-02").0, 0);
+    job(
+        &s,
+        "edited",
+        r#"["echo", "edited"]"#,
+        "",
+        "time_window = \"20h\"",
+    );
+    let (code, v, err) = s.json(&["explain", "edited", "--date", "2026-01-02"]);
+    assert_eq!((code, v["decision"].as_str()), (0, Some("skip")), "{err}");
+    assert!(
+        v["detail"].as_str().unwrap().contains("the job changed"),
+        "{v}"
+    );
+    assert!(err.contains("the job changed"), "{err}");
+}
+
+/// `--date today` (the default) is the machine's date, as the `date` command it replaces
+/// reads it (`TZ`, else /etc/localtime), unless `--timezone`; the zone is recorded with the
+/// run. Kiritimati (UTC+14) and Etc/GMT+12 (UTC−12) are never on the same date.
+#[test]
+fn exec_dates_follow_the_machines_zone() {
+    use chrono::TimeZone as _;
+    let s = Sandbox::new("idem-exec-tz");
+    let today_in = |zone: &str| {
+        let tz: chrono_tz::Tz = zone.parse().unwrap();
+        tz.from_utc_datetime(&chrono::Utc::now().naive_utc())
+            .date_naive()
+            .to_string()
+    };
+    let mut scopes = Vec::new();
+    for zone in ["Pacific/Kiritimati", "Etc/GMT+12"] {
+        let before = today_in(zone);
+        let (code, v, err) = common::parse(
+            exec_command(&s, &["exec", "local", "--", "true"])
+                .env("TZ", zone)
+                .output()
+                .unwrap(),
+        );
+        let after = today_in(zone);
+        assert_eq!(code, 0, "{err}");
+        let scope = v["scope"].as_str().unwrap().to_string();
+        assert!(
+            scope == before || scope == after,
+            "{zone}: {scope} not {before}"
+        );
+        assert_eq!(v["output"]["date_zone"], zone, "{v}");
+        scopes.push(scope);
+    }
+    assert_ne!(scopes[0], scopes[1]);
+    // --timezone wins over TZ.
+    let (_, v, _) = common::parse(
+        exec_command(
+            &s,
+            &["exec", "local", "--timezone", "Etc/GMT+12", "--", "true"],
+        )
+        .env("TZ", "Pacific/Kiritimati")
+        .output()
+        .unwrap(),
+    );
+    assert_eq!(v["scope"], scopes[1].as_str(), "{v}");
+    let out = s
+        .command(&["exec", "local", "--", "true"])
+        .env("TZ", "Mars/Olympus")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("TZ=\"Mars/Olympus\""));
+}
+
+/// `--on-store-failure` on `exec` as on `run`: with the store unavailable, `strict` (the
+/// default) runs nothing and exits 3; `best_effort` runs the program unguarded.
+#[test]
+fn exec_takes_on_store_failure() {
+    let s = Sandbox::new("idem-exec-store");
+    let store = format!("sqlite://{}/no/such/folder/idem.db", s.dir.display());
+    let exec = |extra: &[&str]| {
+        let mut flags = vec!["exec", "j", "--date", "2026-01-02"];
+        flags.extend(extra);
+        exec_with(&s, &store, &flags)
+            .args(["sh", "-c", "echo ran >> jobs/starts.log"])
+            .output()
+            .unwrap()
+    };
+    let out = exec(&[]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert!(starts(&s).is_empty());
+    let out = exec(&["--on-store-failure", "best_effort"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(starts(&s), ["ran"]);
+}
+
+/// As a container's entrypoint (PID 1 of its PID namespace, with its own /proc), idem
+/// reaps the orphans the program leaves while it runs, as tini does: the program makes 20
+/// and waits (up to 30 s) until no zombie is left. Needs `unshare` (root, as in CI).
+#[test]
+fn as_pid_1_idem_reaps_orphans_while_the_program_runs() {
+    let probe = Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc", "true"])
+        .stderr(Stdio::null())
+        .status();
+    if !probe.is_ok_and(|s| s.success()) {
+        common::skip(
+            "as_pid_1_idem_reaps_orphans_while_the_program_runs: skipped, `unshare --pid \
+             --fork --mount-proc` is not allowed here (run as root)"
+                .to_string(),
+        );
+        return;
+    }
+    let s = Sandbox::new("idem-exec-pid1");
+    script(
+        &s,
+        "orphans.sh",
+        "#!/bin/sh\nfor i in $(seq 20); do (sleep 0 &); done\nzombies() { n=0; for f in /proc/[0-9]*/stat; do set -- $(cat \"$f\" 2>/dev/null); [ \"$3\" = Z ] && n=$((n+1)); done; echo $n; }\nfor t in $(seq 1500); do [ \"$(zombies)\" = 0 ] && break; sleep 0.02; done\necho \"$(zombies)\" > \"$(dirname \"$0\")/zombies\"\n",
+    );
+    let out = Command::new("unshare")
+        .args([
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            "--kill-child",
+            common::IDEM,
+        ])
+        .args([
+            "exec",
+            "pid1",
+            "--date",
+            "2026-01-02",
+            "--store",
+            &s.store,
+            "--",
+        ])
+        .arg(s.dir.join("jobs/orphans.sh"))
+        .current_dir(&s.dir)
+        .env_remove("IDEM_STORE")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(
+        std::fs::read_to_string(s.dir.join("jobs/zombies")).unwrap(),
+        "0\n",
+        "zombies piled up under idem as PID 1"
     );
 }
