@@ -39,6 +39,15 @@ fn starts(s: &Sandbox) -> Vec<String> {
         .collect()
 }
 
+/// Exit 0 and a completed run.
+fn assert_completed(code: i32, v: &Value, err: &str) {
+    assert_eq!(
+        (code, v["status"].as_str()),
+        (0, Some("completed")),
+        "{v} {err}"
+    );
+}
+
 fn runs(s: &Sandbox, job: &str) -> Vec<Value> {
     let (code, v, err) = s.json(&["runs", "--job", job, "--limit", "0"]);
     assert_eq!(code, 0, "{err}");
@@ -241,11 +250,7 @@ fn identical_content_skips_and_changed_content_runs() {
         "content_hash = \"24h\"",
     );
     let (code, v, err) = s.run(&j, "2026-01-02");
-    assert_eq!(
-        (code, v["status"].as_str()),
-        (0, Some("completed")),
-        "{err}"
-    );
+    assert_completed(code, &v, &err);
     // The same scope again (no time window), identical content: skipped without running.
     let (code, v, err) = s.run(&j, "2026-01-02");
     assert_eq!(code, 0, "{err}");
@@ -255,11 +260,7 @@ fn identical_content_skips_and_changed_content_runs() {
     // differs): runs.
     std::fs::write(s.dir.join("jobs/input.txt"), "a\nc\n").unwrap();
     let (code, v, err) = s.run(&j, "2026-01-02");
-    assert_eq!(
-        (code, v["status"].as_str()),
-        (0, Some("completed")),
-        "{err}"
-    );
+    assert_completed(code, &v, &err);
     assert_eq!(starts(&s).len(), 2);
     // A content command that fails fails the run before the work starts.
     std::fs::remove_file(s.dir.join("jobs/input.txt")).unwrap();
@@ -373,11 +374,7 @@ fn sigterm_stops_the_program_and_its_children_and_records_an_interrupted_run() {
     // The lease is released: the next run runs at once.
     std::fs::write(s.dir.join("jobs/sleepy.sh"), "#!/bin/sh\nexit 0\n").unwrap();
     let (code, v, err) = s.json(&["run", "sleepy", "--date", "2026-01-02"]);
-    assert_eq!(
-        (code, v["status"].as_str()),
-        (0, Some("completed")),
-        "{err}"
-    );
+    assert_completed(code, &v, &err);
 }
 
 /// SIGKILL to `idem run`: idem cannot stop anything itself. The kernel kills the program
@@ -427,20 +424,12 @@ fn exec_runs_a_program_behind_the_guards_with_no_job_file() {
         )
     };
     let (code, v, err) = exec("2026-01-02");
-    assert_eq!(
-        (code, v["status"].as_str()),
-        (0, Some("completed")),
-        "{err}"
-    );
+    assert_completed(code, &v, &err);
     let (code, v, err) = exec("2026-01-02");
     assert_eq!(code, 0, "{err}");
     assert_eq!(v["skip_reason"], "time_window");
     let (code, v, err) = exec("2026-01-03");
-    assert_eq!(
-        (code, v["status"].as_str()),
-        (0, Some("completed")),
-        "{err}"
-    );
+    assert_completed(code, &v, &err);
     assert_eq!(starts(&s), ["2026-01-02 nightly", "2026-01-03 nightly"]);
     assert_eq!(runs(&s, "nightly").len(), 3);
     // Bad input: exit 2 naming it, nothing recorded.
@@ -625,11 +614,7 @@ fn a_program_past_its_timeout_is_stopped_with_its_group_and_the_run_fails() {
     // No key: the next run runs (and, fixed, completes).
     std::fs::write(s.dir.join("jobs/stuck.sh"), "#!/bin/sh\nexit 0\n").unwrap();
     let (code, v, err) = s.run(&j, "2026-01-02");
-    assert_eq!(
-        (code, v["status"].as_str()),
-        (0, Some("completed")),
-        "{err}"
-    );
+    assert_completed(code, &v, &err);
 }
 
 /// Everything else takes a command job by name: `explain` (its content command runs, the
@@ -936,11 +921,7 @@ fn as_pid_1_sigterm_stops_the_run_without_waiting_out_the_grace_period() {
     assert!(v["error"].as_str().unwrap().contains("interrupted"), "{v}");
     std::fs::write(jobs.join("sleepy.sh"), "#!/bin/sh\nexit 0\n").unwrap();
     let (code, v, err) = s.json(&["run", "sleepy", "--date", "2026-01-02"]);
-    assert_eq!(
-        (code, v["status"].as_str()),
-        (0, Some("completed")),
-        "{err}"
-    );
+    assert_completed(code, &v, &err);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1116,11 +1097,7 @@ fn standard_input_reaches_the_program() {
         stdin.write_all(b"line one\nline two\n").unwrap();
     }
     let (code, v, err) = common::wait(child);
-    assert_eq!(
-        (code, v["status"].as_str()),
-        (0, Some("completed")),
-        "{err}"
-    );
+    assert_completed(code, &v, &err);
     assert_eq!(
         std::fs::read_to_string(s.dir.join("got.txt")).unwrap(),
         "line one\nline two\n"
@@ -1280,19 +1257,11 @@ fn what_the_program_leaves_running_is_stopped_before_the_lease_is_free() {
     );
     std::fs::write(s.dir.join("jobs/go"), "").unwrap();
     let (code, v, err) = common::wait(child);
-    assert_eq!(
-        (code, v["status"].as_str()),
-        (0, Some("completed")),
-        "{err}"
-    );
+    assert_completed(code, &v, &err);
     assert_gone(&pids, "the run");
     // Now the date is free.
     let (code, v, err) = exec_json(&s, &["exec", "tree", "--date", "2026-01-02", "--", "true"]);
-    assert_eq!(
-        (code, v["status"].as_str()),
-        (0, Some("completed")),
-        "{err}"
-    );
+    assert_completed(code, &v, &err);
 
     // --keep-descendants: the daemon a job starts stays.
     let (code, v, err) = exec_json(
@@ -1307,11 +1276,7 @@ fn what_the_program_leaves_running_is_stopped_before_the_lease_is_free() {
             "setsid sleep 300 >/dev/null 2>&1 & echo $! > jobs/kept.pid",
         ],
     );
-    assert_eq!(
-        (code, v["status"].as_str()),
-        (0, Some("completed")),
-        "{err}"
-    );
+    assert_completed(code, &v, &err);
     let kept = pid_in(&s, "kept.pid");
     assert!(pid_alive(kept), "--keep-descendants stopped the daemon");
     end(&[kept]);
@@ -1341,8 +1306,8 @@ fn the_timeout_bounds_idem_whatever_holds_its_pipes() {
         ],
     );
     let took = started.elapsed();
-    assert_eq!(code, 124, "{v} {err}");
     assert!(took < Duration::from_secs(20), "took {took:?}");
+    assert_eq!(code, 124, "{v} {err}");
     assert_gone(&[pid_in(&s, "escaped.pid")], "the timeout");
 
     // A process outside the tree holds the program's stderr.
@@ -1372,8 +1337,8 @@ fn the_timeout_bounds_idem_whatever_holds_its_pipes() {
     let (code, v, err) = common::wait(child);
     let took = started.elapsed();
     drop(holder);
-    assert_eq!(code, 124, "{v} {err}");
     assert!(took < Duration::from_secs(20), "took {took:?}");
+    assert_eq!(code, 124, "{v} {err}");
 
     // The content command.
     let started = Instant::now();
@@ -1467,11 +1432,7 @@ fn signals_reach_the_program_and_leave_a_recorded_run_and_a_free_lease() {
         &s,
         &["exec", "sleepy", "--date", "2026-01-02", "--", "true"],
     );
-    assert_eq!(
-        (code, v["status"].as_str()),
-        (0, Some("completed")),
-        "{err}"
-    );
+    assert_completed(code, &v, &err);
     // SIGUSR1 is passed on; the program handles it and finishes.
     let _ = std::fs::remove_file(s.dir.join("jobs/got"));
     let _ = std::fs::remove_file(s.dir.join("jobs/program.pid"));
@@ -1496,11 +1457,7 @@ fn signals_reach_the_program_and_leave_a_recorded_run_and_a_free_lease() {
     });
     std::fs::write(s.dir.join("jobs/go"), "").unwrap();
     let (code, v, err) = common::wait(child);
-    assert_eq!(
-        (code, v["status"].as_str()),
-        (0, Some("completed")),
-        "{err}"
-    );
+    assert_completed(code, &v, &err);
 }
 
 /// SIGKILL to idem: its watchdog stops what left the program's group too, and removes
@@ -1520,7 +1477,7 @@ fn sigkill_to_idem_leaves_no_process_and_no_result_folder() {
             "-c",
             "setsid sleep 300 >/dev/null 2>&1 & echo $! > jobs/escaped.pid; \
              stat -c %a \"$(dirname \"$IDEM_RESULT\")\" > jobs/mode; \
-             echo \"$IDEM_RESULT\" > jobs/result; echo '{\"records\": 1}' > \"$IDEM_RESULT\"; \
+             echo \"$IDEM_RESULT\" > jobs/result; echo 1 > \"$IDEM_RESULT\"; \
              echo $$ > jobs/program.pid; sleep 300",
         ],
     )
@@ -1565,8 +1522,8 @@ fn the_result_folder_is_removed_when_the_run_is_stopped() {
     assert!(folder.is_dir());
     send("TERM", child.id());
     let (code, _, err) = common::wait(child);
-    assert_eq!(code, 143, "{err}");
     assert!(!folder.exists(), "{} is still there", folder.display());
+    assert_eq!(code, 143, "{err}");
 }
 
 /// A grace period over half the lease: if idem died, the lease could expire while the
@@ -1599,11 +1556,7 @@ fn a_grace_period_over_half_the_lease_is_refused_naming_both() {
         &s,
         &["exec", "g", "--lease", "10s", "--grace", "5s", "--", "true"],
     );
-    assert_eq!(
-        (code, v["status"].as_str()),
-        (0, Some("completed")),
-        "{err}"
-    );
+    assert_completed(code, &v, &err);
     job(
         &s,
         "gj",
@@ -1643,11 +1596,7 @@ fn a_changed_command_skipped_by_the_time_window_says_so() {
         exec_json(&s, &all)
     };
     let (code, v, err) = backup("DB", &[]);
-    assert_eq!(
-        (code, v["status"].as_str()),
-        (0, Some("completed")),
-        "{err}"
-    );
+    assert_completed(code, &v, &err);
     // The same command: a plain skip.
     let (_, v, err) = backup("DB", &[]);
     assert_eq!(v["skip_reason"], "time_window");
@@ -1675,11 +1624,7 @@ fn a_changed_command_skipped_by_the_time_window_says_so() {
     );
     // --on-change rerun runs it.
     let (code, v, err) = backup("FILES", &["--on-change", "rerun"]);
-    assert_eq!(
-        (code, v["status"].as_str()),
-        (0, Some("completed")),
-        "{err}"
-    );
+    assert_completed(code, &v, &err);
     assert_eq!(starts(&s), ["DB", "FILES"]);
     // A job file edited after its run: `explain` says so.
     let j = job(&s, "edited", r#"["true"]"#, "", "time_window = \"20h\"");

@@ -53,6 +53,8 @@ pub(super) struct Options {
     pub(super) run_id: String,
     /// Its private folder (the result file), removed once it is stopped.
     pub(super) folder: Option<RunFolder>,
+    /// It has the terminal ([`Terminal`]), to be taken back when it ends.
+    pub(super) terminal: bool,
 }
 
 /// A program idem started, in a process group of its own, and everything it started: a
@@ -170,6 +172,9 @@ impl Group {
     /// watchdog let go.
     async fn finish(&mut self) -> Vec<u8> {
         tree::ended(self.tree.leader);
+        if std::mem::take(&mut self.options.terminal) {
+            Terminal::take_back();
+        }
         self.stop_reading.cancel();
         let tail = match self.stderr.take() {
             Some(task) => task.await.unwrap_or_default(),
@@ -208,6 +213,7 @@ impl Drop for Group {
                 keep_descendants: self.options.keep_descendants,
                 run_id: String::new(),
                 folder: self.options.folder.take(),
+                terminal: self.options.terminal,
             },
             watchdog: self.watchdog.take(),
             signalled: Arc::clone(&self.signalled),
@@ -375,13 +381,15 @@ where
 }
 
 /// The command for `program` in a process group of its own, that gets SIGKILL if idem
-/// dies before it.
-pub(super) fn own_group(program: &Path) -> std::process::Command {
+/// dies before it. With `terminal`, the group becomes the terminal's foreground group
+/// ([`Terminal`]).
+pub(super) fn own_group(program: &Path, terminal: bool) -> std::process::Command {
     let mut cmd = std::process::Command::new(program);
     cmd.process_group(0);
     let parent = std::process::id() as libc::pid_t;
     // SAFETY: between fork and exec the closure calls only async-signal-safe functions
-    // (prctl, getppid, _exit) and allocates nothing.
+    // (prctl, getppid, _exit, sigemptyset, sigaddset, sigprocmask, tcsetpgrp, getpid) and
+    // allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
@@ -391,8 +399,53 @@ pub(super) fn own_group(program: &Path) -> std::process::Command {
             if libc::getppid() != parent {
                 libc::_exit(137);
             }
+            if terminal {
+                with_sigttou_blocked(|| {
+                    libc::tcsetpgrp(0, libc::getpid());
+                });
+            }
             Ok(())
         });
     }
     cmd
+}
+
+/// Runs `f` with SIGTTOU blocked: a process outside the terminal's foreground group may
+/// then set it (tcsetpgrp) rather than be stopped.
+fn with_sigttou_blocked(f: impl FnOnce()) {
+    // SAFETY: the sets are initialised by sigemptyset before use; sigprocmask only reads
+    // and writes them.
+    unsafe {
+        let mut block: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut block);
+        libc::sigaddset(&mut block, libc::SIGTTOU);
+        libc::sigprocmask(libc::SIG_BLOCK, &block, &mut old);
+        f();
+        libc::sigprocmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+    }
+}
+
+/// The program reads idem's standard input, and that is a terminal of which idem is in
+/// the foreground: the program's group (its own, so that its tree can be stopped) is made
+/// the terminal's foreground while it runs (else reading would stop it, SIGTTIN; and the
+/// terminal's Ctrl-C reaches it directly), and idem takes the terminal back after it.
+#[derive(Debug)]
+pub(super) struct Terminal;
+
+impl Terminal {
+    /// Whether the program should have the terminal (see [`Terminal`]).
+    pub(super) fn wanted(stdin_inherited: bool) -> bool {
+        // SAFETY: isatty, tcgetpgrp and getpgrp only read the process's state.
+        stdin_inherited && unsafe { libc::isatty(0) == 1 && libc::tcgetpgrp(0) == libc::getpgrp() }
+    }
+
+    /// Takes the terminal back for idem's process group.
+    fn take_back() {
+        // SAFETY: tcsetpgrp on idem's standard input, with SIGTTOU blocked as it requires
+        // outside the foreground group.
+        with_sigttou_blocked(|| unsafe {
+            libc::tcsetpgrp(0, libc::getpgrp());
+        });
+    }
 }

@@ -335,13 +335,13 @@ impl CommandSpec {
         argv: &[OsString],
         request: &RunRequest,
         result: Option<&Path>,
-        stdin: std::process::Stdio,
+        terminal: bool,
     ) -> std::result::Result<tokio::process::Command, ExitStatusError> {
         let program = self.resolve(&argv[0]).map_err(|message| ExitStatusError {
             status: NOT_FOUND,
             message,
         })?;
-        let mut cmd = group::own_group(&program);
+        let mut cmd = group::own_group(&program, terminal);
         cmd.args(&argv[1..])
             .current_dir(&self.cwd)
             .envs(&self.env)
@@ -354,7 +354,13 @@ impl CommandSpec {
             .env("IDEM_RUN_ID", &request.run_id)
             .env("IDEM_TRIGGER", request.trigger.as_str())
             .env_remove("IDEM_RESULT")
-            .stdin(stdin);
+            .stdin(match result {
+                // The program reads idem's standard input under `idem run` and `idem exec`.
+                Some(_) if STDIN_INHERITED.load(Ordering::Relaxed) => {
+                    std::process::Stdio::inherit()
+                }
+                _ => std::process::Stdio::null(),
+            });
         if let Some(result) = result {
             cmd.env("IDEM_RESULT", result);
         }
@@ -368,6 +374,7 @@ impl CommandSpec {
             keep_descendants: self.keep_descendants,
             run_id: request.run_id.clone(),
             folder: None,
+            terminal: false,
         }
     }
 }
@@ -472,14 +479,6 @@ fn child_stdout() -> std::process::Stdio {
     std::process::Stdio::inherit()
 }
 
-fn child_stdin() -> std::process::Stdio {
-    if STDIN_INHERITED.load(Ordering::Relaxed) {
-        std::process::Stdio::inherit()
-    } else {
-        std::process::Stdio::null()
-    }
-}
-
 /// The last lines of `tail`.
 fn last_lines(tail: &[u8]) -> String {
     // A run of control characters (a NUL cannot even be stored in a Postgres text)
@@ -564,9 +563,7 @@ impl Processor for CommandProcessor {
         };
         let argv = self.spec.argv(content, request)?;
         let what = format!("the content command {:?}", argv[0]);
-        let cmd = self
-            .spec
-            .command(&argv, request, None, std::process::Stdio::null())?;
+        let cmd = self.spec.command(&argv, request, None, false)?;
         let options = self.spec.options(request, self.deadline(request, false));
         let mut group = Group::spawn(cmd, std::process::Stdio::piped(), options)
             .map_err(|e| not_started(&what, e))?;
@@ -603,11 +600,13 @@ impl Processor for CommandProcessor {
         let what = format!("{:?}", argv[0]);
         let folder = RunFolder::create()
             .map_err(|e| format!("cannot make the run's folder for the result file: {e}"))?;
+        let terminal = group::Terminal::wanted(STDIN_INHERITED.load(Ordering::Relaxed));
         let cmd = self
             .spec
-            .command(&argv, request, Some(&folder.result_file()), child_stdin())?;
+            .command(&argv, request, Some(&folder.result_file()), terminal)?;
         let mut options = self.spec.options(request, self.deadline(request, true));
         options.folder = Some(folder);
+        options.terminal = terminal;
         let group =
             Group::spawn(cmd, child_stdout(), options).map_err(|e| not_started(&what, e))?;
         let ended = group.wait().await?;
