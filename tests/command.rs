@@ -1773,3 +1773,63 @@ fn as_pid_1_idem_reaps_orphans_while_the_program_runs() {
         "zombies piled up under idem as PID 1"
     );
 }
+
+/// On a terminal (`script` makes one), the program gets it while it runs: it reads what is
+/// typed (its process group is the terminal's foreground, so reading does not stop it),
+/// and Ctrl-C reaches it (exit 130).
+#[test]
+fn a_program_on_a_terminal_reads_it_and_gets_its_ctrl_c() {
+    if Command::new("script").arg("--version").output().is_err() {
+        common::skip(
+            "a_program_on_a_terminal_reads_it_and_gets_its_ctrl_c: skipped, no `script` \
+             (util-linux) to make a terminal"
+                .to_string(),
+        );
+        return;
+    }
+    let s = Sandbox::new("idem-exec-tty");
+    let on_terminal = |name: &str, program: &str, typed: &[u8]| {
+        let line = format!(
+            "{} exec {name} --store {} -- sh -c '{program}'; echo \"idem exited $?\"",
+            common::IDEM,
+            s.store
+        );
+        let mut child = Command::new("script")
+            .args(["-qec", &line, "/dev/null"])
+            .current_dir(&s.dir)
+            .env_remove("IDEM_STORE")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Typed once the program waits for it.
+        wait_until("the program's start", Duration::from_secs(30), || {
+            s.dir.join(format!("{name}.started")).exists()
+        });
+        {
+            use std::io::Write as _;
+            let mut stdin = child.stdin.take().unwrap();
+            stdin.write_all(typed).unwrap();
+            // `script` ends when its input does: keep it open until the command is done.
+            wait_until("the program's end", Duration::from_secs(30), || {
+                s.dir.join(format!("{name}.done")).exists()
+            });
+        }
+        let out = child.wait_with_output().unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let out = on_terminal(
+        "reads",
+        "touch reads.started; read x; echo \"got=$x\"; touch reads.done",
+        b"hello\n",
+    );
+    assert!(out.contains("got=hello"), "{out}");
+    assert!(out.contains("idem exited 0"), "{out}");
+    let out = on_terminal(
+        "ctrl-c",
+        "trap \"touch ctrl-c.done; exit 130\" INT; touch ctrl-c.started; while :; do sleep 0.05; done",
+        b"\x03",
+    );
+    assert!(out.contains("idem exited 130"), "{out}");
+}
