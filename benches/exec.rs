@@ -1,14 +1,24 @@
-//! `idem exec NAME -- true` against `true` alone, in the same run: what the guards cost a
-//! crontab line (process start, the store's claim and record, the child's start and wait).
+//! What `idem exec NAME -- true` costs a crontab line, against the wrapper it replaces
+//! (`flock -n LOCK true`, the floor) in the same run, and where idem's time goes.
 //!
 //! ```text
 //! cargo bench --bench exec
 //! ```
 //!
-//! `IDEM_BENCH_RUNS` (default 200) invocations of each case, interleaved in rounds of ten;
-//! the mean and median wall time per invocation and their ratio to `true` alone are
-//! printed. The SQLite case is the embedded default (a new date each time, so nothing
-//! skips: every run claims, runs and records); the memory case shows idem's own start.
+//! `IDEM_BENCH_RUNS` (default 200) invocations of each case, interleaved (one of each in
+//! turn, so a busy moment of the machine falls on every case alike); the mean and median
+//! wall time per invocation and the ratio of the medians to `flock -n` are printed. The
+//! cases:
+//!
+//! * `true` alone, and `flock -n LOCK true`: the floor a wrapper is measured against;
+//! * `idem --version`: idem's process start (the binary loaded, the arguments parsed);
+//! * `idem exec` on the memory store: that, plus the runtime, the signal handlers, the job
+//!   built and checked, the program and its watchdog started, the tree looked for, the
+//!   run recorded in memory;
+//! * `/bin/sh -c 'read l'` with nothing to read: what the watchdog process costs to start
+//!   and end (part of the line above);
+//! * `idem exec` on SQLite, a full run (a new date each time: the claim, the program, the
+//!   record) and a skip (a date done already: one read, no program), the embedded default.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -37,6 +47,10 @@ fn mean(v: &[Duration]) -> Duration {
     v.iter().sum::<Duration>() / v.len() as u32
 }
 
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
 fn main() {
     let runs: usize = std::env::var("IDEM_BENCH_RUNS")
         .ok()
@@ -45,51 +59,103 @@ fn main() {
     let dir = std::env::temp_dir().join(format!("idem-bench-exec-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let store = format!("sqlite://{}", dir.join("idem.db").display());
+    let lock = dir.join("lock");
     let status = Command::new(IDEM)
         .args(["migrate", "--store", &store])
         .stdout(Stdio::null())
         .status()
         .unwrap();
     assert!(status.success());
-    let (mut alone, mut sqlite, mut memory) = (Vec::new(), Vec::new(), Vec::new());
+    let exec = |name: &str, date: &str, store: &str| {
+        let mut c = Command::new(IDEM);
+        c.args(["exec", name, "--date", date, "--time-window", "20h"])
+            .args(["--store", store, "--quiet", "--", "true"])
+            .current_dir(&dir);
+        c
+    };
+    // The date the skips find done.
+    time(&mut exec("bench-skip", "1999-12-31", &store));
     let day = chrono::NaiveDate::from_ymd_opt(2000, 1, 1).unwrap();
+    let names = [
+        "true alone",
+        "flock -n LOCK true",
+        "idem --version",
+        "/bin/sh -c 'read l' (the watchdog)",
+        "idem exec -- true, memory store",
+        "idem exec -- true, SQLite, full run",
+        "idem exec -- true, SQLite, skip",
+    ];
+    let mut times: Vec<Vec<Duration>> = vec![Vec::new(); names.len()];
     for i in 0..runs {
+        let date = (day + chrono::Days::new(i as u64)).to_string();
+        let mut cases = [
+            Command::new("true"),
+            {
+                let mut c = Command::new("flock");
+                c.arg("-n").arg(&lock).arg("true");
+                c
+            },
+            {
+                let mut c = Command::new(IDEM);
+                c.arg("--version");
+                c
+            },
+            {
+                let mut c = Command::new("/bin/sh");
+                c.args(["-c", "read l"]);
+                c
+            },
+            exec("bench-memory", &date, "memory://"),
+            exec("bench-full", &date, &store),
+            exec("bench-skip", "1999-12-31", &store),
+        ];
         if i % 10 == 0 {
             // A warm-up of each, not counted: the page cache and the binary's pages.
-            time(Command::new("true").current_dir(&dir));
+            for c in cases.iter_mut() {
+                time(c);
+            }
+            time(&mut exec("bench-warm", &date, &store));
         }
-        alone.push(time(Command::new("true").current_dir(&dir)));
-        let date = (day + chrono::Days::new(i as u64)).to_string();
-        sqlite.push(time(
-            Command::new(IDEM)
-                .args(["exec", "bench", "--date", &date, "--time-window", "1h"])
-                .args(["--store", &store, "--", "true"])
-                .current_dir(&dir),
-        ));
-        memory.push(time(
-            Command::new(IDEM)
-                .args(["exec", "bench", "--date", &date, "--store", "memory://"])
-                .args(["--", "true"])
-                .current_dir(&dir),
-        ));
+        for (c, t) in cases.iter_mut().zip(times.iter_mut()) {
+            t.push(time(c));
+        }
     }
-    let base = mean(&alone);
-    println!("{runs} invocations each, interleaved:");
-    for (name, v) in [
-        ("true alone", &alone),
-        ("idem exec (SQLite ledger) -- true", &sqlite),
-        ("idem exec (memory store) -- true", &memory),
-    ] {
+    let medians: Vec<Duration> = times.iter().map(|t| median(t.clone())).collect();
+    let floor = medians[1];
+    println!("{runs} invocations of each, interleaved:");
+    for ((name, t), m) in names.iter().zip(&times).zip(&medians) {
         println!(
-            "  {name:<36} mean {:>8.2} ms  median {:>8.2} ms  ratio to true alone {:>6.1}",
-            mean(v).as_secs_f64() * 1e3,
-            median(v.clone()).as_secs_f64() * 1e3,
-            mean(v).as_secs_f64() / base.as_secs_f64()
+            "  {name:<38} mean {:>7.2} ms  median {:>7.2} ms  ratio to flock -n {:>5.1}",
+            ms(mean(t)),
+            ms(*m),
+            m.as_secs_f64() / floor.as_secs_f64()
         );
     }
+    let [alone, flock, version, watchdog, memory, full, skip] = medians[..] else {
+        unreachable!()
+    };
+    println!("where idem's time goes (differences of medians):");
     println!(
-        "  overhead of idem exec on SQLite: {:.2} ms per invocation",
-        (mean(&sqlite).as_secs_f64() - base.as_secs_f64()) * 1e3
+        "  process start (idem --version − true)                      {:>6.2} ms",
+        ms(version.saturating_sub(alone))
+    );
+    println!(
+        "  runtime, signals, job, program + watchdog, tree (memory − --version − true) {:>6.2} ms, of which the watchdog's /bin/sh ≈ {:.2} ms",
+        ms(memory.saturating_sub(version).saturating_sub(alone)),
+        ms(watchdog)
+    );
+    println!(
+        "  the SQLite store: open, claim, record (full run − memory)  {:>6.2} ms",
+        ms(full.saturating_sub(memory))
+    );
+    println!(
+        "  a skip against a full run (skip − full run)                {:>6.2} ms",
+        ms(skip) - ms(full)
+    );
+    println!(
+        "  idem exec's overhead over flock -n: full run +{:.2} ms, skip +{:.2} ms",
+        ms(full) - ms(flock),
+        ms(skip) - ms(flock)
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

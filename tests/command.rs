@@ -1497,6 +1497,34 @@ fn sigkill_to_idem_leaves_no_process_and_no_result_folder() {
     wait_until("the watchdog's stop", Duration::from_secs(30), || {
         pids.iter().all(|p| !pid_alive(*p)) && !folder.exists()
     });
+    // The content command, and what it started, too.
+    let mut child = exec_command(
+        &s,
+        &[
+            "exec",
+            "killed-content",
+            "--grace",
+            "1s",
+            "--content-hash",
+            "1h",
+            "--content",
+            "sh -c 'sleep 300 & echo $! > jobs/content-child.pid; echo $$ > jobs/content.pid; wait'",
+            "--",
+            "true",
+        ],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let pids = [pid_in(&s, "content.pid"), pid_in(&s, "content-child.pid")];
+    child.kill().unwrap();
+    child.wait().unwrap();
+    wait_until(
+        "the content command's stop",
+        Duration::from_secs(30),
+        || pids.iter().all(|p| !pid_alive(*p)),
+    );
 }
 
 /// The result folder is removed when the run is stopped from outside (SIGTERM) too.

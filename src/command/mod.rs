@@ -59,15 +59,15 @@ use crate::model::duration::parse_duration_field;
 use crate::model::{Outcome, RunRequest};
 use crate::processor::{ExitStatusError, Processor};
 
-pub mod argv;
+mod argv;
 mod group;
-pub mod signals;
+pub(crate) mod signals;
 mod tree;
 
 pub use argv::ArgText;
 use argv::{parse_argv, Arg};
 use group::{End, Group, Options, RunFolder};
-pub use tree::forward as forward_signal;
+pub(crate) use tree::forward as forward_signal;
 
 /// The processor name of command jobs.
 pub const COMMAND_PROCESSOR: &str = "command";
@@ -104,8 +104,8 @@ pub fn inherit_stdin() {
 }
 
 /// Reaps, from now on, every child of idem that ends and is not idem's own: what a
-/// container's PID 1 must do (call it from the runtime that runs the jobs).
-pub fn reap_orphans() {
+/// container's PID 1 must do (called from the runtime that runs the jobs).
+pub(crate) fn reap_orphans() {
     tree::start_reaper();
 }
 

@@ -164,7 +164,7 @@ pub(super) fn ended(pgid: i32) {
 /// Sends `signal`, as idem received it, to the process group of every program running
 /// now; with `stops`, notes it as the signal their stop begins with (the stop then sends
 /// no other to the group). True when a program got it.
-pub fn forward(signal: libc::c_int, stops: bool) -> bool {
+pub(crate) fn forward(signal: libc::c_int, stops: bool) -> bool {
     let active = active().lock().unwrap_or_else(|e| e.into_inner());
     for (pgid, _, signalled) in active.iter() {
         kill_group(*pgid, signal);
@@ -334,6 +334,9 @@ impl Tree {
                 Vec::new()
             };
         }
+        if !self.group_only && self.nothing_left() {
+            return Vec::new();
+        }
         let all = processes();
         let me = std::process::id() as i32;
         let mut excluded: HashSet<i32> = own()
@@ -391,6 +394,24 @@ impl Tree {
             .filter(|pid| !excluded.contains(pid))
             .filter_map(|pid| all.get(&pid).filter(|p| !p.dead).map(|p| (pid, p.pgrp)))
             .collect()
+    }
+
+    /// Whether the tree is surely empty, without reading all of `/proc`: its process group
+    /// is gone and idem has no child but its own (with idem the subreaper, what the program
+    /// left is either in its group or below a child of idem). The usual end of a run.
+    fn nothing_left(&self) -> bool {
+        if !subreaper() {
+            return false;
+        }
+        // SAFETY: signal 0 only checks that the group exists.
+        if self.leader > 0 && unsafe { libc::kill(-self.leader, 0) } == 0 {
+            return false;
+        }
+        let own = own().lock().unwrap_or_else(|e| e.into_inner());
+        let kept = kept().lock().unwrap_or_else(|e| e.into_inner());
+        children_of_self()
+            .iter()
+            .all(|pid| own.contains(pid) || kept.contains(pid))
     }
 
     /// Leaves the tree's processes running on purpose (`keep_descendants`): no later run
