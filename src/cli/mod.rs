@@ -329,7 +329,8 @@ pub(crate) struct ExecArgs {
     /// How long the lease on the date lasts (renewed while the program runs).
     #[arg(long, value_name = "DURATION")]
     lease: Option<String>,
-    /// Stop the program (and fail the run) after this long.
+    /// Stop the program, and what it started, after this long (from the start of the
+    /// content command, when there is one): the run fails, exit 124.
     #[arg(long, value_name = "DURATION")]
     timeout: Option<String>,
     /// Between SIGTERM and SIGKILL when the program is stopped [default: 30s].
