@@ -6,7 +6,8 @@
 //! ```
 //!
 //! `IDEM_BENCH_RUNS` (default 200) invocations of each case, interleaved (one of each in
-//! turn, so a busy moment of the machine falls on every case alike); the mean and median
+//! turn, each round starting one case later, so a busy moment of the machine falls on
+//! every case alike); the mean and median
 //! wall time per invocation and the ratio of the medians to `flock -n` are printed. The
 //! cases:
 //!
@@ -19,6 +20,10 @@
 //!   and end (part of the line above);
 //! * `idem exec` on SQLite, a full run (a new date each time: the claim, the program, the
 //!   record) and a skip (a date done already: one read, no program), the embedded default.
+//!
+//! `IDEM_BENCH_BEFORE=PATH` adds the same SQLite cases run by another `idem` binary (an
+//! earlier build, e.g. main's `target/release/idem` copied aside), interleaved with the
+//! rest, for a before/after on one machine in one run.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -66,17 +71,28 @@ fn main() {
         .status()
         .unwrap();
     assert!(status.success());
-    let exec = |name: &str, date: &str, store: &str| {
-        let mut c = Command::new(IDEM);
+    let before = std::env::var("IDEM_BENCH_BEFORE").ok();
+    let exec_with = |bin: &str, name: &str, date: &str, store: &str| {
+        let mut c = Command::new(bin);
         c.args(["exec", name, "--date", date, "--time-window", "20h"])
-            .args(["--store", store, "--quiet", "--", "true"])
+            .args(["--store", store, "--", "true"])
             .current_dir(&dir);
         c
     };
-    // The date the skips find done.
+    let exec = |name: &str, date: &str, store: &str| exec_with(IDEM, name, date, store);
+    // The date the skips find done (each binary its own ledger: they may differ in schema).
     time(&mut exec("bench-skip", "1999-12-31", &store));
+    let before_store = format!("sqlite://{}", dir.join("before.db").display());
+    if let Some(bin) = &before {
+        time(&mut exec_with(
+            bin,
+            "bench-skip",
+            "1999-12-31",
+            &before_store,
+        ));
+    }
     let day = chrono::NaiveDate::from_ymd_opt(2000, 1, 1).unwrap();
-    let names = [
+    let mut names = vec![
         "true alone",
         "flock -n LOCK true",
         "idem --version",
@@ -85,6 +101,13 @@ fn main() {
         "idem exec -- true, SQLite, full run",
         "idem exec -- true, SQLite, skip",
     ];
+    if before.is_some() {
+        names.extend([
+            "before: idem exec, memory store",
+            "before: idem exec, SQLite, full run",
+            "before: idem exec, SQLite, skip",
+        ]);
+    }
     let mut times: Vec<Vec<Duration>> = vec![Vec::new(); names.len()];
     for i in 0..runs {
         let date = (day + chrono::Days::new(i as u64)).to_string();
@@ -102,13 +125,22 @@ fn main() {
             },
             {
                 let mut c = Command::new("/bin/sh");
-                c.args(["-c", "read l"]);
+                c.args(["-c", "read l || exit 0"]);
                 c
             },
             exec("bench-memory", &date, "memory://"),
             exec("bench-full", &date, &store),
             exec("bench-skip", "1999-12-31", &store),
-        ];
+        ]
+        .into_iter()
+        .collect::<Vec<_>>();
+        if let Some(bin) = &before {
+            cases.extend([
+                exec_with(bin, "bench-memory", &date, "memory://"),
+                exec_with(bin, "bench-full", &date, &before_store),
+                exec_with(bin, "bench-skip", "1999-12-31", &before_store),
+            ]);
+        }
         if i % 10 == 0 {
             // A warm-up of each, not counted: the page cache and the binary's pages.
             for c in cases.iter_mut() {
@@ -116,8 +148,12 @@ fn main() {
             }
             time(&mut exec("bench-warm", &date, &store));
         }
-        for (c, t) in cases.iter_mut().zip(times.iter_mut()) {
-            t.push(time(c));
+        // Each round starts one case later, so no case always follows the same one (a
+        // full run's writes, say).
+        let n = cases.len();
+        for k in 0..n {
+            let j = (i + k) % n;
+            times[j].push(time(&mut cases[j]));
         }
     }
     let medians: Vec<Duration> = times.iter().map(|t| median(t.clone())).collect();
@@ -131,7 +167,7 @@ fn main() {
             m.as_secs_f64() / floor.as_secs_f64()
         );
     }
-    let [alone, flock, version, watchdog, memory, full, skip] = medians[..] else {
+    let [alone, flock, version, watchdog, memory, full, skip] = medians[..7] else {
         unreachable!()
     };
     println!("where idem's time goes (differences of medians):");
@@ -157,5 +193,16 @@ fn main() {
         ms(full) - ms(flock),
         ms(skip) - ms(flock)
     );
+    if let [b_memory, b_full, b_skip] = medians[7..] {
+        println!(
+            "  before → now (medians): memory store {:.2} → {:.2} ms, SQLite full run {:.2} → {:.2} ms, skip {:.2} → {:.2} ms",
+            ms(b_memory),
+            ms(memory),
+            ms(b_full),
+            ms(full),
+            ms(b_skip),
+            ms(skip)
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

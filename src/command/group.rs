@@ -244,7 +244,7 @@ impl Drop for Group {
     }
 }
 
-/// A run's private folder (mode 0700, a fresh name under the temporary folder): the
+/// A run's private folder (mode 0700, a fresh name under [`RunFolder::parent`]): the
 /// result file lives there. Removed when dropped; by the watchdog if idem dies.
 #[derive(Debug)]
 pub(super) struct RunFolder {
@@ -252,9 +252,33 @@ pub(super) struct RunFolder {
 }
 
 impl RunFolder {
+    /// Where run folders go: `TMPDIR` when it is set; else a folder in memory,
+    /// `XDG_RUNTIME_DIR` or `/dev/shm`, when there is one to write to; else the temporary
+    /// folder. On a disk mounted with `discard` (as many cloud disks are), removing a
+    /// folder waits for the device to discard its block: milliseconds on every run.
+    fn parent() -> PathBuf {
+        if std::env::var_os("TMPDIR").is_some_and(|t| !t.is_empty()) {
+            return std::env::temp_dir();
+        }
+        let writable = |p: &Path| {
+            let Ok(c) = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()) else {
+                return false;
+            };
+            // SAFETY: access(2) reads the NUL-terminated path given.
+            p.is_dir() && unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } == 0
+        };
+        std::env::var_os("XDG_RUNTIME_DIR")
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from)
+            .into_iter()
+            .chain([PathBuf::from("/dev/shm")])
+            .find(|p| writable(p))
+            .unwrap_or_else(std::env::temp_dir)
+    }
+
     pub(super) fn create() -> std::io::Result<RunFolder> {
         use std::os::unix::fs::DirBuilderExt as _;
-        let path = std::env::temp_dir().join(format!("idem-run-{}", uuid::Uuid::new_v4().simple()));
+        let path = Self::parent().join(format!("idem-run-{}", uuid::Uuid::new_v4().simple()));
         // `create`, not `create_all`: the name must be new (nothing planted there first).
         std::fs::DirBuilder::new().mode(0o700).create(&path)?;
         Ok(RunFolder { path })
@@ -320,14 +344,16 @@ exit 0"#;
         }
     }
 
-    /// idem is alive and done with the group: the watchdog exits without a signal.
+    /// idem is alive and done with the group: the watchdog exits without a signal. It
+    /// reads `done` before the end of its pipe however soon idem exits, so idem does not
+    /// wait for it: the reaper ([`tree`]) takes its exit status, or init once idem is gone.
     fn release(mut self) {
         use std::io::Write as _;
         if let Some(mut stdin) = self.process.stdin.take() {
             let _ = stdin.write_all(b"done\n");
         }
-        let _ = self.process.wait();
         tree::release(self.process.id() as i32);
+        tree::reap();
     }
 }
 
