@@ -6,8 +6,8 @@
 //! ```
 //!
 //! `IDEM_BENCH_RUNS` (default 200) invocations of each case, interleaved (one of each in
-//! turn, each round starting one case later, so a busy moment of the machine falls on
-//! every case alike); the mean and median
+//! turn, each round in another order, so a busy moment of the machine falls on every
+//! case alike); the mean and median
 //! wall time per invocation and the ratio of the medians to `flock -n` are printed. The
 //! cases:
 //!
@@ -21,14 +21,20 @@
 //! * `idem exec` on SQLite, a full run (a new date each time: the claim, the program, the
 //!   record) and a skip (a date done already: one read, no program), the embedded default.
 //!
-//! `IDEM_BENCH_BEFORE=PATH` adds the same SQLite cases run by another `idem` binary (an
-//! earlier build, e.g. main's `target/release/idem` copied aside), interleaved with the
-//! rest, for a before/after on one machine in one run.
+//! `IDEM_BENCH_BEFORE=PATH` adds the idem cases run by another `idem` binary (an earlier
+//! build, e.g. main's `target/release/idem` copied aside), interleaved with the rest, for a
+//! before/after on one machine in one run. `IDEM_BENCH_BIN=PATH` runs this build's cases
+//! from a copy (default: cargo's `target/release/idem`): put both copies in one folder,
+//! since where a binary lies changes how fast it starts (on this project's machine a copy
+//! in /tmp started 3–5 ms sooner than the same file in `target/release`).
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const IDEM: &str = env!("CARGO_BIN_EXE_idem");
+/// The idem binary of this build's cases.
+fn idem() -> String {
+    std::env::var("IDEM_BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_idem").to_string())
+}
 
 fn time(cmd: &mut Command) -> Duration {
     let start = Instant::now();
@@ -52,6 +58,18 @@ fn mean(v: &[Duration]) -> Duration {
     v.iter().sum::<Duration>() / v.len() as u32
 }
 
+/// `0..n` in an order drawn from `seed` (xorshift64 and Fisher–Yates: no crate needed).
+fn shuffled(n: usize, seed: &mut u64) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        order.swap(i, (*seed % (i as u64 + 1)) as usize);
+    }
+    order
+}
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
@@ -65,7 +83,8 @@ fn main() {
     std::fs::create_dir_all(&dir).unwrap();
     let store = format!("sqlite://{}", dir.join("idem.db").display());
     let lock = dir.join("lock");
-    let status = Command::new(IDEM)
+    let idem = idem();
+    let status = Command::new(&idem)
         .args(["migrate", "--store", &store])
         .stdout(Stdio::null())
         .status()
@@ -79,7 +98,7 @@ fn main() {
             .current_dir(&dir);
         c
     };
-    let exec = |name: &str, date: &str, store: &str| exec_with(IDEM, name, date, store);
+    let exec = |name: &str, date: &str, store: &str| exec_with(&idem, name, date, store);
     // The date the skips find done (each binary its own ledger: they may differ in schema).
     time(&mut exec("bench-skip", "1999-12-31", &store));
     let before_store = format!("sqlite://{}", dir.join("before.db").display());
@@ -109,6 +128,7 @@ fn main() {
         ]);
     }
     let mut times: Vec<Vec<Duration>> = vec![Vec::new(); names.len()];
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
     for i in 0..runs {
         let date = (day + chrono::Days::new(i as u64)).to_string();
         let mut cases = [
@@ -119,7 +139,7 @@ fn main() {
                 c
             },
             {
-                let mut c = Command::new(IDEM);
+                let mut c = Command::new(&idem);
                 c.arg("--version");
                 c
             },
@@ -148,11 +168,9 @@ fn main() {
             }
             time(&mut exec("bench-warm", &date, &store));
         }
-        // Each round starts one case later, so no case always follows the same one (a
-        // full run's writes, say).
-        let n = cases.len();
-        for k in 0..n {
-            let j = (i + k) % n;
+        // Each round in another order, so no case always follows the same one (a full
+        // run's writes, or another idem process: either slows what comes next).
+        for j in shuffled(cases.len(), &mut seed) {
             times[j].push(time(&mut cases[j]));
         }
     }
