@@ -2,8 +2,9 @@
 # Gathers what the idem image holds into a folder (the Containerfile's build stage runs it
 # on the Rust image; CI runs it on this machine for a binary it already built):
 #   sh .ci/rootfs.sh BINARY DEST
-# DEST gets usr/local/bin/idem, /bin/sh (dash) and sleep for command jobs' watchdog, the
-# shared libraries the three load (as ldd lists them), the CA certificates, an `idem` user
+# DEST gets usr/local/bin/idem, /bin/sh (dash), sleep, grep and sed for command jobs'
+# watchdog (grep and sed find what left the program's group by its IDEM_RUN_ID), the
+# shared libraries they load (as ldd lists them), the CA certificates, an `idem` user
 # (10001) and its writable home /var/lib/idem, and /tmp.
 set -eu
 bin=$1
@@ -12,8 +13,10 @@ mkdir -p "$dest/usr/local/bin" "$dest/bin" "$dest/etc/ssl/certs" "$dest/var/lib/
 cp "$bin" "$dest/usr/local/bin/idem"
 strip "$dest/usr/local/bin/idem" 2>/dev/null || true
 cp "$(command -v dash)" "$dest/bin/sh"
-cp "$(command -v sleep)" "$dest/bin/sleep"
-for lib in $(ldd "$bin" "$(command -v dash)" "$(command -v sleep)" | grep -o '/[^ ]*' | sort -u); do
+for tool in sleep grep sed; do
+    cp "$(command -v "$tool")" "$dest/bin/$tool"
+done
+for lib in $(ldd "$bin" "$(command -v dash)" "$(command -v sleep)" "$(command -v grep)" "$(command -v sed)" | grep -o '/[^ ]*' | sort -u); do
     case "$lib" in *:) continue ;; esac
     # Keep the path the binaries ask for (the interpreter's own path included).
     mkdir -p "$dest$(dirname "$lib")"

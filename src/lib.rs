@@ -147,5 +147,5 @@ pub use model::{
     new_run_id, parse_date, validate_name, KeyKind, KeyRecord, Mode, Outcome, PreviousRun,
     RunRecord, RunRequest, RunStatus, Skip, SkipReason, Trigger,
 };
-pub use processor::{Processor, Registry};
+pub use processor::{ExitStatusError, Processor, Registry};
 pub use runner::{Cancel, Explanation, Recording, RunReport, Runner, StoreFailurePolicy};

@@ -13,7 +13,7 @@
 //!
 //! * Placeholders `{date}`, `{scope}`, `{run_id}`, `{trigger}`, `{job}` and `{param.NAME}`
 //!   are replaced inside each argument; every other brace reaches the program as written
-//!   ([`argv`]), and no shell ever reads the arguments. The child also gets `IDEM_JOB`,
+//!   (`argv.rs`), and no shell ever reads the arguments. The child also gets `IDEM_JOB`,
 //!   `IDEM_SCOPE`, `IDEM_DATE`, `IDEM_RUN_ID`, `IDEM_TRIGGER` and `IDEM_RESULT` in its
 //!   environment.
 //! * Exit 0 completes the run; any other exit (or a signal) fails it, with the exit code or
@@ -26,7 +26,7 @@
 //! * `content`: a command whose standard output is hashed (SHA-256, streamed) for the
 //!   content-hash guard; a content command that fails fails the run before the work.
 //! * No process the program starts outlives the run. The child runs in a process group of
-//!   its own and idem is the subreaper of its tree ([`tree`]): when the program exits,
+//!   its own and idem is the subreaper of its tree (`tree.rs`): when the program exits,
 //!   what it left running is stopped (SIGTERM, then SIGKILL after `grace`) before the run
 //!   is recorded, unless `keep_descendants` (a job that starts a daemon). A run stopped
 //!   from outside (a signal to idem, forwarded to the group as sent, a lost lease) or past
@@ -61,13 +61,13 @@ use crate::processor::{ExitStatusError, Processor};
 
 mod argv;
 mod group;
-pub(crate) mod signals;
+pub mod signals;
 mod tree;
 
 pub use argv::ArgText;
 use argv::{parse_argv, Arg};
 use group::{End, Group, Options, RunFolder};
-pub(crate) use tree::forward as forward_signal;
+pub use tree::forward as forward_signal;
 
 /// The processor name of command jobs.
 pub const COMMAND_PROCESSOR: &str = "command";
@@ -103,9 +103,10 @@ pub fn inherit_stdin() {
     STDIN_INHERITED.store(true, Ordering::Relaxed);
 }
 
-/// Reaps, from now on, every child of idem that ends and is not idem's own: what a
-/// container's PID 1 must do (called from the runtime that runs the jobs).
-pub(crate) fn reap_orphans() {
+/// Reaps, from now on, every child of this process that ends and is not one it waits for
+/// itself: what a container's PID 1 must do (`idem` calls it when it is PID 1; call it
+/// from the runtime that runs the jobs).
+pub fn reap_orphans() {
     tree::start_reaper();
 }
 

@@ -161,10 +161,12 @@ pub(super) fn ended(pgid: i32) {
         .retain(|(g, _, _)| *g != pgid);
 }
 
-/// Sends `signal`, as idem received it, to the process group of every program running
-/// now; with `stops`, notes it as the signal their stop begins with (the stop then sends
-/// no other to the group). True when a program got it.
-pub(crate) fn forward(signal: libc::c_int, stops: bool) -> bool {
+/// Sends `signal`, as this process received it, to the process group of every command
+/// job's program running now; with `stops`, notes it as the signal their stop begins with
+/// (the stop, when the run is then cancelled, sends the group no other). True when a
+/// program got it. `idem run` and `idem exec` call it from their signal handlers
+/// ([`signals`](super::signals) lists which signals and what each does).
+pub fn forward(signal: libc::c_int, stops: bool) -> bool {
     let active = active().lock().unwrap_or_else(|e| e.into_inner());
     for (pgid, _, signalled) in active.iter() {
         kill_group(*pgid, signal);
