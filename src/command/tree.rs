@@ -6,7 +6,7 @@
 //! idem instead of to init, so the whole tree stays below idem and is found by walking
 //! `/proc`: the program's process group, everything below the program, and idem's own
 //! orphans of the run (marked, when several runs share one idem, by the run's
-//! `IDEM_RUN_ID` in their environment). idem reaps those orphans as they end ([`reaper`]),
+//! `IDEM_RUN_ID` in their environment). idem reaps those orphans as they end ([`start_reaper`]),
 //! as an init must (and is one as a container's PID 1).
 //!
 //! idem's own children (the programs it waits for, its watchdogs) are registered
@@ -92,10 +92,16 @@ fn run_id_of(pid: i32) -> Option<String> {
     })
 }
 
-/// Processes runs left running on purpose (`keep_descendants`).
-fn kept() -> &'static Mutex<HashSet<i32>> {
+/// Processes runs left running on purpose (`keep_descendants`), those still running (a pid
+/// that ended is forgotten before the kernel can give it to another process).
+fn kept() -> std::sync::MutexGuard<'static, HashSet<i32>> {
     static KEPT: OnceLock<Mutex<HashSet<i32>>> = OnceLock::new();
-    KEPT.get_or_init(Default::default)
+    let mut kept = KEPT
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    kept.retain(|pid| stat(*pid).is_some_and(|p| !p.dead));
+    kept
 }
 
 /// The pids idem spawned itself and waits for: the reaper leaves them alone.
@@ -348,7 +354,7 @@ impl Tree {
             .copied()
             .filter(|p| *p != self.leader)
             .collect();
-        excluded.extend(kept().lock().unwrap_or_else(|e| e.into_inner()).iter());
+        excluded.extend(kept().iter());
         excluded.insert(me);
         let mut children: BTreeMap<i32, Vec<i32>> = BTreeMap::new();
         for (pid, p) in &all {
@@ -410,7 +416,7 @@ impl Tree {
             return false;
         }
         let own = own().lock().unwrap_or_else(|e| e.into_inner());
-        let kept = kept().lock().unwrap_or_else(|e| e.into_inner());
+        let kept = kept();
         children_of_self()
             .iter()
             .all(|pid| own.contains(pid) || kept.contains(pid))
@@ -420,10 +426,7 @@ impl Tree {
     /// stops them.
     pub(super) fn keep(&self) {
         let members = self.members();
-        kept()
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .extend(members.into_iter().map(|(pid, _)| pid));
+        kept().extend(members.into_iter().map(|(pid, _)| pid));
     }
 
     /// Stops the tree: `signal` to the program's process group (unless `group_signalled`:
