@@ -149,9 +149,10 @@ pub struct RunReport {
     pub finished_at: DateTime<Utc>,
     /// Duration in milliseconds.
     pub duration_ms: i64,
-    /// The exit status a failed run's processor named ([`ExitStatusError`](crate::ExitStatusError)): a command
-    /// job's program's own (its code, 128+N for signal N, 124 past its timeout), which the
-    /// CLI exits with. Not in the JSON report.
+    /// The exit status a failed run's processor named
+    /// ([`ExitStatusError`](crate::ExitStatusError)): a command job's program's own (its
+    /// code, 128+N for signal N, 124 past its timeout), which the CLI exits with. Not in
+    /// the JSON report.
     pub exit_status: Option<u8>,
 }
 
