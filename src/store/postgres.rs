@@ -38,9 +38,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, NaiveDate, Utc};
 use serde_json::Value;
 use sqlx::error::BoxDynError;
-use sqlx::postgres::{
-    PgArguments, PgConnectOptions, PgConnection, PgPool, PgPoolCopyExt, PgPoolOptions,
-};
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{Arguments, Connection, Executor, FromRow, Row};
 
 use super::common::{cleanup_tables, statements, upsert_claim, CLEANUP_TABLES};
@@ -62,9 +60,6 @@ const MIGRATION_LOCK: i64 = 0x6964_656d_006d_6967;
 /// A pooled connection idle at least this long is pinged before use.
 const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
 
-/// Connections per store pool.
-const MAX_CONNECTIONS: u32 = 4;
-
 /// Postgres `undefined_table`.
 const UNDEFINED_TABLE: &str = "42P01";
 
@@ -72,6 +67,14 @@ const UNDEFINED_TABLE: &str = "42P01";
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
     pool: PgPool,
+    /// One permit per pooled connection: this process's statements take turns here, in
+    /// the order they asked and without a deadline, before they ask the pool (whose acquire
+    /// timeout then means what it says: no connection could be made). Many runs sharing a
+    /// small pool (a scheduler's 1,000 jobs on 4 connections) wait their turn instead of
+    /// failing as if the server were down.
+    turns: Arc<tokio::sync::Semaphore>,
+    /// The pool's size: how many event batches go side by side.
+    connections: usize,
     options: PgConnectOptions,
     /// The URL without its password.
     url: String,
@@ -111,18 +114,33 @@ impl BatchShape {
 }
 
 impl PostgresStore {
-    /// Opens `postgres://…` and migrates the schema (one cheap query when it is current).
+    /// Opens `postgres://…` and migrates the schema (one cheap query when it is current),
+    /// with one connection unless the URL says `?max_connections=N`.
     pub async fn connect(url: &str) -> Result<Self> {
-        let store = Self::connect_lazy(url)?;
+        Self::connect_sized(url, crate::backend::PoolSize::ONE_RUN.postgres).await
+    }
+
+    /// [`PostgresStore::connect`] with `connections` in the pool when the URL does not say.
+    pub async fn connect_sized(url: &str, connections: u32) -> Result<Self> {
+        let store = Self::connect_lazy_sized(url, connections)?;
         store.migrate().await?;
         Ok(store)
     }
 
     /// A store whose pool connects on first use; nothing is migrated or checked.
     pub fn connect_lazy(url: &str) -> Result<Self> {
-        let options = connect_options(url)?;
+        Self::connect_lazy_sized(url, crate::backend::PoolSize::ONE_RUN.postgres)
+    }
+
+    /// [`PostgresStore::connect_lazy`] with `connections` in the pool when the URL does not
+    /// say.
+    pub fn connect_lazy_sized(url: &str, connections: u32) -> Result<Self> {
+        let (driver_url, size) = crate::backend::take_max_connections(url)
+            .map_err(|e| Error::config(format!("{}: {e}", redact_url(url))))?;
+        let connections = size.unwrap_or(connections).max(1);
+        let options = connect_options(&driver_url)?;
         let pool = PgPoolOptions::new()
-            .max_connections(MAX_CONNECTIONS)
+            .max_connections(connections)
             .min_connections(0)
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .idle_timeout(Duration::from_secs(120))
@@ -142,6 +160,8 @@ impl PostgresStore {
             .connect_lazy_with(options.clone());
         Ok(PostgresStore {
             pool,
+            turns: Arc::new(tokio::sync::Semaphore::new(connections as usize)),
+            connections: connections as usize,
             options,
             url: redact_url(url),
             last_batch: Arc::new(AtomicU8::new(BatchShape::Fresh as u8)),
@@ -151,6 +171,26 @@ impl PostgresStore {
     /// The underlying pool.
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// A pooled connection, once it is this caller's turn (see `turns`).
+    async fn turn(&self) -> std::result::Result<Turn, sqlx::Error> {
+        let turn = self
+            .turns
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| sqlx::Error::PoolClosed)?;
+        let conn = self.pool.acquire().await?;
+        Ok(Turn { _turn: turn, conn })
+    }
+
+    /// [`PostgresStore::turn`], a failure said as the store's error.
+    async fn conn(&self) -> Result<Turn> {
+        match self.turn().await {
+            Ok(turn) => Ok(turn),
+            Err(e) => Err(self.diagnose(e).await),
+        }
     }
 
     fn err(&self, e: sqlx::Error) -> Error {
@@ -195,7 +235,7 @@ impl PostgresStore {
         let row: Option<LeaseCols> = sqlx::query_as(statements::READ)
             .bind(processor)
             .bind(scope)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *self.conn().await?)
             .await
             .map_err(|e| self.err(e))?;
         Ok(row.map(|r| r.0))
@@ -213,7 +253,7 @@ impl PostgresStore {
     async fn schema_version(&self) -> std::result::Result<i32, sqlx::Error> {
         let version: std::result::Result<Option<i32>, sqlx::Error> =
             sqlx::query_scalar("SELECT max(version) FROM idem_schema_migrations")
-                .fetch_one(&self.pool)
+                .fetch_one(&mut *self.turn().await?)
                 .await;
         match version {
             Ok(v) => Ok(v.unwrap_or(0)),
@@ -256,6 +296,27 @@ async fn apply_migrations(conn: &mut PgConnection) -> std::result::Result<(), sq
     Ok(())
 }
 
+/// A pooled connection and the caller's turn to use it (see `PostgresStore::turns`); both
+/// go back when it is dropped.
+struct Turn {
+    _turn: tokio::sync::OwnedSemaphorePermit,
+    conn: sqlx::pool::PoolConnection<sqlx::Postgres>,
+}
+
+impl std::ops::Deref for Turn {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        &self.conn
+    }
+}
+
+impl std::ops::DerefMut for Turn {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        &mut self.conn
+    }
+}
+
 // How Postgres stores instants, days and JSON: natively.
 type Run = RunRow<DateTime<Utc>, NaiveDate, Value>;
 type Key = KeyRow<DateTime<Utc>, NaiveDate, Value>;
@@ -277,7 +338,8 @@ impl Schema for PostgresStore {
     }
 
     async fn apply(&self) -> Result<()> {
-        let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
+        let mut conn = self.conn().await?;
+        let mut tx = conn.begin().await.map_err(|e| self.err(e))?;
         if let Err(e) = apply_migrations(&mut tx).await {
             let _ = tx.rollback().await;
             return Err(Error::store(
@@ -336,7 +398,7 @@ impl LeaseStore for PostgresStore {
                 .bind(request.run_id)
                 .bind(now)
                 .bind(expires_at)
-                .fetch_optional(&self.pool)
+                .fetch_optional(&mut *self.conn().await?)
                 .await
                 .map_err(|e| self.err(e))
             },
@@ -358,7 +420,7 @@ impl LeaseStore for PostgresStore {
     async fn renew(&self, lease: &Lease, ttl: Duration, now: DateTime<Utc>) -> Result<Lease> {
         let expires_at = lease_expiry(micros(now), ttl);
         let done = statements::update(statements::RENEW, expires_at, lease)
-            .execute(&self.pool)
+            .execute(&mut *self.conn().await?)
             .await
             .map_err(|e| self.err(e))?;
         if done.rows_affected() == 1 {
@@ -372,7 +434,7 @@ impl LeaseStore for PostgresStore {
 
     async fn release(&self, lease: &Lease, now: DateTime<Utc>) -> Result<bool> {
         let done = statements::update(statements::RELEASE, micros(now), lease)
-            .execute(&self.pool)
+            .execute(&mut *self.conn().await?)
             .await
             .map_err(|e| self.err(e))?;
         Ok(done.rows_affected() == 1)
@@ -403,7 +465,7 @@ impl LedgerStore for PostgresStore {
         .bind(&keys)
         .bind(&kinds)
         .bind(&since)
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *self.conn().await?)
         .await
         .map_err(|e| self.err(e))?;
         for row in &rows {
@@ -416,7 +478,8 @@ impl LedgerStore for PostgresStore {
     }
 
     async fn finish(&self, finish: &Finish) -> Result<()> {
-        let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
+        let mut conn = self.conn().await?;
+        let mut tx = conn.begin().await.map_err(|e| self.err(e))?;
         if let Some(lease) = &finish.lease {
             let done =
                 statements::update(statements::RELEASE, micros(finish.run.finished_at), lease)
@@ -425,6 +488,8 @@ impl LedgerStore for PostgresStore {
                     .map_err(|e| self.err(e))?;
             if done.rows_affected() != 1 {
                 tx.rollback().await.map_err(|e| self.err(e))?;
+                // The connection goes back before the lease is read on one of its own.
+                drop(conn);
                 return Err(self.lease_lost(lease).await);
             }
         }
@@ -524,7 +589,7 @@ impl LedgerStore for PostgresStore {
             let _ = write!(sql, " LIMIT ${}", args.len());
         }
         let rows: Vec<Run> = sqlx::query_as_with(&sql, args)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *self.conn().await?)
             .await
             .map_err(|e| self.err(e))?;
         Ok(rows.into_iter().map(|r| r.0).collect())
@@ -539,13 +604,13 @@ impl MaintenanceStore for PostgresStore {
                 sqlx::query("DELETE FROM processing_keys WHERE processor_name = $1 AND scope = $2")
                     .bind(processor)
                     .bind(scope)
-                    .execute(&self.pool)
+                    .execute(&mut *self.conn().await?)
                     .await
             }
             None => {
                 sqlx::query("DELETE FROM processing_keys WHERE processor_name = $1")
                     .bind(processor)
-                    .execute(&self.pool)
+                    .execute(&mut *self.conn().await?)
                     .await
             }
         }
@@ -576,7 +641,7 @@ impl MaintenanceStore for PostgresStore {
                     CLEANUP_TABLES[i], CONDITIONS[i]
                 );
                 let n: i64 = statements::cleanup(&sql, cutoff, policy.processor.as_deref(), policy.keys_before)
-                    .fetch_one(&self.pool)
+                    .fetch_one(&mut *self.conn().await?)
                     .await
                     .and_then(|row| row.try_get(0))
                     .map_err(|e| self.err(e))?;
@@ -590,7 +655,7 @@ impl MaintenanceStore for PostgresStore {
                 );
                 let deleted = statements::cleanup(&sql, cutoff, policy.processor.as_deref(), policy.keys_before)
                     .bind(policy.limit())
-                    .execute(&self.pool)
+                    .execute(&mut *self.conn().await?)
                     .await
                     .map_err(|e| self.err(e))?
                     .rows_affected();
@@ -609,7 +674,7 @@ impl MaintenanceStore for PostgresStore {
                              AND e.namespace = d.namespace AND e.pending = d.id LIMIT 1) IS NULL",
                     )
                     .bind(cutoff)
-                    .execute(&self.pool)
+                    .execute(&mut *self.conn().await?)
                     .await
                     .map_err(|e| self.err(e))?;
                 }
@@ -888,7 +953,7 @@ impl PostgresStore {
             .bind(namespace)
             .bind(keys)
             .bind(first_seen)
-            .execute(&self.pool)
+            .execute(&mut *self.conn().await?)
             .await
             .map_err(|e| self.err(e))?;
         Ok(done.rows_affected())
@@ -904,7 +969,7 @@ impl PostgresStore {
             .bind(namespace)
             .bind(keys)
             .bind(micros(now))
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *self.conn().await?)
             .await
             .map_err(|e| self.err(e))
     }
@@ -957,7 +1022,8 @@ impl PostgresStore {
             None => {
                 let rows = copy_rows(namespace, firsts, decisions, expiries, now, None);
                 async {
-                    let mut copy = self.pool.copy_in_raw(COPY).await?;
+                    let mut conn = self.turn().await?;
+                    let mut copy = conn.copy_in_raw(COPY).await?;
                     copy.send(rows.as_bytes()).await?;
                     copy.finish().await
                 }
@@ -966,7 +1032,8 @@ impl PostgresStore {
             // The batch's row and its keys in one transaction (one commit to wait for).
             Some((marker, deadline)) => {
                 async {
-                    let mut tx = self.pool.begin().await?;
+                    let mut conn = self.turn().await?;
+                    let mut tx = conn.begin().await?;
                     let id: i64 = sqlx::query_scalar(
                         "INSERT INTO event_pending (namespace, marker, first_seen, deadline) \
                          VALUES ($1, $2, $3, $4) RETURNING id",
@@ -1060,7 +1127,7 @@ impl PostgresStore {
                         .bind(namespace)
                         .bind(&keys)
                         .bind(micros(now))
-                        .fetch_all(&self.pool)
+                        .fetch_all(&mut *self.conn().await?)
                         .await
                         .map_err(|e| self.err(e))?;
                     if rows.len() == firsts.len() && !rows.iter().any(|r| r.4 == Some(true)) {
@@ -1093,7 +1160,7 @@ impl PostgresStore {
                     .bind(micros(now))
                     .bind(marker)
                     .bind(deadline)
-                    .fetch_all(&self.pool)
+                    .fetch_all(&mut *self.conn().await?)
                     .await;
             match tried {
                 Ok(rows) if !rows.iter().any(|r| r.5 == Some(true)) => {
@@ -1147,10 +1214,11 @@ impl PostgresStore {
             Option<DateTime<Utc>>,
         );
         let rows: Vec<Marked> = match cursor {
-            None => query.fetch_all(&self.pool).await,
+            None => query.fetch_all(&mut *self.conn().await?).await,
             Some((name, to)) => {
                 // The marks and the cursor's advance commit together.
-                let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
+                let mut conn = self.conn().await?;
+                let mut tx = conn.begin().await.map_err(|e| self.err(e))?;
                 let rows = query.fetch_all(&mut *tx).await.map_err(|e| self.err(e))?;
                 advance(&mut tx, namespace, name, to)
                     .await
@@ -1215,7 +1283,7 @@ impl EventKeyStore for PostgresStore {
     /// Batches on keys they do not share run in transactions side by side, one per pooled
     /// connection (each locks its keys in byte order, so they cannot deadlock).
     fn batch_concurrency(&self) -> usize {
-        MAX_CONNECTIONS as usize
+        self.connections
     }
 
     /// The plain batch mark (no fingerprint, decision or TTL) keeps its own statement, as
@@ -1254,7 +1322,7 @@ impl EventKeyStore for PostgresStore {
         .bind(namespace)
         .bind(&unique)
         .bind(now)
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *self.conn().await?)
         .await
         .map_err(|e| self.err(e))?;
         let mut new: std::collections::HashSet<&str> = new.iter().map(String::as_str).collect();
@@ -1321,7 +1389,8 @@ impl EventKeyStore for PostgresStore {
         // flush of its own. Whole: the batch's one row goes. Some of its keys only: those
         // keys stop naming it (looked up one at a time), the others stay pending.
         let confirm = || async {
-            let mut tx = self.pool.begin().await?;
+            let mut conn = self.turn().await?;
+            let mut tx = conn.begin().await?;
             sqlx::query("SET LOCAL synchronous_commit = off")
                 .execute(&mut *tx)
                 .await?;
@@ -1421,7 +1490,7 @@ impl EventKeyStore for PostgresStore {
         .bind(&names)
         .bind(&expiries)
         .bind(owner)
-        .execute(&self.pool)
+        .execute(&mut *self.conn().await?)
         .await
         .map_err(|e| self.err(e))?;
         Ok(done.rows_affected())
@@ -1433,14 +1502,14 @@ impl EventKeyStore for PostgresStore {
         )
         .bind(namespace)
         .bind(name)
-        .fetch_optional(&self.pool)
+        .fetch_optional(&mut *self.conn().await?)
         .await
         .map_err(|e| self.err(e))?;
         Ok(row.map(|(position, value)| Cursor::from_stored(position, &value)))
     }
 
     async fn advance_cursor(&self, namespace: &str, name: &str, to: &Cursor) -> Result<()> {
-        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        let mut conn = self.conn().await?;
         advance(&mut conn, namespace, name, to)
             .await
             .map_err(|e| self.err(e))
@@ -1473,7 +1542,7 @@ impl EventKeyStore for PostgresStore {
         .bind(namespace)
         .bind(key)
         .bind(decision.to_string())
-        .execute(&self.pool)
+        .execute(&mut *self.conn().await?)
         .await
         .map_err(|e| self.err(e))?;
         Ok(done.rows_affected() > 0)

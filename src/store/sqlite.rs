@@ -33,6 +33,8 @@ pub struct SqliteStore {
     pool: SqlitePool,
     url: String,
     events: Arc<EventWriter>,
+    /// The pool's size: how many event batches go side by side.
+    connections: usize,
 }
 
 /// What the event-key batches of one store share: their turn at the write transaction, and
@@ -59,15 +61,27 @@ type Key = KeyRow<i64, String, String>;
 type LeaseCols = LeaseColumns<i64>;
 
 impl SqliteStore {
-    /// Opens `sqlite://PATH` (or `sqlite::memory:`), creating and migrating the file.
+    /// Opens `sqlite://PATH` (or `sqlite::memory:`), creating and migrating the file, with
+    /// one connection unless the URL says `?max_connections=N` (SQLite has one writer at
+    /// a time: in one process, statements take turns on the pool instead of in SQLite's
+    /// busy handler).
     pub async fn connect(url: &str) -> Result<Self> {
-        let options = crate::backend::sqlite::connect_options(url)?
+        Self::connect_sized(url, crate::backend::PoolSize::ONE_RUN.sqlite).await
+    }
+
+    /// [`SqliteStore::connect`] with `connections` in the pool when the URL does not say.
+    pub async fn connect_sized(url: &str, connections: u32) -> Result<Self> {
+        let (driver_url, size) = crate::backend::take_max_connections(url)
+            .map_err(|e| Error::config(format!("{url}: {e}")))?;
+        let connections = size.unwrap_or(connections).max(1);
+        let options = crate::backend::sqlite::connect_options(&driver_url)?
             .synchronous(SqliteSynchronous::Normal)
             .foreign_keys(false);
         // A path that can never hold a ledger is a usage error (exit 2, even under
-        // best_effort), not an outage: a folder, a file that is not a SQLite database. A
-        // folder that does not exist stays an outage (an unmounted volume comes back), and
-        // the message names it.
+        // best_effort), not an outage: a folder, a file that is not a SQLite database
+        // (SQLite says so when the pool's first connection sets WAL mode). A folder that
+        // does not exist stays an outage (an unmounted volume comes back), and the message
+        // names it.
         crate::backend::sqlite::check_database_file(url, options.get_filename())?;
         let folder = options
             .get_filename()
@@ -89,7 +103,7 @@ impl SqliteStore {
                 // process, and the ping is a round trip to its worker thread (a third of
                 // the time an event batch took to begin its transaction).
                 SqlitePoolOptions::new()
-                    .max_connections(4)
+                    .max_connections(connections)
                     .test_before_acquire(false)
                     .min_connections(0)
                     .connect_with(options)
@@ -102,6 +116,9 @@ impl SqliteStore {
         })
         .await
         .map_err(|e| {
+            if crate::backend::sqlite::is_not_a_database(&e) {
+                return crate::backend::sqlite::not_a_database(url, options.get_filename());
+            }
             let why = folder.unwrap_or_default();
             Error::store(url, format!("cannot open sqlite database{why}: {e}"))
         })?;
@@ -109,6 +126,7 @@ impl SqliteStore {
             pool,
             url: url.to_string(),
             events: Arc::default(),
+            connections: connections as usize,
         };
         store.migrate().await?;
         Ok(store)
@@ -780,10 +798,11 @@ impl SqliteStore {
 
 #[async_trait]
 impl EventKeyStore for SqliteStore {
-    /// Two: one batch binds its statements, or reads its keys, while the other writes
-    /// (writers take turns in the order they asked).
+    /// One per pooled connection (two for an event gate): one batch binds its statements,
+    /// or reads its keys, while the other writes (writers take turns in the order they
+    /// asked).
     fn batch_concurrency(&self) -> usize {
-        2
+        self.connections
     }
 
     async fn check_and_mark(
