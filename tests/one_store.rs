@@ -233,3 +233,255 @@ fn a_scheduler_of_150_jobs_on_postgres_records_every_fire() {
     };
     a_scheduler_of_many_jobs_records_every_fire(&url, 150, 0);
 }
+
+/// A 2 MiB tmpfs mounted for a test (unmounted on drop), or `None` after saying why it is
+/// skipped (mounting needs root; CI runs as root, so it runs there).
+struct SmallDisk {
+    dir: PathBuf,
+}
+
+impl SmallDisk {
+    fn mount(test: &str) -> Option<SmallDisk> {
+        let dir = temp_dir("disk");
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=2m", "tmpfs"])
+            .arg(&dir)
+            .output();
+        match out {
+            Ok(o) if o.status.success() => Some(SmallDisk { dir }),
+            other => {
+                let why = match other {
+                    Ok(o) => String::from_utf8_lossy(&o.stderr).trim().to_string(),
+                    Err(e) => e.to_string(),
+                };
+                let _ = std::fs::remove_dir_all(&dir);
+                common::skip(format!(
+                    "skipped {test}: cannot mount a small tmpfs ({why})"
+                ));
+                None
+            }
+        }
+    }
+
+    /// Fills the disk: a file grows until the disk refuses.
+    fn fill(&self) {
+        use std::io::Write;
+        let mut f = std::fs::File::create(self.dir.join("filler")).unwrap();
+        let block = vec![0u8; 4096];
+        while f.write_all(&block).and_then(|_| f.flush()).is_ok() {}
+    }
+
+    fn free(&self) {
+        std::fs::remove_file(self.dir.join("filler")).unwrap();
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.dir).status();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `idem --store STORE exec ARGS` in the sandbox (`exec` passes what follows `--` to the
+/// program, so the store comes first).
+fn exec(s: &common::Sandbox, args: &[&str]) -> Command {
+    let mut c = Command::new(common::IDEM);
+    c.args(["--store", &s.store, "exec"])
+        .args(args)
+        .current_dir(&s.dir)
+        .env_remove("IDEM_STORE")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null());
+    c
+}
+
+/// A full disk never lets a run in: three `idem exec` of one date started at once on a
+/// ledger whose disk is full each exit 3 without starting the program (on main each took
+/// the lease: the claim's row came back before its commit failed, and all three ran). Once
+/// the disk has room, the date runs once.
+#[test]
+fn on_a_full_disk_no_exec_starts_its_program_and_each_says_the_store_is_unavailable() {
+    let Some(disk) = SmallDisk::mount("on_a_full_disk_no_exec_starts_its_program…") else {
+        return;
+    };
+    let store = format!("sqlite://{}", disk.dir.join("l.db").display());
+    let s = common::Sandbox::with_store("idem-one-store-full", &store);
+    assert!(s.idem(&["migrate"]).status.success());
+    disk.fill();
+    let children: Vec<_> = (0..3)
+        .map(|i| {
+            let marker = s.dir.join(format!("ran-{i}"));
+            exec(
+                &s,
+                &[
+                    "full",
+                    "--date",
+                    "2026-01-01",
+                    "--lease",
+                    "1m",
+                    "--",
+                    "touch",
+                ],
+            )
+            .arg(&marker)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(3),
+            "exit 3, store unavailable: {stderr}"
+        );
+        assert!(stderr.contains("unavailable"), "{stderr}");
+    }
+    for i in 0..3 {
+        assert!(
+            !s.dir.join(format!("ran-{i}")).exists(),
+            "exec {i} started its program without a durable claim"
+        );
+    }
+    disk.free();
+    let out = exec(
+        &s,
+        &[
+            "full",
+            "--date",
+            "2026-01-01",
+            "--time-window",
+            "1h",
+            "--",
+            "true",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let again = exec(
+        &s,
+        &[
+            "full",
+            "--date",
+            "2026-01-01",
+            "--time-window",
+            "1h",
+            "--",
+            "true",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(String::from_utf8_lossy(&again.stdout).contains("skipped"));
+}
+
+/// After a transaction that failed on a full disk, the store's pooled connection is not
+/// handed out again in a state sqlx refuses: the next batch is an outage as long as the
+/// disk is full, and works once it has room, on the same store.
+#[tokio::test]
+async fn a_store_recovers_from_a_full_disk_without_reopening() {
+    let Some(disk) = SmallDisk::mount("a_store_recovers_from_a_full_disk_without_reopening") else {
+        return;
+    };
+    let url = format!("sqlite://{}", disk.dir.join("l.db").display());
+    let store = idem::store::open_event_keys(&url).await.unwrap();
+    disk.fill();
+    let marks = |n: usize| -> Vec<idem::store::EventMark> {
+        (0..200)
+            .map(|i| idem::store::EventMark::key(format!("k{n}-{i}-{}", "x".repeat(200))))
+            .collect()
+    };
+    for n in 0..3 {
+        let e = store
+            .check_and_mark("full", &marks(n), chrono::Utc::now())
+            .await
+            .expect_err("a full disk fails the batch");
+        assert!(
+            e.is_outage(),
+            "batch {n} on a full disk is an outage, not a refused statement: {e}"
+        );
+    }
+    disk.free();
+    let verdicts = store
+        .check_and_mark("full", &marks(9), chrono::Utc::now())
+        .await
+        .expect("the same store works once the disk has room");
+    assert!(verdicts.iter().all(|v| v.is_new()));
+}
+
+/// `n` concurrent `idem exec NAME-i --date D -- sleep SECS` on `store`; the exit codes and
+/// stderr of those that did not exit 0.
+fn concurrent_execs(s: &common::Sandbox, n: usize, secs: &str) -> Vec<(Option<i32>, String)> {
+    let children: Vec<_> = (0..n)
+        .map(|i| {
+            exec(
+                s,
+                &[
+                    &format!("budget-{i}"),
+                    "--date",
+                    "2026-01-01",
+                    "--",
+                    "sleep",
+                    secs,
+                ],
+            )
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start idem exec")
+        })
+        .collect();
+    children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .filter(|o| !o.status.success())
+        .map(|o| {
+            (
+                o.status.code(),
+                String::from_utf8_lossy(&o.stderr).to_string(),
+            )
+        })
+        .collect()
+}
+
+/// The connection budget: each `idem exec` holds one connection, and a server at its limit
+/// is waited for, not an outage. 200 runs of 2 s at once on a server of 100 connections all
+/// complete (on main each run held two and those past the limit exited 3, "too many
+/// clients"), and so do 60 runs on a server of 12 connections, which must wait for
+/// connections well past the 5 s connect timeout.
+#[test]
+fn runs_beyond_the_servers_connection_limit_wait_for_a_connection_and_none_exits_3() {
+    let test = "runs_beyond_the_servers_connection_limit_wait_for_a_connection_and_none_exits_3";
+    if common::postgres_url(test).is_none() {
+        return;
+    }
+    for (connections, runs, secs) in [(100, 200, "2"), (12, 60, "1")] {
+        let Some(server) = common::private_pg::PrivatePostgres::start(
+            test,
+            &[&format!("max_connections={connections}")],
+        ) else {
+            return;
+        };
+        let s = common::Sandbox::with_store("idem-one-store-budget", &server.url());
+        assert!(s.idem(&["migrate"]).status.success());
+        let failed = concurrent_execs(&s, runs, secs);
+        assert!(
+            failed.is_empty(),
+            "{} of {runs} runs on a server of {connections} connections failed: {:?}",
+            failed.len(),
+            &failed[..failed.len().min(3)]
+        );
+        let (code, ledger, err) = s.json(&["runs", "--limit", "0", "--status", "completed"]);
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(ledger.as_array().unwrap().len(), runs);
+    }
+}

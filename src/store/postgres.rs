@@ -60,6 +60,10 @@ const MIGRATION_LOCK: i64 = 0x6964_656d_006d_6967;
 /// A pooled connection idle at least this long is pinged before use.
 const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
 
+/// How long a caller waits for a connection while the server refuses new ones for now (its
+/// connection limit reached, or starting up), beyond the pool's acquire timeout.
+const FULL_WAIT: Duration = Duration::from_secs(60);
+
 /// Postgres `undefined_table`.
 const UNDEFINED_TABLE: &str = "42P01";
 
@@ -181,8 +185,39 @@ impl PostgresStore {
             .acquire_owned()
             .await
             .map_err(|_| sqlx::Error::PoolClosed)?;
-        let conn = self.pool.acquire().await?;
-        Ok(Turn { _turn: turn, conn })
+        let asked = std::time::Instant::now();
+        loop {
+            match self.pool.acquire().await {
+                Ok(conn) => return Ok(Turn { _turn: turn, conn }),
+                // A server at its connection limit ("too many clients") refuses for now,
+                // not for good: connections free up as other clients finish. The pool has
+                // tried for its acquire timeout; this caller waits on, up to FULL_WAIT.
+                Err(sqlx::Error::PoolTimedOut)
+                    if asked.elapsed() < FULL_WAIT && self.server_is_full().await => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Whether a direct connection attempt is refused as a transient condition of the
+    /// server: its connection limit reached (`53300`), or starting up (`57P03`).
+    async fn server_is_full(&self) -> bool {
+        let attempt = tokio::time::timeout(
+            Duration::from_secs(2),
+            PgConnection::connect_with(&self.options),
+        )
+        .await;
+        match attempt {
+            Ok(Err(sqlx::Error::Database(db))) => {
+                matches!(db.code().as_deref(), Some("53300" | "57P03"))
+            }
+            Ok(Ok(conn)) => {
+                // Room again: the pool's next try gets in.
+                let _ = conn.close().await;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// [`PostgresStore::turn`], a failure said as the store's error.

@@ -105,6 +105,13 @@ impl SqliteStore {
                 SqlitePoolOptions::new()
                     .max_connections(connections)
                     .test_before_acquire(false)
+                    // A connection whose transaction could neither commit nor roll back (a
+                    // full disk) is closed, not handed out again: sqlx would refuse its next
+                    // BEGIN as nested, which is no statement's fault.
+                    .before_acquire(|conn, _| {
+                        let depth = <sqlx::sqlite::SqliteTransactionManager as sqlx::TransactionManager>::get_transaction_depth(conn);
+                        Box::pin(async move { Ok(depth == 0) })
+                    })
                     .min_connections(0)
                     .connect_with(options)
                     .await
@@ -263,8 +270,12 @@ impl LeaseStore for SqliteStore {
                 .bind(request.run_id)
                 .bind(ts(now))
                 .bind(ts(expires_at))
-                .fetch_optional(&self.pool)
+                // Stepped to the end, not stopped at the returned row: the statement commits
+                // when it finishes, and a commit that fails (a full disk) must fail the
+                // claim. A row read before that is not a claim anyone else will see.
+                .fetch_all(&self.pool)
                 .await
+                .map(|tokens: Vec<i64>| tokens.into_iter().next())
                 .map_err(|e| self.err(e))
             },
             || self.lease_row(request.processor, request.scope),
