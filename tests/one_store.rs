@@ -485,3 +485,39 @@ fn runs_beyond_the_servers_connection_limit_wait_for_a_connection_and_none_exits
         assert_eq!(ledger.as_array().unwrap().len(), runs);
     }
 }
+
+/// PgBouncer in transaction mode (Debian's 1.18: no prepared statements across
+/// transactions), `?pgbouncer=true` on the URL: 200 concurrent runs of 2 s through 20 server
+/// connections all complete, each once in the ledger (on main they failed "prepared
+/// statement sqlx_s_1 already exists", and PgBouncer refused sqlx's extra_float_digits).
+#[test]
+fn runs_through_pgbouncer_in_transaction_mode_all_complete() {
+    let test = "runs_through_pgbouncer_in_transaction_mode_all_complete";
+    if common::postgres_url(test).is_none() {
+        return;
+    }
+    let Some(server) = common::private_pg::PrivatePostgres::start(test, &["max_connections=100"])
+    else {
+        return;
+    };
+    let Some(bouncer) = common::private_pg::PrivatePgBouncer::start(test, &server, 20) else {
+        return;
+    };
+    let s = common::Sandbox::with_store("idem-one-store-pgbouncer", &bouncer.url());
+    let out = s.idem(&["migrate"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let failed = concurrent_execs(&s, 200, "2");
+    assert!(
+        failed.is_empty(),
+        "{} of 200 runs through PgBouncer failed: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(3)]
+    );
+    let (code, ledger, err) = s.json(&["runs", "--limit", "0", "--status", "completed"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(ledger.as_array().unwrap().len(), 200);
+}

@@ -109,29 +109,43 @@ pub const MAX_CONNECTIONS_PARAM: &str = "max_connections";
 /// `url` without its `max_connections` query parameter (which idem reads and the drivers
 /// do not know), and that parameter's value. Other parameters are kept byte for byte.
 pub fn take_max_connections(url: &str) -> Result<(String, Option<u32>), String> {
+    let (url, value) = take_param(url, MAX_CONNECTIONS_PARAM);
+    let Some(raw) = value else {
+        return Ok((url, None));
+    };
+    let n: u32 = raw.trim().parse().ok().filter(|n| *n >= 1).ok_or_else(|| {
+        format!(
+            "{MAX_CONNECTIONS_PARAM}={raw:?}: expected a whole number of connections, at least 1"
+        )
+    })?;
+    Ok((url, Some(n)))
+}
+
+/// `url` without the query parameter `name` (idem's own, which the drivers do not know),
+/// and its last value, percent-decoded. Other parameters are kept byte for byte.
+pub fn take_param(url: &str, name: &str) -> (String, Option<String>) {
     let Some((base, query)) = url.split_once('?') else {
-        return Ok((url.to_string(), None));
+        return (url.to_string(), None);
     };
     let mut kept = Vec::new();
     let mut value = None;
     for part in query.split('&') {
         let (key, raw) = part.split_once('=').unwrap_or((part, ""));
-        let key = percent_encoding::percent_decode_str(key).decode_utf8_lossy();
-        if key != MAX_CONNECTIONS_PARAM {
+        if percent_encoding::percent_decode_str(key).decode_utf8_lossy() != name {
             kept.push(part);
             continue;
         }
-        let raw = percent_encoding::percent_decode_str(raw).decode_utf8_lossy();
-        let n: u32 = raw.trim().parse().ok().filter(|n| *n >= 1).ok_or_else(|| {
-            format!("{MAX_CONNECTIONS_PARAM}={raw:?}: expected a whole number of connections, at least 1")
-        })?;
-        value = Some(n);
+        value = Some(
+            percent_encoding::percent_decode_str(raw)
+                .decode_utf8_lossy()
+                .into_owned(),
+        );
     }
     let url = match kept.is_empty() {
         true => base.to_string(),
         false => format!("{base}?{}", kept.join("&")),
     };
-    Ok((url, value))
+    (url, value)
 }
 
 /// Cancellations of dropped statements being sent in the background (a Postgres

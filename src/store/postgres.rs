@@ -77,6 +77,8 @@ pub struct PostgresStore {
     /// small pool (a scheduler's 1,000 jobs on 4 connections) wait their turn instead of
     /// failing as if the server were down.
     turns: Arc<tokio::sync::Semaphore>,
+    /// What stands between idem and the server.
+    pooler: Pooler,
     /// The pool's size: how many event batches go side by side.
     connections: usize,
     options: PgConnectOptions,
@@ -142,7 +144,14 @@ impl PostgresStore {
         let (driver_url, size) = crate::backend::take_max_connections(url)
             .map_err(|e| Error::config(format!("{}: {e}", redact_url(url))))?;
         let connections = size.unwrap_or(connections).max(1);
-        let options = connect_options(&driver_url)?;
+        let (driver_url, pooler) = Pooler::take(&driver_url)
+            .map_err(|e| Error::config(format!("{}: {e}", redact_url(url))))?;
+        let mut options = connect_options(&driver_url)?;
+        if pooler == Pooler::Transaction {
+            // No statement cache: a cached statement would be looked for on whichever
+            // server connection the pooler hands out next.
+            options = options.statement_cache_capacity(0);
+        }
         let pool = PgPoolOptions::new()
             .max_connections(connections)
             .min_connections(0)
@@ -165,6 +174,7 @@ impl PostgresStore {
         Ok(PostgresStore {
             pool,
             turns: Arc::new(tokio::sync::Semaphore::new(connections as usize)),
+            pooler,
             connections: connections as usize,
             options,
             url: redact_url(url),
@@ -188,7 +198,13 @@ impl PostgresStore {
         let asked = std::time::Instant::now();
         loop {
             match self.pool.acquire().await {
-                Ok(conn) => return Ok(Turn { _turn: turn, conn }),
+                Ok(conn) => {
+                    return Ok(Turn {
+                        _turn: turn,
+                        conn,
+                        pinned: self.pooler == Pooler::Transaction,
+                    })
+                }
                 // A server at its connection limit ("too many clients") refuses for now,
                 // not for good: connections free up as other clients finish. The pool has
                 // tried for its acquire timeout; this caller waits on, up to FULL_WAIT.
@@ -270,7 +286,7 @@ impl PostgresStore {
         let row: Option<LeaseCols> = sqlx::query_as(statements::READ)
             .bind(processor)
             .bind(scope)
-            .fetch_optional(&mut *self.conn().await?)
+            .fetch_optional(&mut self.conn().await?)
             .await
             .map_err(|e| self.err(e))?;
         Ok(row.map(|r| r.0))
@@ -288,7 +304,7 @@ impl PostgresStore {
     async fn schema_version(&self) -> std::result::Result<i32, sqlx::Error> {
         let version: std::result::Result<Option<i32>, sqlx::Error> =
             sqlx::query_scalar("SELECT max(version) FROM idem_schema_migrations")
-                .fetch_one(&mut *self.turn().await?)
+                .fetch_one(&mut self.turn().await?)
                 .await;
         match version {
             Ok(v) => Ok(v.unwrap_or(0)),
@@ -331,11 +347,167 @@ async fn apply_migrations(conn: &mut PgConnection) -> std::result::Result<(), sq
     Ok(())
 }
 
+/// What stands between idem and the Postgres server, from the URL's `pgbouncer`
+/// parameter (which idem reads and sqlx never sees).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pooler {
+    /// The server itself, or a pooler in session mode: a client keeps its server
+    /// connection.
+    None,
+    /// A pooler in transaction mode (`?pgbouncer=true`: PgBouncer's `pool_mode =
+    /// transaction`, before 1.21's prepared-statement support): a server connection is
+    /// this client's only within a transaction. Every statement runs in a transaction of
+    /// its own, and each transaction clears the prepared statements the server connection
+    /// holds from other clients; no statement cache.
+    Transaction,
+}
+
+impl Pooler {
+    /// The URL without its `pgbouncer` parameter, and what it says.
+    fn take(url: &str) -> std::result::Result<(String, Pooler), String> {
+        let (url, value) = crate::backend::take_param(url, "pgbouncer");
+        let pooler = match value.as_deref() {
+            None | Some("false") => Pooler::None,
+            Some("true") => Pooler::Transaction,
+            Some(other) => {
+                return Err(format!(
+                    "pgbouncer={other:?}: expected true (a pooler in transaction mode) or false"
+                ))
+            }
+        };
+        Ok((url, pooler))
+    }
+}
+
 /// A pooled connection and the caller's turn to use it (see `PostgresStore::turns`); both
 /// go back when it is dropped.
+///
+/// As an executor (`&mut turn`), a statement outside a transaction runs as it is, or,
+/// behind a transaction-mode pooler (`pinned`), in a transaction of its own: see
+/// [`Pooler`].
 struct Turn {
     _turn: tokio::sync::OwnedSemaphorePermit,
     conn: sqlx::pool::PoolConnection<sqlx::Postgres>,
+    pinned: bool,
+}
+
+impl std::fmt::Debug for Turn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Turn")
+            .field("pinned", &self.pinned)
+            .finish()
+    }
+}
+
+/// How a transaction begins behind a transaction-mode pooler: it clears the prepared
+/// statements a previous client of that server connection left (sqlx names its statements
+/// per client connection, and a client's statements outlive its transactions on the
+/// server), in the same round trip.
+const PINNED_BEGIN: &str = "BEGIN; DEALLOCATE ALL";
+
+impl Turn {
+    /// A transaction on this connection (behind a transaction-mode pooler, one that starts
+    /// by clearing other clients' prepared statements: [`PINNED_BEGIN`]).
+    async fn begin(
+        &mut self,
+    ) -> std::result::Result<sqlx::Transaction<'_, sqlx::Postgres>, sqlx::Error> {
+        match self.pinned {
+            true => self.conn.begin_with(PINNED_BEGIN).await,
+            false => self.conn.begin().await,
+        }
+    }
+}
+
+impl<'c> sqlx::Executor<'c> for &'c mut Turn {
+    type Database = sqlx::Postgres;
+
+    fn fetch_many<'e, 'q: 'e, E>(
+        self,
+        query: E,
+    ) -> futures_util::stream::BoxStream<
+        'e,
+        std::result::Result<
+            sqlx::Either<sqlx::postgres::PgQueryResult, sqlx::postgres::PgRow>,
+            sqlx::Error,
+        >,
+    >
+    where
+        'c: 'e,
+        E: 'q + sqlx::Execute<'q, sqlx::Postgres>,
+    {
+        use futures_util::{StreamExt, TryStreamExt};
+        if !self.pinned {
+            return (&mut *self.conn).fetch_many(query);
+        }
+        // Collected inside the transaction, then streamed: the statements idem sends here
+        // return a few rows at most. The transaction keeps one server connection from the
+        // statement's parse to its execution (sqlx parses and executes in two round trips,
+        // each ending with a Sync that would otherwise hand the server connection to
+        // another client).
+        let all = async move {
+            let mut tx = self.conn.begin_with(PINNED_BEGIN).await?;
+            let items: Vec<_> = (&mut *tx).fetch_many(query).try_collect().await?;
+            tx.commit().await?;
+            Ok(items)
+        };
+        futures_util::stream::once(all)
+            .flat_map(|all| match all {
+                Ok(items) => futures_util::stream::iter(items.into_iter().map(Ok)).left_stream(),
+                Err(e) => futures_util::stream::once(async move { Err(e) }).right_stream(),
+            })
+            .boxed()
+    }
+
+    fn fetch_optional<'e, 'q: 'e, E>(
+        self,
+        query: E,
+    ) -> futures_util::future::BoxFuture<
+        'e,
+        std::result::Result<Option<sqlx::postgres::PgRow>, sqlx::Error>,
+    >
+    where
+        'c: 'e,
+        E: 'q + sqlx::Execute<'q, sqlx::Postgres>,
+    {
+        use futures_util::FutureExt;
+        if !self.pinned {
+            return (&mut *self.conn).fetch_optional(query);
+        }
+        async move {
+            let mut tx = self.conn.begin_with(PINNED_BEGIN).await?;
+            let row = (&mut *tx).fetch_optional(query).await?;
+            tx.commit().await?;
+            Ok(row)
+        }
+        .boxed()
+    }
+
+    fn prepare_with<'e, 'q: 'e>(
+        self,
+        sql: &'q str,
+        parameters: &'e [sqlx::postgres::PgTypeInfo],
+    ) -> futures_util::future::BoxFuture<
+        'e,
+        std::result::Result<sqlx::postgres::PgStatement<'q>, sqlx::Error>,
+    >
+    where
+        'c: 'e,
+    {
+        (&mut *self.conn).prepare_with(sql, parameters)
+    }
+
+    fn describe<'e, 'q: 'e>(
+        self,
+        sql: &'q str,
+    ) -> futures_util::future::BoxFuture<
+        'e,
+        std::result::Result<sqlx::Describe<sqlx::Postgres>, sqlx::Error>,
+    >
+    where
+        'c: 'e,
+    {
+        (&mut *self.conn).describe(sql)
+    }
 }
 
 impl std::ops::Deref for Turn {
@@ -433,7 +605,7 @@ impl LeaseStore for PostgresStore {
                 .bind(request.run_id)
                 .bind(now)
                 .bind(expires_at)
-                .fetch_optional(&mut *self.conn().await?)
+                .fetch_optional(&mut self.conn().await?)
                 .await
                 .map_err(|e| self.err(e))
             },
@@ -455,7 +627,7 @@ impl LeaseStore for PostgresStore {
     async fn renew(&self, lease: &Lease, ttl: Duration, now: DateTime<Utc>) -> Result<Lease> {
         let expires_at = lease_expiry(micros(now), ttl);
         let done = statements::update(statements::RENEW, expires_at, lease)
-            .execute(&mut *self.conn().await?)
+            .execute(&mut self.conn().await?)
             .await
             .map_err(|e| self.err(e))?;
         if done.rows_affected() == 1 {
@@ -469,7 +641,7 @@ impl LeaseStore for PostgresStore {
 
     async fn release(&self, lease: &Lease, now: DateTime<Utc>) -> Result<bool> {
         let done = statements::update(statements::RELEASE, micros(now), lease)
-            .execute(&mut *self.conn().await?)
+            .execute(&mut self.conn().await?)
             .await
             .map_err(|e| self.err(e))?;
         Ok(done.rows_affected() == 1)
@@ -500,7 +672,7 @@ impl LedgerStore for PostgresStore {
         .bind(&keys)
         .bind(&kinds)
         .bind(&since)
-        .fetch_all(&mut *self.conn().await?)
+        .fetch_all(&mut self.conn().await?)
         .await
         .map_err(|e| self.err(e))?;
         for row in &rows {
@@ -624,7 +796,7 @@ impl LedgerStore for PostgresStore {
             let _ = write!(sql, " LIMIT ${}", args.len());
         }
         let rows: Vec<Run> = sqlx::query_as_with(&sql, args)
-            .fetch_all(&mut *self.conn().await?)
+            .fetch_all(&mut self.conn().await?)
             .await
             .map_err(|e| self.err(e))?;
         Ok(rows.into_iter().map(|r| r.0).collect())
@@ -639,13 +811,13 @@ impl MaintenanceStore for PostgresStore {
                 sqlx::query("DELETE FROM processing_keys WHERE processor_name = $1 AND scope = $2")
                     .bind(processor)
                     .bind(scope)
-                    .execute(&mut *self.conn().await?)
+                    .execute(&mut self.conn().await?)
                     .await
             }
             None => {
                 sqlx::query("DELETE FROM processing_keys WHERE processor_name = $1")
                     .bind(processor)
-                    .execute(&mut *self.conn().await?)
+                    .execute(&mut self.conn().await?)
                     .await
             }
         }
@@ -676,7 +848,7 @@ impl MaintenanceStore for PostgresStore {
                     CLEANUP_TABLES[i], CONDITIONS[i]
                 );
                 let n: i64 = statements::cleanup(&sql, cutoff, policy.processor.as_deref(), policy.keys_before)
-                    .fetch_one(&mut *self.conn().await?)
+                    .fetch_one(&mut self.conn().await?)
                     .await
                     .and_then(|row| row.try_get(0))
                     .map_err(|e| self.err(e))?;
@@ -690,7 +862,7 @@ impl MaintenanceStore for PostgresStore {
                 );
                 let deleted = statements::cleanup(&sql, cutoff, policy.processor.as_deref(), policy.keys_before)
                     .bind(policy.limit())
-                    .execute(&mut *self.conn().await?)
+                    .execute(&mut self.conn().await?)
                     .await
                     .map_err(|e| self.err(e))?
                     .rows_affected();
@@ -709,7 +881,7 @@ impl MaintenanceStore for PostgresStore {
                              AND e.namespace = d.namespace AND e.pending = d.id LIMIT 1) IS NULL",
                     )
                     .bind(cutoff)
-                    .execute(&mut *self.conn().await?)
+                    .execute(&mut self.conn().await?)
                     .await
                     .map_err(|e| self.err(e))?;
                 }
@@ -988,7 +1160,7 @@ impl PostgresStore {
             .bind(namespace)
             .bind(keys)
             .bind(first_seen)
-            .execute(&mut *self.conn().await?)
+            .execute(&mut self.conn().await?)
             .await
             .map_err(|e| self.err(e))?;
         Ok(done.rows_affected())
@@ -1004,7 +1176,7 @@ impl PostgresStore {
             .bind(namespace)
             .bind(keys)
             .bind(micros(now))
-            .fetch_all(&mut *self.conn().await?)
+            .fetch_all(&mut self.conn().await?)
             .await
             .map_err(|e| self.err(e))
     }
@@ -1162,7 +1334,7 @@ impl PostgresStore {
                         .bind(namespace)
                         .bind(&keys)
                         .bind(micros(now))
-                        .fetch_all(&mut *self.conn().await?)
+                        .fetch_all(&mut self.conn().await?)
                         .await
                         .map_err(|e| self.err(e))?;
                     if rows.len() == firsts.len() && !rows.iter().any(|r| r.4 == Some(true)) {
@@ -1195,7 +1367,7 @@ impl PostgresStore {
                     .bind(micros(now))
                     .bind(marker)
                     .bind(deadline)
-                    .fetch_all(&mut *self.conn().await?)
+                    .fetch_all(&mut self.conn().await?)
                     .await;
             match tried {
                 Ok(rows) if !rows.iter().any(|r| r.5 == Some(true)) => {
@@ -1249,7 +1421,7 @@ impl PostgresStore {
             Option<DateTime<Utc>>,
         );
         let rows: Vec<Marked> = match cursor {
-            None => query.fetch_all(&mut *self.conn().await?).await,
+            None => query.fetch_all(&mut self.conn().await?).await,
             Some((name, to)) => {
                 // The marks and the cursor's advance commit together.
                 let mut conn = self.conn().await?;
@@ -1357,7 +1529,7 @@ impl EventKeyStore for PostgresStore {
         .bind(namespace)
         .bind(&unique)
         .bind(now)
-        .fetch_all(&mut *self.conn().await?)
+        .fetch_all(&mut self.conn().await?)
         .await
         .map_err(|e| self.err(e))?;
         let mut new: std::collections::HashSet<&str> = new.iter().map(String::as_str).collect();
@@ -1525,7 +1697,7 @@ impl EventKeyStore for PostgresStore {
         .bind(&names)
         .bind(&expiries)
         .bind(owner)
-        .execute(&mut *self.conn().await?)
+        .execute(&mut self.conn().await?)
         .await
         .map_err(|e| self.err(e))?;
         Ok(done.rows_affected())
@@ -1537,7 +1709,7 @@ impl EventKeyStore for PostgresStore {
         )
         .bind(namespace)
         .bind(name)
-        .fetch_optional(&mut *self.conn().await?)
+        .fetch_optional(&mut self.conn().await?)
         .await
         .map_err(|e| self.err(e))?;
         Ok(row.map(|(position, value)| Cursor::from_stored(position, &value)))
@@ -1577,7 +1749,7 @@ impl EventKeyStore for PostgresStore {
         .bind(namespace)
         .bind(key)
         .bind(decision.to_string())
-        .execute(&mut *self.conn().await?)
+        .execute(&mut self.conn().await?)
         .await
         .map_err(|e| self.err(e))?;
         Ok(done.rows_affected() > 0)

@@ -120,3 +120,94 @@ impl Drop for PrivatePostgres {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// A private PgBouncer in front of a [`PrivatePostgres`], in transaction pooling mode.
+pub struct PrivatePgBouncer {
+    dir: PathBuf,
+    pub port: u16,
+    pid_file: PathBuf,
+}
+
+impl PrivatePgBouncer {
+    /// PgBouncer (Debian's `pgbouncer`) in `pool_mode = transaction` with `pool_size` server
+    /// connections, or `None` after saying why it is skipped.
+    pub fn start(test: &str, server: &PrivatePostgres, pool_size: u32) -> Option<Self> {
+        let Some(bin) = ["/usr/sbin/pgbouncer", "/usr/bin/pgbouncer"]
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| p.exists())
+        else {
+            super::skip(format!(
+                "skipped {test}: no pgbouncer (Debian package pgbouncer; .ci/run installs it)"
+            ));
+            return None;
+        };
+        let dir = std::env::temp_dir().join(format!("idem-pgbouncer-{}", idem::new_run_id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let port = free_port();
+        let pid_file = dir.join("pgbouncer.pid");
+        std::fs::write(dir.join("users.txt"), "\"postgres\" \"\"\n").unwrap();
+        std::fs::write(
+            dir.join("pgbouncer.ini"),
+            format!(
+                "[databases]\n* = host=127.0.0.1 port={server_port}\n\
+                 [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\n\
+                 auth_type = trust\nauth_file = {users}\npool_mode = transaction\n\
+                 max_client_conn = 2000\ndefault_pool_size = {pool_size}\nunix_socket_dir =\n\
+                 logfile = {log}\npidfile = {pid}\n",
+                server_port = server.port,
+                users = dir.join("users.txt").display(),
+                log = dir.join("pgbouncer.log").display(),
+                pid = pid_file.display(),
+            ),
+        )
+        .unwrap();
+        if is_root() {
+            let _ = Command::new("chown")
+                .args(["-R", "postgres"])
+                .arg(&dir)
+                .status();
+        }
+        let started = as_server_user(&bin)
+            .arg("-d")
+            .arg(dir.join("pgbouncer.ini"))
+            .output()
+            .expect("run pgbouncer");
+        assert!(
+            started.status.success(),
+            "pgbouncer did not start: {}",
+            String::from_utf8_lossy(&started.stderr)
+        );
+        // Daemonized: ready once it accepts connections.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "pgbouncer never listened on {port}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        Some(PrivatePgBouncer {
+            dir,
+            port,
+            pid_file,
+        })
+    }
+
+    /// The URL of database `postgres` through it, as idem is told of a transaction pooler.
+    pub fn url(&self) -> String {
+        format!(
+            "postgres://postgres@127.0.0.1:{}/postgres?pgbouncer=true",
+            self.port
+        )
+    }
+}
+
+impl Drop for PrivatePgBouncer {
+    fn drop(&mut self) {
+        if let Ok(pid) = std::fs::read_to_string(&self.pid_file) {
+            let _ = Command::new("kill").arg(pid.trim()).status();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
