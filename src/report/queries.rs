@@ -183,18 +183,24 @@ pub(super) enum Conn {
     ),
 }
 
+/// Connections of the report's pool when the store URL does not say (`max_connections`):
+/// its seven queries run side by side, on a few readers.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+const READERS: u32 = 4;
+
 pub(super) async fn connect(url: &str) -> Result<Conn> {
     match dialect_of_url(url)? {
         #[cfg(feature = "sqlite")]
         Dialect::Sqlite => {
             // The store's own connect creates and migrates an empty ledger, so a report on a
             // fresh store says "no runs" rather than "no such table".
-            let store = crate::store::sqlite::SqliteStore::connect(url).await?;
+            // The report's queries run side by side: a reader connection each (WAL).
+            let store = crate::store::sqlite::SqliteStore::connect_sized(url, READERS).await?;
             Ok(Conn::Sqlite(store.pool().clone()))
         }
         #[cfg(feature = "postgres")]
         Dialect::Postgres => {
-            let store = crate::store::postgres::PostgresStore::connect(url).await?;
+            let store = crate::store::postgres::PostgresStore::connect_sized(url, READERS).await?;
             Ok(Conn::Postgres(store.pool().clone()))
         }
         #[cfg(feature = "bigquery")]

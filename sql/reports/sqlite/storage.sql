@@ -17,7 +17,9 @@ SELECT
     SUM(48 + LENGTH(processing_key) + LENGTH(kind) + LENGTH(processor_name) + LENGTH(scope)
         + LENGTH(scope_date) + COALESCE(LENGTH(metadata), 0) + LENGTH(run_id))
         AS estimated_bytes
-FROM processing_keys
+-- The processed_at index, not the processor one (which would read every key in
+-- processor order): only the keys since ?4 are read.
+FROM processing_keys INDEXED BY processing_keys_processed_at
 WHERE processed_at >= ?4 AND (?3 IS NULL OR processor_name = ?3)
 GROUP BY processor_name
 ORDER BY processor_name;
