@@ -386,8 +386,9 @@ impl Pooler {
 /// behind a transaction-mode pooler (`pinned`), in a transaction of its own: see
 /// [`Pooler`].
 struct Turn {
-    _turn: tokio::sync::OwnedSemaphorePermit,
+    // Dropped in this order: the connection goes back to the pool before the turn passes.
     conn: sqlx::pool::PoolConnection<sqlx::Postgres>,
+    _turn: tokio::sync::OwnedSemaphorePermit,
     pinned: bool,
 }
 
