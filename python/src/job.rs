@@ -199,7 +199,12 @@ pub struct NativeJob {
     store: Py<Store>,
     /// The job's runner on the store's current generation (made again after a fork).
     runner: Mutex<Option<(u64, idem::Runner, Arc<DynStore>)>>,
+    /// The output of the last earlier run a skip returned, by its run id: a finished run's
+    /// row does not change, and skips in a row mostly point at the same run.
+    remembered: Remembered,
 }
+
+type Remembered = Arc<Mutex<Option<(String, Option<Value>)>>>;
 
 /// What one waiting call ended with.
 struct Waited {
@@ -255,6 +260,7 @@ impl NativeJob {
             version,
             store,
             runner: Mutex::new(Some((generation, runner, ledger))),
+            remembered: Remembered::default(),
         })
     }
 
@@ -288,6 +294,7 @@ impl NativeJob {
         let cancel = Cancel::new();
         let runner = runner.cancel_on(cancel.clone());
         let (processor, tx, rx) = self.processor(describe.is_some());
+        let remembered = self.remembered.clone();
         let span = tracing::info_span!(
             "run",
             job = %request.processor,
@@ -299,7 +306,7 @@ impl NativeJob {
             async move {
                 let result = match runner.run(&processor, request).await {
                     Ok(mut report) => {
-                        remembered_output(&ledger, &mut report).await;
+                        remembered_output(&ledger, Some(&remembered), &mut report).await;
                         Ok(serde_json::to_value(&report).unwrap_or(Value::Null))
                     }
                     Err(e) => Err(e),
@@ -365,7 +372,7 @@ impl NativeJob {
                             .run(&noop, RunRequest::new(name.clone(), date))
                             .await?;
                         if remember {
-                            remembered_output(&ledger, &mut report).await;
+                            remembered_output(&ledger, None, &mut report).await;
                         }
                         *counts.entry(report.status.to_string()).or_default() += 1;
                     }
@@ -380,8 +387,13 @@ impl NativeJob {
 
 /// On a skip by the time window or the content hash: the output of the run that made it
 /// skip, read from the ledger, as the report's output (what the caller would have got
-/// from running it). Left empty when it cannot be read (said in the log).
-async fn remembered_output(ledger: &Arc<DynStore>, report: &mut idem::RunReport) {
+/// from running it). Left empty when it cannot be read (said in the log). With `cache`,
+/// the output of the run the last skip pointed at is not read again.
+async fn remembered_output(
+    ledger: &Arc<DynStore>,
+    cache: Option<&Remembered>,
+    report: &mut idem::RunReport,
+) {
     if report.status != RunStatus::Skipped
         || !matches!(
             report.skip_reason,
@@ -393,6 +405,13 @@ async fn remembered_output(ledger: &Arc<DynStore>, report: &mut idem::RunReport)
     let Some(previous) = &report.previous_run else {
         return;
     };
+    let lock = |c: &Remembered| c.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    if let Some((run_id, output)) = cache.and_then(lock) {
+        if run_id == previous.run_id {
+            report.output = output;
+            return;
+        }
+    }
     let filter = RunFilter {
         processor: Some(report.job.clone()),
         run_id: Some(previous.run_id.clone()),
@@ -400,7 +419,13 @@ async fn remembered_output(ledger: &Arc<DynStore>, report: &mut idem::RunReport)
         ..RunFilter::default()
     };
     match ledger.runs(&filter).await {
-        Ok(rows) => report.output = rows.into_iter().next().and_then(|r| r.output),
+        Ok(rows) => {
+            report.output = rows.into_iter().next().and_then(|r| r.output);
+            if let Some(c) = cache {
+                *c.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some((previous.run_id.clone(), report.output.clone()));
+            }
+        }
         Err(e) => tracing::warn!(
             previous_run = %previous.run_id,
             "could not read the output of the run that made this one skip: {e}"

@@ -15,6 +15,10 @@ def test_a_time_window_skip_returns_the_earlier_output(store, name):
     assert again.status == "skipped" and again.skip_reason == "time_window"
     assert again.output == {"file": "orders-2025-11-18.csv"} == first.output
     assert again.previous_run["run_id"] == first.run_id
+    # Skips pointing at different earlier runs, in turn: each returns its own run's output.
+    body.run(date="2025-11-19")
+    for day in ("2025-11-18", "2025-11-19", "2025-11-18", "2025-11-19"):
+        assert body.run(date=day).output == {"file": f"orders-{day}.csv"}
 
 
 def test_a_content_skip_returns_the_output_of_the_run_with_that_content(store, name):
