@@ -498,26 +498,30 @@ class _Idempotent:
 
     def key_of(self, *args: Any, **kwargs: Any) -> str:
         """The key a call with these arguments has."""
-        if self._fields is None:
-            return _key_text(self._key(*args, **kwargs), "(from the key function)")  # type: ignore[operator]
-        bound = self._arguments(args, kwargs)
-        return ":".join(_key_text(_lookup(bound, f), f) for f in self._fields)
+        return self._key_and_payload(args, kwargs, with_payload=False)[0]
 
-    def _payload(self, args: tuple, kwargs: Dict[str, Any]) -> Any:
-        v = self._validate
+    def _key_and_payload(self, args: tuple, kwargs: Dict[str, Any], with_payload: bool = True) -> "tuple[str, Any]":
+        """The call's key and the payload a later call with the key must repeat (the
+        arguments bound once for both)."""
+        v = self._validate if with_payload else False
+        bound: Optional[Dict[str, Any]] = None
+        if self._fields is not None or v is True or not (v is False or callable(v)):
+            bound = self._arguments(args, kwargs)
+        if self._fields is None:
+            key = _key_text(self._key(*args, **kwargs), "(from the key function)")  # type: ignore[operator]
+        else:
+            key = ":".join(_key_text(_lookup(bound, f), f) for f in self._fields)  # type: ignore[arg-type]
         if v is False:
-            return _NO_PAYLOAD
-        if callable(v) and v is not True:
-            return v(*args, **kwargs)
-        bound = self._arguments(args, kwargs)
+            return key, _NO_PAYLOAD
         if v is True:
-            return {k: a for k, a in bound.items() if k not in ("self", "cls")}
-        fields = [v] if isinstance(v, str) else list(v)  # type: ignore[arg-type]
-        return {f: _lookup(bound, f) for f in fields}
+            return key, {k: a for k, a in bound.items() if k not in ("self", "cls")}  # type: ignore[union-attr]
+        if callable(v):
+            return key, v(*args, **kwargs)
+        fields = [v] if isinstance(v, str) else list(v)
+        return key, {f: _lookup(bound, f) for f in fields}  # type: ignore[arg-type]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        key = self.key_of(*args, **kwargs)
-        payload = self._payload(args, kwargs)
+        key, payload = self._key_and_payload(args, kwargs)
         event: Dict[str, Any] = {"k": key}
         if payload is not _NO_PAYLOAD:
             event["p"] = payload
