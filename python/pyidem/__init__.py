@@ -28,7 +28,6 @@ import functools as _functools
 import inspect as _inspect
 import json as _json
 import logging as _logging
-import os as _os
 import signal as _signal
 import threading as _threading
 import time as _time
@@ -81,11 +80,6 @@ __all__ = [
 
 # A library's logger stays quiet until the application configures logging.
 _logging.getLogger("pyidem").addHandler(_logging.NullHandler())
-
-# Around os.fork(): no SQLite lock held by another thread is copied into the child, where
-# it would be held forever (stores open themselves again in the child: see Store).
-if hasattr(_os, "register_at_fork"):
-    _os.register_at_fork(before=_idem._before_fork, after_in_parent=_idem._after_fork, after_in_child=_idem._after_fork)
 
 Duration = Union[str, int, float, _dt.timedelta, bool, None]
 

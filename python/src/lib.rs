@@ -105,8 +105,7 @@ fn _idem(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(store::open_store, m)?)?;
     m.add_function(wrap_pyfunction!(scope_key, m)?)?;
     events::register(m)?;
-    m.add_function(wrap_pyfunction!(fork::_before_fork, m)?)?;
-    m.add_function(wrap_pyfunction!(fork::_after_fork, m)?)?;
+    fork::install();
     // The exceptions as the package exports them (`pyidem.StoreError`): so they pickle
     // (a worker process's error reaches a `multiprocessing` parent).
     for name in ["IdemError", "StoreError", "Terminated"] {
