@@ -408,14 +408,20 @@ impl LedgerStore for SqliteStore {
 
     async fn runs(&self, filter: &RunFilter) -> Result<Vec<RunRecord>> {
         // Optional filters as `(?n IS NULL OR col = ?n)`: one fixed statement, every value
-        // bound.
+        // bound. A run id given is a plain `run_id = ?8`, so the primary key finds the row
+        // (the optional form scans the job's runs: a Python skip reads its earlier run).
+        let by_id = if filter.run_id.is_some() {
+            "run_id = ?8"
+        } else {
+            "?8 IS NULL"
+        };
         let sql = format!(
             "SELECT {RUN_COLUMNS} FROM processing_runs \
              WHERE (?1 IS NULL OR processor_name = ?1) AND (?2 IS NULL OR scope = ?2) \
                AND (?3 IS NULL OR status = ?3) AND (?4 IS NULL OR started_at >= ?4) \
                AND (?6 IS NULL OR trigger_source = ?6) \
                AND (?7 IS NULL OR skip_reason IS NULL OR skip_reason <> ?7) \
-               AND (?8 IS NULL OR run_id = ?8) \
+               AND {by_id} \
              ORDER BY started_at DESC, run_id DESC LIMIT ?5"
         );
         let rows: Vec<Run> = sqlx::query_as(&sql)
