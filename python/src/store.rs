@@ -100,7 +100,12 @@ impl Store {
             return Ok(Opened::Events(store));
         }
         let store: Arc<DynStore> = match py
-            .allow_threads(|| runtime().block_on(idem::store::open(url)))
+            // Every processor and gate given this store shares its pool: the size a
+            // process of many runs gets (1 SQLite writer, 4 Postgres connections) unless the
+            // URL says `?max_connections=N`.
+            .allow_threads(|| {
+                runtime().block_on(idem::store::open_sized(url, idem::store::PoolSize::SHARED))
+            })
         {
             Ok(store) => store,
             Err(e) if e.is_store_failure() && policy == idem::StoreFailurePolicy::BestEffort => {
