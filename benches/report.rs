@@ -4,6 +4,10 @@
 //! SQLite, `generate_series` on Postgres) after the store created its schema; then the
 //! release `idem report --format json` is timed for `--days 7` and `--days 30`.
 //!
+//! First, the report's cost against the history behind its period: `--days 7` on 3,000
+//! recent runs alone and with 97,000 older runs (and their keys) behind them, with and
+//! without `--all-keys` (`IDEM_BENCH_HISTORY_ONLY=1` stops there).
+//!
 //! `cargo bench --bench report` (`IDEM_BENCH_RUNS`, `IDEM_BENCH_KEYS` and
 //! `IDEM_BENCH_REPEAT` change the size and the repetitions; `IDEM_BENCH_SQLITE=PATH`
 //! keeps the SQLite file, and reuses it when it already holds the ledger). On Postgres the
@@ -156,6 +160,17 @@ async fn seed_postgres(url: &str, runs: i64, keys: i64) {
 
 /// Times `idem report` over `store` for `days`, `repeat` times; returns the times.
 fn time_report(store: &str, days: u32, repeat: usize) -> Vec<Duration> {
+    time_report_with(store, days, repeat, &[], JOBS as usize)
+}
+
+/// [`time_report`] with `extra` flags, expecting at least `jobs` jobs in the report.
+fn time_report_with(
+    store: &str,
+    days: u32,
+    repeat: usize,
+    extra: &[&str],
+    jobs: usize,
+) -> Vec<Duration> {
     let exe = env!("CARGO_BIN_EXE_idem");
     let mut times = Vec::new();
     for _ in 0..repeat {
@@ -165,6 +180,7 @@ fn time_report(store: &str, days: u32, repeat: usize) -> Vec<Duration> {
                 "--store", store, "--format", "json", "report", "--until", UNTIL,
             ])
             .args(["--days", &days.to_string()])
+            .args(extra)
             .output()
             .expect("run idem report");
         let took = t.elapsed();
@@ -174,8 +190,8 @@ fn time_report(store: &str, days: u32, repeat: usize) -> Vec<Duration> {
             String::from_utf8_lossy(&out.stderr)
         );
         let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
-        let jobs = doc["processors"].as_array().map_or(0, |p| p.len());
-        assert!(jobs >= JOBS as usize, "{jobs} jobs in the report");
+        let found = doc["processors"].as_array().map_or(0, |p| p.len());
+        assert!(found >= jobs, "{found} jobs in the report");
         times.push(took);
     }
     times.sort_unstable();
@@ -189,6 +205,77 @@ fn print(store: &str, days: u32, times: &[Duration]) {
         times[0].as_secs_f64(),
         times[times.len() - 1].as_secs_f64(),
         times.len()
+    );
+}
+
+/// A SQLite ledger of `recent` runs in the 7 days before `UNTIL` plus `old` runs spread
+/// over the two years before its last 40 days, each run with one key (a third of them
+/// content keys) at its start: the history a report of `--days 7` should not pay for.
+async fn seed_history(url: &str, recent: i64, old: i64) {
+    let mut conn = sqlx::SqliteConnection::connect(url).await.expect("sqlite");
+    let recent_step = 7 * DAY_MICROS / recent.max(1);
+    let old_step = 700 * DAY_MICROS / old.max(1);
+    let start = format!(
+        "CASE WHEN i < {recent} THEN {until} - 7 * {day} + i * {recent_step} \
+              ELSE {until} - 40 * {day} - (i - {recent}) * {old_step} END",
+        until = UNTIL_MICROS,
+        day = DAY_MICROS,
+    );
+    let sql = format!(
+        "INSERT INTO processing_runs ({RUN_COLUMNS}) \
+         WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < {last}) \
+         SELECT 'h' || i, 'bench_report_' || (i % {JOBS}), 's' || (i % 997), '2026-12-15', \
+                'scheduler', 'enforce', {start}, {start} + 2000000, 2000, \
+                CASE WHEN i % 10 < 8 THEN 'completed' ELSE 'skipped' END, \
+                CASE WHEN i % 10 < 8 THEN NULL ELSE 'time_window' END, NULL, i % 20 FROM n; \
+         INSERT INTO processing_keys ({KEY_COLUMNS}) \
+         WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < {last}) \
+         SELECT 'hk' || i, CASE WHEN i % 3 = 0 THEN 'content' ELSE 'scope' END, \
+                'bench_report_' || (i % {JOBS}), 's' || (i % 997), '2026-12-15', {start}, \
+                i % 100, 'h' || i FROM n; \
+         ANALYZE;",
+        last = recent + old - 1,
+    );
+    conn.execute(sql.as_str()).await.expect("seed the history");
+}
+
+/// Times `idem report --days 7` (and with `--all-keys`) on a ledger of 3,000 recent runs
+/// alone and on one with 97,000 older runs behind them: the report's cost should follow
+/// its period, not the history (issue 32).
+fn history(rt: &tokio::runtime::Runtime, repeat: usize) {
+    let recent = env_i64("IDEM_BENCH_RECENT_RUNS", 3_000);
+    let old = env_i64("IDEM_BENCH_OLD_RUNS", 97_000);
+    let dir = std::env::temp_dir().join(format!("idem-bench-history-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let _temp = TempDir(dir.clone());
+    let mut medians = Vec::new();
+    for (name, old) in [("recent only", 0), ("with history", old)] {
+        let url = format!("sqlite://{}", dir.join(format!("{old}.db")).display());
+        rt.block_on(async {
+            idem::store::open(&url).await.expect("create the schema");
+            seed_history(&url, recent, old).await;
+        });
+        for all_keys in [false, true] {
+            let extra: &[&str] = if all_keys { &["--all-keys"] } else { &[] };
+            let times = time_report_with(&url, 7, repeat, extra, 1);
+            let median = times[times.len() / 2].as_secs_f64();
+            println!(
+                "history: {name:12} ({} runs){}: median {:.3} s (min {:.3}, max {:.3}, {} runs)",
+                recent + old,
+                if all_keys { " --all-keys" } else { "" },
+                median,
+                times[0].as_secs_f64(),
+                times[times.len() - 1].as_secs_f64(),
+                times.len()
+            );
+            medians.push(median);
+        }
+    }
+    println!(
+        "history: {} older runs cost the report {:.2}x (with --all-keys {:.2}x)",
+        old,
+        medians[2] / medians[0],
+        medians[3] / medians[1]
     );
 }
 
@@ -209,6 +296,10 @@ fn main() {
             (dir.join("ledger.db"), Some(TempDir(dir)))
         }
     };
+    history(&rt, env_i64("IDEM_BENCH_HISTORY_REPEAT", 7) as usize);
+    if std::env::var("IDEM_BENCH_HISTORY_ONLY").is_ok() {
+        return;
+    }
     let sqlite = format!("sqlite://{}", path.display());
     rt.block_on(async {
         idem::store::open(&sqlite)

@@ -189,6 +189,50 @@ impl Error {
         }
     }
 
+    /// The same error again, for a second caller who waited on the same attempt (an open
+    /// shared by many jobs): the same variant and message, without the driver's source
+    /// error (which cannot be copied).
+    pub fn again(&self) -> Error {
+        match self {
+            Error::Config(m) => Error::Config(m.clone()),
+            Error::Input(m) => Error::Input(m.clone()),
+            Error::Io {
+                action,
+                path,
+                source,
+            } => Error::Io {
+                action,
+                path: path.clone(),
+                source: std::io::Error::new(source.kind(), source.to_string()),
+            },
+            Error::StoreUnavailable { store, message, .. } => Error::store(store, message),
+            Error::StoreRejected {
+                store,
+                operation,
+                message,
+                ..
+            } => Error::StoreRejected {
+                store: store.clone(),
+                operation: operation.clone(),
+                message: message.clone(),
+                source: None,
+            },
+            Error::CircuitOpen {
+                store,
+                failures,
+                retry_in_ms,
+            } => Error::CircuitOpen {
+                store: store.clone(),
+                failures: *failures,
+                retry_in_ms: *retry_in_ms,
+            },
+            Error::Unsupported { store, operation } => Error::Unsupported { store, operation },
+            // Nothing else comes out of opening a store or a warehouse; kept as a failure
+            // of the store, in the error's own words.
+            other => Error::store("the store", other),
+        }
+    }
+
     /// True for errors in what the user gave idem (configuration, input, a file it could
     /// not read, an operation the store does not support): exit code 2.
     pub fn is_usage(&self) -> bool {

@@ -11,10 +11,12 @@ import uuid
 
 import pytest
 
-import idem
+import pyidem
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-PEER_DATA = REPO.parent / "shared" / "peer-data" / "fund_loads_input.ndjson"
+# shared/ beside the repository (as CI lays it), or where IDEM_SHARED_DIR says.
+SHARED = pathlib.Path(os.environ.get("IDEM_SHARED_DIR", REPO.parent / "shared"))
+PEER_DATA = SHARED / "peer-data" / "fund_loads_input.ndjson"
 
 
 def _service(var: str) -> str:
@@ -39,7 +41,7 @@ def sqlite_url(tmp_path):
 
 @pytest.fixture
 def store(sqlite_url):
-    return idem.open_store(sqlite_url)
+    return pyidem.open_store(sqlite_url)
 
 
 @pytest.fixture
@@ -50,6 +52,16 @@ def postgres_url():
 @pytest.fixture
 def redis_url():
     return _service("IDEM_TEST_REDIS_URL")
+
+
+@pytest.fixture(params=["sqlite", "postgres", "redis"])
+def event_store_url(request, sqlite_url):
+    """An event-key store of each kind (Redis under a fresh key prefix)."""
+    if request.param == "sqlite":
+        return sqlite_url
+    if request.param == "postgres":
+        return request.getfixturevalue("postgres_url")
+    return f"{request.getfixturevalue('redis_url')}?prefix=idem-py-{uuid.uuid4().hex[:8]}"
 
 
 @pytest.fixture(scope="session")

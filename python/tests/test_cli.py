@@ -6,9 +6,10 @@ The CLI cannot call a Python body, so the job file the CLI runs is a command job
 same name and guards: the job name is the ledger's identity (processor_name, keys)."""
 
 import json
+import sqlite3
 import subprocess
 
-import idem
+import pyidem
 
 JOB = """
 name = "{name}"
@@ -33,13 +34,13 @@ def _one_ledger(tmp_path, url, name, idem_bin):
     jobs.mkdir()
     marker = tmp_path / "cli-ran"
     (jobs / f"{name}.toml").write_text(JOB.format(name=name, marker=marker))
-    store = idem.open_store(url)
+    store = pyidem.open_store(url)
     python_ran = []
 
-    @idem.processor(name, store=store, time_window="1h")
+    @pyidem.processor(name, store=store, time_window="1h")
     def body(run):
         python_ran.append(run.scope)
-        return idem.Outcome(records=7)
+        return pyidem.Outcome(records=7)
 
     # Python first: the CLI skips.
     first = body.run(date="2025-11-18", trigger="scheduler")
@@ -89,3 +90,43 @@ def test_one_ledger_with_the_cli_on_sqlite(tmp_path, name, sqlite_url, idem_bin)
 
 def test_one_ledger_with_the_cli_on_postgres(tmp_path, name, postgres_url, idem_bin):
     _one_ledger(tmp_path, postgres_url, name, idem_bin)
+
+
+OUTPUT_JOB = """
+name = "NAME"
+processor = "command"
+[guards]
+time_window = "1h"
+[command]
+run = ["sh", "-c", \'\'\'printf '{{"records": 2, "output": {{"file": "p.csv"}}}}' > "$IDEM_RESULT"\'\'\']
+"""
+
+
+def test_scope_keys_and_outputs_are_the_clis(tmp_path, name, sqlite_url, idem_bin):
+    """The scope key Python computes is the one `idem run` wrote; a Python run skipped by
+    the CLI's run returns the output the CLI's run recorded."""
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / f"{name}.toml").write_text(OUTPUT_JOB.replace("NAME", name))
+    cli = _cli(idem_bin, sqlite_url, jobs, "run", name, "--date", "2025-11-18")
+    assert cli.returncode == 0, cli.stderr
+    report = json.loads(cli.stdout)
+    assert report["status"] == "completed" and report["output"] == {"file": "p.csv"}, report
+    # The scope key the CLI wrote, read from the ledger's own table.
+    with sqlite3.connect(sqlite_url[len("sqlite://"):]) as db:
+        (written,) = db.execute(
+            "SELECT processing_key FROM processing_keys WHERE kind = 'scope' AND processor_name = ?",
+            (name,),
+        ).fetchone()
+    assert pyidem.scope_key(name, "2025-11-18") == written
+    assert pyidem.scope_key(name, "2025-11-19") != written
+    store = pyidem.open_store(sqlite_url)
+
+    @pyidem.processor(name, store=store, time_window="1h")
+    def body(run):
+        raise AssertionError("skipped by the CLI's run")
+
+    skipped = body.run(date="2025-11-18")
+    assert skipped.skip_reason == "time_window", skipped
+    assert skipped.previous_run["run_id"] == report["run_id"]
+    assert skipped.output == {"file": "p.csv"}

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-import idem
+import pyidem
 
 
 def test_fingerprint_matches_the_cli(idem_bin, tmp_path):
@@ -22,10 +22,10 @@ def test_fingerprint_matches_the_cli(idem_bin, tmp_path):
     cli = subprocess.run([idem_bin, "fingerprint"], input=lines, capture_output=True, text=True)
     assert cli.returncode == 0, cli.stderr
     expected = cli.stdout.strip().split()[-1]
-    assert idem.fingerprint(events) == expected
-    assert idem.fingerprint([json.dumps(e) for e in reversed(events)]) == expected
+    assert pyidem.fingerprint(events) == expected
+    assert pyidem.fingerprint([json.dumps(e) for e in reversed(events)]) == expected
     with pytest.raises(ValueError):
-        idem.fingerprint([{"not": "a trade"}])
+        pyidem.fingerprint([{"not": "a trade"}])
 
 
 def _cli_verdicts(idem_bin, url, peer_data, key, namespace):
@@ -40,12 +40,12 @@ def _cli_verdicts(idem_bin, url, peer_data, key, namespace):
 
 def _gate_parity(idem_bin, url, peer_data):
     lines = peer_data.read_text().splitlines()
-    store = idem.open_store(url)
+    store = pyidem.open_store(url)
     for key in ("id", "id,customer_id"):
         cli_ns, py_ns = f"cli-{uuid.uuid4().hex}", f"py-{uuid.uuid4().hex}"
         expected = _cli_verdicts(idem_bin, url, peer_data, key, cli_ns)
         assert len(expected) == 1000
-        gate = idem.Gate(store, py_ns, key)
+        gate = pyidem.Gate(store, py_ns, key)
         got = []
         for i in range(0, len(lines), 300):  # batches of another size than the CLI's
             got += [str(v) for v in gate.check_and_mark(lines[i:i + 300])]
@@ -55,7 +55,7 @@ def _gate_parity(idem_bin, url, peer_data):
         assert stats["checked"] == 1000
         # Dicts give the same verdicts as lines; the Python gate on the CLI's namespace
         # finds the CLI's keys (the same keys): nothing is new.
-        again = idem.Gate(store, cli_ns, key.split(","))
+        again = pyidem.Gate(store, cli_ns, key.split(","))
         verdicts = again.check_and_mark([json.loads(l) for l in lines])
         assert "new" not in {v.verdict for v in verdicts}
         assert verdicts[0].key == (json.loads(lines[0])["id"] if key == "id"
@@ -75,23 +75,23 @@ def test_gate_verdicts_equal_idem_gate_on_redis(idem_bin, redis_url, peer_data):
 
 
 def test_gate_ttl_strategy_invalid_and_filter(store):
-    gate = idem.Gate(store, "t", "id", ttl="1h", strategy="log_only")
+    gate = pyidem.Gate(store, "t", "id", ttl="1h", strategy="log_only")
     verdicts = gate.check_and_mark(['{"id": "1", "a": 1}', '{"id": "1", "a": 2}', "not json", {"b": 1}])
     assert [str(v) for v in verdicts] == ["new", "conflict", "invalid", "invalid"]
     assert verdicts[1].passes  # log_only never filters a valid event
     assert verdicts[2].error
-    strict = idem.Gate(store, "f", "id")
+    strict = pyidem.Gate(store, "f", "id")
     assert strict.filter([{"id": 1}, {"id": 1}, {"id": 2}]) == [{"id": 1}, {"id": 2}]
     with pytest.raises(ValueError):
-        idem.Gate(store, "t", "id", strategy="sometimes")
+        pyidem.Gate(store, "t", "id", strategy="sometimes")
     with pytest.raises(ValueError):
-        idem.Gate(store, "t", "")
+        pyidem.Gate(store, "t", "")
 
 
 def test_redis_is_for_event_keys_only(redis_url, name):
-    store = idem.open_store(redis_url)
-    with pytest.raises(idem.IdemError, match="event keys only"):
-        idem.processor(name, store=store)(lambda run: None)
+    store = pyidem.open_store(redis_url)
+    with pytest.raises(pyidem.IdemError, match="event keys only"):
+        pyidem.processor(name, store=store)(lambda run: None)
 
 
 def test_pending_marks_expire_unless_confirmed(sqlite_url, postgres_url, redis_url):
@@ -108,7 +108,7 @@ def test_pending_marks_expire_unless_confirmed(sqlite_url, postgres_url, redis_u
     namespaces = {}
     for label, url in stores.items():
         namespaces[label] = ns = f"pending-{uuid.uuid4().hex}"
-        gate = idem.Gate(idem.open_store(url), ns, "id", pending_timeout="1s")
+        gate = pyidem.Gate(pyidem.open_store(url), ns, "id", pending_timeout="1s")
         # Never confirmed: the process "died" before handling these.
         assert [str(v) for v in gate.check_and_mark(dropped)] == ["new"] * 3, label
         first = gate.check_and_mark(handled[:2])
@@ -117,19 +117,19 @@ def test_pending_marks_expire_unless_confirmed(sqlite_url, postgres_url, redis_u
         # Verdicts of several calls together; new keys only, each once.
         assert gate.confirm(first + second + first) == 3, label
         with pytest.raises(ValueError):
-            idem.Gate(idem.open_store(url), ns, "id", pending_timeout="1s").confirm(first)
+            pyidem.Gate(pyidem.open_store(url), ns, "id", pending_timeout="1s").confirm(first)
         with pytest.raises(TypeError):
             gate.confirm(["new"])
     time.sleep(1.5)
     for label, url in stores.items():
         # A gate started again after the timeout.
-        gate = idem.Gate(idem.open_store(url), namespaces[label], "id", pending_timeout="1s")
+        gate = pyidem.Gate(pyidem.open_store(url), namespaces[label], "id", pending_timeout="1s")
         assert [str(v) for v in gate.check_and_mark(dropped)] == ["new"] * 3, label
         assert [str(v) for v in gate.check_and_mark(handled)] == ["replay"] * 3, label
 
 
 def test_confirm_without_pending_marks_is_a_no_op(store):
-    gate = idem.Gate(store, "no-pending", "id")
+    gate = pyidem.Gate(store, "no-pending", "id")
     verdicts = gate.check_and_mark([{"id": 1}, {"id": 2}])
     assert [str(v) for v in verdicts] == ["new", "new"]
     assert gate.confirm(verdicts) == 0

@@ -11,16 +11,16 @@ import time
 
 import pytest
 
-import idem
+import pyidem
 
 SCRIPT = textwrap.dedent(
     """
     import pathlib, sys, time
-    import idem
+    import pyidem
     url, name, started = sys.argv[1:4]
-    store = idem.open_store(url)
+    store = pyidem.open_store(url)
 
-    @idem.processor(name, store=store, time_window="1h", lease="10m")
+    @pyidem.processor(name, store=store, time_window="1h", lease="10m")
     def body(run):
         pathlib.Path(started).write_text(run.run_id)
         time.sleep(60)
@@ -79,9 +79,9 @@ def test_signal_during_the_body_records_interrupted_and_releases_the_lease(
     assert f"interrupted by {expected}" in row["error"], row
     # The lease was released: the next run goes ahead now (a held 10-minute lease would
     # make it skip with in_progress), and the failed run left no key behind.
-    store = idem.open_store(sqlite_url)
+    store = pyidem.open_store(sqlite_url)
 
-    @idem.processor(name, store=store, time_window="1h", lease="10m")
+    @pyidem.processor(name, store=store, time_window="1h", lease="10m")
     def body(run):
         return 1
 
@@ -93,9 +93,9 @@ def test_sigterm_on_postgres(tmp_path, name, postgres_url, idem_bin):
     assert code == 143, err
     row = _ledger_row(idem_bin, postgres_url, name, run_id)
     assert "interrupted by SIGTERM" in row["error"]
-    store = idem.open_store(postgres_url)
+    store = pyidem.open_store(postgres_url)
 
-    @idem.processor(name, store=store, lease="10m")
+    @pyidem.processor(name, store=store, lease="10m")
     def body(run):
         return 1
 

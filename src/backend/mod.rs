@@ -9,6 +9,7 @@ pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
 pub mod script;
+pub mod shared;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
@@ -68,6 +69,83 @@ pub fn redact_url(url: &str) -> String {
         ),
         _ => url.to_string(),
     }
+}
+
+/// How many connections a store's pool may hold, when its URL does not say
+/// (`?max_connections=N`): per backend, since what a connection costs differs (SQLite has
+/// one writer at a time; a Postgres server has a connection limit shared by every client).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolSize {
+    /// Connections of a SQLite pool.
+    pub sqlite: u32,
+    /// Connections of a Postgres pool.
+    pub postgres: u32,
+}
+
+impl PoolSize {
+    /// One run in a process (`idem run`, `idem exec`, the ledger's readers): one
+    /// connection, which the run's heartbeat and its work share.
+    pub const ONE_RUN: PoolSize = PoolSize {
+        sqlite: 1,
+        postgres: 1,
+    };
+    /// Many runs sharing one store in a process (a scheduler's jobs, a parallel backfill, a
+    /// Python program's processors): still SQLite's one writer; a few Postgres connections.
+    pub const SHARED: PoolSize = PoolSize {
+        sqlite: 1,
+        postgres: 4,
+    };
+    /// An event gate's batches side by side: one reading while another writes on SQLite,
+    /// one transaction per connection on Postgres.
+    pub const EVENTS: PoolSize = PoolSize {
+        sqlite: 2,
+        postgres: 4,
+    };
+}
+
+/// The query parameter of a store URL that sets its pool's size.
+pub const MAX_CONNECTIONS_PARAM: &str = "max_connections";
+
+/// `url` without its `max_connections` query parameter (which idem reads and the drivers
+/// do not know), and that parameter's value. Other parameters are kept byte for byte.
+pub fn take_max_connections(url: &str) -> Result<(String, Option<u32>), String> {
+    let (url, value) = take_param(url, MAX_CONNECTIONS_PARAM);
+    let Some(raw) = value else {
+        return Ok((url, None));
+    };
+    let n: u32 = raw.trim().parse().ok().filter(|n| *n >= 1).ok_or_else(|| {
+        format!(
+            "{MAX_CONNECTIONS_PARAM}={raw:?}: expected a whole number of connections, at least 1"
+        )
+    })?;
+    Ok((url, Some(n)))
+}
+
+/// `url` without the query parameter `name` (idem's own, which the drivers do not know),
+/// and its last value, percent-decoded. Other parameters are kept byte for byte.
+pub fn take_param(url: &str, name: &str) -> (String, Option<String>) {
+    let Some((base, query)) = url.split_once('?') else {
+        return (url.to_string(), None);
+    };
+    let mut kept = Vec::new();
+    let mut value = None;
+    for part in query.split('&') {
+        let (key, raw) = part.split_once('=').unwrap_or((part, ""));
+        if percent_encoding::percent_decode_str(key).decode_utf8_lossy() != name {
+            kept.push(part);
+            continue;
+        }
+        value = Some(
+            percent_encoding::percent_decode_str(raw)
+                .decode_utf8_lossy()
+                .into_owned(),
+        );
+    }
+    let url = match kept.is_empty() {
+        true => base.to_string(),
+        false => format!("{base}?{}", kept.join("&")),
+    };
+    (url, value)
 }
 
 /// Cancellations of dropped statements being sent in the background (a Postgres
@@ -132,7 +210,34 @@ pub async fn cancels_sent(timeout: std::time::Duration) {
 
 #[cfg(test)]
 mod tests {
-    use super::redact_url;
+    use super::{redact_url, take_max_connections};
+
+    #[test]
+    fn max_connections_is_read_and_taken_out_of_the_url() {
+        assert_eq!(
+            take_max_connections("sqlite://idem.db").unwrap(),
+            ("sqlite://idem.db".to_string(), None)
+        );
+        assert_eq!(
+            take_max_connections("postgres://u@h/db?max_connections=8").unwrap(),
+            ("postgres://u@h/db".to_string(), Some(8))
+        );
+        assert_eq!(
+            take_max_connections(
+                "postgres://u@h/db?sslmode=require&max_connections=2&password=a%26b"
+            )
+            .unwrap(),
+            (
+                "postgres://u@h/db?sslmode=require&password=a%26b".to_string(),
+                Some(2)
+            )
+        );
+        for bad in ["0", "-1", "many", "", "99999999999"] {
+            let e =
+                take_max_connections(&format!("sqlite://x.db?max_connections={bad}")).unwrap_err();
+            assert!(e.contains("max_connections"), "{e}");
+        }
+    }
 
     #[test]
     fn redact_url_hides_only_the_password() {

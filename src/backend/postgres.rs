@@ -22,7 +22,10 @@ pub fn connect_options(url: &str) -> Result<PgConnectOptions> {
             redact_url(url)
         ))
     })?;
-    Ok(options.application_name("idem"))
+    // No `extra_float_digits` in the startup packet: servers since Postgres 12 print floats
+    // exactly by default, and connection poolers (PgBouncer) refuse a startup parameter
+    // they do not know.
+    Ok(options.application_name("idem").extra_float_digits(None))
 }
 
 /// A sqlx error as a sentence; a pool timeout says what it usually means.

@@ -1,6 +1,5 @@
 //! SQLite connection plumbing shared by the store and the warehouse.
 
-use std::io::Read;
 use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
@@ -30,33 +29,79 @@ pub fn connect_options(url: &str) -> Result<SqliteConnectOptions> {
         .busy_timeout(BUSY_TIMEOUT))
 }
 
-/// For the store, which opens its file at once: a path naming a folder, or a file that is
-/// not a SQLite database, is a configuration error naming it. (A warehouse opens lazily:
-/// a run a guard skips never reads its file, whatever it holds.)
+/// For the store, which opens its file at once: a path naming a folder is a configuration
+/// error naming it. Only the file's metadata is read (`stat`), never its contents: a process
+/// that opens and closes a database file with ordinary file I/O drops every POSIX lock it
+/// holds on that file, SQLite's own included ("How To Corrupt An SQLite Database File",
+/// §2.2), which lets a second writer in beside a connection of this process. Whether a file
+/// is a database is asked of SQLite ([`is_not_a_database`], [`is_sqlite_database`]).
 pub fn check_database_file(url: &str, path: &Path) -> Result<()> {
-    let bad = |what: String| Err(Error::config(format!("{url}: {what}")));
-    if path == Path::new(":memory:") {
-        return Ok(());
-    }
-    if path.is_dir() {
-        return bad(format!(
-            "{} is a folder, not a database file",
+    if path != Path::new(":memory:") && path.is_dir() {
+        return Err(Error::config(format!(
+            "{url}: {} is a folder, not a database file",
             path.display()
-        ));
-    }
-    // An empty file is a new database to SQLite; anything else must start with its header.
-    let empty = std::fs::metadata(path).is_ok_and(|m| m.len() == 0);
-    if path.is_file() && !empty && !is_sqlite_database(path) {
-        return bad(format!("{} is not a SQLite database", path.display()));
+        )));
     }
     Ok(())
 }
 
-/// Whether `path` is a file that starts with SQLite's header.
+/// Whether SQLite refused a file as not a database (`SQLITE_NOTADB`: it exists and does not
+/// start with SQLite's header).
+pub fn is_not_a_database(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => db
+            .code()
+            .and_then(|c| c.parse::<i64>().ok())
+            .is_some_and(|code| code & 0xff == 26),
+        _ => false,
+    }
+}
+
+/// The error for a file SQLite refused as not a database.
+pub fn not_a_database(url: &str, path: &Path) -> Error {
+    Error::config(format!(
+        "{url}: {} is not a SQLite database",
+        path.display()
+    ))
+}
+
+/// Whether `path` is an existing, non-empty SQLite database, asked of SQLite itself through
+/// a read-only connection (never read with ordinary file I/O: see
+/// [`check_database_file`]): SQLite's own file handling keeps the locks of the process's
+/// other connections when this one closes. A missing file, a folder or an empty file is
+/// not one; a file SQLite cannot open for another reason (permissions, a lock) counts as
+/// one, the safe answer for a caller deciding whether it may overwrite it. Blocking: it
+/// runs on a thread of its own, so it may be called from anywhere.
 pub fn is_sqlite_database(path: &Path) -> bool {
-    let mut head = [0u8; 16];
-    std::fs::File::open(path)
-        .and_then(|mut f| f.read_exact(&mut head))
-        .is_ok()
-        && &head == b"SQLite format 3\0"
+    use sqlx::{ConnectOptions, Connection};
+    if !path.is_file() || std::fs::metadata(path).is_ok_and(|m| m.len() == 0) {
+        return false;
+    }
+    let options = SqliteConnectOptions::new()
+        .filename(path)
+        .read_only(true)
+        .create_if_missing(false);
+    let probe = async move {
+        let mut conn = match options.connect().await {
+            Ok(conn) => conn,
+            Err(e) => return Some(!is_not_a_database(&e)),
+        };
+        let answer = sqlx::query("SELECT count(*) FROM sqlite_master")
+            .fetch_one(&mut conn)
+            .await;
+        let _ = conn.close().await;
+        Some(answer.map_or_else(|e| !is_not_a_database(&e), |_| true))
+    };
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            tokio::runtime::Builder::new_current_thread()
+                .build()
+                .ok()
+                .and_then(|rt| rt.block_on(probe))
+        })
+        .join()
+        .ok()
+        .flatten()
+        .unwrap_or(true)
+    })
 }

@@ -162,6 +162,7 @@ pub(super) async fn exec(args: &ExecArgs, g: &GlobalOptions, registry: &Registry
         cancel: Some(cancel.clone()),
         spool: true,
         params: args.param.iter().cloned().collect(),
+        connections: None,
     };
     let date = job.run_date(None, args.scheduled_at.as_deref(), chrono::Utc::now())?;
     let request = overrides.request(&job, date)?;

@@ -604,6 +604,11 @@ pub(crate) struct ReportArgs {
     /// The end of the period (RFC 3339) instead of now.
     #[arg(long, value_name = "RFC3339")]
     until: Option<String>,
+    /// Count every key ever written in the storage figures (a scan of the whole key table);
+    /// by default they count the keys written since the period's start, or five weeks
+    /// back when that is earlier, so a report costs its period, not the history.
+    #[arg(long)]
+    all_keys: bool,
     /// The time window of the jobs: Q1 counts duplicates outside it [default: 1h].
     #[arg(long)]
     window: Option<String>,

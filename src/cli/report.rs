@@ -151,6 +151,7 @@ pub(super) async fn report(args: ReportArgs, g: &GlobalOptions) -> Result<u8> {
         )));
     }
     options.job = args.job.clone();
+    options.all_keys = args.all_keys;
     options.window = match (&args.window, &file.window) {
         (Some(w), _) => parse_duration_field("--window", w).map_err(input)?,
         (None, Some(w)) => parse_duration_field(&in_file("window"), w)?,

@@ -24,6 +24,7 @@ impl RunArgs {
             cancel,
             spool: true,
             params: self.param.iter().cloned().collect(),
+            connections: None,
         }
     }
 }
@@ -119,7 +120,11 @@ pub(super) async fn backfill(args: &RunArgs, g: &GlobalOptions, registry: &Regis
     )?;
     // One token stops the running dates (the runner) and the dates after them (here).
     let cancel = stop_on_signals()?;
-    let overrides = args.overrides(Trigger::Backfill, Some(cancel.clone()));
+    let mut overrides = args.overrides(Trigger::Backfill, Some(cancel.clone()));
+    // The dates run side by side share the store: a few connections for them all.
+    if args.parallel > 1 {
+        overrides.connections = Some(crate::job::Connections::new(crate::store::PoolSize::SHARED));
+    }
     let requests = dates
         .iter()
         .map(|d| overrides.request(&job, *d))

@@ -5,13 +5,13 @@ use std::sync::Arc;
 
 use super::{cancel_on_signals, scheduled_jobs, GlobalOptions, SchedulerArgs, EXIT_OK};
 use crate::error::{Error, Result};
-use crate::job::{plan, Job, Overrides, Plan};
+use crate::job::{plan, Connections, Job, Overrides, Plan};
 use crate::model::duration::parse_duration;
 use crate::model::{RunStatus, SkipReason, Trigger};
 use crate::processor::Registry;
 use crate::runner::Cancel;
 use crate::schedule;
-use crate::store::RunFilter;
+use crate::store::{PoolSize, RunFilter};
 
 /// `idem scheduler [JOB...] [--grace 30s]`: fires each job's slots through the runner
 /// `idem run` uses (trigger scheduler, the date derived from the slot in the job's zone);
@@ -36,6 +36,7 @@ pub(super) async fn scheduler(
         .collect::<Result<Vec<_>>>()?;
     // Listen before anything fires, so a signal is never the default (fatal) one.
     let cancel = cancel_on_signals()?;
+    let signalled = cancel.clone();
     let shutdown = async move { cancel.cancelled().await };
     let clock: Arc<dyn Clock> = Arc::new(sched::SystemClock);
     let mut planner = sched::Planner::new(&scheduled, clock.now())?;
@@ -55,55 +56,34 @@ pub(super) async fn scheduler(
             }
         });
     }
+    // The scheduler, not the runner, decides when a signal stops a run: after the grace
+    // period, through StopOnShutdown and the `stop_runs` token. Every job shares one store
+    // (and one warehouse per warehouse URL): one pool, not one per job.
+    let overrides = Overrides {
+        trigger: Some(Trigger::Scheduler),
+        cancel: Some(stop_runs.clone()),
+        spool: true,
+        connections: Some(Connections::new(PoolSize::SHARED)),
+        ..Overrides::default()
+    };
+    // Every job is planned at once (the store is opened once, by the first; the others
+    // wait for it), and a signal during startup stops the scheduler there.
+    let started = tokio::select! {
+        started = start_jobs(jobs, registry, &g.store, &overrides) => started,
+        _ = signalled.cancelled() => {
+            tracing::info!(target: "idem::scheduler", "scheduler stopped by {} during startup: nothing fired", signalled.reason().unwrap_or("a signal"));
+            return Ok(EXIT_OK);
+        }
+    };
     let mut targets = std::collections::HashMap::new();
-    for (job, s) in jobs.into_iter().zip(&scheduled) {
-        // The scheduler, not the runner, decides when a signal stops a run: after the
-        // grace period, through StopOnShutdown and the `stop_runs` token.
-        let overrides = Overrides {
-            trigger: Some(Trigger::Scheduler),
-            cancel: Some(stop_runs.clone()),
-            spool: true,
-            ..Overrides::default()
-        };
+    for (job, planned) in started {
         let name = job.name.clone();
-        // One job whose store cannot be reached at start must not stop the others: it is
-        // planned again at its next fire (which then fails or spools as its store failure
-        // policy says).
-        let planned = match plan(&job, registry, &g.store, overrides.clone()).await {
-            Ok(p) => Some(p),
-            Err(e) => {
-                tracing::error!(target: "idem::scheduler", "job {name}: cannot start: {e}; its fires try again");
-                None
-            }
-        };
-        if let Some(p) = &planned {
-            // Slots after the last fire that settled its slot (not one that met another
-            // run's lease) were missed while no scheduler ran: caught up, or dropped with a
-            // warning, as the job's `missed` says. Asked of the store directly, whatever
-            // else (backfills, manual runs) the ledger holds since.
-            let last = p
-                .runner
-                .store()
-                .runs(&RunFilter {
-                    processor: Some(name.clone()),
-                    trigger: Some(Trigger::Scheduler),
-                    except_skip_reason: Some(SkipReason::InProgress),
-                    limit: 1,
-                    ..RunFilter::default()
-                })
-                .await;
-            match last {
-                Ok(runs) => {
-                    if let Some(last) = runs.first() {
-                        planner.resume_after(&name, last.started_at);
-                    }
-                }
-                Err(e) => tracing::warn!(
-                    target: "idem::scheduler",
-                    "job {name}: cannot read its last scheduled fire ({e}); slots missed before now are not {}",
-                    match s.missed { schedule::Missed::Skip => "reported", _ => "caught up" }
-                ),
-            }
+        if let Some(Started {
+            last_fire: Some(last),
+            ..
+        }) = &planned
+        {
+            planner.resume_after(&name, *last);
         }
         let stop_rx = stop_rx.clone();
         targets.insert(
@@ -112,8 +92,10 @@ pub(super) async fn scheduler(
                 job,
                 registry: registry.clone(),
                 store_url: g.store.clone(),
-                overrides,
-                plan: tokio::sync::OnceCell::new_with(planned.map(|p| wrap(p, stop_rx.clone()))),
+                overrides: overrides.clone(),
+                plan: tokio::sync::OnceCell::new_with(
+                    planned.map(|p| wrap(p.plan, stop_rx.clone())),
+                ),
                 stop: stop_rx,
             },
         );
@@ -140,6 +122,96 @@ pub(super) async fn scheduler(
         summary.interrupted
     );
     Ok(EXIT_OK)
+}
+
+/// A job planned at start, and its last fire that settled a slot.
+struct Started {
+    plan: Plan,
+    last_fire: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// Plans every job side by side (on the shared store of `overrides`), and reads where each
+/// left off. A job that cannot be planned (its store unreachable) does not stop the others:
+/// it is planned again at its next fire; jobs that failed for one reason are logged once.
+async fn start_jobs(
+    jobs: Vec<Job>,
+    registry: &Registry,
+    store_url: &str,
+    overrides: &Overrides,
+) -> Vec<(Job, Option<Started>)> {
+    let mut planning = tokio::task::JoinSet::new();
+    for (i, job) in jobs.into_iter().enumerate() {
+        let (registry, store_url, overrides) =
+            (registry.clone(), store_url.to_string(), overrides.clone());
+        planning.spawn(async move {
+            let started = start_job(&job, &registry, &store_url, overrides).await;
+            (i, job, started)
+        });
+    }
+    let mut started = Vec::new();
+    let mut failed: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    while let Some(joined) = planning.join_next().await {
+        match joined {
+            Ok((i, job, Ok(s))) => started.push((i, job, Some(s))),
+            Ok((i, job, Err(e))) => {
+                failed
+                    .entry(e.to_string())
+                    .or_default()
+                    .push(job.name.clone());
+                started.push((i, job, None));
+            }
+            Err(e) => tracing::error!(target: "idem::scheduler", "planning a job panicked: {e}"),
+        }
+    }
+    for (error, mut names) in failed {
+        names.sort();
+        tracing::error!(
+            target: "idem::scheduler",
+            "{} job(s) cannot start: {error}; their fires try again ({})",
+            names.len(),
+            names.join(", ")
+        );
+    }
+    started.sort_by_key(|(i, _, _)| *i);
+    started.into_iter().map(|(_, job, s)| (job, s)).collect()
+}
+
+/// Plans one job and reads its last scheduler fire that settled its slot (not one that met
+/// another run's lease): slots after it were missed while no scheduler ran, caught up or
+/// dropped with a warning as the job's `missed` says. Asked of the store directly, whatever
+/// else (backfills, manual runs) the ledger holds since.
+async fn start_job(
+    job: &Job,
+    registry: &Registry,
+    store_url: &str,
+    overrides: Overrides,
+) -> Result<Started> {
+    let plan = plan(job, registry, store_url, overrides).await?;
+    let last = plan
+        .runner
+        .store()
+        .runs(&RunFilter {
+            processor: Some(job.name.clone()),
+            trigger: Some(Trigger::Scheduler),
+            except_skip_reason: Some(SkipReason::InProgress),
+            limit: 1,
+            ..RunFilter::default()
+        })
+        .await;
+    let last_fire = match last {
+        Ok(runs) => runs.first().map(|r| r.started_at),
+        Err(e) => {
+            let missed = job.scheduled().map(|s| s.missed);
+            tracing::warn!(
+                target: "idem::scheduler",
+                "job {}: cannot read its last scheduled fire ({e}); slots missed before now are not {}",
+                job.name,
+                match missed { Ok(schedule::Missed::Skip) => "reported", _ => "caught up" }
+            );
+            None
+        }
+    };
+    Ok(Started { plan, last_fire })
 }
 
 /// A job the scheduler fires: its plan (made at start, or at its first fire when its store

@@ -113,6 +113,10 @@ pub struct Admission {
     /// The batch (of this gate) whose pending mark the key carries, when `confirm` is
     /// set: a confirmation is per batch.
     pub pending_batch: Option<BatchRef>,
+    /// For a key the store found new: the time it was marked at (the `now` of the store
+    /// call that marked it), which [`EventGate::release`] needs to take that mark, and no
+    /// later one, back.
+    pub marked_at: Option<DateTime<Utc>>,
 }
 
 /// A batch of a gate that marks keys pending ([`Admission::pending_batch`]).
@@ -626,6 +630,100 @@ impl EventGate {
             .await
     }
 
+    /// Takes back the marks `admitted` made: the keys it found new are unmarked, so their
+    /// events are `new` again at their next delivery (to this gate or another). For a
+    /// batch whose handling failed: without it, a redelivery is a `replay` and does not
+    /// pass (at once on this gate; on another, after the pending timeout or never).
+    ///
+    /// Only the marks those calls made are deleted (see
+    /// [`EventKeyStore::unmark_event_keys`]): a mark made since by another gate, after
+    /// this one expired, stays. Pending or confirmed alike, so release instead of
+    /// confirming, not after. Straight to the store, not through the breaker. How many
+    /// marks were deleted.
+    pub async fn release(
+        &self,
+        admitted: &[std::result::Result<Admission, InvalidEvent>],
+    ) -> Result<u64> {
+        // One store call per marking time (one for a batch, a few when keys were asked
+        // again while pending for another gate), each key once.
+        let mut by_time: Vec<(DateTime<Utc>, Vec<String>)> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for a in admitted.iter().flatten() {
+            let (Some(EventVerdict::New), Some(at)) = (&a.verdict, a.marked_at) else {
+                continue;
+            };
+            if !seen.insert((at, a.key.as_str())) {
+                continue;
+            }
+            match by_time.iter_mut().find(|(t, _)| *t == at) {
+                Some((_, keys)) => keys.push(a.key.clone()),
+                None => by_time.push((at, vec![a.key.clone()])),
+            }
+        }
+        let mut released = 0;
+        for (at, keys) in by_time {
+            released += self.unmark(&keys, at).await?;
+        }
+        Ok(released)
+    }
+
+    /// Checks and marks a batch, hands the admissions to `handle`, then settles the marks
+    /// by its outcome: `Ok` confirms them ([`confirm`](Self::confirm), with pending
+    /// marks), `Err` releases them ([`release`](Self::release)), so a failed batch's
+    /// events are `new` again at their next delivery. The handler's outcome is returned;
+    /// `Err` (the outer one) when the check, the confirmation or the release failed (the
+    /// handler's own error is then logged).
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// use std::sync::Arc;
+    /// use idem::events::dedup::Deduplicator;
+    /// use idem::events::strategy::{EventGate, Strategy};
+    /// use idem::store::{BreakerConfig, MemoryStore};
+    /// use serde_json::json;
+    /// let dedup = Deduplicator::new(Arc::new(MemoryStore::new()), "payments", ["id"]).unwrap();
+    /// let gate = EventGate::new(dedup, Strategy::Strict, BreakerConfig::default());
+    /// let events = [json!({"id": 1, "amount": "10.00"})];
+    /// let now = chrono::Utc::now();
+    /// let failed = gate
+    ///     .handle(&events, now, async |_| Err::<(), _>("the warehouse is down"))
+    ///     .await
+    ///     .unwrap();
+    /// assert!(failed.is_err());
+    /// // Released: the redelivery is new, and handled this time.
+    /// let handled = gate
+    ///     .handle(&events, now, async |admitted| {
+    ///         Ok::<_, String>(admitted.iter().filter(|a| a.as_ref().unwrap().passes).count())
+    ///     })
+    ///     .await
+    ///     .unwrap();
+    /// assert_eq!(handled, Ok(1));
+    /// # })
+    /// ```
+    pub async fn handle<T, E: std::fmt::Display>(
+        &self,
+        events: &[Value],
+        now: DateTime<Utc>,
+        handle: impl AsyncFnOnce(
+            &[std::result::Result<Admission, InvalidEvent>],
+        ) -> std::result::Result<T, E>,
+    ) -> Result<std::result::Result<T, E>> {
+        let admitted = self.check_and_mark(events, now).await?;
+        let outcome = handle(&admitted).await;
+        let settled = match &outcome {
+            Ok(_) => self.confirm(&admitted).await,
+            Err(_) => self.release(&admitted).await,
+        };
+        match (settled, &outcome) {
+            (Ok(_), _) => Ok(outcome),
+            (Err(e), Err(handler)) => {
+                tracing::warn!("the batch's handler failed ({handler}), and its marks could not be released: {e}");
+                Err(e)
+            }
+            (Err(e), Ok(_)) => Err(e),
+        }
+    }
+
     /// Opens the breaker now (the store could not be opened): batches fall back at once
     /// until its reset timeout lets one try the store again.
     pub fn trip_breaker(&self) {
@@ -697,6 +795,9 @@ impl EventGate {
             None => Vec::new(),
             Some(_) => marks.iter().map(|m| m.expires_at(now)).collect(),
         };
+        // When each key was marked: `now`, or later for a key asked again while it was
+        // pending for another gate (`settle_pending`).
+        let mut marked_at = vec![now; marks.len()];
         let outcome = if marks.is_empty() && advance.is_none() {
             Ok(Vec::new())
         } else {
@@ -712,7 +813,10 @@ impl EventGate {
                         .check_and_mark_pending(namespace, &marks, now, batch, advance)
                         .await
                     {
-                        Ok(verdicts) => self.settle_pending(p, batch, &marks, verdicts).await,
+                        Ok(verdicts) => {
+                            self.settle_pending(p, batch, &marks, verdicts, &mut marked_at)
+                                .await
+                        }
                         Err(e) => Err(e),
                     }
                 }
@@ -802,12 +906,14 @@ impl EventGate {
                 (Some(EventVerdict::New), Some(at)) => Some(*at),
                 _ => None,
             };
+            let marked = matches!(verdict, Some(EventVerdict::New)).then_some(marked_at[i]);
             out.push(Ok(Admission {
                 key,
                 verdict,
                 passes: new || log_only,
                 confirm,
                 pending_batch: confirm.and(pending.map(|(_, n)| BatchRef { n, new_keys })),
+                marked_at: marked,
             }));
         }
         Ok(out)
@@ -816,13 +922,15 @@ impl EventGate {
     /// Resolves the verdicts of a pending-marking call: a key pending for this gate (an
     /// earlier batch of it, whose record comes first) is a replay; a key pending for
     /// another gate is asked again, after a pause, until that gate confirmed it (a replay
-    /// or conflict) or its mark expired (new here, pending for this gate).
+    /// or conflict) or its mark expired (new here, pending for this gate). A key asked
+    /// again is marked at the time of that call, which goes into `marked_at`.
     async fn settle_pending(
         &self,
         p: &PendingMarks,
         batch: PendingBatch<'_>,
         marks: &[EventMark],
         mut verdicts: Vec<EventVerdict>,
+        marked_at: &mut [DateTime<Utc>],
     ) -> Result<Vec<EventVerdict>> {
         let namespace = self.dedup.namespace();
         let mut pause = Duration::from_millis(50);
@@ -852,12 +960,14 @@ impl EventGate {
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_secs(1));
             let again: Vec<EventMark> = waiting.iter().map(|&i| marks[i].clone()).collect();
+            let at = Utc::now();
             let answers = self
                 .breaker
-                .check_and_mark_pending(namespace, &again, Utc::now(), batch, None)
+                .check_and_mark_pending(namespace, &again, at, batch, None)
                 .await?;
             for (&i, v) in waiting.iter().zip(answers) {
                 verdicts[i] = v;
+                marked_at[i] = at;
             }
         }
     }
@@ -1129,6 +1239,160 @@ mod tests {
         let p99 = l.quantile(0.99);
         assert!((990..=1100).contains(&p99), "{p99}");
         assert_eq!(l.average(), 505);
+    }
+
+    /// The event-key stores a released batch is tried on: memory, and SQLite in a file.
+    async fn release_stores() -> Vec<(&'static str, Arc<dyn EventKeyStore>)> {
+        #[allow(unused_mut)]
+        let mut stores: Vec<(&'static str, Arc<dyn EventKeyStore>)> =
+            vec![("memory", Arc::new(MemoryStore::new()))];
+        #[cfg(feature = "sqlite")]
+        {
+            let dir = std::env::temp_dir().join(format!("idem-release-{}", crate::new_run_id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let url = format!("sqlite://{}", dir.join("gate.db").display());
+            stores.push(("sqlite", crate::store::open_event_keys(&url).await.unwrap()));
+        }
+        stores
+    }
+
+    fn verdicts(admitted: &[std::result::Result<Admission, InvalidEvent>]) -> Vec<&'static str> {
+        admitted
+            .iter()
+            .map(|a| a.as_ref().map_or("invalid", Admission::verdict_name))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_released_batch_is_new_again_on_the_same_gate_and_on_another() {
+        for (label, store) in release_stores().await {
+            for pending in [None, Some(Duration::from_secs(300))] {
+                let ns = format!("release-{}", crate::new_run_id());
+                let make = || {
+                    let dedup = Deduplicator::new(store.clone(), &ns, ["id"]).unwrap();
+                    let gate = EventGate::new(dedup, Strategy::Strict, BreakerConfig::default());
+                    match pending {
+                        Some(t) => gate.pending(t),
+                        None => gate,
+                    }
+                };
+                let (gate, other) = (make(), make());
+                let now = Utc::now();
+                let handled = gate
+                    .check_and_mark(&[json!({"id": "c"})], now)
+                    .await
+                    .unwrap();
+                gate.confirm(&handled).await.unwrap();
+                // A batch whose handler failed: "a" and "b" new, "c" a replay of a handled
+                // event (its mark is not this batch's to take back), one invalid event.
+                let batch = [
+                    json!({"id": "a"}),
+                    json!({"id": "b"}),
+                    json!({"id": "c"}),
+                    json!({"no": "id"}),
+                    json!({"id": "a"}),
+                ];
+                let failed = gate.check_and_mark(&batch, now).await.unwrap();
+                assert_eq!(
+                    verdicts(&failed),
+                    ["new", "new", "replay", "invalid", "replay"],
+                    "{label} {pending:?}"
+                );
+                // Unreleased, the redelivery would not pass on this gate.
+                let again = gate.check_and_mark(&batch[..2], now).await.unwrap();
+                assert_eq!(
+                    verdicts(&again),
+                    ["replay", "replay"],
+                    "{label} {pending:?}"
+                );
+                assert_eq!(
+                    gate.release(&failed).await.unwrap(),
+                    2,
+                    "{label} {pending:?}"
+                );
+                // The same admissions again: nothing left to take back.
+                assert_eq!(
+                    gate.release(&failed).await.unwrap(),
+                    0,
+                    "{label} {pending:?}"
+                );
+                let redelivered = gate.check_and_mark(&batch[..3], now).await.unwrap();
+                assert_eq!(
+                    verdicts(&redelivered),
+                    ["new", "new", "replay"],
+                    "{label} {pending:?}"
+                );
+                assert!(redelivered[..2].iter().all(|a| a.as_ref().unwrap().passes));
+                gate.release(&redelivered).await.unwrap();
+                // Another gate (another process) sees them new at once, without waiting
+                // for a pending timeout.
+                let elsewhere = other.check_and_mark(&batch[..3], now).await.unwrap();
+                assert_eq!(
+                    verdicts(&elsewhere),
+                    ["new", "new", "replay"],
+                    "{label} {pending:?}"
+                );
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn release_leaves_a_mark_made_after_the_released_one_expired() {
+        for (label, store) in release_stores().await {
+            let ns = format!("release-{}", crate::new_run_id());
+            let make = || {
+                let dedup = Deduplicator::new(store.clone(), &ns, ["id"])
+                    .unwrap()
+                    .ttl(crate::events::dedup::Ttl::fixed(Duration::from_secs(60)));
+                EventGate::new(dedup, Strategy::Strict, BreakerConfig::default())
+            };
+            let (late, taker) = (make(), make());
+            let t0 = Utc::now();
+            let event = [json!({"id": "k"})];
+            let first = late.check_and_mark(&event, t0).await.unwrap();
+            assert_eq!(verdicts(&first), ["new"], "{label}");
+            // Past its TTL another gate marks it anew, then the first gate releases its own.
+            let t1 = t0 + chrono::Duration::seconds(120);
+            let taken = taker.check_and_mark(&event, t1).await.unwrap();
+            assert_eq!(verdicts(&taken), ["new"], "{label}");
+            assert_eq!(late.release(&first).await.unwrap(), 0, "{label}");
+            let after = taker.check_and_mark(&event, t1).await.unwrap();
+            assert_eq!(verdicts(&after), ["replay"], "{label}");
+        }
+    }
+
+    #[tokio::test]
+    async fn handle_confirms_on_success_and_releases_on_failure() {
+        for (label, store) in release_stores().await {
+            let ns = format!("handle-{}", crate::new_run_id());
+            let make = || {
+                let dedup = Deduplicator::new(store.clone(), &ns, ["id"]).unwrap();
+                EventGate::new(dedup, Strategy::Strict, BreakerConfig::default())
+                    .pending(Duration::from_secs(300))
+            };
+            let (gate, other) = (make(), make());
+            let now = Utc::now();
+            let events = [json!({"id": 1}), json!({"id": 2})];
+            let failed = gate
+                .handle(&events, now, async |admitted| {
+                    assert_eq!(verdicts(admitted), ["new", "new"]);
+                    Err::<(), _>("the warehouse timed out")
+                })
+                .await
+                .unwrap();
+            assert_eq!(failed, Err("the warehouse timed out"), "{label}");
+            let handled = gate
+                .handle(&events, now, async |admitted| {
+                    Ok::<_, String>(verdicts(admitted))
+                })
+                .await
+                .unwrap();
+            assert_eq!(handled, Ok(vec!["new", "new"]), "{label}");
+            // Confirmed: another gate finds them handled at once (a pending mark would
+            // keep it waiting for 300 s).
+            let elsewhere = other.check_and_mark(&events, now).await.unwrap();
+            assert_eq!(verdicts(&elsewhere), ["replay", "replay"], "{label}");
+        }
     }
 
     #[cfg(feature = "sqlite")]

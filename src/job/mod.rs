@@ -52,7 +52,7 @@ pub use config::{
     DEFAULT_LEASE,
 };
 pub use load::{find_job, load_jobs, scan_jobs, JobProblem, JobScan};
-pub use plan::{plan, replay_spool, Overrides, Plan};
+pub use plan::{plan, replay_spool, Connections, Overrides, Plan};
 
 /// Checks a job name: it names log files, Cloud Run jobs and ledger rows, so it must be a
 /// single, printable path segment: not empty, no `/` or backslash, no control characters, not

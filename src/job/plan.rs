@@ -13,8 +13,40 @@ use crate::model::{Mode, RunRequest, Trigger};
 use crate::processor::{Processor, Registry};
 use crate::runner::{Cancel, Runner, StoreFailurePolicy};
 use crate::store::spool::Spool;
-use crate::store::{self, BreakerConfig, CircuitBreakerStore, DynStore, UnavailableStore};
-use crate::warehouse::{open_warehouse, SqlProcessor};
+use crate::store::{
+    BreakerConfig, CircuitBreakerStore, DynStore, PoolSize, Stores, UnavailableStore,
+};
+use crate::warehouse::{SqlProcessor, Warehouses};
+
+/// What the runs a process plans share: one store per store URL and one warehouse per
+/// warehouse URL (a scheduler of 1,000 jobs on one store is one pool, not 1,000). Cheap to
+/// clone; for one tokio runtime (see [`crate::backend::shared`]).
+#[derive(Debug, Clone)]
+pub struct Connections {
+    /// The stores, by URL.
+    pub stores: Stores,
+    /// The warehouses, by URL.
+    pub warehouses: Warehouses,
+    /// The spools replayed already (once per process, not once per job).
+    replayed: Arc<std::sync::Mutex<std::collections::HashSet<std::path::PathBuf>>>,
+}
+
+impl Connections {
+    /// Nothing open yet; stores will have `size` connections when their URL does not say.
+    pub fn new(size: PoolSize) -> Self {
+        Connections {
+            stores: Stores::new(size),
+            warehouses: Warehouses::default(),
+            replayed: Arc::default(),
+        }
+    }
+
+    /// Whether `spool` is still to replay in this process (true once per spool).
+    fn first_replay(&self, spool: &Spool) -> bool {
+        let mut replayed = self.replayed.lock().unwrap_or_else(|e| e.into_inner());
+        replayed.insert(spool.path().to_path_buf())
+    }
+}
 
 /// What the caller changes of a job's settings, and how its runs are made.
 #[derive(Debug, Clone, Default)]
@@ -38,6 +70,9 @@ pub struct Overrides {
     /// Parameters over the job's `[params]` of the same name (`--param NAME=VALUE`), as
     /// strings.
     pub params: std::collections::BTreeMap<String, String>,
+    /// The stores and warehouses this run shares with the process's other runs (`None`:
+    /// its own, with one store connection).
+    pub connections: Option<Connections>,
 }
 
 impl Overrides {
@@ -109,13 +144,17 @@ pub async fn plan(
     overrides: Overrides,
 ) -> Result<Plan> {
     let policy = overrides.store_failure(job);
-    let store = open_store(store_url, policy).await?;
+    let connections = overrides
+        .connections
+        .clone()
+        .unwrap_or_else(|| Connections::new(PoolSize::ONE_RUN));
+    let store = open_store(&connections, store_url, policy).await?;
     let spool = overrides.spool.then(|| Spool::from_env(store_url));
-    if let Some(spool) = &spool {
+    if let Some(spool) = spool.as_ref().filter(|s| connections.first_replay(s)) {
         replay_spool(spool, &*store).await;
     }
     let processor = job
-        .processor_with_store(registry, store_url, Some(store.clone()))
+        .processor_in(registry, store_url, Some(store.clone()), &connections)
         .await?;
     let mut runner = job
         .runner(store)?
@@ -136,8 +175,12 @@ pub async fn plan(
 }
 
 /// Opens the store for runs under `policy`, behind a circuit breaker.
-async fn open_store(url: &str, policy: StoreFailurePolicy) -> Result<Arc<DynStore>> {
-    let inner: Arc<DynStore> = match store::open(url).await {
+async fn open_store(
+    connections: &Connections,
+    url: &str,
+    policy: StoreFailurePolicy,
+) -> Result<Arc<DynStore>> {
+    let inner: Arc<DynStore> = match connections.stores.open(url).await {
         Ok(s) => s,
         Err(e) if e.is_store_failure() && policy == StoreFailurePolicy::BestEffort => {
             tracing::warn!("{e}; continuing without a store (best_effort)");
@@ -249,12 +292,26 @@ impl Job {
         store_url: &str,
         store: Option<Arc<DynStore>>,
     ) -> Result<Arc<dyn Processor>> {
+        let connections = Connections::new(PoolSize::ONE_RUN);
+        self.processor_in(registry, store_url, store, &connections)
+            .await
+    }
+
+    /// [`Job::processor_with_store`], opening a SQL job's warehouse (and a `cleanup` job's
+    /// store) among `connections`.
+    async fn processor_in(
+        &self,
+        registry: &Registry,
+        store_url: &str,
+        store: Option<Arc<DynStore>>,
+        connections: &Connections,
+    ) -> Result<Arc<dyn Processor>> {
         if self.processor == crate::maintenance::cleanup::CLEANUP_PROCESSOR {
             let settings = crate::maintenance::cleanup::CleanupSettings::from_params(&self.params)
                 .map_err(|e| Error::config(format!("job file {}: {e}", self.path.display())))?;
             let store = match store {
                 Some(store) => store,
-                None => crate::store::open(store_url).await?,
+                None => connections.stores.open(store_url).await?,
             };
             let processor =
                 crate::maintenance::cleanup::CleanupProcessor::new(&self.name, store, settings);
@@ -276,7 +333,10 @@ impl Job {
         }
         if self.processor == "sql" {
             self.check(store_url)?;
-            let warehouse = open_warehouse(&self.warehouse_url(store_url)).await?;
+            let warehouse = connections
+                .warehouses
+                .open(&self.warehouse_url(store_url))
+                .await?;
             return Ok(Arc::new(SqlProcessor::new(
                 &self.name,
                 warehouse,

@@ -56,7 +56,10 @@ pub(super) fn assemble(
         job: options.job.clone(),
         thresholds,
         processors,
-        storage: storage_totals(&storage),
+        storage: StorageTotals {
+            keys_since: options.keys_since(),
+            ..storage_totals(&storage)
+        },
     }
 }
 

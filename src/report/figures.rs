@@ -235,6 +235,10 @@ pub struct Day {
 /// Storage totals over every processor.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct StorageTotals {
+    /// The oldest keys these figures count: written since this instant (the period's
+    /// start, or five weeks back when that is earlier), or null for every key
+    /// (`--all-keys`). The per-processor storage figures count the same keys.
+    pub keys_since: Option<DateTime<Utc>>,
     /// Rows of `processing_keys`.
     pub total_keys: i64,
     /// Distinct keys.

@@ -54,6 +54,9 @@ pub struct ReportOptions {
     /// The config file whose `[report]` table set some of these values, if any (shown in
     /// the report).
     pub config_file: Option<String>,
+    /// Storage figures over every key ever written (a scan of the whole key table), not
+    /// only those since [`ReportOptions::keys_since`].
+    pub all_keys: bool,
 }
 
 impl ReportOptions {
@@ -67,6 +70,7 @@ impl ReportOptions {
             window: Duration::from_secs(3600),
             thresholds: Thresholds::default(),
             config_file: None,
+            all_keys: false,
         }
     }
 
@@ -74,7 +78,31 @@ impl ReportOptions {
     pub fn since(&self) -> DateTime<Utc> {
         self.until - chrono::Duration::days(i64::from(self.days))
     }
+
+    /// The oldest keys the storage figures count, so a report costs what its period holds,
+    /// not the whole history: the period's start, or five weeks before its end when that is
+    /// earlier (the verdict that removes the content hash asks whether it was on four weeks
+    /// ago). `None` with [`ReportOptions::all_keys`]: every key.
+    pub fn keys_since(&self) -> Option<DateTime<Utc>> {
+        if self.all_keys {
+            return None;
+        }
+        let look_back = self.until - chrono::Duration::days(i64::from(KEYS_LOOK_BACK_DAYS));
+        Some(self.since().min(look_back))
+    }
+
+    /// [`ReportOptions::keys_since`] as the queries take it: the Unix epoch for every key.
+    pub(super) fn keys_since_bound(&self) -> DateTime<Utc> {
+        self.keys_since().unwrap_or(DateTime::UNIX_EPOCH)
+    }
 }
+
+/// How far back the storage figures look at the least (see [`ReportOptions::keys_since`]):
+/// the four weeks the content hash must have been on before the report suggests removing
+/// it, and a week's margin for jobs that run weekly.
+pub const KEYS_LOOK_BACK_DAYS: u32 = 35;
+
+impl ReportOptions {}
 
 /// Thresholds scaled from per week to the period.
 #[derive(Debug, Clone, Serialize)]

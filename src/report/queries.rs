@@ -90,10 +90,13 @@ pub fn sql_for_console(name: &str, dialect: Dialect, options: &ReportOptions) ->
             ));
             out.push_str(&format!(".parameter set ?3 {job}\n"));
             match extra {
-                Some(v) if name == "duplicates" => {
+                Some(Extra::Window(v)) => {
                     out.push_str(&format!(".parameter set ?4 {}\n", (v * 1e6) as i64))
                 }
-                Some(v) => out.push_str(&format!(".parameter set ?4 {v:?}\n")),
+                Some(Extra::MaxStddev(v)) => out.push_str(&format!(".parameter set ?4 {v:?}\n")),
+                Some(Extra::KeysSince(t)) => {
+                    out.push_str(&format!(".parameter set ?4 {}\n", t.timestamp_micros()))
+                }
                 None => {}
             }
             out.push_str(text);
@@ -110,10 +113,11 @@ pub fn sql_for_console(name: &str, dialect: Dialect, options: &ReportOptions) ->
                 options.until.to_rfc3339()
             ));
             match extra {
-                Some(v) if name == "duplicates" => {
-                    out.push_str(&format!(", @window_seconds = {v:?}"))
+                Some(Extra::Window(v)) => out.push_str(&format!(", @window_seconds = {v:?}")),
+                Some(Extra::MaxStddev(v)) => out.push_str(&format!(", @max_stddev = {v:?}")),
+                Some(Extra::KeysSince(t)) => {
+                    out.push_str(&format!(", @keys_since = TIMESTAMP '{}'", t.to_rfc3339()))
                 }
-                Some(v) => out.push_str(&format!(", @max_stddev = {v:?}")),
                 None => {}
             }
             out.push_str("\n-- (bq query --nouse_legacy_sql --parameter=NAME:TYPE:VALUE ...; replace {project}.{dataset})\n");
@@ -127,7 +131,13 @@ pub fn sql_for_console(name: &str, dialect: Dialect, options: &ReportOptions) ->
                 None => "NULL".to_string(),
             };
             let (types, extra_value) = match extra {
-                Some(v) => ("timestamptz, timestamptz, text, float8", format!(", {v:?}")),
+                Some(Extra::Window(v) | Extra::MaxStddev(v)) => {
+                    ("timestamptz, timestamptz, text, float8", format!(", {v:?}"))
+                }
+                Some(Extra::KeysSince(t)) => (
+                    "timestamptz, timestamptz, text, timestamptz",
+                    format!(", '{}'", t.to_rfc3339()),
+                ),
                 None => ("timestamptz, timestamptz, text", String::new()),
             };
             out.push_str(&format!("PREPARE {statement} ({types}) AS\n{text};\n"));
@@ -143,10 +153,20 @@ pub fn sql_for_console(name: &str, dialect: Dialect, options: &ReportOptions) ->
 }
 
 /// The extra parameter (after start, end, processor) of a query, if any.
-fn extra(name: &str, options: &ReportOptions) -> Option<f64> {
+enum Extra {
+    /// `duplicates`: the time window, in seconds.
+    Window(f64),
+    /// `savings`: the standard deviation below which repeats count as identical.
+    MaxStddev(f64),
+    /// `storage`: the oldest keys counted ([`ReportOptions::keys_since`]).
+    KeysSince(chrono::DateTime<chrono::Utc>),
+}
+
+fn extra(name: &str, options: &ReportOptions) -> Option<Extra> {
     match name {
-        "duplicates" => Some(options.window.as_secs_f64()),
-        "savings" => Some(options.thresholds.max_stddev),
+        "duplicates" => Some(Extra::Window(options.window.as_secs_f64())),
+        "savings" => Some(Extra::MaxStddev(options.thresholds.max_stddev)),
+        "storage" => Some(Extra::KeysSince(options.keys_since_bound())),
         _ => None,
     }
 }
@@ -163,18 +183,24 @@ pub(super) enum Conn {
     ),
 }
 
+/// Connections of the report's pool when the store URL does not say (`max_connections`):
+/// its seven queries run side by side, on a few readers.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+const READERS: u32 = 4;
+
 pub(super) async fn connect(url: &str) -> Result<Conn> {
     match dialect_of_url(url)? {
         #[cfg(feature = "sqlite")]
         Dialect::Sqlite => {
             // The store's own connect creates and migrates an empty ledger, so a report on a
             // fresh store says "no runs" rather than "no such table".
-            let store = crate::store::sqlite::SqliteStore::connect(url).await?;
+            // The report's queries run side by side: a reader connection each (WAL).
+            let store = crate::store::sqlite::SqliteStore::connect_sized(url, READERS).await?;
             Ok(Conn::Sqlite(store.pool().clone()))
         }
         #[cfg(feature = "postgres")]
         Dialect::Postgres => {
-            let store = crate::store::postgres::PostgresStore::connect(url).await?;
+            let store = crate::store::postgres::PostgresStore::connect_sized(url, READERS).await?;
             Ok(Conn::Postgres(store.pool().clone()))
         }
         #[cfg(feature = "bigquery")]
@@ -222,8 +248,9 @@ pub(super) async fn query(
                 .bind(options.job.clone());
             match extra(name, options) {
                 // The SQLite window is in microseconds, like its timestamps.
-                Some(v) if name == "duplicates" => q = q.bind((v * 1e6) as i64),
-                Some(v) => q = q.bind(v),
+                Some(Extra::Window(v)) => q = q.bind((v * 1e6) as i64),
+                Some(Extra::MaxStddev(v)) => q = q.bind(v),
+                Some(Extra::KeysSince(t)) => q = q.bind(t.timestamp_micros()),
                 None => {}
             }
             let mut conn = pool.acquire().await.map_err(fail)?;
@@ -243,8 +270,10 @@ pub(super) async fn query(
                 .bind(options.since())
                 .bind(options.until)
                 .bind(options.job.clone());
-            if let Some(v) = extra(name, options) {
-                q = q.bind(v);
+            match extra(name, options) {
+                Some(Extra::Window(v) | Extra::MaxStddev(v)) => q = q.bind(v),
+                Some(Extra::KeysSince(t)) => q = q.bind(t),
+                None => {}
             }
             let rows = q.fetch_all(pool).await.map_err(fail)?;
             Ok(rows.iter().map(cells).collect())
@@ -296,8 +325,9 @@ async fn bigquery_query(
         opt_string("job", options.job.as_deref()),
     ];
     match extra(name, options) {
-        Some(v) if name == "duplicates" => params.push(float("window_seconds", v)),
-        Some(v) => params.push(float("max_stddev", v)),
+        Some(Extra::Window(v)) => params.push(float("window_seconds", v)),
+        Some(Extra::MaxStddev(v)) => params.push(float("max_stddev", v)),
+        Some(Extra::KeysSince(t)) => params.push(timestamp("keys_since", t)),
         None => {}
     }
     let out = bq

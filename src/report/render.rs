@@ -56,8 +56,15 @@ fn storage_line(report: &Report) -> String {
         ),
         _ => String::new(),
     };
+    let since = match s.keys_since {
+        Some(t) => format!(
+            " written since {}",
+            crate::model::time::day_text(t.date_naive())
+        ),
+        None => String::new(),
+    };
     format!(
-        "{} key(s), {} distinct, {} processor(s){range}, about {}{}",
+        "{} key(s){since}, {} distinct, {} processor(s){range}, about {}{}",
         s.total_keys,
         s.unique_keys,
         s.processors,

@@ -421,7 +421,11 @@ where
             _ = tokio::time::sleep(sleep) => {}
             Some(_) = running.join_next(), if !running.is_empty() => {}
         }
+        // Every fire that ended is reaped now, not one per wake (a thousand fires ending
+        // together would each cost a pass over the planner).
+        while running.try_join_next().is_some() {}
     };
+    while running.try_join_next().is_some() {}
     if !running.is_empty() {
         tracing::warn!(
             "{signal} received: no new fires; waiting up to {} for {} running fire(s)",

@@ -46,9 +46,13 @@ pub mod spool;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
+pub use crate::backend::PoolSize;
 pub use breaker::{BreakerConfig, CircuitBreakerStore};
 pub use memory::MemoryStore;
-pub use open::{open, open_event_keys, ReopeningEventStore, UnavailableStore, DEFAULT_STORE_URL};
+pub use open::{
+    open, open_event_keys, open_sized, ReopeningEventStore, Stores, UnavailableStore,
+    DEFAULT_STORE_URL,
+};
 
 /// Every store trait, for calling store methods on a concrete store type:
 /// `use idem::store::prelude::*;`.

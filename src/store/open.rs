@@ -11,7 +11,8 @@ use super::{
     EventKeyStore, EventMark, EventVerdict, Finish, KeyLookup, Lease, LeaseHolder, LeaseStore,
     LedgerStore, MaintenanceStore, MemoryStore, PartitionExpiration, RunFilter, StoreBase,
 };
-use crate::backend::Backend;
+use crate::backend::shared::OpenOnce;
+use crate::backend::{Backend, PoolSize};
 use crate::error::{Error, Result};
 use crate::model::{KeyRecord, RunRecord};
 
@@ -150,16 +151,26 @@ impl EventKeyStore for UnavailableStore {
 /// The default store URL: a SQLite file in the current directory.
 pub const DEFAULT_STORE_URL: &str = "sqlite://idem.db";
 
-/// Opens (and migrates) the store a URL names.
+/// Opens (and migrates) the store a URL names, for one run: one connection unless the URL
+/// says `?max_connections=N` (see [`PoolSize::ONE_RUN`]).
 pub async fn open(url: &str) -> Result<Arc<DynStore>> {
+    open_sized(url, PoolSize::ONE_RUN).await
+}
+
+/// [`open`], with `size` connections in the pool when the URL does not say.
+pub async fn open_sized(url: &str, size: PoolSize) -> Result<Arc<DynStore>> {
     let store: Arc<DynStore> = match Backend::of(url) {
         Some(Backend::Memory) => Arc::new(MemoryStore::new()),
         #[cfg(feature = "sqlite")]
-        Some(Backend::Sqlite) => Arc::new(super::sqlite::SqliteStore::connect(url).await?),
+        Some(Backend::Sqlite) => {
+            Arc::new(super::sqlite::SqliteStore::connect_sized(url, size.sqlite).await?)
+        }
         #[cfg(feature = "bigquery")]
         Some(Backend::BigQuery) => Arc::new(super::bigquery::BigQueryStore::connect(url).await?),
         #[cfg(feature = "postgres")]
-        Some(Backend::Postgres) => Arc::new(super::postgres::PostgresStore::connect(url).await?),
+        Some(Backend::Postgres) => {
+            Arc::new(super::postgres::PostgresStore::connect_sized(url, size.postgres).await?)
+        }
         Some(Backend::Redis) => return Err(event_keys_only(url)),
         #[allow(unreachable_patterns)]
         _ => {
@@ -177,6 +188,44 @@ pub async fn open(url: &str) -> Result<Arc<DynStore>> {
     Ok(store)
 }
 
+/// One store per URL for every run of a process: a scheduler's jobs, a parallel backfill's
+/// dates, a Python program's processors share one pool (see [`crate::backend::shared`]:
+/// concurrent first opens wait for one, and a failed open is shared by those who waited).
+/// Cheap to clone: the clones share the stores. For one tokio runtime.
+#[derive(Debug, Clone)]
+pub struct Stores {
+    size: PoolSize,
+    stores: Arc<OpenOnce<DynStore>>,
+}
+
+impl Stores {
+    /// No store open yet; each will be opened with `size` connections when its URL does
+    /// not say.
+    pub fn new(size: PoolSize) -> Self {
+        Stores {
+            size,
+            stores: Arc::default(),
+        }
+    }
+
+    /// The store `url` names, opened (and migrated) by the first caller.
+    pub async fn open(&self, url: &str) -> Result<Arc<DynStore>> {
+        self.stores
+            .get_or_open(url, || open_sized(url, self.size))
+            .await
+    }
+
+    /// How many stores are open.
+    pub fn len(&self) -> usize {
+        self.stores.len()
+    }
+
+    /// Whether no store is open.
+    pub fn is_empty(&self) -> bool {
+        self.stores.is_empty()
+    }
+}
+
 /// Why a Redis URL cannot be a run's store.
 fn event_keys_only(url: &str) -> Error {
     Error::config(format!(
@@ -189,13 +238,14 @@ fn event_keys_only(url: &str) -> Error {
 
 /// Opens (and migrates) the event-key store a URL names: any [`open`] URL, or
 /// `redis://HOST[:PORT][/DB][?prefix=P]` (`rediss://` for TLS), which holds event keys
-/// only.
+/// only. A SQL store's pool holds what an event gate's batches side by side need
+/// ([`PoolSize::EVENTS`]) unless the URL says `?max_connections=N`.
 pub async fn open_event_keys(url: &str) -> Result<Arc<dyn EventKeyStore>> {
     match Backend::of(url) {
         #[cfg(feature = "redis")]
         Some(Backend::Redis) => Ok(Arc::new(super::redis::RedisStore::connect(url).await?)),
         _ => {
-            let store: Arc<dyn EventKeyStore> = open(url).await?;
+            let store: Arc<dyn EventKeyStore> = open_sized(url, PoolSize::EVENTS).await?;
             Ok(store)
         }
     }

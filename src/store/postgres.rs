@@ -38,9 +38,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, NaiveDate, Utc};
 use serde_json::Value;
 use sqlx::error::BoxDynError;
-use sqlx::postgres::{
-    PgArguments, PgConnectOptions, PgConnection, PgPool, PgPoolCopyExt, PgPoolOptions,
-};
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{Arguments, Connection, Executor, FromRow, Row};
 
 use super::common::{cleanup_tables, statements, upsert_claim, CLEANUP_TABLES};
@@ -62,8 +60,9 @@ const MIGRATION_LOCK: i64 = 0x6964_656d_006d_6967;
 /// A pooled connection idle at least this long is pinged before use.
 const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
 
-/// Connections per store pool.
-const MAX_CONNECTIONS: u32 = 4;
+/// How long a caller waits for a connection while the server refuses new ones for now (its
+/// connection limit reached, or starting up), beyond the pool's acquire timeout.
+const FULL_WAIT: Duration = Duration::from_secs(60);
 
 /// Postgres `undefined_table`.
 const UNDEFINED_TABLE: &str = "42P01";
@@ -72,6 +71,16 @@ const UNDEFINED_TABLE: &str = "42P01";
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
     pool: PgPool,
+    /// One permit per pooled connection: this process's statements take turns here, in
+    /// the order they asked and without a deadline, before they ask the pool (whose acquire
+    /// timeout then means what it says: no connection could be made). Many runs sharing a
+    /// small pool (a scheduler's 1,000 jobs on 4 connections) wait their turn instead of
+    /// failing as if the server were down.
+    turns: Arc<tokio::sync::Semaphore>,
+    /// What stands between idem and the server.
+    pooler: Pooler,
+    /// The pool's size: how many event batches go side by side.
+    connections: usize,
     options: PgConnectOptions,
     /// The URL without its password.
     url: String,
@@ -111,18 +120,40 @@ impl BatchShape {
 }
 
 impl PostgresStore {
-    /// Opens `postgres://…` and migrates the schema (one cheap query when it is current).
+    /// Opens `postgres://…` and migrates the schema (one cheap query when it is current),
+    /// with one connection unless the URL says `?max_connections=N`.
     pub async fn connect(url: &str) -> Result<Self> {
-        let store = Self::connect_lazy(url)?;
+        Self::connect_sized(url, crate::backend::PoolSize::ONE_RUN.postgres).await
+    }
+
+    /// [`PostgresStore::connect`] with `connections` in the pool when the URL does not say.
+    pub async fn connect_sized(url: &str, connections: u32) -> Result<Self> {
+        let store = Self::connect_lazy_sized(url, connections)?;
         store.migrate().await?;
         Ok(store)
     }
 
     /// A store whose pool connects on first use; nothing is migrated or checked.
     pub fn connect_lazy(url: &str) -> Result<Self> {
-        let options = connect_options(url)?;
+        Self::connect_lazy_sized(url, crate::backend::PoolSize::ONE_RUN.postgres)
+    }
+
+    /// [`PostgresStore::connect_lazy`] with `connections` in the pool when the URL does not
+    /// say.
+    pub fn connect_lazy_sized(url: &str, connections: u32) -> Result<Self> {
+        let (driver_url, size) = crate::backend::take_max_connections(url)
+            .map_err(|e| Error::config(format!("{}: {e}", redact_url(url))))?;
+        let connections = size.unwrap_or(connections).max(1);
+        let (driver_url, pooler) = Pooler::take(&driver_url)
+            .map_err(|e| Error::config(format!("{}: {e}", redact_url(url))))?;
+        let mut options = connect_options(&driver_url)?;
+        if pooler == Pooler::Transaction {
+            // No statement cache: a cached statement would be looked for on whichever
+            // server connection the pooler hands out next.
+            options = options.statement_cache_capacity(0);
+        }
         let pool = PgPoolOptions::new()
-            .max_connections(MAX_CONNECTIONS)
+            .max_connections(connections)
             .min_connections(0)
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .idle_timeout(Duration::from_secs(120))
@@ -142,6 +173,9 @@ impl PostgresStore {
             .connect_lazy_with(options.clone());
         Ok(PostgresStore {
             pool,
+            turns: Arc::new(tokio::sync::Semaphore::new(connections as usize)),
+            pooler,
+            connections: connections as usize,
             options,
             url: redact_url(url),
             last_batch: Arc::new(AtomicU8::new(BatchShape::Fresh as u8)),
@@ -151,6 +185,63 @@ impl PostgresStore {
     /// The underlying pool.
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// A pooled connection, once it is this caller's turn (see `turns`).
+    async fn turn(&self) -> std::result::Result<Turn, sqlx::Error> {
+        let turn = self
+            .turns
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| sqlx::Error::PoolClosed)?;
+        let asked = std::time::Instant::now();
+        loop {
+            match self.pool.acquire().await {
+                Ok(conn) => {
+                    return Ok(Turn {
+                        _turn: turn,
+                        conn,
+                        pinned: self.pooler == Pooler::Transaction,
+                    })
+                }
+                // A server at its connection limit ("too many clients") refuses for now,
+                // not for good: connections free up as other clients finish. The pool has
+                // tried for its acquire timeout; this caller waits on, up to FULL_WAIT.
+                Err(sqlx::Error::PoolTimedOut)
+                    if asked.elapsed() < FULL_WAIT && self.server_is_full().await => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Whether a direct connection attempt is refused as a transient condition of the
+    /// server: its connection limit reached (`53300`), or starting up (`57P03`).
+    async fn server_is_full(&self) -> bool {
+        let attempt = tokio::time::timeout(
+            Duration::from_secs(2),
+            PgConnection::connect_with(&self.options),
+        )
+        .await;
+        match attempt {
+            Ok(Err(sqlx::Error::Database(db))) => {
+                matches!(db.code().as_deref(), Some("53300" | "57P03"))
+            }
+            Ok(Ok(conn)) => {
+                // Room again: the pool's next try gets in.
+                let _ = conn.close().await;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// [`PostgresStore::turn`], a failure said as the store's error.
+    async fn conn(&self) -> Result<Turn> {
+        match self.turn().await {
+            Ok(turn) => Ok(turn),
+            Err(e) => Err(self.diagnose(e).await),
+        }
     }
 
     fn err(&self, e: sqlx::Error) -> Error {
@@ -195,7 +286,7 @@ impl PostgresStore {
         let row: Option<LeaseCols> = sqlx::query_as(statements::READ)
             .bind(processor)
             .bind(scope)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut self.conn().await?)
             .await
             .map_err(|e| self.err(e))?;
         Ok(row.map(|r| r.0))
@@ -213,7 +304,7 @@ impl PostgresStore {
     async fn schema_version(&self) -> std::result::Result<i32, sqlx::Error> {
         let version: std::result::Result<Option<i32>, sqlx::Error> =
             sqlx::query_scalar("SELECT max(version) FROM idem_schema_migrations")
-                .fetch_one(&self.pool)
+                .fetch_one(&mut self.turn().await?)
                 .await;
         match version {
             Ok(v) => Ok(v.unwrap_or(0)),
@@ -256,6 +347,184 @@ async fn apply_migrations(conn: &mut PgConnection) -> std::result::Result<(), sq
     Ok(())
 }
 
+/// What stands between idem and the Postgres server, from the URL's `pgbouncer`
+/// parameter (which idem reads and sqlx never sees).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pooler {
+    /// The server itself, or a pooler in session mode: a client keeps its server
+    /// connection.
+    None,
+    /// A pooler in transaction mode (`?pgbouncer=true`: PgBouncer's `pool_mode =
+    /// transaction`, before 1.21's prepared-statement support): a server connection is
+    /// this client's only within a transaction. Every statement runs in a transaction of
+    /// its own, and each transaction clears the prepared statements the server connection
+    /// holds from other clients; no statement cache.
+    Transaction,
+}
+
+impl Pooler {
+    /// The URL without its `pgbouncer` parameter, and what it says.
+    fn take(url: &str) -> std::result::Result<(String, Pooler), String> {
+        let (url, value) = crate::backend::take_param(url, "pgbouncer");
+        let pooler = match value.as_deref() {
+            None | Some("false") => Pooler::None,
+            Some("true") => Pooler::Transaction,
+            Some(other) => {
+                return Err(format!(
+                    "pgbouncer={other:?}: expected true (a pooler in transaction mode) or false"
+                ))
+            }
+        };
+        Ok((url, pooler))
+    }
+}
+
+/// A pooled connection and the caller's turn to use it (see `PostgresStore::turns`); both
+/// go back when it is dropped.
+///
+/// As an executor (`&mut turn`), a statement outside a transaction runs as it is, or,
+/// behind a transaction-mode pooler (`pinned`), in a transaction of its own: see
+/// [`Pooler`].
+struct Turn {
+    // Dropped in this order: the connection goes back to the pool before the turn passes.
+    conn: sqlx::pool::PoolConnection<sqlx::Postgres>,
+    _turn: tokio::sync::OwnedSemaphorePermit,
+    pinned: bool,
+}
+
+impl std::fmt::Debug for Turn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Turn")
+            .field("pinned", &self.pinned)
+            .finish()
+    }
+}
+
+/// How a transaction begins behind a transaction-mode pooler: it clears the prepared
+/// statements a previous client of that server connection left (sqlx names its statements
+/// per client connection, and a client's statements outlive its transactions on the
+/// server), in the same round trip.
+const PINNED_BEGIN: &str = "BEGIN; DEALLOCATE ALL";
+
+impl Turn {
+    /// A transaction on this connection (behind a transaction-mode pooler, one that starts
+    /// by clearing other clients' prepared statements: [`PINNED_BEGIN`]).
+    async fn begin(
+        &mut self,
+    ) -> std::result::Result<sqlx::Transaction<'_, sqlx::Postgres>, sqlx::Error> {
+        match self.pinned {
+            true => self.conn.begin_with(PINNED_BEGIN).await,
+            false => self.conn.begin().await,
+        }
+    }
+}
+
+impl<'c> sqlx::Executor<'c> for &'c mut Turn {
+    type Database = sqlx::Postgres;
+
+    fn fetch_many<'e, 'q: 'e, E>(
+        self,
+        query: E,
+    ) -> futures_util::stream::BoxStream<
+        'e,
+        std::result::Result<
+            sqlx::Either<sqlx::postgres::PgQueryResult, sqlx::postgres::PgRow>,
+            sqlx::Error,
+        >,
+    >
+    where
+        'c: 'e,
+        E: 'q + sqlx::Execute<'q, sqlx::Postgres>,
+    {
+        use futures_util::{StreamExt, TryStreamExt};
+        if !self.pinned {
+            return (&mut *self.conn).fetch_many(query);
+        }
+        // Collected inside the transaction, then streamed: the statements idem sends here
+        // return a few rows at most. The transaction keeps one server connection from the
+        // statement's parse to its execution (sqlx parses and executes in two round trips,
+        // each ending with a Sync that would otherwise hand the server connection to
+        // another client).
+        let all = async move {
+            let mut tx = self.conn.begin_with(PINNED_BEGIN).await?;
+            let items: Vec<_> = (&mut *tx).fetch_many(query).try_collect().await?;
+            tx.commit().await?;
+            Ok(items)
+        };
+        futures_util::stream::once(all)
+            .flat_map(|all| match all {
+                Ok(items) => futures_util::stream::iter(items.into_iter().map(Ok)).left_stream(),
+                Err(e) => futures_util::stream::once(async move { Err(e) }).right_stream(),
+            })
+            .boxed()
+    }
+
+    fn fetch_optional<'e, 'q: 'e, E>(
+        self,
+        query: E,
+    ) -> futures_util::future::BoxFuture<
+        'e,
+        std::result::Result<Option<sqlx::postgres::PgRow>, sqlx::Error>,
+    >
+    where
+        'c: 'e,
+        E: 'q + sqlx::Execute<'q, sqlx::Postgres>,
+    {
+        use futures_util::FutureExt;
+        if !self.pinned {
+            return (&mut *self.conn).fetch_optional(query);
+        }
+        async move {
+            let mut tx = self.conn.begin_with(PINNED_BEGIN).await?;
+            let row = (&mut *tx).fetch_optional(query).await?;
+            tx.commit().await?;
+            Ok(row)
+        }
+        .boxed()
+    }
+
+    fn prepare_with<'e, 'q: 'e>(
+        self,
+        sql: &'q str,
+        parameters: &'e [sqlx::postgres::PgTypeInfo],
+    ) -> futures_util::future::BoxFuture<
+        'e,
+        std::result::Result<sqlx::postgres::PgStatement<'q>, sqlx::Error>,
+    >
+    where
+        'c: 'e,
+    {
+        (&mut *self.conn).prepare_with(sql, parameters)
+    }
+
+    fn describe<'e, 'q: 'e>(
+        self,
+        sql: &'q str,
+    ) -> futures_util::future::BoxFuture<
+        'e,
+        std::result::Result<sqlx::Describe<sqlx::Postgres>, sqlx::Error>,
+    >
+    where
+        'c: 'e,
+    {
+        (&mut *self.conn).describe(sql)
+    }
+}
+
+impl std::ops::Deref for Turn {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        &self.conn
+    }
+}
+
+impl std::ops::DerefMut for Turn {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        &mut self.conn
+    }
+}
+
 // How Postgres stores instants, days and JSON: natively.
 type Run = RunRow<DateTime<Utc>, NaiveDate, Value>;
 type Key = KeyRow<DateTime<Utc>, NaiveDate, Value>;
@@ -277,7 +546,8 @@ impl Schema for PostgresStore {
     }
 
     async fn apply(&self) -> Result<()> {
-        let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
+        let mut conn = self.conn().await?;
+        let mut tx = conn.begin().await.map_err(|e| self.err(e))?;
         if let Err(e) = apply_migrations(&mut tx).await {
             let _ = tx.rollback().await;
             return Err(Error::store(
@@ -336,7 +606,7 @@ impl LeaseStore for PostgresStore {
                 .bind(request.run_id)
                 .bind(now)
                 .bind(expires_at)
-                .fetch_optional(&self.pool)
+                .fetch_optional(&mut self.conn().await?)
                 .await
                 .map_err(|e| self.err(e))
             },
@@ -358,7 +628,7 @@ impl LeaseStore for PostgresStore {
     async fn renew(&self, lease: &Lease, ttl: Duration, now: DateTime<Utc>) -> Result<Lease> {
         let expires_at = lease_expiry(micros(now), ttl);
         let done = statements::update(statements::RENEW, expires_at, lease)
-            .execute(&self.pool)
+            .execute(&mut self.conn().await?)
             .await
             .map_err(|e| self.err(e))?;
         if done.rows_affected() == 1 {
@@ -372,7 +642,7 @@ impl LeaseStore for PostgresStore {
 
     async fn release(&self, lease: &Lease, now: DateTime<Utc>) -> Result<bool> {
         let done = statements::update(statements::RELEASE, micros(now), lease)
-            .execute(&self.pool)
+            .execute(&mut self.conn().await?)
             .await
             .map_err(|e| self.err(e))?;
         Ok(done.rows_affected() == 1)
@@ -403,7 +673,7 @@ impl LedgerStore for PostgresStore {
         .bind(&keys)
         .bind(&kinds)
         .bind(&since)
-        .fetch_all(&self.pool)
+        .fetch_all(&mut self.conn().await?)
         .await
         .map_err(|e| self.err(e))?;
         for row in &rows {
@@ -416,7 +686,8 @@ impl LedgerStore for PostgresStore {
     }
 
     async fn finish(&self, finish: &Finish) -> Result<()> {
-        let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
+        let mut conn = self.conn().await?;
+        let mut tx = conn.begin().await.map_err(|e| self.err(e))?;
         if let Some(lease) = &finish.lease {
             let done =
                 statements::update(statements::RELEASE, micros(finish.run.finished_at), lease)
@@ -425,6 +696,8 @@ impl LedgerStore for PostgresStore {
                     .map_err(|e| self.err(e))?;
             if done.rows_affected() != 1 {
                 tx.rollback().await.map_err(|e| self.err(e))?;
+                // The connection goes back before the lease is read on one of its own.
+                drop(conn);
                 return Err(self.lease_lost(lease).await);
             }
         }
@@ -524,7 +797,7 @@ impl LedgerStore for PostgresStore {
             let _ = write!(sql, " LIMIT ${}", args.len());
         }
         let rows: Vec<Run> = sqlx::query_as_with(&sql, args)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut self.conn().await?)
             .await
             .map_err(|e| self.err(e))?;
         Ok(rows.into_iter().map(|r| r.0).collect())
@@ -539,13 +812,13 @@ impl MaintenanceStore for PostgresStore {
                 sqlx::query("DELETE FROM processing_keys WHERE processor_name = $1 AND scope = $2")
                     .bind(processor)
                     .bind(scope)
-                    .execute(&self.pool)
+                    .execute(&mut self.conn().await?)
                     .await
             }
             None => {
                 sqlx::query("DELETE FROM processing_keys WHERE processor_name = $1")
                     .bind(processor)
-                    .execute(&self.pool)
+                    .execute(&mut self.conn().await?)
                     .await
             }
         }
@@ -576,7 +849,7 @@ impl MaintenanceStore for PostgresStore {
                     CLEANUP_TABLES[i], CONDITIONS[i]
                 );
                 let n: i64 = statements::cleanup(&sql, cutoff, policy.processor.as_deref(), policy.keys_before)
-                    .fetch_one(&self.pool)
+                    .fetch_one(&mut self.conn().await?)
                     .await
                     .and_then(|row| row.try_get(0))
                     .map_err(|e| self.err(e))?;
@@ -590,7 +863,7 @@ impl MaintenanceStore for PostgresStore {
                 );
                 let deleted = statements::cleanup(&sql, cutoff, policy.processor.as_deref(), policy.keys_before)
                     .bind(policy.limit())
-                    .execute(&self.pool)
+                    .execute(&mut self.conn().await?)
                     .await
                     .map_err(|e| self.err(e))?
                     .rows_affected();
@@ -609,7 +882,7 @@ impl MaintenanceStore for PostgresStore {
                              AND e.namespace = d.namespace AND e.pending = d.id LIMIT 1) IS NULL",
                     )
                     .bind(cutoff)
-                    .execute(&self.pool)
+                    .execute(&mut self.conn().await?)
                     .await
                     .map_err(|e| self.err(e))?;
                 }
@@ -888,7 +1161,7 @@ impl PostgresStore {
             .bind(namespace)
             .bind(keys)
             .bind(first_seen)
-            .execute(&self.pool)
+            .execute(&mut self.conn().await?)
             .await
             .map_err(|e| self.err(e))?;
         Ok(done.rows_affected())
@@ -904,7 +1177,7 @@ impl PostgresStore {
             .bind(namespace)
             .bind(keys)
             .bind(micros(now))
-            .fetch_all(&self.pool)
+            .fetch_all(&mut self.conn().await?)
             .await
             .map_err(|e| self.err(e))
     }
@@ -957,7 +1230,8 @@ impl PostgresStore {
             None => {
                 let rows = copy_rows(namespace, firsts, decisions, expiries, now, None);
                 async {
-                    let mut copy = self.pool.copy_in_raw(COPY).await?;
+                    let mut conn = self.turn().await?;
+                    let mut copy = conn.copy_in_raw(COPY).await?;
                     copy.send(rows.as_bytes()).await?;
                     copy.finish().await
                 }
@@ -966,7 +1240,8 @@ impl PostgresStore {
             // The batch's row and its keys in one transaction (one commit to wait for).
             Some((marker, deadline)) => {
                 async {
-                    let mut tx = self.pool.begin().await?;
+                    let mut conn = self.turn().await?;
+                    let mut tx = conn.begin().await?;
                     let id: i64 = sqlx::query_scalar(
                         "INSERT INTO event_pending (namespace, marker, first_seen, deadline) \
                          VALUES ($1, $2, $3, $4) RETURNING id",
@@ -1060,7 +1335,7 @@ impl PostgresStore {
                         .bind(namespace)
                         .bind(&keys)
                         .bind(micros(now))
-                        .fetch_all(&self.pool)
+                        .fetch_all(&mut self.conn().await?)
                         .await
                         .map_err(|e| self.err(e))?;
                     if rows.len() == firsts.len() && !rows.iter().any(|r| r.4 == Some(true)) {
@@ -1093,7 +1368,7 @@ impl PostgresStore {
                     .bind(micros(now))
                     .bind(marker)
                     .bind(deadline)
-                    .fetch_all(&self.pool)
+                    .fetch_all(&mut self.conn().await?)
                     .await;
             match tried {
                 Ok(rows) if !rows.iter().any(|r| r.5 == Some(true)) => {
@@ -1147,10 +1422,11 @@ impl PostgresStore {
             Option<DateTime<Utc>>,
         );
         let rows: Vec<Marked> = match cursor {
-            None => query.fetch_all(&self.pool).await,
+            None => query.fetch_all(&mut self.conn().await?).await,
             Some((name, to)) => {
                 // The marks and the cursor's advance commit together.
-                let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
+                let mut conn = self.conn().await?;
+                let mut tx = conn.begin().await.map_err(|e| self.err(e))?;
                 let rows = query.fetch_all(&mut *tx).await.map_err(|e| self.err(e))?;
                 advance(&mut tx, namespace, name, to)
                     .await
@@ -1215,7 +1491,7 @@ impl EventKeyStore for PostgresStore {
     /// Batches on keys they do not share run in transactions side by side, one per pooled
     /// connection (each locks its keys in byte order, so they cannot deadlock).
     fn batch_concurrency(&self) -> usize {
-        MAX_CONNECTIONS as usize
+        self.connections
     }
 
     /// The plain batch mark (no fingerprint, decision or TTL) keeps its own statement, as
@@ -1254,7 +1530,7 @@ impl EventKeyStore for PostgresStore {
         .bind(namespace)
         .bind(&unique)
         .bind(now)
-        .fetch_all(&self.pool)
+        .fetch_all(&mut self.conn().await?)
         .await
         .map_err(|e| self.err(e))?;
         let mut new: std::collections::HashSet<&str> = new.iter().map(String::as_str).collect();
@@ -1321,7 +1597,8 @@ impl EventKeyStore for PostgresStore {
         // flush of its own. Whole: the batch's one row goes. Some of its keys only: those
         // keys stop naming it (looked up one at a time), the others stay pending.
         let confirm = || async {
-            let mut tx = self.pool.begin().await?;
+            let mut conn = self.turn().await?;
+            let mut tx = conn.begin().await?;
             sqlx::query("SET LOCAL synchronous_commit = off")
                 .execute(&mut *tx)
                 .await?;
@@ -1421,7 +1698,7 @@ impl EventKeyStore for PostgresStore {
         .bind(&names)
         .bind(&expiries)
         .bind(owner)
-        .execute(&self.pool)
+        .execute(&mut self.conn().await?)
         .await
         .map_err(|e| self.err(e))?;
         Ok(done.rows_affected())
@@ -1433,14 +1710,14 @@ impl EventKeyStore for PostgresStore {
         )
         .bind(namespace)
         .bind(name)
-        .fetch_optional(&self.pool)
+        .fetch_optional(&mut self.conn().await?)
         .await
         .map_err(|e| self.err(e))?;
         Ok(row.map(|(position, value)| Cursor::from_stored(position, &value)))
     }
 
     async fn advance_cursor(&self, namespace: &str, name: &str, to: &Cursor) -> Result<()> {
-        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        let mut conn = self.conn().await?;
         advance(&mut conn, namespace, name, to)
             .await
             .map_err(|e| self.err(e))
@@ -1473,7 +1750,7 @@ impl EventKeyStore for PostgresStore {
         .bind(namespace)
         .bind(key)
         .bind(decision.to_string())
-        .execute(&self.pool)
+        .execute(&mut self.conn().await?)
         .await
         .map_err(|e| self.err(e))?;
         Ok(done.rows_affected() > 0)

@@ -33,6 +33,8 @@ pub struct SqliteStore {
     pool: SqlitePool,
     url: String,
     events: Arc<EventWriter>,
+    /// The pool's size: how many event batches go side by side.
+    connections: usize,
 }
 
 /// What the event-key batches of one store share: their turn at the write transaction, and
@@ -59,15 +61,27 @@ type Key = KeyRow<i64, String, String>;
 type LeaseCols = LeaseColumns<i64>;
 
 impl SqliteStore {
-    /// Opens `sqlite://PATH` (or `sqlite::memory:`), creating and migrating the file.
+    /// Opens `sqlite://PATH` (or `sqlite::memory:`), creating and migrating the file, with
+    /// one connection unless the URL says `?max_connections=N` (SQLite has one writer at
+    /// a time: in one process, statements take turns on the pool instead of in SQLite's
+    /// busy handler).
     pub async fn connect(url: &str) -> Result<Self> {
-        let options = crate::backend::sqlite::connect_options(url)?
+        Self::connect_sized(url, crate::backend::PoolSize::ONE_RUN.sqlite).await
+    }
+
+    /// [`SqliteStore::connect`] with `connections` in the pool when the URL does not say.
+    pub async fn connect_sized(url: &str, connections: u32) -> Result<Self> {
+        let (driver_url, size) = crate::backend::take_max_connections(url)
+            .map_err(|e| Error::config(format!("{url}: {e}")))?;
+        let connections = size.unwrap_or(connections).max(1);
+        let options = crate::backend::sqlite::connect_options(&driver_url)?
             .synchronous(SqliteSynchronous::Normal)
             .foreign_keys(false);
         // A path that can never hold a ledger is a usage error (exit 2, even under
-        // best_effort), not an outage: a folder, a file that is not a SQLite database. A
-        // folder that does not exist stays an outage (an unmounted volume comes back), and
-        // the message names it.
+        // best_effort), not an outage: a folder, a file that is not a SQLite database
+        // (SQLite says so when the pool's first connection sets WAL mode). A folder that
+        // does not exist stays an outage (an unmounted volume comes back), and the message
+        // names it.
         crate::backend::sqlite::check_database_file(url, options.get_filename())?;
         let folder = options
             .get_filename()
@@ -89,8 +103,15 @@ impl SqliteStore {
                 // process, and the ping is a round trip to its worker thread (a third of
                 // the time an event batch took to begin its transaction).
                 SqlitePoolOptions::new()
-                    .max_connections(4)
+                    .max_connections(connections)
                     .test_before_acquire(false)
+                    // A connection whose transaction could neither commit nor roll back (a
+                    // full disk) is closed, not handed out again: sqlx would refuse its next
+                    // BEGIN as nested, which is no statement's fault.
+                    .before_acquire(|conn, _| {
+                        let depth = <sqlx::sqlite::SqliteTransactionManager as sqlx::TransactionManager>::get_transaction_depth(conn);
+                        Box::pin(async move { Ok(depth == 0) })
+                    })
                     .min_connections(0)
                     .connect_with(options)
                     .await
@@ -102,6 +123,9 @@ impl SqliteStore {
         })
         .await
         .map_err(|e| {
+            if crate::backend::sqlite::is_not_a_database(&e) {
+                return crate::backend::sqlite::not_a_database(url, options.get_filename());
+            }
             let why = folder.unwrap_or_default();
             Error::store(url, format!("cannot open sqlite database{why}: {e}"))
         })?;
@@ -109,6 +133,7 @@ impl SqliteStore {
             pool,
             url: url.to_string(),
             events: Arc::default(),
+            connections: connections as usize,
         };
         store.migrate().await?;
         Ok(store)
@@ -245,8 +270,12 @@ impl LeaseStore for SqliteStore {
                 .bind(request.run_id)
                 .bind(ts(now))
                 .bind(ts(expires_at))
-                .fetch_optional(&self.pool)
+                // Stepped to the end, not stopped at the returned row: the statement commits
+                // when it finishes, and a commit that fails (a full disk) must fail the
+                // claim. A row read before that is not a claim anyone else will see.
+                .fetch_all(&self.pool)
                 .await
+                .map(|tokens: Vec<i64>| tokens.into_iter().next())
                 .map_err(|e| self.err(e))
             },
             || self.lease_row(request.processor, request.scope),
@@ -379,14 +408,20 @@ impl LedgerStore for SqliteStore {
 
     async fn runs(&self, filter: &RunFilter) -> Result<Vec<RunRecord>> {
         // Optional filters as `(?n IS NULL OR col = ?n)`: one fixed statement, every value
-        // bound.
+        // bound. A run id given is a plain `run_id = ?8`, so the primary key finds the row
+        // (the optional form scans the job's runs: a Python skip reads its earlier run).
+        let by_id = if filter.run_id.is_some() {
+            "run_id = ?8"
+        } else {
+            "?8 IS NULL"
+        };
         let sql = format!(
             "SELECT {RUN_COLUMNS} FROM processing_runs \
              WHERE (?1 IS NULL OR processor_name = ?1) AND (?2 IS NULL OR scope = ?2) \
                AND (?3 IS NULL OR status = ?3) AND (?4 IS NULL OR started_at >= ?4) \
                AND (?6 IS NULL OR trigger_source = ?6) \
                AND (?7 IS NULL OR skip_reason IS NULL OR skip_reason <> ?7) \
-               AND (?8 IS NULL OR run_id = ?8) \
+               AND {by_id} \
              ORDER BY started_at DESC, run_id DESC LIMIT ?5"
         );
         let rows: Vec<Run> = sqlx::query_as(&sql)
@@ -780,10 +815,11 @@ impl SqliteStore {
 
 #[async_trait]
 impl EventKeyStore for SqliteStore {
-    /// Two: one batch binds its statements, or reads its keys, while the other writes
-    /// (writers take turns in the order they asked).
+    /// One per pooled connection (two for an event gate): one batch binds its statements,
+    /// or reads its keys, while the other writes (writers take turns in the order they
+    /// asked).
     fn batch_concurrency(&self) -> usize {
-        2
+        self.connections
     }
 
     async fn check_and_mark(

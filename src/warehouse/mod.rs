@@ -173,6 +173,21 @@ pub fn warehouse_dialect(url: &str) -> Result<Dialect> {
         .ok_or_else(|| unsupported_warehouse(url))
 }
 
+/// One warehouse per URL for every run of a process (a scheduler's SQL jobs on one
+/// warehouse share its pool); see [`crate::backend::shared`]. Cheap to clone: the clones
+/// share the warehouses. For one tokio runtime.
+#[derive(Debug, Clone, Default)]
+pub struct Warehouses {
+    open: std::sync::Arc<crate::backend::shared::OpenOnce<dyn Warehouse>>,
+}
+
+impl Warehouses {
+    /// The warehouse `url` names, opened by the first caller ([`open_warehouse`]).
+    pub async fn open(&self, url: &str) -> Result<Arc<dyn Warehouse>> {
+        self.open.get_or_open(url, || open_warehouse(url)).await
+    }
+}
+
 /// Opens the warehouse a URL names (`sqlite://…`, `postgres://…`, `bigquery://…`).
 pub async fn open_warehouse(url: &str) -> Result<Arc<dyn Warehouse>> {
     match warehouse_dialect(url)? {

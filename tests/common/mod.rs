@@ -78,6 +78,10 @@ pub fn redis_url(test: &str) -> Option<String> {
     service_url("IDEM_TEST_REDIS_URL", test, REDIS_HOW)
 }
 
+/// A private PostgreSQL server for one test (a small `max_connections`, restarts).
+#[allow(dead_code)]
+pub mod private_pg;
+
 /// A throwaway TLS Redis server (its own `redis-server`, certificates made with `openssl`).
 #[cfg(feature = "redis")]
 #[allow(dead_code)]

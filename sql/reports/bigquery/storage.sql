@@ -2,7 +2,9 @@
 -- written in the period say the content hash is on), oldest and newest key, and an
 -- estimate of the bytes the rows take (BigQuery's logical sizes: 8 per INT64 and
 -- TIMESTAMP, 2 + length per STRING and JSON, 8 per DATE).
--- @since, @until period (TIMESTAMP), @job processor or NULL for all.
+-- @since, @until period (TIMESTAMP), @job processor or NULL for all, @keys_since the oldest
+-- keys counted (`idem report` passes the period's start or five weeks back, whichever is
+-- earlier; the Unix epoch with --all-keys): the report costs (and scans) its period.
 WITH p AS (SELECT @since AS since, @until AS until, @job AS job)
 SELECT
     processor_name,
@@ -18,6 +20,6 @@ SELECT
         + LENGTH(scope) + LENGTH(run_id) + COALESCE(LENGTH(TO_JSON_STRING(metadata)), 0))
         AS estimated_bytes
 FROM `{project}.{dataset}.processing_keys`, p
-WHERE (p.job IS NULL OR processor_name = p.job)
+WHERE processed_at >= @keys_since AND (p.job IS NULL OR processor_name = p.job)
 GROUP BY processor_name
 ORDER BY processor_name;

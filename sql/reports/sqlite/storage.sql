@@ -2,7 +2,8 @@
 -- written in the period say the content hash is on), oldest and newest key, and an
 -- estimate of the bytes the rows take.
 -- ?1 period start, ?2 period end (INTEGER microseconds since the epoch), ?3 processor or
--- NULL for all.
+-- NULL for all, ?4 the oldest keys counted (`idem report` passes the period's start or five
+-- weeks back, whichever is earlier; 0 with --all-keys): the report costs its period.
 SELECT
     processor_name,
     COUNT(*) AS total_keys,
@@ -16,7 +17,9 @@ SELECT
     SUM(48 + LENGTH(processing_key) + LENGTH(kind) + LENGTH(processor_name) + LENGTH(scope)
         + LENGTH(scope_date) + COALESCE(LENGTH(metadata), 0) + LENGTH(run_id))
         AS estimated_bytes
-FROM processing_keys
-WHERE (?3 IS NULL OR processor_name = ?3)
+-- The processed_at index, not the processor one (which would read every key in
+-- processor order): only the keys since ?4 are read.
+FROM processing_keys INDEXED BY processing_keys_processed_at
+WHERE processed_at >= ?4 AND (?3 IS NULL OR processor_name = ?3)
 GROUP BY processor_name
 ORDER BY processor_name;

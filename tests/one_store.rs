@@ -1,0 +1,523 @@
+//! One process, one store (issue 32): idem never touches a SQLite ledger with ordinary file
+//! I/O beside SQLite's own connections (closing any descriptor of a file drops every POSIX
+//! lock the process holds on it, SQLite's included), and a process opens one store per URL.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use sqlx::Connection;
+
+mod common;
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("idem-one-store-{name}-{}", idem::new_run_id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Whether another process can take SQLite's write lock on `db` right now (Python's
+/// `sqlite3`, no busy wait): `Some(true)` it could, `Some(false)` the database is locked,
+/// `None` python3 is not there.
+fn another_process_can_write(db: &Path) -> Option<bool> {
+    let script = "import sqlite3, sys\n\
+                  c = sqlite3.connect(sys.argv[1], timeout=0, isolation_level=None)\n\
+                  try:\n    c.execute('BEGIN IMMEDIATE')\nexcept sqlite3.OperationalError as e:\n    \
+                  print('locked:', e); sys.exit(3)\n\
+                  c.execute('ROLLBACK')\nprint('took the write lock')\n";
+    let out = Command::new("python3")
+        .args(["-c", script])
+        .arg(db)
+        .stdin(Stdio::null())
+        .output()
+        .ok()?;
+    match out.status.code() {
+        Some(0) => Some(true),
+        Some(3) => Some(false),
+        _ => panic!(
+            "python3 sqlite3 check failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}
+
+/// The mechanism behind the lost commits of a 100-job scheduler on SQLite: while a
+/// connection of this process holds the ledger's write lock, opening the ledger again in
+/// this process (as each job of a scheduler did) must not release that lock. It did: the
+/// open read the file's header with `std::fs`, and closing that descriptor dropped the
+/// process's locks, letting a second writer in.
+#[tokio::test]
+async fn opening_a_ledger_again_keeps_the_write_lock_another_connection_holds() {
+    let dir = temp_dir("lock");
+    let db = dir.join("idem.db");
+    let url = format!("sqlite://{}", db.display());
+    let _store = idem::store::open(&url).await.expect("create the ledger");
+    let mut writer = sqlx::SqliteConnection::connect(&url).await.unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut writer)
+        .await
+        .unwrap();
+    let Some(before) = another_process_can_write(&db) else {
+        common::skip("skipped opening_a_ledger_again_…: python3 is not installed".into());
+        return;
+    };
+    assert!(
+        !before,
+        "a write transaction of this process locks out the others"
+    );
+    for _ in 0..3 {
+        let _again = idem::store::open(&url)
+            .await
+            .expect("open the ledger again");
+        assert_eq!(
+            another_process_can_write(&db),
+            Some(false),
+            "opening the ledger again in this process released the write lock a connection \
+             of this process holds: two writers could commit at once"
+        );
+    }
+    sqlx::query("ROLLBACK").execute(&mut writer).await.unwrap();
+    assert_eq!(another_process_can_write(&db), Some(true));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// What a scheduler said of one fire: the job, the outcome's first word, the run id.
+#[derive(Debug)]
+struct FireLine {
+    job: String,
+    outcome: String,
+    run_id: String,
+}
+
+/// The `fire JOB slot … date …: OUTCOME…; run ID` lines of a scheduler's log.
+fn fire_lines(log: &str) -> Vec<FireLine> {
+    log.lines()
+        .filter_map(|line| {
+            let rest = &line[line.find(" fire ")? + " fire ".len()..];
+            let job = rest.split(' ').next()?.to_string();
+            let outcome = rest
+                .split(": ")
+                .nth(1)?
+                .split([',', ' '])
+                .next()?
+                .to_string();
+            let run_id = line
+                .rsplit("; run ")
+                .next()?
+                .split([';', ' '])
+                .next()?
+                .to_string();
+            Some(FireLine {
+                job,
+                outcome,
+                run_id,
+            })
+        })
+        .collect()
+}
+
+/// `jobs` command jobs (`true`) of a scheduler, all due at the same second, a few seconds
+/// from now: every fire is logged completed, and the ledger holds exactly those runs,
+/// matched run id by run id.
+fn a_scheduler_of_many_jobs_records_every_fire(store: &str, jobs: usize, round: usize) {
+    use std::io::Read;
+    let s = common::Sandbox::with_store("idem-one-store-sched", store);
+    let prefix = format!("r{round}x{}", &idem::new_run_id()[..8]);
+    let now = chrono::Utc::now().timestamp();
+    let second = (now + 4).rem_euclid(60);
+    for i in 0..jobs {
+        s.write_job(
+            &format!("{prefix}-{i}"),
+            &format!(
+                "name = \"{prefix}-{i}\"\nprocessor = \"command\"\nschedule = \"{second} * * * * *\"\n\
+                 [command]\nrun = [\"true\"]\n"
+            ),
+        );
+    }
+    let mut child = s
+        .command(&["scheduler"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start idem scheduler");
+    // The log is read as it comes; the test waits for every job's fire line (a state),
+    // at most two minutes.
+    let mut stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        let mut buf = [0u8; 8192];
+        while let Ok(n) = stderr.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            all.push_str(&String::from_utf8_lossy(&buf[..n]));
+            let _ = tx.send(all.clone());
+        }
+        all
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(log) if fire_lines(&log).len() >= jobs => break,
+            Ok(_) => {}
+            Err(_) => break,
+        }
+    }
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let status = child.wait().unwrap();
+    let log = reader.join().unwrap();
+    assert!(status.success(), "scheduler exit {status}: {log}");
+    let fires = fire_lines(&log);
+    assert_eq!(fires.len(), jobs, "one fire line per job:\n{log}");
+    let not_completed: Vec<&FireLine> = fires.iter().filter(|f| f.outcome != "completed").collect();
+    assert!(
+        not_completed.is_empty(),
+        "fires not completed: {not_completed:?}\n{log}"
+    );
+    let (code, runs, err) = s.json(&["runs", "--limit", "0"]);
+    assert_eq!(code, 0, "{err}");
+    let ledger: std::collections::BTreeMap<String, (String, String)> = runs
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| {
+            r["processor"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("{prefix}-"))
+        })
+        .map(|r| {
+            (
+                r["run_id"].as_str().unwrap().to_string(),
+                (
+                    r["processor"].as_str().unwrap().to_string(),
+                    r["status"].as_str().unwrap().to_string(),
+                ),
+            )
+        })
+        .collect();
+    let lost: Vec<&FireLine> = fires
+        .iter()
+        .filter(|f| ledger.get(&f.run_id) != Some(&(f.job.clone(), "completed".to_string())))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{} run(s) logged completed have no completed ledger row: {lost:?}",
+        lost.len()
+    );
+    assert_eq!(
+        ledger.len(),
+        jobs,
+        "the ledger holds exactly the fires logged"
+    );
+}
+
+#[test]
+fn a_scheduler_of_150_jobs_on_sqlite_loses_no_committed_run_in_10_rounds() {
+    for round in 0..10 {
+        let dir = temp_dir("sched");
+        let store = format!("sqlite://{}", dir.join("idem.db").display());
+        a_scheduler_of_many_jobs_records_every_fire(&store, 150, round);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[test]
+fn a_scheduler_of_150_jobs_on_postgres_records_every_fire() {
+    let Some(url) = common::postgres_url("a_scheduler_of_150_jobs_on_postgres_records_every_fire")
+    else {
+        return;
+    };
+    a_scheduler_of_many_jobs_records_every_fire(&url, 150, 0);
+}
+
+/// A 2 MiB tmpfs mounted for a test (unmounted on drop), or `None` after saying why it is
+/// skipped (mounting needs root; CI runs as root, so it runs there).
+struct SmallDisk {
+    dir: PathBuf,
+}
+
+impl SmallDisk {
+    fn mount(test: &str) -> Option<SmallDisk> {
+        let dir = temp_dir("disk");
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=2m", "tmpfs"])
+            .arg(&dir)
+            .output();
+        match out {
+            Ok(o) if o.status.success() => Some(SmallDisk { dir }),
+            other => {
+                let why = match other {
+                    Ok(o) => String::from_utf8_lossy(&o.stderr).trim().to_string(),
+                    Err(e) => e.to_string(),
+                };
+                let _ = std::fs::remove_dir_all(&dir);
+                common::skip(format!(
+                    "skipped {test}: cannot mount a small tmpfs ({why})"
+                ));
+                None
+            }
+        }
+    }
+
+    /// Fills the disk: a file grows until the disk refuses.
+    fn fill(&self) {
+        use std::io::Write;
+        let mut f = std::fs::File::create(self.dir.join("filler")).unwrap();
+        let block = vec![0u8; 4096];
+        while f.write_all(&block).and_then(|_| f.flush()).is_ok() {}
+    }
+
+    fn free(&self) {
+        std::fs::remove_file(self.dir.join("filler")).unwrap();
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.dir).status();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `idem --store STORE exec ARGS` in the sandbox (`exec` passes what follows `--` to the
+/// program, so the store comes first).
+fn exec(s: &common::Sandbox, args: &[&str]) -> Command {
+    let mut c = Command::new(common::IDEM);
+    c.args(["--store", &s.store, "exec"])
+        .args(args)
+        .current_dir(&s.dir)
+        .env_remove("IDEM_STORE")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null());
+    c
+}
+
+/// A full disk never lets a run in: three `idem exec` of one date started at once on a
+/// ledger whose disk is full each exit 3 without starting the program (on main each took
+/// the lease: the claim's row came back before its commit failed, and all three ran). Once
+/// the disk has room, the date runs once.
+#[test]
+fn on_a_full_disk_no_exec_starts_its_program_and_each_says_the_store_is_unavailable() {
+    let Some(disk) = SmallDisk::mount("on_a_full_disk_no_exec_starts_its_program…") else {
+        return;
+    };
+    let store = format!("sqlite://{}", disk.dir.join("l.db").display());
+    let s = common::Sandbox::with_store("idem-one-store-full", &store);
+    assert!(s.idem(&["migrate"]).status.success());
+    disk.fill();
+    let children: Vec<_> = (0..3)
+        .map(|i| {
+            let marker = s.dir.join(format!("ran-{i}"));
+            exec(
+                &s,
+                &[
+                    "full",
+                    "--date",
+                    "2026-01-01",
+                    "--lease",
+                    "1m",
+                    "--",
+                    "touch",
+                ],
+            )
+            .arg(&marker)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(3),
+            "exit 3, store unavailable: {stderr}"
+        );
+        assert!(stderr.contains("unavailable"), "{stderr}");
+    }
+    for i in 0..3 {
+        assert!(
+            !s.dir.join(format!("ran-{i}")).exists(),
+            "exec {i} started its program without a durable claim"
+        );
+    }
+    disk.free();
+    let out = exec(
+        &s,
+        &[
+            "full",
+            "--date",
+            "2026-01-01",
+            "--time-window",
+            "1h",
+            "--",
+            "true",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let again = exec(
+        &s,
+        &[
+            "full",
+            "--date",
+            "2026-01-01",
+            "--time-window",
+            "1h",
+            "--",
+            "true",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(String::from_utf8_lossy(&again.stdout).contains("skipped"));
+}
+
+/// After a transaction that failed on a full disk, the store's pooled connection is not
+/// handed out again in a state sqlx refuses: the next batch is an outage as long as the
+/// disk is full, and works once it has room, on the same store.
+#[tokio::test]
+async fn a_store_recovers_from_a_full_disk_without_reopening() {
+    let Some(disk) = SmallDisk::mount("a_store_recovers_from_a_full_disk_without_reopening") else {
+        return;
+    };
+    let url = format!("sqlite://{}", disk.dir.join("l.db").display());
+    let store = idem::store::open_event_keys(&url).await.unwrap();
+    disk.fill();
+    let marks = |n: usize| -> Vec<idem::store::EventMark> {
+        (0..200)
+            .map(|i| idem::store::EventMark::key(format!("k{n}-{i}-{}", "x".repeat(200))))
+            .collect()
+    };
+    for n in 0..3 {
+        let e = store
+            .check_and_mark("full", &marks(n), chrono::Utc::now())
+            .await
+            .expect_err("a full disk fails the batch");
+        assert!(
+            e.is_outage(),
+            "batch {n} on a full disk is an outage, not a refused statement: {e}"
+        );
+    }
+    disk.free();
+    let verdicts = store
+        .check_and_mark("full", &marks(9), chrono::Utc::now())
+        .await
+        .expect("the same store works once the disk has room");
+    assert!(verdicts.iter().all(|v| v.is_new()));
+}
+
+/// `n` concurrent `idem exec NAME-i --date D -- sleep SECS` on `store`; the exit codes and
+/// stderr of those that did not exit 0.
+fn concurrent_execs(s: &common::Sandbox, n: usize, secs: &str) -> Vec<(Option<i32>, String)> {
+    let children: Vec<_> = (0..n)
+        .map(|i| {
+            exec(
+                s,
+                &[
+                    &format!("budget-{i}"),
+                    "--date",
+                    "2026-01-01",
+                    "--",
+                    "sleep",
+                    secs,
+                ],
+            )
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start idem exec")
+        })
+        .collect();
+    children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .filter(|o| !o.status.success())
+        .map(|o| {
+            (
+                o.status.code(),
+                String::from_utf8_lossy(&o.stderr).to_string(),
+            )
+        })
+        .collect()
+}
+
+/// The connection budget: each `idem exec` holds one connection, and a server at its limit
+/// is waited for, not an outage. 200 runs of 2 s at once on a server of 100 connections all
+/// complete (on main each run held two and those past the limit exited 3, "too many
+/// clients"), and so do 60 runs on a server of 12 connections, which must wait for
+/// connections well past the 5 s connect timeout.
+#[test]
+fn runs_beyond_the_servers_connection_limit_wait_for_a_connection_and_none_exits_3() {
+    let test = "runs_beyond_the_servers_connection_limit_wait_for_a_connection_and_none_exits_3";
+    if common::postgres_url(test).is_none() {
+        return;
+    }
+    for (connections, runs, secs) in [(100, 200, "2"), (12, 60, "1")] {
+        let Some(server) = common::private_pg::PrivatePostgres::start(
+            test,
+            &[&format!("max_connections={connections}")],
+        ) else {
+            return;
+        };
+        let s = common::Sandbox::with_store("idem-one-store-budget", &server.url());
+        assert!(s.idem(&["migrate"]).status.success());
+        let failed = concurrent_execs(&s, runs, secs);
+        assert!(
+            failed.is_empty(),
+            "{} of {runs} runs on a server of {connections} connections failed: {:?}",
+            failed.len(),
+            &failed[..failed.len().min(3)]
+        );
+        let (code, ledger, err) = s.json(&["runs", "--limit", "0", "--status", "completed"]);
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(ledger.as_array().unwrap().len(), runs);
+    }
+}
+
+/// PgBouncer in transaction mode (Debian's 1.18: no prepared statements across
+/// transactions), `?pgbouncer=true` on the URL: 200 concurrent runs of 2 s through 20 server
+/// connections all complete, each once in the ledger (on main they failed "prepared
+/// statement sqlx_s_1 already exists", and PgBouncer refused sqlx's extra_float_digits).
+#[test]
+fn runs_through_pgbouncer_in_transaction_mode_all_complete() {
+    let test = "runs_through_pgbouncer_in_transaction_mode_all_complete";
+    if common::postgres_url(test).is_none() {
+        return;
+    }
+    let Some(server) = common::private_pg::PrivatePostgres::start(test, &["max_connections=100"])
+    else {
+        return;
+    };
+    let Some(bouncer) = common::private_pg::PrivatePgBouncer::start(test, &server, 20) else {
+        return;
+    };
+    let s = common::Sandbox::with_store("idem-one-store-pgbouncer", &bouncer.url());
+    let out = s.idem(&["migrate"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let failed = concurrent_execs(&s, 200, "2");
+    assert!(
+        failed.is_empty(),
+        "{} of 200 runs through PgBouncer failed: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(3)]
+    );
+    let (code, ledger, err) = s.json(&["runs", "--limit", "0", "--status", "completed"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(ledger.as_array().unwrap().len(), 200);
+}
