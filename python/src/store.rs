@@ -105,8 +105,7 @@ impl Store {
             // URL says `?max_connections=N`.
             .allow_threads(|| {
                 runtime().block_on(idem::store::open_sized(url, idem::store::PoolSize::SHARED))
-            })
-        {
+            }) {
             Ok(store) => store,
             Err(e) if e.is_store_failure() && policy == idem::StoreFailurePolicy::BestEffort => {
                 Arc::new(idem::store::UnavailableStore::new(url, e.to_string()))
