@@ -38,6 +38,17 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// Writing an output failed after work was done (keys marked, a run recorded): not a
+    /// usage error (exit 1), as what was done stays done and recorded.
+    #[error("cannot write {}: {source}", .path.display())]
+    Write {
+        /// The file written (or `standard output`).
+        path: std::path::PathBuf,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+
     /// The store could not be reached or answered with an error.
     #[error("store {store} unavailable: {message}")]
     StoreUnavailable {
@@ -154,6 +165,14 @@ impl Error {
         Error::Input(message.to_string())
     }
 
+    /// Shorthand for [`Error::Write`]: an output written after work was done.
+    pub fn write(path: impl Into<std::path::PathBuf>, source: std::io::Error) -> Self {
+        Error::Write {
+            path: path.into(),
+            source,
+        }
+    }
+
     /// Shorthand for [`Error::Io`]: `action` is what idem was doing (`read`, `write`).
     pub fn io(
         action: &'static str,
@@ -202,6 +221,10 @@ impl Error {
                 source,
             } => Error::Io {
                 action,
+                path: path.clone(),
+                source: std::io::Error::new(source.kind(), source.to_string()),
+            },
+            Error::Write { path, source } => Error::Write {
                 path: path.clone(),
                 source: std::io::Error::new(source.kind(), source.to_string()),
             },

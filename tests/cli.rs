@@ -1,7 +1,7 @@
 //! The `idem` command as a user runs it, on the embedded SQLite store: whole processes,
 //! real files, exit codes and JSON output.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -1265,6 +1265,44 @@ fn run_metrics_file_has_status_duration_records_and_skip_reason() {
         "{}",
         read()
     );
+}
+
+#[test]
+fn a_metrics_file_that_cannot_be_written_is_refused_before_the_run() {
+    // Found bad after the run completed, a metrics file used to turn a done run into exit
+    // 2 ("nothing was run"); a -wal of the job's warehouse was written over.
+    let s = Sandbox::new("cli-metrics-refused");
+    s.write_job(
+        "sales",
+        &sales_job("sales", "time_window = \"1h\"", GOOD_PROCESS),
+    );
+    let warehouse_wal = s.dir.join("jobs/warehouse.db-wal");
+    let ledger_shm = s.dir.join("idem.db-shm");
+    let cases = [
+        (s.dir.clone(), "is a folder"),
+        (warehouse_wal.clone(), "SQLite database"),
+        (ledger_shm, "SQLite database"),
+        (PathBuf::from("/dev/null"), "not a regular file"),
+    ];
+    for (path, what) in &cases {
+        let out = s.idem(&[
+            "run",
+            "sales",
+            "--date",
+            "2025-11-18",
+            "--metrics-file",
+            path.to_str().unwrap(),
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{path:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(what), "{path:?}: {}", stderr(&out));
+        assert!(
+            !s.dir.join("idem.db").exists(),
+            "{path:?}: nothing ran, nothing was recorded"
+        );
+    }
+    assert!(!warehouse_wal.exists());
+    let out = s.idem(&["run", "sales", "--date", "2025-11-18"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
 }
 
 #[test]

@@ -149,7 +149,7 @@ fn local_zone() -> Result<String> {
 /// `idem exec`: one run of the program through the guards, recorded like `idem run`'s.
 pub(super) async fn exec(args: &ExecArgs, g: &GlobalOptions, registry: &Registry) -> Result<u8> {
     if let Some(path) = &args.metrics_file {
-        super::refuse_to_overwrite("--metrics-file", path, &[], &g.store)?;
+        super::refuse_to_overwrite("--metrics-file", path, &[], &[&g.store])?;
     }
     let job = args.job()?;
     let cancel = stop_on_signals()?;

@@ -121,11 +121,11 @@ pub(super) async fn gate(args: &GateArgs, g: &GlobalOptions) -> Result<u8> {
     let input_path = stdio_or(args.input.as_deref());
     let output_path = stdio_or(args.output.as_deref());
     if let Some(out) = output_path {
-        super::refuse_to_overwrite("--output", out, input_path.as_slice(), &g.store)?;
+        super::refuse_to_overwrite("--output", out, input_path.as_slice(), &[&g.store])?;
     }
     if let Some(m) = &args.metrics_file {
         let others: Vec<&std::path::Path> = input_path.into_iter().chain(output_path).collect();
-        super::refuse_to_overwrite("--metrics-file", m, &others, &g.store)?;
+        super::refuse_to_overwrite("--metrics-file", m, &others, &[&g.store])?;
     }
     let (input_name, source) = open_input(input_path)?;
     let (output_name, out) = open_output(output_path)?;

@@ -313,6 +313,6 @@ pub(super) fn write_atomically(path: &Path, text: &str) -> Result<()> {
     };
     write().map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
-        Error::io("write", path, e)
+        Error::write(path, e)
     })
 }

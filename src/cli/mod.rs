@@ -863,43 +863,44 @@ fn scheduled_jobs(names: &[String], g: &GlobalOptions) -> Result<Vec<crate::job:
     Ok(jobs)
 }
 
-/// Refuses an output file (`flag`) that cannot be written (its folder does not exist) or
-/// would destroy something: an existing SQLite database (a ledger or a warehouse), the
-/// SQLite store `store` names (even before it exists), or one of `inputs` (the same file
-/// under any name). Checked before anything runs.
+/// Refuses an output file (`flag`) that cannot be written or would destroy something,
+/// before anything runs (exit 2, nothing done): a folder, a file in a folder that does not
+/// exist or cannot be written, any file of a SQLite database — the main file of an
+/// existing one (a ledger or a warehouse) or its `-wal`, `-shm` or `-journal`, and every
+/// file of the SQLite databases `databases` name (the store, a job's warehouse) even
+/// before they exist — or one of `inputs` (the same file under any name).
 pub(crate) fn refuse_to_overwrite(
     flag: &str,
     path: &std::path::Path,
     inputs: &[&std::path::Path],
-    store: &str,
+    databases: &[&str],
 ) -> Result<()> {
-    #[cfg(feature = "sqlite")]
-    let is_database = crate::backend::sqlite::is_sqlite_database(path);
-    #[cfg(not(feature = "sqlite"))]
-    let is_database = false;
-    #[cfg(feature = "sqlite")]
-    let store_file = store
-        .starts_with("sqlite:")
-        .then(|| crate::backend::sqlite::connect_options(store).ok())
-        .flatten()
-        .map(|o| o.get_filename().to_path_buf());
-    #[cfg(not(feature = "sqlite"))]
-    let store_file: Option<std::path::PathBuf> = None;
-    if is_database || store_file.is_some_and(|db| same_file(path, &db)) {
+    if path.is_dir() {
         return Err(Error::input(format!(
-            "{flag} {}: that file is a SQLite database (a ledger or a warehouse); \
-             writing there would destroy it. Write to another file",
+            "{flag} {}: that is a folder; name a file",
             path.display()
         )));
     }
-    if let Some(folder) = path
-        .parent()
-        .filter(|f| !f.as_os_str().is_empty() && !f.is_dir())
-    {
+    if path.file_name().is_none() {
         return Err(Error::input(format!(
-            "{flag} {}: the folder {} does not exist",
+            "{flag} {}: not a file name",
+            path.display()
+        )));
+    }
+    // Metrics are written to a temporary file renamed over the target: a device (say
+    // /dev/full) would be replaced by a plain file, not written.
+    if flag == "--metrics-file" && path.exists() && !path.is_file() {
+        return Err(Error::input(format!(
+            "{flag} {}: not a regular file (the metrics replace it whole, by a rename)",
+            path.display()
+        )));
+    }
+    if let Some(database) = database_of(path, databases) {
+        return Err(Error::input(format!(
+            "{flag} {}: that file belongs to the SQLite database {} (a ledger or a \
+             warehouse); writing there would destroy it. Write to another file",
             path.display(),
-            folder.display()
+            database.display()
         )));
     }
     if let Some(input) = inputs.iter().find(|input| same_file(path, input)) {
@@ -910,7 +911,76 @@ pub(crate) fn refuse_to_overwrite(
             input.display()
         )));
     }
-    Ok(())
+    let folder = match path.parent() {
+        Some(f) if !f.as_os_str().is_empty() => f,
+        _ => std::path::Path::new("."),
+    };
+    if !folder.is_dir() {
+        return Err(Error::input(format!(
+            "{flag} {}: the folder {} does not exist",
+            path.display(),
+            folder.display()
+        )));
+    }
+    writable(path, folder).map_err(|e| {
+        Error::input(format!(
+            "{flag} {}: cannot be written ({e}); nothing was run",
+            path.display()
+        ))
+    })
+}
+
+/// Whether `path` can be written: an existing file opened for writing (not truncated),
+/// else a file created in its folder and removed again.
+fn writable(path: &std::path::Path, folder: &std::path::Path) -> std::io::Result<()> {
+    if path.exists() {
+        return std::fs::OpenOptions::new().write(true).open(path).map(drop);
+    }
+    let probe = folder.join(format!(".idem-probe.{}", std::process::id()));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)?;
+    std::fs::remove_file(&probe)
+}
+
+/// The SQLite database `path` is a file of, if any: an existing database itself, the
+/// `-wal`, `-shm` or `-journal` of an existing one, or any of these files of the SQLite
+/// databases `urls` name (existing or not).
+fn database_of(path: &std::path::Path, urls: &[&str]) -> Option<std::path::PathBuf> {
+    const COMPANIONS: [&str; 4] = ["", "-wal", "-shm", "-journal"];
+    #[cfg(feature = "sqlite")]
+    {
+        use crate::backend::sqlite::is_sqlite_database;
+        if is_sqlite_database(path) {
+            return Some(path.to_path_buf());
+        }
+        let name = path.file_name()?.to_string_lossy().into_owned();
+        for suffix in &COMPANIONS[1..] {
+            if let Some(stem) = name.strip_suffix(suffix) {
+                let main = path.with_file_name(stem);
+                if !stem.is_empty() && is_sqlite_database(&main) {
+                    return Some(main);
+                }
+            }
+        }
+        for url in urls.iter().filter(|u| u.starts_with("sqlite:")) {
+            let Ok(options) = crate::backend::sqlite::connect_options(url) else {
+                continue;
+            };
+            let main = options.get_filename().to_path_buf();
+            for suffix in COMPANIONS {
+                let mut file = main.clone().into_os_string();
+                file.push(suffix);
+                if same_file(path, std::path::Path::new(&file)) {
+                    return Some(main);
+                }
+            }
+        }
+    }
+    #[cfg(not(feature = "sqlite"))]
+    let _ = (path, urls, COMPANIONS);
+    None
 }
 
 /// Whether two paths name one file: the same device and inode when both exist, else the

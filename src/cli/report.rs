@@ -200,6 +200,9 @@ pub(super) async fn report(args: ReportArgs, g: &GlobalOptions) -> Result<u8> {
         )?,
     };
     options.config_file = path.as_ref().map(|p| p.display().to_string());
+    if let Some(path) = &args.output {
+        super::refuse_to_overwrite("--output", path, &[], &[&g.store])?;
+    }
     let text = if let Some(name) = &args.sql {
         let dialect = match &args.dialect {
             Some(d) => Dialect::parse(d)?,
@@ -241,7 +244,6 @@ pub(super) async fn report(args: ReportArgs, g: &GlobalOptions) -> Result<u8> {
     };
     match &args.output {
         Some(path) => {
-            super::refuse_to_overwrite("--output", path, &[], &g.store)?;
             std::fs::write(path, text).map_err(|e| Error::io("write the report to", path, e))?;
             output::note(format_args!("wrote {}", path.display()));
         }

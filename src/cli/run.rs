@@ -52,12 +52,13 @@ fn prepare(args: &RunArgs, g: &GlobalOptions, overrides: &Overrides) -> Result<(
 /// `idem exec` does (the program's status; [`command_exit_code`]).
 pub(super) async fn run(args: &RunArgs, g: &GlobalOptions, registry: &Registry) -> Result<u8> {
     super::check_range(&args.from, &args.to)?;
-    if let Some(path) = &args.metrics_file {
-        super::refuse_to_overwrite("--metrics-file", path, &[], &g.store)?;
-    }
     let cancel = stop_on_signals()?;
     let overrides = args.overrides(Trigger::Manual, Some(cancel.clone()));
     let (job, request) = prepare(args, g, &overrides)?;
+    if let Some(path) = &args.metrics_file {
+        let warehouse = job.warehouse_url(&g.store);
+        super::refuse_to_overwrite("--metrics-file", path, &[], &[&g.store, &warehouse])?;
+    }
     let plan = plan(&job, registry, &g.store, overrides).await?;
     let report = plan.runner.run(&*plan.processor, request).await?;
     output::print_report(&report, g.format);

@@ -70,7 +70,7 @@ impl<W: Write> Sink<'_, W> {
             self.format,
             self.log_only,
         )
-        .map_err(|e| Error::io("write", self.output_name, e))?;
+        .map_err(|e| Error::write(self.output_name, e))?;
         summary.elapsed = self.started.elapsed();
         summary.output_closed = closed;
         if !closed {
