@@ -662,3 +662,68 @@ fn a_backfill_of_1100_dates_does_not_hide_the_last_scheduled_fire() {
         "{log}"
     );
 }
+
+/// A command job firing every second whose program, stopped by SIGTERM, takes a second
+/// more and then writes when it ended (nanoseconds since the epoch) to `jobs/NAME.ended`.
+fn slow_to_stop_job(name: &str) -> String {
+    format!(
+        r#"name = "{name}"
+processor = "command"
+schedule = "* * * * * *"
+[guards]
+time_window = "1h"
+[command]
+grace = "20s"
+run = ["sh", "-c", "trap 'sleep 1; date +%s%N > {name}.ended; exit 0' TERM; touch {name}.started; while :; do sleep 0.1; done"]
+"#
+    )
+}
+
+#[test]
+fn runs_stopped_at_once_in_one_scheduler_are_each_recorded_after_their_own_program_ended() {
+    // Two runs interrupted together: each waits for its own program's stop. With one list
+    // of stops for the whole process, the first run to wait took both; the second found
+    // none, was recorded interrupted and its lease released while its program still ran.
+    let s = Sandbox::new("idem-scheduler-own-stops");
+    let names = ["stop-a", "stop-b", "stop-c"];
+    for name in names {
+        s.write_job(name, &slow_to_stop_job(name));
+    }
+    assert_eq!(s.idem(&["migrate"]).status.code(), Some(0));
+    let mut args: Vec<&str> = names.to_vec();
+    args.extend(["--grace", "1s"]);
+    let child = scheduler(&s, &args);
+    let jobs = s.dir.join("jobs");
+    let start = Instant::now();
+    while !names
+        .iter()
+        .all(|n| jobs.join(format!("{n}.started")).exists())
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the programs never started"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    sigterm(&child);
+    let out = wait_exit(child, Duration::from_secs(60));
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    for name in names {
+        let ended = std::fs::read_to_string(jobs.join(format!("{name}.ended")))
+            .unwrap_or_else(|e| panic!("{name} never ended ({e}): {err}"));
+        let ended_ns: i64 = ended.trim().parse().unwrap();
+        let ledger = runs(&s, name);
+        let interrupted: Vec<&Value> = ledger.iter().filter(|r| r["status"] == "failed").collect();
+        assert_eq!(interrupted.len(), 1, "{name}: {ledger:?}");
+        let finished =
+            chrono::DateTime::parse_from_rfc3339(interrupted[0]["finished_at"].as_str().unwrap())
+                .unwrap();
+        let finished_ns = finished.timestamp_nanos_opt().unwrap();
+        assert!(
+            finished_ns >= ended_ns,
+            "{name}: recorded (and its lease released) {} ms before its program ended: {err}",
+            (ended_ns - finished_ns) / 1_000_000
+        );
+    }
+}

@@ -148,13 +148,42 @@ pub fn take_param(url: &str, name: &str) -> (String, Option<String>) {
     (url, value)
 }
 
-/// Cancellations of dropped statements being sent in the background (a Postgres
-/// statement whose future was dropped, a BigQuery query job: see `send_cancel`).
-/// With each, how long it may take at most beyond the caller's timeout (a command job's
-/// process group stopping within its grace period: see `send_stop`).
-#[allow(clippy::type_complexity)]
-static PENDING_CANCELS: std::sync::Mutex<Vec<(tokio::task::JoinHandle<()>, std::time::Duration)>> =
-    std::sync::Mutex::new(Vec::new());
+/// A cancellation or stop being sent in the background (see [`send_cancel`]): done once
+/// its task ended (or was dropped with the runtime), and how long it may take at most
+/// beyond a waiter's timeout (a command job's process group stopping within its grace
+/// period: see [`send_stop`]).
+#[derive(Clone)]
+struct Stopping {
+    done: tokio::sync::watch::Receiver<bool>,
+    bound: std::time::Duration,
+}
+
+impl Stopping {
+    fn finished(&self) -> bool {
+        *self.done.borrow() || self.done.has_changed().is_err()
+    }
+}
+
+type StoppingList = std::sync::Arc<std::sync::Mutex<Vec<Stopping>>>;
+
+/// Every stop sent in this process, for [`cancels_sent`] outside any run (the process's
+/// last wait before it exits).
+static PENDING_CANCELS: std::sync::Mutex<Vec<Stopping>> = std::sync::Mutex::new(Vec::new());
+
+tokio::task_local! {
+    /// The stops sent on behalf of the run being driven in this task
+    /// ([`with_own_cancels`]): what that run's [`cancels_sent`] waits for, and nothing of
+    /// another run's.
+    static RUN_CANCELS: StoppingList;
+}
+
+/// Runs `run` with a list of its own for the stops sent while it runs (including while
+/// its futures are dropped): [`cancels_sent`] called within waits for those only, so one
+/// run of a scheduler or a parallel backfill never takes (and so never skips waiting for)
+/// another's.
+pub async fn with_own_cancels<F: std::future::Future>(run: F) -> F::Output {
+    RUN_CANCELS.scope(StoppingList::default(), run).await
+}
 
 /// Sends, in the background, the cancellation of a statement whose future was dropped
 /// (from a `Drop`, which cannot wait); [`cancels_sent`] waits for it.
@@ -174,10 +203,18 @@ pub(crate) fn send_stop(
         tracing::warn!("no runtime to stop dropped work on");
         return;
     };
-    let handle = runtime.spawn(stop);
-    let mut pending = PENDING_CANCELS.lock().unwrap_or_else(|e| e.into_inner());
-    pending.retain(|(h, _)| !h.is_finished());
-    pending.push((handle, bound));
+    let (tx, done) = tokio::sync::watch::channel(false);
+    runtime.spawn(async move {
+        stop.await;
+        let _ = tx.send(true);
+    });
+    let stopping = Stopping { done, bound };
+    let push = |list: &mut Vec<Stopping>| {
+        list.retain(|s| !s.finished());
+        list.push(stopping.clone());
+    };
+    let _ = RUN_CANCELS.try_with(|run| push(&mut run.lock().unwrap_or_else(|e| e.into_inner())));
+    push(&mut PENDING_CANCELS.lock().unwrap_or_else(|e| e.into_inner()));
 }
 
 /// Waits, up to `timeout`, until the cancellations of the warehouse statements dropped so
@@ -186,19 +223,24 @@ pub(crate) fn send_stop(
 /// running on the server: the warehouse cancels it (`pg_cancel_backend`) from a fresh
 /// connection, and the runner waits here, so the process does not exit (and the run is
 /// not recorded as interrupted, its lease released) before the cancel was sent.
-/// Returns at once when nothing is pending.
+/// Within [`with_own_cancels`] (a run), it waits for that run's only; outside, for every
+/// one of the process. Returns at once when nothing is pending.
 pub async fn cancels_sent(timeout: std::time::Duration) {
-    let pending = std::mem::take(&mut *PENDING_CANCELS.lock().unwrap_or_else(|e| e.into_inner()));
+    let take = |list: &std::sync::Mutex<Vec<Stopping>>| {
+        let mut list = list.lock().unwrap_or_else(|e| e.into_inner());
+        list.retain(|s| !s.finished());
+        std::mem::take(&mut *list)
+    };
+    let pending = RUN_CANCELS
+        .try_with(|run| take(run))
+        .unwrap_or_else(|_| take(&PENDING_CANCELS));
     if pending.is_empty() {
         return;
     }
-    let timeout = pending
-        .iter()
-        .map(|(_, bound)| *bound)
-        .fold(timeout, std::cmp::max);
+    let timeout = pending.iter().map(|s| s.bound).fold(timeout, std::cmp::max);
     let all = async {
-        for (handle, _) in pending {
-            let _ = handle.await;
+        for mut s in pending {
+            let _ = s.done.wait_for(|done| *done).await;
         }
     };
     if tokio::time::timeout(timeout, all).await.is_err() {
@@ -210,7 +252,64 @@ pub async fn cancels_sent(timeout: std::time::Duration) {
 
 #[cfg(test)]
 mod tests {
-    use super::{redact_url, take_max_connections};
+    use super::{cancels_sent, redact_url, send_stop, take_max_connections, with_own_cancels};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_run_waits_for_its_own_stops_and_never_takes_another_runs() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        use std::time::Duration;
+        // Run B's stop is pending (it ends only when released); run A, stopped after it,
+        // waits: for its own stop only. Before, A took B's too (waiting out B's bound),
+        // and B, finding nothing left, went on before its stop ended.
+        let (release_b, b_released) = tokio::sync::oneshot::channel::<()>();
+        let b_stopped = Arc::new(AtomicBool::new(false));
+        let (b_sent, b_registered) = tokio::sync::oneshot::channel::<()>();
+        let (go_b, b_go) = tokio::sync::oneshot::channel::<()>();
+        let stopped = Arc::clone(&b_stopped);
+        let run_b = tokio::spawn(with_own_cancels(async move {
+            send_stop(
+                async move {
+                    let _ = b_released.await;
+                    stopped.store(true, Ordering::SeqCst);
+                },
+                Duration::from_secs(600),
+            );
+            let _ = b_sent.send(());
+            let _ = b_go.await;
+            cancels_sent(Duration::from_secs(2)).await;
+        }));
+        b_registered.await.unwrap();
+        let a_stopped = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::clone(&a_stopped);
+        // A's wait would last B's bound (600 s) if it took B's stop.
+        let run_a = with_own_cancels(async move {
+            send_stop(
+                async move { stopped.store(true, Ordering::SeqCst) },
+                Duration::ZERO,
+            );
+            cancels_sent(Duration::from_secs(2)).await;
+        });
+        tokio::time::timeout(Duration::from_secs(30), run_a)
+            .await
+            .expect("run A waited for run B's stop");
+        assert!(
+            a_stopped.load(Ordering::SeqCst),
+            "A's own stop was waited for"
+        );
+        assert!(!b_stopped.load(Ordering::SeqCst));
+        go_b.send(()).unwrap();
+        let releaser = tokio::spawn(async move {
+            tokio::task::yield_now().await;
+            let _ = release_b.send(());
+        });
+        run_b.await.unwrap();
+        assert!(
+            b_stopped.load(Ordering::SeqCst),
+            "B returned before its own stop ended"
+        );
+        releaser.await.unwrap();
+    }
 
     #[test]
     fn max_connections_is_read_and_taken_out_of_the_url() {

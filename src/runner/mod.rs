@@ -522,6 +522,16 @@ impl Runner {
     /// The steps: decide (the guards), then either record a skip, or process and record
     /// the outcome with the keys of a success.
     pub async fn run(&self, processor: &dyn Processor, request: RunRequest) -> Result<RunReport> {
+        // The stops this run sends (its statements' cancels, its program's tree) are its
+        // own to wait for: another run in the process never takes them.
+        crate::backend::with_own_cancels(self.run_guarded(processor, request)).await
+    }
+
+    async fn run_guarded(
+        &self,
+        processor: &dyn Processor,
+        request: RunRequest,
+    ) -> Result<RunReport> {
         request.validate()?;
         let request = self.settle_run_id(request).await;
         let started_at = now();
