@@ -1874,3 +1874,110 @@ fn a_redis_server_stalled_mid_batch_leaves_no_event_marked_and_never_reported() 
         seen_new.len()
     );
 }
+
+#[test]
+fn a_line_longer_than_max_line_bytes_is_invalid_and_never_held_in_memory() {
+    let sb = Sandbox::new("gate-long-line");
+    let input = sb.dir.join("long.ndjson");
+    let line = |id: &str, pad: usize| format!("{{\"id\":\"{id}\",\"p\":\"{}\"}}", "x".repeat(pad));
+    // 100 bytes exactly (with \n, then with \r\n), 101 bytes, a 1 MiB line, a short one.
+    let exact = line("exact", 100 - line("exact", 0).len());
+    let crlf = line("crlf", 100 - line("crlf", 0).len());
+    let over = line("over", 101 - line("over", 0).len());
+    let huge = line("huge", 1 << 20);
+    std::fs::write(
+        &input,
+        format!("{exact}\n{crlf}\r\n{over}\n{huge}\n{{\"id\":\"after\"}}\n"),
+    )
+    .unwrap();
+    let out = gate(
+        &sb,
+        &sb.store,
+        &input,
+        &["--key", "id", "--max-line-bytes", "100"],
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(
+        verdicts(&out.records),
+        ["new", "new", "invalid", "invalid", "new"],
+        "{:?}",
+        out.records
+    );
+    let error = out.records[3]["error"].as_str().unwrap();
+    assert!(
+        error.contains(&format!("{} bytes", huge.len() + 1)) && error.contains("--max-line-bytes"),
+        "{error}"
+    );
+    assert_eq!(out.records[4]["line"], 5, "line numbers go on past it");
+    let bad = sb
+        .command(&["gate", "--key", "id", "--max-line-bytes", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+}
+
+/// Peak resident memory (KiB) of `idem gate --key id` over `input` on a fresh ledger.
+fn gate_peak_rss_kib(sb: &Sandbox, input: &Path) -> i64 {
+    let db = sb.dir.join(format!("rss-{}.db", idem::new_run_id()));
+    let store = format!("sqlite://{}", db.display());
+    let child = sb
+        .command_with_store(
+            &["gate", "--key", "id", "--input", input.to_str().unwrap()],
+            &store,
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: a zeroed rusage is a valid value for wait4 to fill; `pid` is our own child,
+    // reaped here (the Child handle is forgotten so it does not wait again).
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let waited = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    std::mem::forget(child);
+    assert_eq!(waited, pid, "{}", std::io::Error::last_os_error());
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "status {status}"
+    );
+    usage.ru_maxrss
+}
+
+#[test]
+fn the_gates_memory_does_not_grow_with_line_length() {
+    // Peak RSS for a 1 KiB line and for a 200 MiB one (over the default --max-line-bytes)
+    // and 1,000 lines of 256 KiB (under it): within a fixed bound of each other. Before,
+    // a line was read whole (a 300 MiB line: 915 MB) and batches were bounded in lines.
+    let sb = Sandbox::new("gate-rss");
+    // Written in small pieces: a child's peak RSS counts what its parent held when it
+    // was forked, so this process never holds a long line itself.
+    let write = |name: &str, lines: usize, pad: usize| {
+        use std::io::Write;
+        let path = sb.dir.join(name);
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+        let piece = [b'x'; 1 << 12];
+        for i in 0..lines {
+            write!(f, "{{\"id\":\"k{i}\",\"p\":\"").unwrap();
+            for start in (0..pad).step_by(piece.len()) {
+                f.write_all(&piece[..piece.len().min(pad - start)]).unwrap();
+            }
+            writeln!(f, "\"}}").unwrap();
+        }
+        f.flush().unwrap();
+        path
+    };
+    let small = gate_peak_rss_kib(&sb, &write("small.ndjson", 3, 1 << 10));
+    let huge_line = write("huge.ndjson", 1, 200 << 20);
+    let huge = gate_peak_rss_kib(&sb, &huge_line);
+    std::fs::remove_file(huge_line).unwrap();
+    let many_lines = write("many.ndjson", 1000, 256 << 10);
+    let many = gate_peak_rss_kib(&sb, &many_lines);
+    std::fs::remove_file(many_lines).unwrap();
+    // The bound: a batch's bytes (8 MiB) a few times over, for the batches in flight.
+    let bound = 64 << 10;
+    assert!(
+        huge <= small + bound && many <= small + bound,
+        "peak RSS: 1 KiB line {small} KiB, 200 MiB line {huge} KiB, 1,000 lines of 256 KiB {many} KiB"
+    );
+}

@@ -374,6 +374,7 @@ proptest! {
                 output_name: "output",
                 stop: None,
                 ready: None,
+                max_line_bytes: idem::events::stream::DEFAULT_MAX_LINE_BYTES,
             };
             run(&gate, stream, OutputFormat::Ndjson, batch, |_| {}).await.unwrap();
             out

@@ -157,6 +157,7 @@ pub(super) async fn gate(args: &GateArgs, g: &GlobalOptions) -> Result<u8> {
             output_name: &output_name,
             stop: Some(&stop),
             ready: Some(&ready),
+            max_line_bytes: args.max_line_bytes as usize,
         },
         format,
         args.batch as usize,

@@ -575,6 +575,11 @@ pub(crate) struct GateArgs {
     /// the next run reports those events `new`. `0s` turns it off (marks are final at once).
     #[arg(long, value_name = "DURATION", default_value = "30s")]
     pending_timeout: String,
+    /// The longest line taken, in bytes: a longer one gets an `invalid` record naming its
+    /// length and is read past without being held in memory (batches are bounded in
+    /// bytes too, so memory does not grow with line length).
+    #[arg(long, value_name = "BYTES", default_value_t = 4 << 20, value_parser = clap::value_parser!(u64).range(1..=1 << 30))]
+    max_line_bytes: u64,
 }
 
 #[derive(Debug, Args)]

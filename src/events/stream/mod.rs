@@ -142,7 +142,18 @@ pub struct Stream<'a, R, W> {
     /// marked and written at once rather than held until a full batch came. `None`:
     /// batches are full until the input ends.
     pub ready: Option<&'a (dyn Fn() -> bool + Sync)>,
+    /// The longest line taken, in bytes (its end of line not counted): a longer one is
+    /// an `invalid` record naming its length, read past without being held in memory.
+    /// [`DEFAULT_MAX_LINE_BYTES`] unless said otherwise.
+    pub max_line_bytes: usize,
 }
+
+/// The longest line a gate takes by default: 4 MiB.
+pub const DEFAULT_MAX_LINE_BYTES: usize = 4 << 20;
+
+/// A batch ends once its lines hold this many bytes, whatever its count of lines, so a
+/// batch of long lines weighs no more than one of short lines (memory holds a few).
+pub const BATCH_BYTES: usize = 8 << 20;
 
 /// A named cursor in front of the dedup set (seed 003): events at or before it in
 /// (timestamp, id) order are skipped without a store lookup (`before_cursor`); after each
@@ -196,8 +207,13 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
         output_name,
         stop,
         ready,
+        max_line_bytes,
     } = stream;
-    let size = batch.max(1);
+    let limits = read::Limits {
+        lines: batch.max(1),
+        line_bytes: max_line_bytes.max(1),
+        batch_bytes: BATCH_BYTES.max(max_line_bytes),
+    };
     let started = Instant::now();
     let mut summary = StreamSummary::default();
     if let Some(c) = cursor {
@@ -224,7 +240,7 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
     let mut next = {
         let position = cursor.map(|c| (c, summary.cursor.as_ref()));
         read_batch(
-            gate, &mut input, input_name, size, 0, position, ready, &mut buf,
+            gate, &mut input, input_name, &limits, 0, position, ready, &mut buf,
         )?
     };
     read += next.lines;
@@ -314,7 +330,7 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
             }
             let position = cursor.map(|c| (c, summary.cursor.as_ref()));
             match read_batch(
-                gate, &mut input, input_name, size, read, position, ready, &mut buf,
+                gate, &mut input, input_name, &limits, read, position, ready, &mut buf,
             ) {
                 Ok(batch) => {
                     read += batch.lines;

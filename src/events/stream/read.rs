@@ -35,34 +35,105 @@ pub(super) struct Batch {
     pub(super) eof: bool,
 }
 
-/// Reads up to `size` non-blank lines after line `read` and takes the marks of their
-/// events (parsing, key, fingerprint: the CPU part of a batch). With a cursor, events at
-/// or before `position` are `before_cursor`.
+/// How much a batch may hold.
+pub(super) struct Limits {
+    /// Non-blank lines.
+    pub(super) lines: usize,
+    /// Bytes of one line (its end of line not counted).
+    pub(super) line_bytes: usize,
+    /// Bytes of the batch's lines together (at least one line's).
+    pub(super) batch_bytes: usize,
+}
+
+/// What [`read_line`] found.
+enum Line {
+    /// The end of the input.
+    End,
+    /// A line, in the buffer.
+    Read,
+    /// A line longer than the limit, of this many bytes (its end of line included); the
+    /// buffer holds none of it.
+    TooLong(u64),
+}
+
+/// Reads the next line into `buf` (cleared first), its end of line included, unless it is
+/// longer than `max` bytes: then it is read past without being kept.
+fn read_line<R: BufRead>(input: &mut R, buf: &mut Vec<u8>, max: usize) -> std::io::Result<Line> {
+    buf.clear();
+    let mut total: u64 = 0;
+    let mut too_long = false;
+    loop {
+        let available = match input.fill_buf() {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if available.is_empty() {
+            break;
+        }
+        let (n, ended) = match memchr::memchr(b'\n', available) {
+            Some(i) => (i + 1, true),
+            None => (available.len(), false),
+        };
+        total += n as u64;
+        // Kept while it may still fit: its end of line (`\n`, `\r\n`) is not counted.
+        if !too_long && buf.len() + n <= max.saturating_add(2) {
+            buf.extend_from_slice(&available[..n]);
+        } else if !too_long {
+            too_long = true;
+            buf.clear();
+            buf.shrink_to(max.min(1 << 16));
+        }
+        input.consume(n);
+        if ended {
+            break;
+        }
+    }
+    let body = buf
+        .strip_suffix(b"\n")
+        .map(|b| b.strip_suffix(b"\r").unwrap_or(b))
+        .unwrap_or(buf)
+        .len();
+    if !too_long && body > max {
+        too_long = true;
+        buf.clear();
+    }
+    Ok(match (total, too_long) {
+        (0, _) => Line::End,
+        (n, true) => Line::TooLong(n),
+        (_, false) => Line::Read,
+    })
+}
+
+/// Reads up to `limits.lines` non-blank lines (and about `limits.batch_bytes` bytes)
+/// after line `read` and takes the marks of their events (parsing, key, fingerprint: the
+/// CPU part of a batch). With a cursor, events at or before `position` are
+/// `before_cursor`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn read_batch<R: BufRead>(
     gate: &EventGate,
     input: &mut R,
     input_name: &str,
-    size: usize,
+    limits: &Limits,
     read: u64,
     cursor: Option<(&StreamCursor, Option<&Cursor>)>,
     ready: Option<&(dyn Fn() -> bool + Sync)>,
     buf: &mut Vec<u8>,
 ) -> Result<Batch> {
+    let size = limits.lines;
     let mut batch = Batch {
-        pending: Vec::with_capacity(size),
+        pending: Vec::with_capacity(size.min(1 << 16)),
         ..Batch::default()
     };
-    while batch.pending.len() < size {
+    let mut bytes = 0usize;
+    while batch.pending.len() < size && bytes < limits.batch_bytes {
         if !batch.pending.is_empty() && ready.is_some_and(|ready| !ready()) {
             // The next line is not there yet: this batch goes now.
             break;
         }
-        buf.clear();
-        let n = input
-            .read_until(b'\n', buf)
+        let line = read_line(input, buf, limits.line_bytes)
             .map_err(|e| Error::io("read", input_name, e))?;
-        if n == 0 {
+        if let Line::End = line {
             batch.eof = true;
             break;
         }
@@ -74,6 +145,15 @@ pub(super) fn read_batch<R: BufRead>(
             text: String::new(),
             error: Some(error),
         };
+        if let Line::TooLong(length) = line {
+            batch.pending.push(bad(format!(
+                "line {number}: {length} bytes, longer than the {} bytes a line may have \
+                 (--max-line-bytes); not read",
+                limits.line_bytes
+            )));
+            continue;
+        }
+        bytes += buf.len();
         let Ok(text) = std::str::from_utf8(buf) else {
             batch
                 .pending

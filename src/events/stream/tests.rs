@@ -23,6 +23,7 @@ async fn gate_text(input: &str, format: OutputFormat) -> (String, StreamSummary)
             output_name: "output",
             stop: None,
             ready: None,
+            max_line_bytes: DEFAULT_MAX_LINE_BYTES,
         },
         format,
         2,
@@ -191,6 +192,7 @@ async fn run_on(store: &Arc<Overtaking>, input: &str) -> (Result<StreamSummary>,
         output_name: "output",
         stop: None,
         ready: None,
+        max_line_bytes: DEFAULT_MAX_LINE_BYTES,
     };
     let outcome = run(&gate, stream, OutputFormat::Ndjson, 2, |_| {}).await;
     (outcome, out)
@@ -256,4 +258,49 @@ async fn a_failed_call_under_strict_leaves_the_later_batches_unmarked() {
         .unwrap();
     assert_eq!(seen, [false; 8], "nothing left marked");
     assert!(store.calls.load(std::sync::atomic::Ordering::SeqCst) >= 4);
+}
+
+#[tokio::test]
+async fn a_line_over_the_limit_is_invalid_wherever_the_reads_cut_it() {
+    // Read 3 bytes at a time: a line's end, its `\r`, and the limit fall across reads.
+    for limit in [10usize, 11, 12] {
+        let input = "{\"id\":\"a\"}\r\n{\"id\":\"bb\"}\n{\"id\":\"ccc\"}\n{\"id\":\"d\"}";
+        let dedup = Deduplicator::new(Arc::new(MemoryStore::new()), "t", ["id"]).unwrap();
+        let gate = EventGate::new(dedup, Strategy::Strict, BreakerConfig::default());
+        let mut out = Vec::new();
+        run(
+            &gate,
+            Stream {
+                input: std::io::BufReader::with_capacity(3, input.as_bytes()),
+                input_name: "input",
+                output: &mut out,
+                output_name: "output",
+                stop: None,
+                ready: None,
+                max_line_bytes: limit,
+            },
+            OutputFormat::Ndjson,
+            2,
+            |_| {},
+        )
+        .await
+        .unwrap();
+        let verdicts: Vec<String> = String::from_utf8(out)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap()["verdict"].to_string())
+            .collect();
+        // The lines are 10, 11, 12 and 10 bytes long, without their ends of line.
+        let expected: Vec<&str> = [10, 11, 12, 10]
+            .iter()
+            .map(|len| {
+                if *len <= limit {
+                    "\"new\""
+                } else {
+                    "\"invalid\""
+                }
+            })
+            .collect();
+        assert_eq!(verdicts, expected, "limit {limit}");
+    }
 }
