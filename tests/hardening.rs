@@ -530,6 +530,33 @@ fn bad_names_and_limits_are_usage_errors() {
             vec!["run", "nul.toml", "--date", "2025-11-18"],
             "control character",
         ),
+        // Bidirectional controls reverse how `idem runs` shows the text around them.
+        (
+            vec![
+                "run",
+                "traced",
+                "--date",
+                "2025-11-18",
+                "--scope",
+                "2025-11-18\u{202E}",
+            ],
+            "control character",
+        ),
+        (
+            vec![
+                "run",
+                "traced",
+                "--date",
+                "2025-11-18",
+                "--run-id",
+                "r\u{2066}x",
+            ],
+            "control character",
+        ),
+        (
+            vec!["gate", "--key", "id", "--namespace", "n\u{200F}"],
+            "control character",
+        ),
         (vec!["runs", "--limit", "99999999999"], "--limit"),
         (vec!["runs", "--limit", "-1"], "-1"),
     ];

@@ -194,7 +194,7 @@ fn check_namespace(namespace: &str) -> Result<()> {
     if namespace.is_empty() {
         return Err(Error::input("--namespace must not be empty"));
     }
-    if let Some(c) = namespace.chars().find(|c| c.is_control()) {
+    if let Some(c) = namespace.chars().find(|c| crate::model::is_control(*c)) {
         return Err(Error::input(format!(
             "--namespace {namespace:?} holds the control character {c:?}: a namespace is printable text"
         )));

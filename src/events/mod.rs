@@ -99,6 +99,67 @@ pub struct InvalidEvent {
 
 pub(crate) use crate::key::big_int_digits;
 
+/// The first name an object of the JSON text `text` repeats, at any depth (`None` when
+/// none does, or when `text` is not JSON). JSON parsers disagree on which of the values
+/// counts (serde_json and Python keep the last, others the first), so such a line is
+/// `invalid` rather than read one way here and another by its consumer.
+pub(crate) fn repeated_name(text: &str) -> Option<String> {
+    use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+    struct Walk(Option<String>);
+    impl<'de> Deserialize<'de> for Walk {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            d.deserialize_any(WalkVisitor)
+        }
+    }
+    struct WalkVisitor;
+    impl<'de> Visitor<'de> for WalkVisitor {
+        type Value = Walk;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("JSON")
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<Walk, E> {
+            Ok(Walk(None))
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Walk, E> {
+            Ok(Walk(None))
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Walk, E> {
+            Ok(Walk(None))
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Walk, E> {
+            Ok(Walk(None))
+        }
+        fn visit_str<E>(self, _: &str) -> Result<Walk, E> {
+            Ok(Walk(None))
+        }
+        fn visit_unit<E>(self) -> Result<Walk, E> {
+            Ok(Walk(None))
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Walk, A::Error> {
+            let mut found = None;
+            while let Some(Walk(inner)) = seq.next_element::<Walk>()? {
+                found = found.or(inner);
+            }
+            Ok(Walk(found))
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Walk, A::Error> {
+            let mut seen = std::collections::HashSet::new();
+            let mut found = None;
+            while let Some(name) = map.next_key::<String>()? {
+                let Walk(inner) = map.next_value::<Walk>()?;
+                found = found.or(inner);
+                if found.is_none() && seen.contains(&name) {
+                    found = Some(name);
+                } else {
+                    seen.insert(name);
+                }
+            }
+            Ok(Walk(found))
+        }
+    }
+    serde_json::from_str::<Walk>(text).ok().and_then(|w| w.0)
+}
+
 /// Parses an event line as JSON with numbers compared as Python's `json` compares them:
 /// an integer beyond 64 bits is kept exactly ([`crate::key::BIG_INT_MARK`]), and a negative zero
 /// (`-0`, `-0.0`) is the zero it equals. Lines without such numbers (nearly all) parse as

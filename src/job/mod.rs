@@ -79,9 +79,9 @@ pub fn validate_name(name: &str) -> crate::error::Result<()> {
     }
     if let Some(c) = name
         .chars()
-        .find(|c| matches!(c, '/' | '\\') || c.is_control())
+        .find(|c| matches!(c, '/' | '\\') || crate::model::is_control(*c))
     {
-        let what = if c.is_control() {
+        let what = if crate::model::is_control(c) {
             format!("a control character ({c:?})")
         } else {
             format!("{c:?}")
@@ -231,6 +231,8 @@ mod tests {
             "",
             "-dash",
             "--date",
+            "sales\u{202E}txt",
+            "\u{2067}x",
         ] {
             let e = job(bad).unwrap_err();
             assert!(

@@ -205,8 +205,20 @@ impl RunRequest {
 /// The longest name, scope or run id idem accepts, in bytes.
 pub const MAX_NAME_BYTES: usize = 1024;
 
+/// Whether `c` is a control character: an ASCII or Unicode control (`char::is_control`),
+/// or a bidirectional formatting character (U+061C, U+200E/F, U+202A–U+202E,
+/// U+2066–U+2069), which reverses how the text around it is shown (a scope that reads
+/// `2025-01-02` in `idem runs` but is another).
+pub fn is_control(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}'
+        )
+}
+
 /// Checks a name, scope or run id that will be stored: not empty, at most
-/// [`MAX_NAME_BYTES`], and no control characters (a NUL cannot be stored in Postgres
+/// [`MAX_NAME_BYTES`], and no control characters ([`is_control`], bidirectional ones too) (a NUL cannot be stored in Postgres
 /// text, and none of them belongs in an identifier). `what` names it in the error.
 pub fn validate_name(what: &str, value: &str) -> Result<()> {
     if value.trim().is_empty() {
@@ -218,7 +230,7 @@ pub fn validate_name(what: &str, value: &str) -> Result<()> {
             value.len()
         )));
     }
-    if let Some(c) = value.chars().find(|c| c.is_control()) {
+    if let Some(c) = value.chars().find(|c| is_control(*c)) {
         return Err(Error::input(format!(
             "{what} {value:?} contains the control character {:?}; names, scopes and run ids cannot",
             c

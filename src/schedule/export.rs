@@ -63,7 +63,10 @@ pub fn plain_value(flag: &str, value: &str) -> Result<()> {
     if value.is_empty() {
         return Err(Error::config(format!("{flag} is empty")));
     }
-    if let Some(c) = value.chars().find(|c| c.is_whitespace() || c.is_control()) {
+    if let Some(c) = value
+        .chars()
+        .find(|c| c.is_whitespace() || crate::model::is_control(*c))
+    {
         return Err(Error::config(format!(
             "{flag} {value:?}: holds {c:?}; give it without white space or control characters"
         )));

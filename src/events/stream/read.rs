@@ -181,6 +181,12 @@ pub(super) fn read_batch<R: BufRead>(
             continue;
         }
         match crate::events::parse_event_line(text) {
+            Ok(Value::Object(_)) if let Some(name) = crate::events::repeated_name(text) => {
+                batch.pending.push(bad(format!(
+                    "line {number}: the name {name:?} appears twice in one object (which \
+                     value counts is not clear)"
+                )));
+            }
             Ok(event @ Value::Object(_)) => {
                 let mut line = Pending {
                     number,

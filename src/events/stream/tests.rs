@@ -99,6 +99,26 @@ async fn csv_is_quoted() {
     let bad = lines.next().unwrap();
     assert!(bad.starts_with("2,invalid,,false,,,"), "{bad}");
     assert!(bad.contains("line 2: not JSON: "), "{bad}");
+    // A key a spreadsheet would run as a formula is shown as text.
+    let (text, _) = gate_text(
+        "{\"id\":\"=HYPERLINK(1)\"}\n{\"id\":\"@SUM(A1)\"}\n{\"id\":\"-2+3\"}\n{\"id\":\"+1\"}\n",
+        OutputFormat::Csv,
+    )
+    .await;
+    let keys: Vec<&str> = text
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').nth(2).unwrap())
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            r#""'=HYPERLINK(1)""#,
+            r#""'@SUM(A1)""#,
+            r#""'-2+3""#,
+            r#""'+1""#
+        ]
+    );
 }
 
 /// A real memory store whose batch calls take longer the earlier they were made
@@ -303,4 +323,32 @@ async fn a_line_over_the_limit_is_invalid_wherever_the_reads_cut_it() {
             .collect();
         assert_eq!(verdicts, expected, "limit {limit}");
     }
+}
+
+#[tokio::test]
+async fn an_object_repeating_a_name_is_invalid_at_any_depth() {
+    let input = "{\"id\":\"a\",\"v\":1,\"v\":2}\n{\"id\":\"b\",\"n\":{\"x\":1,\"x\":1}}\n\
+                 {\"id\":\"c\",\"l\":[{\"y\":1},{\"y\":2}]}\n{\"id\":\"d\",\"id\":\"d\"}\n";
+    let (text, s) = gate_text(input, OutputFormat::Ndjson).await;
+    let records: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let verdicts: Vec<&str> = records
+        .iter()
+        .map(|r| r["verdict"].as_str().unwrap())
+        .collect();
+    assert_eq!(verdicts, ["invalid", "invalid", "new", "invalid"], "{text}");
+    assert_eq!(s.invalid, 3);
+    assert!(
+        records[0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("the name \"v\" appears twice"),
+        "{text}"
+    );
+    assert!(
+        records[1]["error"].as_str().unwrap().contains("\"x\""),
+        "{text}"
+    );
 }

@@ -318,10 +318,17 @@ fn write_ndjson(
     out.extend_from_slice(b"}\n");
 }
 
-/// A CSV field, quoted when it holds a comma, a quote or a line break.
+/// A CSV field, quoted when it holds a comma, a quote or a line break. A field a
+/// spreadsheet would take for a formula (starting with `=`, `+`, `-`, `@`, a tab or a
+/// carriage return: OWASP's "CSV injection") is quoted with a `'` in front, which the
+/// spreadsheet shows as text.
 fn csv_field(out: &mut Vec<u8>, field: &str) {
-    if field.contains([',', '"', '\n', '\r']) {
+    let formula = field.starts_with(['=', '+', '-', '@', '\t', '\r']);
+    if formula || field.contains([',', '"', '\n', '\r']) {
         out.push(b'"');
+        if formula {
+            out.push(b'\'');
+        }
         out.extend_from_slice(field.replace('"', "\"\"").as_bytes());
         out.push(b'"');
     } else {
