@@ -83,7 +83,7 @@ pub struct PostgresStore {
     connections: usize,
     options: PgConnectOptions,
     /// The URL without its password.
-    url: String,
+    url: crate::backend::RedactedUrl,
     /// What the last batch of event keys found ([`BatchShape`]): which statement the next
     /// one tries first. Shared by the clones, so by the batches in flight.
     last_batch: Arc<AtomicU8>,
@@ -177,7 +177,7 @@ impl PostgresStore {
             pooler,
             connections: connections as usize,
             options,
-            url: redact_url(url),
+            url: crate::backend::RedactedUrl::new(url),
             last_batch: Arc::new(AtomicU8::new(BatchShape::Fresh as u8)),
         })
     }
@@ -566,7 +566,7 @@ impl StoreBase for PostgresStore {
     }
 
     fn location(&self) -> String {
-        self.url.clone()
+        self.url.to_string()
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -26,7 +26,6 @@ use super::{
     WarehouseResult,
 };
 use crate::backend::postgres::{connect_options, sqlx_message, ACQUIRE_TIMEOUT};
-use crate::backend::redact_url;
 use crate::error::Result;
 
 /// Type OIDs whose binary wire format is the UTF-8 text itself.
@@ -61,7 +60,7 @@ const JSONB: u32 = 3802;
 pub struct PostgresWarehouse {
     pool: PgPool,
     options: PgConnectOptions,
-    url: String,
+    url: crate::backend::RedactedUrl,
     type_names: Arc<Mutex<HashMap<u32, String>>>,
 }
 
@@ -163,7 +162,7 @@ impl PostgresWarehouse {
         Ok(PostgresWarehouse {
             pool,
             options,
-            url: redact_url(url),
+            url: crate::backend::RedactedUrl::new(url),
             type_names: Arc::new(Mutex::new(HashMap::new())),
         })
     }
@@ -499,7 +498,7 @@ impl Warehouse for PostgresWarehouse {
     }
 
     fn location(&self) -> String {
-        self.url.clone()
+        self.url.to_string()
     }
 
     async fn execute(&self, statements: &[Statement], params: &Params) -> WarehouseResult<u64> {
