@@ -56,12 +56,21 @@ const JSONB: u32 = 3802;
 ///
 /// A name used twice in one statement is one parameter of one type (`$1` both times):
 /// where the two uses need different types, cast one of them (`@scope::text`).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct PostgresWarehouse {
     pool: PgPool,
     options: PgConnectOptions,
     url: crate::backend::RedactedUrl,
     type_names: Arc<Mutex<HashMap<u32, String>>>,
+}
+
+/// By hand: the pool and the connect options hold the password; the URL is redacted.
+impl std::fmt::Debug for PostgresWarehouse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresWarehouse")
+            .field("url", &self.url)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Cancels the statement a connection (backend `pid`) is running when dropped armed.
