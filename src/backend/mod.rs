@@ -169,8 +169,11 @@ fn redact(url: &str) -> String {
         let parts: Vec<String> = query
             .split('&')
             .map(|part| {
-                let key = part.split_once('=').map_or(part, |(k, _)| k);
-                match is_secret_param(key) {
+                let (key, value) = part.split_once('=').unwrap_or((part, ""));
+                // A URL as a parameter's value (`endpoint=http://user:pass@host`) is
+                // hidden whole when it holds a secret itself.
+                let value = percent_encoding::percent_decode_str(value).decode_utf8_lossy();
+                match is_secret_param(key) || (value.contains("://") && redact(&value) != value) {
                     true => format!("{key}=***"),
                     false => part.to_string(),
                 }
@@ -387,6 +390,10 @@ mod tests {
             ),
             ("postgres://u:s3/c@ret@h/db", "postgres://u:***@h/db"),
             ("redis://:s3cret@h:6379/0", "redis://:***@h:6379/0"),
+            (
+                "bigquery://p/d?endpoint=http%3A%2F%2Fu%3As3cret%40h%3A9050&location=US",
+                "bigquery://p/d?endpoint=***&location=US",
+            ),
             (
                 "bigquery://p/d?credentials=s3cret&access_token=s3cret&Api%4Bey=s3cret",
                 "bigquery://p/d?credentials=***&access_token=***&Api%4Bey=***",
