@@ -70,15 +70,10 @@ pub struct Store {
     state: Mutex<State>,
 }
 
-/// A store URL with its password hidden.
+/// A store URL without its secrets (`user:PASSWORD@`, `?password=`, tokens…): idem's
+/// own redaction, so Python shows what the CLI shows.
 pub(crate) fn redact(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut u) if u.password().is_some() => {
-            let _ = u.set_password(Some("***"));
-            u.to_string()
-        }
-        _ => url.to_string(),
-    }
+    idem::backend::redact_url(url)
 }
 
 fn is_redis(url: &str) -> bool {

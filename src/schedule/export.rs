@@ -51,9 +51,106 @@ pub fn shared_store_scheme(store: &str, target: &str) -> Result<&'static str> {
              export with a postgres:// or bigquery:// store"
         ))),
         _ => Err(Error::config(format!(
-            "--store {store:?}: {target} needs a postgres:// or bigquery:// store that every \
-             runner reaches"
+            "--store {:?}: {target} needs a postgres:// or bigquery:// store that every \
+             runner reaches",
+            crate::backend::RedactedUrl::new(store)
         ))),
+    }
+}
+
+/// A store URL as an export may print it: without its password, which the export says
+/// where to keep instead (an export is read by people, and a crontab line is shown by `ps`
+/// to every local user).
+#[derive(Clone, PartialEq, Eq)]
+pub struct ExportedStore {
+    /// The URL without its password (`user:PASSWORD@` and `?password=` taken out).
+    pub url: String,
+    /// The URL held a password: Postgres reads it from `PGPASSWORD` or `~/.pgpass` instead
+    /// (sqlx reads both, as libpq does).
+    pub had_password: bool,
+}
+
+impl std::fmt::Debug for ExportedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExportedStore")
+            .field("url", &crate::backend::RedactedUrl::new(&self.url))
+            .field("had_password", &self.had_password)
+            .finish()
+    }
+}
+
+impl ExportedStore {
+    /// Takes the password out of `store`. A password on anything but a Postgres URL, or
+    /// another secret (`sslpassword`, a token…), has no place to go that idem reads: a
+    /// config error naming the part, without its value.
+    pub fn new(store: &str) -> Result<ExportedStore> {
+        let mut url = store.to_string();
+        let mut had_password = false;
+        if let Some((scheme, rest)) = store.split_once("://") {
+            if !["sqlite", "memory"].contains(&scheme.to_ascii_lowercase().as_str()) {
+                let (before_query, query) = match rest.split_once('?') {
+                    Some((b, q)) => (b, Some(q)),
+                    None => (rest, None),
+                };
+                let mut kept = format!("{scheme}://");
+                match before_query.rsplit_once('@') {
+                    Some((userinfo, host)) => {
+                        let user = match userinfo.split_once(':') {
+                            Some((user, _)) => {
+                                had_password = true;
+                                user
+                            }
+                            None => userinfo,
+                        };
+                        if !user.is_empty() {
+                            kept.push_str(user);
+                            kept.push('@');
+                        }
+                        kept.push_str(host);
+                    }
+                    None => kept.push_str(before_query),
+                }
+                if let Some(query) = query {
+                    kept.push('?');
+                    kept.push_str(query);
+                }
+                url = kept;
+                loop {
+                    let (rest, value) = crate::backend::take_param(&url, "password");
+                    if value.is_none() {
+                        break;
+                    }
+                    had_password = true;
+                    url = rest;
+                }
+            }
+        }
+        let postgres = matches!(
+            crate::backend::Backend::of(&url.to_ascii_lowercase()),
+            Some(crate::backend::Backend::Postgres)
+        );
+        if had_password && !postgres {
+            return Err(Error::config(format!(
+                "--store {}: holds a password, which an export would print; give it a URL \
+                 without one (or --store-secret where the export takes one)",
+                crate::backend::RedactedUrl::new(store)
+            )));
+        }
+        if let Some(name) = url
+            .split_once('?')
+            .into_iter()
+            .flat_map(|(_, q)| q.split('&'))
+            .map(|part| part.split_once('=').map_or(part, |(k, _)| k))
+            .find(|k| crate::backend::is_secret_param(k) && *k != "sslkey")
+        {
+            return Err(Error::config(format!(
+                "--store {}: the parameter {name:?} holds a secret, which an export would \
+                 print and cannot keep elsewhere; give the store without it (or \
+                 --store-secret where the export takes one)",
+                crate::backend::RedactedUrl::new(store)
+            )));
+        }
+        Ok(ExportedStore { url, had_password })
     }
 }
 
@@ -132,6 +229,16 @@ pub fn crontab(jobs: &[ScheduledJob], o: &CrontabOptions) -> Result<String> {
          # CRON_TZ sets the time zone of the schedule on the line below it (cronie, Vixie cron 4).\n\
          SHELL=/bin/sh\n",
     );
+    let store = ExportedStore::new(&o.store)?;
+    if store.had_password {
+        out.push_str(
+            "# The store's password is not on these lines (ps shows a command line to every local\n\
+             # user): idem reads it as libpq does. Put it in ~/.pgpass of the user this crontab\n\
+             # belongs to (a line HOST:PORT:DATABASE:USER:PASSWORD, chmod 600), or add a line\n\
+             # PGPASSWORD=... at the top of this crontab (readable by its owner only; cron passes\n\
+             # it in the environment).\n",
+        );
+    }
     for job in jobs {
         let tz = job.tz()?;
         let fields = crontab_fields(job, "crontab")?;
@@ -140,7 +247,7 @@ pub fn crontab(jobs: &[ScheduledJob], o: &CrontabOptions) -> Result<String> {
         let words = [
             o.bin.as_str(),
             "--store",
-            &o.store,
+            &store.url,
             "--jobs-dir",
             &o.jobs_dir,
             "run",
@@ -235,6 +342,10 @@ impl CloudSchedulerOptions {
         })
     }
 }
+
+/// The Secret Manager secret a Cloud Run job reads the store's password from (as
+/// `PGPASSWORD`) when the store URL holds one and no `--store-secret` is given.
+pub const PASSWORD_SECRET: &str = "idem-store-password";
 
 /// Parses `PROJECT/REGION`.
 pub fn parse_project_region(s: &str) -> Result<(String, String)> {
@@ -389,10 +500,30 @@ pub fn cloud_scheduler(jobs: &[ScheduledJob], o: &CloudSchedulerOptions) -> Resu
             "#   roles/bigquery.jobUser on the project, roles/bigquery.dataEditor on the store's dataset\n",
         );
     }
+    // Without --store-secret the URL is printed: without its password, which the jobs
+    // read as PGPASSWORD from a Secret Manager secret instead.
+    let store = match &o.store_secret {
+        Some(_) => None,
+        None => Some(ExportedStore::new(&o.store)?),
+    };
+    let password_secret = store
+        .as_ref()
+        .is_some_and(|s| s.had_password)
+        .then_some(PASSWORD_SECRET);
     if let Some(secret) = &o.store_secret {
         plain_value("--store-secret", secret)?;
         out.push_str(&format!(
             "#   roles/secretmanager.secretAccessor on the secret {secret} (the store URL)\n"
+        ));
+    }
+    if let Some(secret) = password_secret {
+        out.push_str(&format!(
+            "#   roles/secretmanager.secretAccessor on the secret {secret} (the store's password)\n\
+             # The store's password is not printed: the jobs read it as PGPASSWORD from the Secret\n\
+             # Manager secret {secret}, created once:\n\
+             #   printf '%s' \"$PASSWORD\" | gcloud secrets create {secret} --data-file=- --project={project}\n\
+             # (or keep the whole store URL in a secret and export with --store-secret NAME)\n",
+            project = o.project
         ));
     }
     out.push_str("set -e\n");
@@ -429,13 +560,19 @@ pub fn cloud_scheduler(jobs: &[ScheduledJob], o: &CloudSchedulerOptions) -> Resu
         ];
         let mut deploy = deploy.to_vec();
         match &o.store_secret {
-            None => deploy.push(flag(
-                "set-env-vars",
-                &gcloud_list(&[
-                    &format!("IDEM_STORE={}", o.store),
-                    &format!("IDEM_JOBS_DIR={}", o.jobs_dir),
-                ]),
-            )?),
+            None => {
+                let url = store.as_ref().map_or(o.store.as_str(), |s| s.url.as_str());
+                deploy.push(flag(
+                    "set-env-vars",
+                    &gcloud_list(&[
+                        &format!("IDEM_STORE={url}"),
+                        &format!("IDEM_JOBS_DIR={}", o.jobs_dir),
+                    ]),
+                )?);
+                if let Some(secret) = password_secret {
+                    deploy.push(flag("set-secrets", &format!("PGPASSWORD={secret}:latest"))?);
+                }
+            }
             Some(secret) => {
                 deploy.push(flag(
                     "set-env-vars",

@@ -68,7 +68,7 @@ const FULL_WAIT: Duration = Duration::from_secs(60);
 const UNDEFINED_TABLE: &str = "42P01";
 
 /// The Postgres store.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct PostgresStore {
     pool: PgPool,
     /// One permit per pooled connection: this process's statements take turns here, in
@@ -83,10 +83,20 @@ pub struct PostgresStore {
     connections: usize,
     options: PgConnectOptions,
     /// The URL without its password.
-    url: String,
+    url: crate::backend::RedactedUrl,
     /// What the last batch of event keys found ([`BatchShape`]): which statement the next
     /// one tries first. Shared by the clones, so by the batches in flight.
     last_batch: Arc<AtomicU8>,
+}
+
+/// By hand: the pool and the connect options hold the password; the URL is redacted.
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("url", &self.url)
+            .field("connections", &self.connections)
+            .finish_non_exhaustive()
+    }
 }
 
 /// What a batch of event keys found, as [`PostgresStore::mark_batch`] remembers it for the
@@ -177,7 +187,7 @@ impl PostgresStore {
             pooler,
             connections: connections as usize,
             options,
-            url: redact_url(url),
+            url: crate::backend::RedactedUrl::new(url),
             last_batch: Arc::new(AtomicU8::new(BatchShape::Fresh as u8)),
         })
     }
@@ -566,7 +576,7 @@ impl StoreBase for PostgresStore {
     }
 
     fn location(&self) -> String {
-        self.url.clone()
+        self.url.to_string()
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -1754,5 +1764,33 @@ impl EventKeyStore for PostgresStore {
         .await
         .map_err(|e| self.err(e))?;
         Ok(done.rows_affected() > 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The pool and the connect options hold the password; `{:?}` of the store or of the
+    /// warehouse never shows it (nothing is connected: the server is not needed).
+    #[tokio::test]
+    async fn debug_never_shows_the_password() {
+        for url in [
+            "postgres://idem:s3cret@127.0.0.1:1/idem",
+            "postgres://idem@127.0.0.1:1/idem?password=s3cret",
+        ] {
+            let store = super::PostgresStore::connect_lazy(url).unwrap();
+            let shown = format!("{store:?}");
+            assert!(
+                !shown.contains("s3cret") && shown.contains("***"),
+                "{shown}"
+            );
+            let warehouse = crate::warehouse::postgres::PostgresWarehouse::connect(url)
+                .await
+                .unwrap();
+            let shown = format!("{warehouse:?}");
+            assert!(
+                !shown.contains("s3cret") && shown.contains("***"),
+                "{shown}"
+            );
+        }
     }
 }

@@ -33,7 +33,7 @@ const WAREHOUSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(6 
 #[derive(Debug)]
 pub struct BigQueryWarehouse {
     conn: Connection,
-    url: String,
+    url: crate::backend::RedactedUrl,
 }
 
 impl BigQueryWarehouse {
@@ -43,10 +43,15 @@ impl BigQueryWarehouse {
         let config = BigQueryUrl::parse(url)?;
         let conn = Connection::open(&config, WAREHOUSE_TIMEOUT)
             .await
-            .map_err(|e| Error::config(format!("cannot open warehouse {url}: {e}")))?;
+            .map_err(|e| {
+                Error::config(format!(
+                    "cannot open warehouse {}: {e}",
+                    crate::backend::RedactedUrl::new(url)
+                ))
+            })?;
         Ok(BigQueryWarehouse {
             conn,
-            url: url.to_string(),
+            url: crate::backend::RedactedUrl::new(url),
         })
     }
 
@@ -186,7 +191,7 @@ impl Warehouse for BigQueryWarehouse {
     }
 
     fn location(&self) -> String {
-        self.url.clone()
+        self.url.to_string()
     }
 
     async fn execute(&self, statements: &[Statement], params: &Params) -> WarehouseResult<u64> {

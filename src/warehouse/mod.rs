@@ -76,7 +76,8 @@ impl WarehouseError {
     pub fn into_sql(self, phase: &'static str, warehouse: String) -> Error {
         Error::Sql {
             phase,
-            warehouse,
+            // Redacted whatever the caller gave: the message reaches the ledger.
+            warehouse: crate::backend::redact_url(&warehouse),
             message: self.message,
             source: self.source,
         }

@@ -26,7 +26,6 @@ use super::{
     WarehouseResult,
 };
 use crate::backend::postgres::{connect_options, sqlx_message, ACQUIRE_TIMEOUT};
-use crate::backend::redact_url;
 use crate::error::Result;
 
 /// Type OIDs whose binary wire format is the UTF-8 text itself.
@@ -57,12 +56,21 @@ const JSONB: u32 = 3802;
 ///
 /// A name used twice in one statement is one parameter of one type (`$1` both times):
 /// where the two uses need different types, cast one of them (`@scope::text`).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct PostgresWarehouse {
     pool: PgPool,
     options: PgConnectOptions,
-    url: String,
+    url: crate::backend::RedactedUrl,
     type_names: Arc<Mutex<HashMap<u32, String>>>,
+}
+
+/// By hand: the pool and the connect options hold the password; the URL is redacted.
+impl std::fmt::Debug for PostgresWarehouse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresWarehouse")
+            .field("url", &self.url)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Cancels the statement a connection (backend `pid`) is running when dropped armed.
@@ -163,7 +171,7 @@ impl PostgresWarehouse {
         Ok(PostgresWarehouse {
             pool,
             options,
-            url: redact_url(url),
+            url: crate::backend::RedactedUrl::new(url),
             type_names: Arc::new(Mutex::new(HashMap::new())),
         })
     }
@@ -499,7 +507,7 @@ impl Warehouse for PostgresWarehouse {
     }
 
     fn location(&self) -> String {
-        self.url.clone()
+        self.url.to_string()
     }
 
     async fn execute(&self, statements: &[Statement], params: &Params) -> WarehouseResult<u64> {

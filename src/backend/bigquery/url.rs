@@ -43,17 +43,24 @@ fn decoded(s: &str) -> String {
 impl BigQueryUrl {
     /// Parses and validates a store or warehouse URL. The endpoint falls back to
     /// [`ENDPOINT_ENV`].
-    pub fn parse(url: &str) -> Result<Self> {
+    pub fn parse(raw_url: &str) -> Result<Self> {
         let usage = "expected bigquery://PROJECT/DATASET[?endpoint=http://HOST:PORT&location=US&partition_expiration_days=N&timeout=5m]";
+        // Messages show the URL without its secrets (a password, a token parameter).
+        let shown = crate::backend::RedactedUrl::new(raw_url);
+        let url = &shown;
         let bad = || Error::config(format!("bad bigquery url {url:?}: {usage}"));
-        let parsed_url = Url::parse(url).map_err(|_| bad())?;
-        if parsed_url.scheme() != "bigquery" || !url.starts_with("bigquery://") {
+        let parsed_url = Url::parse(raw_url).map_err(|_| bad())?;
+        if parsed_url.scheme() != "bigquery" || !raw_url.starts_with("bigquery://") {
             return Err(bad());
         }
         // The authority as written (user, password and port included, so that anything
         // but a plain project id is reported as one) and the path without its slashes.
         let raw_project = &parsed_url[Position::BeforeUsername..Position::AfterPort];
         let project = decoded(raw_project);
+        // Shown in a message: a password written where the project id goes is not.
+        let shown_project = crate::backend::redact_url(&format!("bigquery://{project}"))
+            ["bigquery://".len()..]
+            .to_string();
         let (_, dataset) = parsed_url
             .path()
             .trim_end_matches('/')
@@ -65,7 +72,7 @@ impl BigQueryUrl {
         // Ids are validated as sent (an escape is never part of one) and reported decoded.
         if !valid_id(raw_project, true) {
             return Err(Error::config(format!(
-                "bad bigquery url {url:?}: project id {project:?} may only contain letters, digits, '-' and '_'"
+                "bad bigquery url {url:?}: project id {shown_project:?} may only contain letters, digits, '-' and '_'"
             )));
         }
         if !valid_id(raw_dataset, false) {

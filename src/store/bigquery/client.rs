@@ -43,7 +43,7 @@ impl BigQueryStore {
             Error::store_source(&self.url, message, e)
         } else {
             Error::StoreRejected {
-                store: self.url.clone(),
+                store: self.url.to_string(),
                 operation: format!("the {} statement", e.operation),
                 message: e.to_string(),
                 source: Some(Box::new(e)),

@@ -89,7 +89,7 @@ impl BigQueryStore {
             .map_err(|e| self.err(e))?;
         if inserted == 0 {
             return Err(Error::DuplicateRunId {
-                store: self.url.clone(),
+                store: self.url.to_string(),
                 run_id: run.run_id.clone(),
             });
         }
@@ -231,7 +231,7 @@ impl LedgerStore for BigQueryStore {
         match outcome.as_deref() {
             Some(scripts::RECORDED) => Ok(()),
             Some(scripts::DUPLICATE) => Err(Error::DuplicateRunId {
-                store: self.url.clone(),
+                store: self.url.to_string(),
                 run_id: run.run_id.clone(),
             }),
             Some(scripts::LOST) => match &finish.lease {

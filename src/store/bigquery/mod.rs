@@ -80,7 +80,7 @@ const STORE_TIMEOUT: Duration = Duration::from_secs(300);
 #[derive(Debug)]
 pub struct BigQueryStore {
     conn: Connection,
-    url: String,
+    url: crate::backend::RedactedUrl,
     config: BigQueryUrl,
     sql: Statements,
 }
@@ -103,7 +103,7 @@ impl BigQueryStore {
             .map_err(|e| Error::store(url, e))?;
         Ok(BigQueryStore {
             conn,
-            url: url.to_string(),
+            url: crate::backend::RedactedUrl::new(url),
             sql: Statements::new(&config),
             config,
         })
@@ -139,7 +139,7 @@ impl StoreBase for BigQueryStore {
     }
 
     fn location(&self) -> String {
-        self.url.clone()
+        self.url.to_string()
     }
 
     fn capabilities(&self) -> Capabilities {
