@@ -1268,6 +1268,72 @@ fn run_metrics_file_has_status_duration_records_and_skip_reason() {
 }
 
 #[test]
+fn param_overrides_sql_params_and_an_unknown_param_is_refused() {
+    let s = Sandbox::new("cli-params");
+    s.write_job(
+        "regions",
+        r#"
+name = "regions"
+processor = "sql"
+[guards]
+time_window = "1h"
+[sql]
+warehouse = "sqlite://warehouse.db"
+setup = "CREATE TABLE IF NOT EXISTS seen (day TEXT, region TEXT)"
+process = "INSERT INTO seen VALUES (@scope, @region)"
+[sql.params]
+region = "eu"
+"#,
+    );
+    let regions = |s: &Sandbox| -> Vec<String> {
+        let db = s.dir.join("jobs/warehouse.db");
+        let url = format!("sqlite://{}", db.display());
+        tokio::runtime::Runtime::new().unwrap().block_on(async {
+            let w = idem::warehouse::open_warehouse(&url).await.unwrap();
+            let st = idem::backend::prepare(
+                "SELECT day || '/' || region AS r FROM seen ORDER BY day",
+                idem::backend::Dialect::Sqlite,
+            )
+            .unwrap();
+            w.query(&st[0], &Default::default())
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r["r"].as_str().unwrap().to_string())
+                .collect()
+        })
+    };
+    let out = s.idem(&["run", "regions", "--date", "2025-11-18"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = s.idem(&[
+        "run",
+        "regions",
+        "--date",
+        "2025-11-19",
+        "--param",
+        "region=us",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(regions(&s), ["2025-11-18/eu", "2025-11-19/us"]);
+    // A name the job does not have: a typo, refused before anything runs.
+    let out = s.idem(&[
+        "run",
+        "regions",
+        "--date",
+        "2025-11-20",
+        "--param",
+        "regoin=us",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--param regoin") && stderr(&out).contains("region"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(regions(&s).len(), 2, "nothing ran");
+}
+
+#[test]
 fn a_metrics_file_that_cannot_be_written_is_refused_before_the_run() {
     // Found bad after the run completed, a metrics file used to turn a done run into exit
     // 2 ("nothing was run"); a -wal of the job's warehouse was written over.

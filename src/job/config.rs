@@ -553,6 +553,51 @@ impl Job {
     }
 
     /// The `[sql.params]`.
+    /// Refuses a `--param` name the job has in neither `[params]` nor `[sql.params]`
+    /// (a typo would otherwise run the job with its default, silently).
+    pub fn check_param_names<'a>(&self, names: impl IntoIterator<Item = &'a String>) -> Result<()> {
+        let sql = self.sql_params();
+        for name in names {
+            if !self.params.contains_key(name) && !sql.contains_key(name) {
+                let mut known: Vec<&str> = self
+                    .params
+                    .keys()
+                    .chain(sql.keys())
+                    .map(String::as_str)
+                    .collect();
+                known.sort_unstable();
+                known.dedup();
+                return Err(Error::input(format!(
+                    "--param {name}: job {} has no parameter {name:?} (its parameters: {}; \
+                     set them in [params] or [sql.params] of {})",
+                    self.name,
+                    if known.is_empty() {
+                        "none".to_string()
+                    } else {
+                        known.join(", ")
+                    },
+                    self.path.display()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The job with `overrides` (`--param NAME=VALUE`) over its `[sql.params]` of the same
+    /// names; unknown names are refused ([`Job::check_param_names`]).
+    pub fn with_sql_params(&self, overrides: &BTreeMap<String, String>) -> Result<Job> {
+        self.check_param_names(overrides.keys())?;
+        let mut job = self.clone();
+        if let Some(sql) = job.sql.as_mut() {
+            for (name, value) in overrides {
+                if let Some(slot) = sql.params.get_mut(name) {
+                    slot.clone_from(value);
+                }
+            }
+        }
+        Ok(job)
+    }
+
     pub(super) fn sql_params(&self) -> BTreeMap<String, String> {
         self.sql
             .as_ref()

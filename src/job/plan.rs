@@ -78,6 +78,7 @@ pub struct Overrides {
 impl Overrides {
     /// The request for `job` on `date`, with the trigger, scope and run id asked for.
     pub fn request(&self, job: &Job, date: NaiveDate) -> Result<RunRequest> {
+        job.check_param_names(self.params.keys())?;
         let mut request = RunRequest::new(job.name.clone(), date)
             .with_trigger(self.trigger.unwrap_or(Trigger::Manual))
             .with_params(job.params_json());
@@ -153,7 +154,9 @@ pub async fn plan(
     if let Some(spool) = spool.as_ref().filter(|s| connections.first_replay(s)) {
         replay_spool(spool, &*store).await;
     }
-    let processor = job
+    // `--param` over `[sql.params]` too (they are bound into the job's SQL).
+    let with_params = job.with_sql_params(&overrides.params)?;
+    let processor = with_params
         .processor_in(registry, store_url, Some(store.clone()), &connections)
         .await?;
     let mut runner = job
