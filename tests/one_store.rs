@@ -521,3 +521,56 @@ fn runs_through_pgbouncer_in_transaction_mode_all_complete() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(ledger.as_array().unwrap().len(), 200);
 }
+
+/// A ledger on a read-only mount, with no write-ahead log beside it (closed cleanly): the
+/// commands that only read it work (`runs`, `report`), and a run is refused before its
+/// program starts (it could not be recorded). Before, every open failed: SQLite could not
+/// make the `-shm` file a WAL reader needs (exit 3, "unable to open database file").
+#[test]
+fn a_read_only_ledger_can_be_read_and_refuses_runs() {
+    let Some(disk) = SmallDisk::mount("a_read_only_ledger_can_be_read_and_refuses_runs") else {
+        return;
+    };
+    let store = format!("sqlite://{}", disk.dir.join("l.db").display());
+    let s = common::Sandbox::with_store("idem-one-store-read-only", &store);
+    let out = exec(&s, &["j", "--date", "2026-01-01", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Closed cleanly: the last connection checkpoints and removes the -wal and -shm.
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        use sqlx::{ConnectOptions, Connection};
+        let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(disk.dir.join("l.db"))
+            .connect()
+            .await
+            .unwrap();
+        sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        conn.close().await.unwrap();
+    });
+    for companion in ["l.db-wal", "l.db-shm"] {
+        assert!(!disk.dir.join(companion).exists(), "{companion} left");
+    }
+    let remount = Command::new("mount")
+        .args(["-o", "remount,ro"])
+        .arg(&disk.dir)
+        .status()
+        .unwrap();
+    assert!(remount.success());
+    let (code, runs, err) = s.json(&["runs"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(runs.as_array().map(Vec::len), Some(1), "{runs}");
+    assert_eq!(runs[0]["scope"], "2026-01-01");
+    let report = s.idem(&["report"]);
+    assert!(report.status.success(), "{}", String::from_utf8_lossy(&report.stderr));
+    let marker = s.dir.join("ran");
+    let out = exec(&s, &["j", "--date", "2026-01-02", "--", "touch"])
+        .arg(&marker)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!marker.exists(), "the program never started");
+}

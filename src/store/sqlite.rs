@@ -121,14 +121,32 @@ impl SqliteStore {
                     })
             }
         })
-        .await
-        .map_err(|e| {
-            if crate::backend::sqlite::is_not_a_database(&e) {
-                return crate::backend::sqlite::not_a_database(url, options.get_filename());
+        .await;
+        let pool = match pool {
+            Ok(pool) => pool,
+            // A ledger on a read-only medium or mount (a copy handed over for reading, a
+            // backup): opened read-only, so the commands that only read it (`runs`,
+            // `report`, `explain`) work; a write is refused by SQLite.
+            Err(e) if cannot_write(&e) && options.get_filename().is_file() => {
+                Self::read_only_pool(options.get_filename(), connections)
+                    .await
+                    .map_err(|_| e)
+                    .map_err(|e| Error::store(url, format!("cannot open sqlite database: {e}")))?
             }
-            let why = folder.unwrap_or_default();
-            Error::store(url, format!("cannot open sqlite database{why}: {e}"))
-        })?;
+            Err(e) => {
+                if crate::backend::sqlite::is_not_a_database(&e) {
+                    return Err(crate::backend::sqlite::not_a_database(
+                        url,
+                        options.get_filename(),
+                    ));
+                }
+                let why = folder.unwrap_or_default();
+                return Err(Error::store(
+                    url,
+                    format!("cannot open sqlite database{why}: {e}"),
+                ));
+            }
+        };
         let store = SqliteStore {
             pool,
             url: url.to_string(),
@@ -137,6 +155,34 @@ impl SqliteStore {
         };
         store.migrate().await?;
         Ok(store)
+    }
+
+    /// A pool reading `path` without writing anything: read-only connections, and, when the
+    /// file has no write-ahead log beside it (nothing committed is outside the main file),
+    /// `immutable`, as SQLite cannot make the `-shm` file a WAL reader needs in a folder it
+    /// may not write.
+    async fn read_only_pool(
+        path: &std::path::Path,
+        connections: u32,
+    ) -> std::result::Result<SqlitePool, sqlx::Error> {
+        let mut wal = path.as_os_str().to_owned();
+        wal.push("-wal");
+        let options = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(path)
+            .read_only(true)
+            .create_if_missing(false)
+            .immutable(!std::path::Path::new(&wal).exists())
+            .busy_timeout(crate::backend::sqlite::BUSY_TIMEOUT);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(connections)
+            .min_connections(0)
+            .connect_with(options)
+            .await?;
+        tracing::info!(
+            "{}: opened read-only (it cannot be written here)",
+            path.display()
+        );
+        Ok(pool)
     }
 
     /// The underlying pool (for the SQL processor when the warehouse is the store).
@@ -984,6 +1030,16 @@ impl EventKeyStore for SqliteStore {
 }
 
 /// SQLITE_BUSY or SQLITE_LOCKED (any extended code): another connection holds the lock.
+/// Whether SQLite could not open a file for writing (`SQLITE_CANTOPEN`, `SQLITE_READONLY`,
+/// `SQLITE_PERM`): a read-only file, folder or mount.
+fn cannot_write(e: &sqlx::Error) -> bool {
+    let code = match e {
+        sqlx::Error::Database(d) => d.code().and_then(|c| c.parse::<i32>().ok()),
+        _ => None,
+    };
+    matches!(code.map(|c| c & 0xff), Some(3 | 8 | 14))
+}
+
 fn is_busy(e: &sqlx::Error) -> bool {
     let code = match e {
         sqlx::Error::Database(d) => d.code().and_then(|c| c.parse::<i32>().ok()),
