@@ -375,17 +375,17 @@ async fn only_event_keys_expired_before_the_cut_off_go(store: &dyn Store) {
         .unwrap();
     // Pending batches (where the store confirms them): one never confirmed, dead since
     // day 1, goes; one confirmed, its keys never expiring, stays.
-    let (dead, kept) = (unique("dead"), unique("kept"));
+    // A third, still pending (its deadline, day 3, after the cut-off at day 2: a live
+    // gate's unconfirmed marks), stays whatever the cut-off.
+    let (dead, kept, live) = (unique("dead"), unique("kept"), unique("live"));
     let pending = store.confirms_pending();
     if pending {
-        for (key, marker) in [
-            (&dead, r#"{"idem_pending":"dead/0"}"#),
-            (&kept, r#"{"idem_pending":"kept/0"}"#),
+        for (key, marker, timeout) in [
+            (&dead, r#"{"idem_pending":"dead/0"}"#, day),
+            (&kept, r#"{"idem_pending":"kept/0"}"#, day),
+            (&live, r#"{"idem_pending":"live/0"}"#, day * 3),
         ] {
-            let batch = crate::store::PendingBatch {
-                marker,
-                timeout: day,
-            };
+            let batch = crate::store::PendingBatch { marker, timeout };
             store
                 .check_and_mark_pending(&ns, &[EventMark::key(key)], epoch(0), batch, None)
                 .await
@@ -438,13 +438,17 @@ async fn only_event_keys_expired_before_the_cut_off_go(store: &dyn Store) {
     if pending {
         // Asked while the dead batch was still pending: its key is gone, the confirmed stays.
         let seen = store
-            .is_duplicate(&ns, &[dead, kept], epoch(0) + chrono::Duration::hours(1))
+            .is_duplicate(
+                &ns,
+                &[dead, kept, live],
+                epoch(0) + chrono::Duration::hours(1),
+            )
             .await
             .unwrap();
         assert_eq!(
             seen,
-            [false, true],
-            "the dead batch's key goes, the confirmed stays"
+            [false, true, true],
+            "the dead batch's key goes, the confirmed and the still pending stay"
         );
     }
 }
