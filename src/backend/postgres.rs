@@ -31,6 +31,22 @@ pub fn connect_options(url: &str) -> Result<PgConnectOptions> {
         tracing::warn!("ignoring the postgres url parameter {name:?}, which is not supported");
     }
     let url = url.as_str();
+    // A certificate or key file that is not there would fail every connection with only
+    // "No such file or directory": named here instead, as a configuration error.
+    for name in ["sslrootcert", "sslcert", "sslkey"] {
+        if let (_, Some(path)) = super::take_param(url, name) {
+            if !std::path::Path::new(&path).is_file() {
+                return Err(Error::config(format!(
+                    "postgres url parameter {name}: {path} is not a file (a PEM {})",
+                    if name == "sslkey" {
+                        "private key"
+                    } else {
+                        "certificate"
+                    }
+                )));
+            }
+        }
+    }
     // The message names what is wrong (the port, the host…), never the URL: one that
     // does not parse cannot be trusted to be redacted right.
     let options = PgConnectOptions::from_str(url).map_err(|e| {

@@ -271,13 +271,9 @@ impl PostgresStore {
         )
         .await;
         match attempt {
-            Ok(Err(cause)) => Error::store(
-                &self.url,
-                format!(
-                    "cannot connect within {} s: {cause}",
-                    ACQUIRE_TIMEOUT.as_secs()
-                ),
-            ),
+            // The server answered and refused (a refused port, a certificate that does
+            // not verify, a password): said as it is, with no timeout to wait out.
+            Ok(Err(cause)) => Error::store(&self.url, format!("cannot connect: {cause}")),
             Ok(Ok(conn)) => {
                 let _ = conn.close().await;
                 self.err(e)
