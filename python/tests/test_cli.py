@@ -98,7 +98,7 @@ processor = "command"
 [guards]
 time_window = "1h"
 [command]
-run = ["sh", "-c", \'\'\'printf '{{"records": 2, "output": {{"file": "p.csv"}}}}' > "$IDEM_RESULT"\'\'\']
+run = ["sh", "-c", \'\'\'printf '{"records": 2, "output": {"file": "p.csv"}}' > "$IDEM_RESULT"\'\'\']
 """
 
 
