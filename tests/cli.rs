@@ -1334,6 +1334,52 @@ region = "eu"
 }
 
 #[test]
+fn log_format_json_writes_every_stderr_line_as_an_object_with_severity() {
+    let s = Sandbox::new("cli-json-logs");
+    let lines = |out: &Output| -> Vec<Value> {
+        stderr(out)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+            .collect()
+    };
+    // An error of idem's own.
+    let out = s.idem(&[
+        "--log-format",
+        "json",
+        "run",
+        "nope",
+        "--date",
+        "2025-11-18",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let errors = lines(&out);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0]["severity"], "ERROR");
+    assert!(errors[0]["message"].as_str().unwrap().contains("nope"));
+    assert!(chrono::DateTime::parse_from_rfc3339(errors[0]["time"].as_str().unwrap()).is_ok());
+    // Log events with the run's fields, through the environment variable.
+    let out = s
+        .command(&["exec", "logged", "--date", "2025-11-18", "--", "false"])
+        .env("IDEM_LOG_FORMAT", "json")
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let events = lines(&out);
+    let requested = events
+        .iter()
+        .find(|e| e["message"] == "run requested")
+        .unwrap_or_else(|| panic!("{events:?}"));
+    assert_eq!(requested["severity"], "INFO");
+    assert_eq!(requested["job"], "logged");
+    assert_eq!(requested["scope"], "2025-11-18");
+    assert!(
+        events.iter().any(|e| e["severity"] == "WARNING"),
+        "the failure is a warning: {events:?}"
+    );
+}
+
+#[test]
 fn a_metrics_file_that_cannot_be_written_is_refused_before_the_run() {
     // Found bad after the run completed, a metrics file used to turn a done run into exit
     // 2 ("nothing was run"); a -wal of the job's warehouse was written over.

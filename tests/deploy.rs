@@ -182,8 +182,14 @@ fn every_export_names_the_same_image_and_jobs_folder() {
         );
         assert!(yaml.contains("- name: \"IDEM_JOBS_DIR\"\n"), "{yaml}");
         assert!(
-            values(&yaml, "value").iter().all(|v| v == "/app/jobs"),
+            values(&yaml, "value")
+                .iter()
+                .all(|v| v == "/app/jobs" || v == "json"),
             "{yaml}"
+        );
+        assert!(
+            yaml.contains("- name: \"IDEM_LOG_FORMAT\"\n") && yaml.contains("value: \"json\""),
+            "the pods log JSON lines: {yaml}"
         );
     }
     // Each CronJob runs what the Cloud Run job of the same name runs.

@@ -41,7 +41,7 @@ macro_rules! outln {
 /// `eprintln!` that ignores a closed stderr.
 macro_rules! errln {
     ($($arg:tt)*) => {{
-        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+        $crate::cli::logs::stderr_line(format_args!($($arg)*));
     }};
 }
 
@@ -51,6 +51,7 @@ mod feed;
 mod fingerprint;
 mod gate;
 mod jobs;
+mod logs;
 mod metrics;
 pub mod output;
 mod purge;
@@ -94,6 +95,10 @@ pub(crate) struct GlobalOptions {
     /// `--format` for the commands other than report (set by `execute`).
     #[arg(skip = Format::Human)]
     format: Format,
+    /// How standard error is written: `human` lines, or `json`, one object per line with
+    /// `time`, `severity` and `message` (Cloud Logging, most collectors).
+    #[arg(long, global = true, env = "IDEM_LOG_FORMAT", value_enum, default_value_t = logs::LogFormat::Human)]
+    log_format: logs::LogFormat,
 }
 
 /// The values of `--format`: every command takes human and json, `idem report` also
@@ -650,6 +655,7 @@ pub fn main_with(registry: Registry) -> ExitCode {
     };
     // sqlx warns of every statement slower than 1 s with its whole text (the report's
     // queries over a large ledger are, by design): that is for `RUST_LOG=sqlx=warn`.
+    logs::set(cli.global.log_format);
     init_logging(match &cli.command {
         // One line per fire.
         Command::Scheduler(_) => "warn,sqlx::query=error,sqlx::pool=error,idem::scheduler=info",
@@ -702,12 +708,17 @@ pub fn main_with(registry: Registry) -> ExitCode {
 fn init_logging(default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = if logs::is_json() {
+        builder.event_format(logs::JsonLines).try_init()
+    } else {
+        builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_target(false)
+            .try_init()
+    };
 }
 
 fn exit_code_for(e: &Error) -> u8 {

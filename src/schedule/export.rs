@@ -567,6 +567,7 @@ pub fn cloud_scheduler(jobs: &[ScheduledJob], o: &CloudSchedulerOptions) -> Resu
                     &gcloud_list(&[
                         &format!("IDEM_STORE={url}"),
                         &format!("IDEM_JOBS_DIR={}", o.jobs_dir),
+                        "IDEM_LOG_FORMAT=json",
                     ]),
                 )?);
                 if let Some(secret) = password_secret {
@@ -576,7 +577,10 @@ pub fn cloud_scheduler(jobs: &[ScheduledJob], o: &CloudSchedulerOptions) -> Resu
             Some(secret) => {
                 deploy.push(flag(
                     "set-env-vars",
-                    &format!("IDEM_JOBS_DIR={}", o.jobs_dir),
+                    &gcloud_list(&[
+                        &format!("IDEM_JOBS_DIR={}", o.jobs_dir),
+                        "IDEM_LOG_FORMAT=json",
+                    ]),
                 )?);
                 deploy.push(flag("set-secrets", &format!("IDEM_STORE={secret}:latest"))?);
             }

@@ -287,6 +287,9 @@ fn pod_spec(args: Vec<String>, grace: Duration, restart: &str, o: &KubernetesOpt
                     ("name", s("IDEM_JOBS_DIR")),
                     ("value", s(&o.jobs_dir)),
                 ]),
+                // One JSON object per line, each at its severity (Cloud Logging on GKE
+                // files plain stderr as ERROR whatever it says).
+                Yaml::Map(vec![("name", s("IDEM_LOG_FORMAT")), ("value", s("json"))]),
             ]),
         ),
     ];

@@ -16,7 +16,7 @@ gcloud run jobs deploy idem-daily-sales \
   --service-account=idem@my-project.iam.gserviceaccount.com \
   --command=idem \
   --args='run,daily_sales,--date,yesterday,--trigger,scheduler' \
-  --set-env-vars='IDEM_STORE=postgres://idem@10.0.0.5/idem,IDEM_JOBS_DIR=/app/jobs' \
+  --set-env-vars='IDEM_STORE=postgres://idem@10.0.0.5/idem,IDEM_JOBS_DIR=/app/jobs,IDEM_LOG_FORMAT=json' \
   --task-timeout=86400s \
   --tasks=1 \
   --max-retries=2
@@ -45,7 +45,7 @@ gcloud run jobs deploy idem-hourly-events \
   --service-account=idem@my-project.iam.gserviceaccount.com \
   --command=idem \
   --args='run,hourly_events,--date,today,--trigger,scheduler' \
-  --set-env-vars='IDEM_STORE=postgres://idem@10.0.0.5/idem,IDEM_JOBS_DIR=/app/jobs' \
+  --set-env-vars='IDEM_STORE=postgres://idem@10.0.0.5/idem,IDEM_JOBS_DIR=/app/jobs,IDEM_LOG_FORMAT=json' \
   --task-timeout=86400s \
   --tasks=1 \
   --max-retries=2
@@ -74,7 +74,7 @@ gcloud run jobs deploy idem-weekly-cleanup \
   --service-account=idem@my-project.iam.gserviceaccount.com \
   --command=idem \
   --args='run,weekly_cleanup,--date,yesterday,--trigger,scheduler' \
-  --set-env-vars='IDEM_STORE=postgres://idem@10.0.0.5/idem,IDEM_JOBS_DIR=/app/jobs' \
+  --set-env-vars='IDEM_STORE=postgres://idem@10.0.0.5/idem,IDEM_JOBS_DIR=/app/jobs,IDEM_LOG_FORMAT=json' \
   --task-timeout=86400s \
   --tasks=1 \
   --max-retries=2
