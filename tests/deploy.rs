@@ -192,7 +192,14 @@ fn every_export_names_the_same_image_and_jobs_folder() {
             "the pods log JSON lines: {yaml}"
         );
     }
-    // Each CronJob runs what the Cloud Run job of the same name runs.
+    // A CronJob's pod dates its run by its Job's slot (the Job name's minute), not by when
+    // a retry starts.
+    assert!(
+        cron_yaml_has_slot_env(&text(&cron_jobs.stdout)),
+        "{}",
+        text(&cron_jobs.stdout)
+    );
+    // Each CronJob runs what the Cloud Run job of the same name runs (with its slot).
     let cron_yaml = text(&cron_jobs.stdout);
     for (name, job) in [
         ("idem-daily-sales", "daily_sales"),
@@ -214,7 +221,7 @@ fn every_export_names_the_same_image_and_jobs_folder() {
         );
         assert!(
             cron_yaml.contains(&format!(
-                "- \"run\"\n            - \"{job}\"\n            - \"--date\"\n            - \"yesterday\"\n            - \"--trigger\"\n            - \"scheduler\"\n"
+                "- \"run\"\n            - \"{job}\"\n            - \"--date\"\n            - \"yesterday\"\n            - \"--scheduled-at\"\n            - \"cronjob:$(IDEM_CRONJOB_JOB)\"\n            - \"--trigger\"\n            - \"scheduler\"\n"
             )),
             "{cron_yaml}"
         );
@@ -715,4 +722,16 @@ run = ["sh", "-c", "sleep 0.3; echo {{scope}} >> done.txt"]
     assert_eq!(days.len(), 2, "{days:?}");
     let done = std::fs::read_to_string(s.dir.join("jobs/done.txt")).unwrap_or_default();
     assert_eq!(done.lines().count(), 1, "{done}");
+}
+
+/// Whether every CronJob pod reads its Job's name from the pod label into
+/// `IDEM_CRONJOB_JOB`.
+fn cron_yaml_has_slot_env(yaml: &str) -> bool {
+    let cron_jobs = yaml.matches("kind: \"CronJob\"").count();
+    cron_jobs > 0
+        && yaml.matches("- name: \"IDEM_CRONJOB_JOB\"").count() == cron_jobs
+        && yaml
+            .matches("fieldPath: \"metadata.labels['batch.kubernetes.io/job-name']\"")
+            .count()
+            == cron_jobs
 }

@@ -248,8 +248,10 @@ pub(crate) struct RunArgs {
     /// timezone); default the job's `date`.
     #[arg(long, allow_hyphen_values = true)]
     date: Option<String>,
-    /// The instant the scheduler meant to fire (RFC 3339): relative dates are evaluated
-    /// there instead of at the clock, so a late retry still processes its slot's date.
+    /// The instant the scheduler meant to fire (RFC 3339), or `cronjob:JOB_NAME` (the Job a
+    /// Kubernetes CronJob made for a slot, named after its minute): relative dates are
+    /// evaluated there instead of at the clock, so a late retry still processes its slot's
+    /// date.
     #[arg(long, value_name = "RFC3339")]
     scheduled_at: Option<String>,
     /// Backfill: run every date from this one (YYYY-MM-DD, today, yesterday, today-N) ...
@@ -912,11 +914,18 @@ pub(crate) fn refuse_to_overwrite(
         )));
     }
     if let Some(database) = database_of(path, databases) {
+        let what = if same_file(path, &database) {
+            "that file is a SQLite database".to_string()
+        } else {
+            format!(
+                "that file belongs to the SQLite database {}",
+                database.display()
+            )
+        };
         return Err(Error::input(format!(
-            "{flag} {}: that file belongs to the SQLite database {} (a ledger or a \
-             warehouse); writing there would destroy it. Write to another file",
+            "{flag} {}: {what} (a ledger or a warehouse); writing there would destroy it. \
+             Write to another file",
             path.display(),
-            database.display()
         )));
     }
     if let Some(input) = inputs.iter().find(|input| same_file(path, input)) {

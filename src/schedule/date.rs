@@ -115,6 +115,43 @@ impl fmt::Display for DateExpr {
     }
 }
 
+/// How far before now a Kubernetes Job's scheduled minute may lie and still be taken as
+/// its slot: retries of a CronJob's Job come within hours; a manual Job named like one
+/// (`kubectl create job --from=cronjob/…`) would otherwise be dated by its name.
+const JOB_NAME_SLOT_AGE: i64 = 7 * 24 * 60;
+
+/// `--scheduled-at`: an RFC 3339 instant, or `cronjob:JOB_NAME`, the name of the Job a
+/// Kubernetes CronJob made for one slot, which ends with the slot's minute since the Unix
+/// epoch (`idem-daily-sales-29390430`; the exports pass the pod's
+/// `batch.kubernetes.io/job-name` label). A Job not named so (made by hand), or one whose
+/// minute lies more than a week back or in the future, has no slot: a warning, and the
+/// clock (`now`) decides as without the flag.
+pub fn scheduled_instant(value: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>> {
+    let Some(name) = value.trim().strip_prefix("cronjob:") else {
+        return super::parse_instant("--scheduled-at", value);
+    };
+    let slot = name
+        .rsplit_once('-')
+        .and_then(|(_, minute)| minute.parse::<i64>().ok())
+        .and_then(|minute| minute.checked_mul(60))
+        .and_then(|secs| DateTime::<Utc>::from_timestamp(secs, 0))
+        .filter(|slot| {
+            let age = (now - *slot).num_minutes();
+            (-1..=JOB_NAME_SLOT_AGE).contains(&age)
+        });
+    match slot {
+        Some(slot) => Ok(slot),
+        None => {
+            tracing::warn!(
+                "--scheduled-at cronjob:{name}: not the Job of a CronJob's recent slot (its \
+                 name should end with the slot's minute since the epoch); the date is \
+                 evaluated now"
+            );
+            Ok(now)
+        }
+    }
+}
+
 /// The date a run processes.
 ///
 /// The expression is `date_flag` (`--date`), else the job's `date` field, else `today`
@@ -128,7 +165,7 @@ pub fn run_date(
     now: DateTime<Utc>,
 ) -> Result<NaiveDate> {
     let at = match scheduled_at {
-        Some(s) => super::parse_instant("--scheduled-at", s)?,
+        Some(s) => scheduled_instant(s, now)?,
         None => now,
     };
     let (label, expr) = match (date_flag, job_default, scheduled_at) {
@@ -156,6 +193,33 @@ pub fn run_date(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cronjobs_job_name_dates_its_retries_by_its_slot() {
+        // A 23:30 Europe/Paris job for "today": its slot 2026-03-07T22:30:00Z is minute
+        // 29548710. A retry three hours later (past midnight in Paris) still runs the 7th.
+        let tz: Tz = "Europe/Paris".parse().unwrap();
+        let slot = at("2026-03-07T22:30:00Z");
+        assert_eq!(slot.timestamp() / 60, 29_548_710);
+        let retry = slot + chrono::Duration::hours(3);
+        let name = "cronjob:idem-late-report-29548710";
+        let date = |flag: Option<&str>| run_date(Some("today"), None, flag, tz, retry).unwrap();
+        assert_eq!(date(Some(name)).to_string(), "2026-03-07");
+        assert_eq!(
+            date(None).to_string(),
+            "2026-03-08",
+            "without it, the clock's date"
+        );
+        // A Job made by hand, or a minute from long ago or ahead: the clock decides.
+        for manual in [
+            "cronjob:idem-late-report-manual-x7k2",
+            "cronjob:idem-late-report-1",
+            "cronjob:idem-late-report-99999999999",
+            "cronjob:",
+        ] {
+            assert_eq!(date(Some(manual)).to_string(), "2026-03-08", "{manual}");
+        }
+    }
 
     fn at(s: &str) -> DateTime<Utc> {
         DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)

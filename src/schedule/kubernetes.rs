@@ -265,32 +265,43 @@ fn metadata(name: &str, component: &str, o: &KubernetesOptions, job: Option<&str
 
 /// The pod spec both exports share: one `idem` container with `args`, the store from the
 /// Secret, the jobs folder from the image or the ConfigMap.
-fn pod_spec(args: Vec<String>, grace: Duration, restart: &str, o: &KubernetesOptions) -> Yaml {
+fn pod_spec(
+    args: Vec<String>,
+    extra_env: Vec<Yaml>,
+    grace: Duration,
+    restart: &str,
+    o: &KubernetesOptions,
+) -> Yaml {
     let mut container = vec![
         ("name", s("idem")),
         ("image", s(&o.image)),
         ("args", Yaml::List(args.iter().map(|a| s(a)).collect())),
         (
             "env",
-            Yaml::List(vec![
-                Yaml::Map(vec![
-                    ("name", s("IDEM_STORE")),
-                    (
-                        "valueFrom",
-                        Yaml::Map(vec![(
-                            "secretKeyRef",
-                            Yaml::Map(vec![("name", s(&o.store_secret)), ("key", s("url"))]),
-                        )]),
-                    ),
-                ]),
-                Yaml::Map(vec![
-                    ("name", s("IDEM_JOBS_DIR")),
-                    ("value", s(&o.jobs_dir)),
-                ]),
-                // One JSON object per line, each at its severity (Cloud Logging on GKE
-                // files plain stderr as ERROR whatever it says).
-                Yaml::Map(vec![("name", s("IDEM_LOG_FORMAT")), ("value", s("json"))]),
-            ]),
+            Yaml::List(
+                vec![
+                    Yaml::Map(vec![
+                        ("name", s("IDEM_STORE")),
+                        (
+                            "valueFrom",
+                            Yaml::Map(vec![(
+                                "secretKeyRef",
+                                Yaml::Map(vec![("name", s(&o.store_secret)), ("key", s("url"))]),
+                            )]),
+                        ),
+                    ]),
+                    Yaml::Map(vec![
+                        ("name", s("IDEM_JOBS_DIR")),
+                        ("value", s(&o.jobs_dir)),
+                    ]),
+                    // One JSON object per line, each at its severity (Cloud Logging on GKE
+                    // files plain stderr as ERROR whatever it says).
+                    Yaml::Map(vec![("name", s("IDEM_LOG_FORMAT")), ("value", s("json"))]),
+                ]
+                .into_iter()
+                .chain(extra_env)
+                .collect(),
+            ),
         ),
     ];
     let mut spec = vec![("restartPolicy", s(restart))];
@@ -415,13 +426,42 @@ pub fn cron_jobs(jobs: &[ScheduledJob], o: &KubernetesOptions) -> Result<String>
         let fields = crontab_fields(job, "a Kubernetes CronJob")?;
         let date = job.date_expr()?.to_string();
         let t = CronJobTiming::for_job(job)?;
-        let args: Vec<String> = ["run", &job.name, "--date", &date, "--trigger", "scheduler"]
-            .iter()
-            .map(|a| a.to_string())
-            .collect();
+        // The date comes from the slot, not from when a retry starts: the Job a CronJob
+        // makes for a slot is named after its minute, which the pod reads from its
+        // `batch.kubernetes.io/job-name` label (Kubernetes 1.27+) and Kubernetes puts into
+        // the argument ($(VAR) in args).
+        let args: Vec<String> = [
+            "run",
+            &job.name,
+            "--date",
+            &date,
+            "--scheduled-at",
+            "cronjob:$(IDEM_CRONJOB_JOB)",
+            "--trigger",
+            "scheduler",
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+        let job_name = Yaml::Map(vec![
+            ("name", s("IDEM_CRONJOB_JOB")),
+            (
+                "valueFrom",
+                Yaml::Map(vec![(
+                    "fieldRef",
+                    Yaml::Map(vec![(
+                        "fieldPath",
+                        s("metadata.labels['batch.kubernetes.io/job-name']"),
+                    )]),
+                )]),
+            ),
+        ]);
         let pod = Yaml::Map(vec![
             ("metadata", Yaml::Map(vec![("labels", labels("job", name))])),
-            ("spec", pod_spec(args, t.termination_grace, "Never", o)),
+            (
+                "spec",
+                pod_spec(args, vec![job_name], t.termination_grace, "Never", o),
+            ),
         ]);
         let job_spec = Yaml::Map(vec![
             ("backoffLimit", Yaml::Int(u64::from(t.backoff_limit))),
@@ -559,7 +599,7 @@ pub fn scheduler_deployment(
                             "metadata",
                             Yaml::Map(vec![("labels", labels("scheduler", name))]),
                         ),
-                        ("spec", pod_spec(args, grace, "Always", o)),
+                        ("spec", pod_spec(args, Vec::new(), grace, "Always", o)),
                     ]),
                 ),
             ]),
