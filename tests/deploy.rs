@@ -191,6 +191,20 @@ fn every_export_names_the_same_image_and_jobs_folder() {
             yaml.contains("- name: \"IDEM_LOG_FORMAT\"\n") && yaml.contains("value: \"json\""),
             "the pods log JSON lines: {yaml}"
         );
+        // Every pod: no API token, the image's user and group, a read-only root with the
+        // working folder (the spool) and /tmp on volumes of its own.
+        let pods = yaml.matches("containers:").count();
+        for line in [
+            "automountServiceAccountToken: false",
+            "runAsUser: 10001",
+            "runAsGroup: 10001",
+            "fsGroup: 10001",
+            "readOnlyRootFilesystem: true",
+            "mountPath: \"/var/lib/idem\"",
+            "mountPath: \"/tmp\"",
+        ] {
+            assert_eq!(yaml.matches(line).count(), pods, "{line}: {yaml}");
+        }
     }
     // A CronJob's pod dates its run by its Job's slot (the Job name's minute), not by when
     // a retry starts.

@@ -309,11 +309,17 @@ fn pod_spec(
         spec.push(("serviceAccountName", s(sa)));
     }
     spec.push(("terminationGracePeriodSeconds", secs(grace)));
-    // What Pod Security's `restricted` level asks; the image's user is numeric (10001).
+    // idem never calls the Kubernetes API: no token in the pod.
+    spec.push(("automountServiceAccountToken", Yaml::Bool(false)));
+    // What Pod Security's `restricted` level asks, with the image's user and group
+    // (10001) said outright, also for the volumes (fsGroup).
     spec.push((
         "securityContext",
         Yaml::Map(vec![
             ("runAsNonRoot", Yaml::Bool(true)),
+            ("runAsUser", Yaml::Int(10001)),
+            ("runAsGroup", Yaml::Int(10001)),
+            ("fsGroup", Yaml::Int(10001)),
             (
                 "seccompProfile",
                 Yaml::Map(vec![("type", s("RuntimeDefault"))]),
@@ -324,32 +330,44 @@ fn pod_spec(
         "securityContext",
         Yaml::Map(vec![
             ("allowPrivilegeEscalation", Yaml::Bool(false)),
+            ("readOnlyRootFilesystem", Yaml::Bool(true)),
             (
                 "capabilities",
                 Yaml::Map(vec![("drop", Yaml::List(vec![s("ALL")]))]),
             ),
         ]),
     ));
+    // The root filesystem is read-only: what idem writes (the spool of results the store
+    // could not take, under the working folder; temporary files) goes to volumes of the
+    // pod's own.
+    let mount = |name: &str, path: &str, read_only: bool| {
+        let mut m = vec![("name", s(name)), ("mountPath", s(path))];
+        if read_only {
+            m.push(("readOnly", Yaml::Bool(true)));
+        }
+        Yaml::Map(m)
+    };
+    let empty_dir = |name: &str| {
+        Yaml::Map(vec![
+            ("name", s(name)),
+            ("emptyDir", Yaml::Map(Vec::new())),
+        ])
+    };
+    let mut mounts = vec![
+        mount("work", "/var/lib/idem", false),
+        mount("tmp", "/tmp", false),
+    ];
+    let mut volumes = vec![empty_dir("work"), empty_dir("tmp")];
     if let Some(cm) = &o.jobs_configmap {
-        container.push((
-            "volumeMounts",
-            Yaml::List(vec![Yaml::Map(vec![
-                ("name", s("jobs")),
-                ("mountPath", s(&o.jobs_dir)),
-                ("readOnly", Yaml::Bool(true)),
-            ])]),
-        ));
-        spec.push(("containers", Yaml::List(vec![Yaml::Map(container)])));
-        spec.push((
-            "volumes",
-            Yaml::List(vec![Yaml::Map(vec![
-                ("name", s("jobs")),
-                ("configMap", Yaml::Map(vec![("name", s(cm))])),
-            ])]),
-        ));
-    } else {
-        spec.push(("containers", Yaml::List(vec![Yaml::Map(container)])));
+        mounts.push(mount("jobs", &o.jobs_dir, true));
+        volumes.push(Yaml::Map(vec![
+            ("name", s("jobs")),
+            ("configMap", Yaml::Map(vec![("name", s(cm))])),
+        ]));
     }
+    container.push(("volumeMounts", Yaml::List(mounts)));
+    spec.push(("containers", Yaml::List(vec![Yaml::Map(container)])));
+    spec.push(("volumes", Yaml::List(volumes)));
     Yaml::Map(spec)
 }
 
