@@ -347,12 +347,8 @@ fn pod_spec(
         }
         Yaml::Map(m)
     };
-    let empty_dir = |name: &str| {
-        Yaml::Map(vec![
-            ("name", s(name)),
-            ("emptyDir", Yaml::Map(Vec::new())),
-        ])
-    };
+    let empty_dir =
+        |name: &str| Yaml::Map(vec![("name", s(name)), ("emptyDir", Yaml::Map(Vec::new()))]);
     let mut mounts = vec![
         mount("work", "/var/lib/idem", false),
         mount("tmp", "/tmp", false),
