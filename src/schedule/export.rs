@@ -371,9 +371,12 @@ pub fn parse_project_region(s: &str) -> Result<(String, String)> {
 /// starts another one. Every execution that one slot can start must find the first one's
 /// lease held (so it skips as `in_progress`, or, once the first completed, as
 /// `time_window`), even without a heartbeat. So all attempts of a slot must start within
-/// one lease of the first: the attempt deadline is a quarter of the lease, retries stop
-/// half a lease after the first attempt, and the last attempt's call ends by three quarters
-/// of the lease.
+/// one lease of the first. Cloud Scheduler retries until *both* `--max-retry-attempts` and
+/// `--max-retry-duration` are reached, so each bounds the last retry's start on its own:
+/// the attempt deadline is a quarter of the lease, the retry duration half a lease (a
+/// retry scheduled just before it starts one backoff later: by three quarters), and the
+/// backoff is at most 30 s, so that attempts × (deadline + backoff) stays within three
+/// quarters of the lease too; each execution then starts, at the latest, by one lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CloudRetry {
     /// `--attempt-deadline`: lease / 4, at most 30 min (Cloud Scheduler's limit).
@@ -382,9 +385,10 @@ pub struct CloudRetry {
     pub max_retry_duration: Duration,
     /// `--min-backoff`: the smaller of 30 s and the attempt deadline.
     pub min_backoff: Duration,
-    /// `--max-backoff`: the attempt deadline.
+    /// `--max-backoff`: the same as the min (a constant backoff).
     pub max_backoff: Duration,
-    /// `--max-retry-attempts`.
+    /// `--max-retry-attempts`: as many as start within three quarters of the lease when
+    /// every attempt times out (3/4 lease / (deadline + backoff)), 1 to 5.
     pub max_retry_attempts: u32,
 }
 
@@ -421,12 +425,14 @@ impl CloudRetry {
                 lease.as_secs()
             )));
         }
+        let backoff = attempt_deadline.min(Duration::from_secs(30));
+        let attempts = (lease * 3 / 4).as_secs() / (attempt_deadline + backoff).as_secs();
         Ok(CloudRetry {
             attempt_deadline,
             max_retry_duration: secs(lease / 2),
-            min_backoff: attempt_deadline.min(Duration::from_secs(30)),
-            max_backoff: attempt_deadline,
-            max_retry_attempts: 3,
+            min_backoff: backoff,
+            max_backoff: backoff,
+            max_retry_attempts: attempts.clamp(1, 5) as u32,
         })
     }
 }
@@ -667,6 +673,34 @@ mod tests {
         assert!(e.contains("guards.lease = 59s is too short"), "{e}");
         let e = CloudRetry::for_job(&job(None)).unwrap_err().to_string();
         assert!(e.contains("has no lease"), "{e}");
+    }
+
+    /// Cloud Scheduler retries until both the attempt count and the retry duration are
+    /// reached: with every attempt timing out, the last retry starts after the count's
+    /// attempts (each a deadline and a backoff) or one backoff after the duration, whichever
+    /// is later. Either way within three quarters of the lease (the old policy, 3 attempts
+    /// backing off up to the deadline, reached 1.5 leases).
+    #[test]
+    fn the_last_retry_starts_within_three_quarters_of_the_lease_by_either_limit() {
+        for lease in [60, 61, 119, 600, 3600, 7200, 86_400, 7 * 86_400] {
+            let r = CloudRetry::for_job(&job(Some(lease))).unwrap();
+            let lease = Duration::from_secs(lease);
+            let by_count = (r.attempt_deadline + r.max_backoff) * r.max_retry_attempts;
+            let by_duration = r.max_retry_duration + r.max_backoff;
+            let latest = by_count.max(by_duration);
+            assert!(
+                latest <= lease * 3 / 4,
+                "lease {lease:?}: a retry may start at {latest:?} ({r:?})"
+            );
+            assert!((1..=5).contains(&r.max_retry_attempts), "{r:?}");
+            assert!(r.min_backoff <= r.max_backoff && r.max_backoff <= r.attempt_deadline);
+        }
+        assert_eq!(
+            CloudRetry::for_job(&job(Some(3600)))
+                .unwrap()
+                .max_retry_attempts,
+            2
+        );
     }
 
     #[test]

@@ -31,10 +31,10 @@ gcloud scheduler jobs "$verb" http idem-daily-sales \
   --oauth-service-account-email=idem@my-project.iam.gserviceaccount.com \
   --oauth-token-scope=https://www.googleapis.com/auth/cloud-platform \
   --attempt-deadline=150s \
-  --max-retry-attempts=3 \
+  --max-retry-attempts=2 \
   --max-retry-duration=300s \
   --min-backoff=30s \
-  --max-backoff=150s \
+  --max-backoff=30s \
   --description='idem job daily_sales'
 
 # hourly_events: "0 5 * * * MON-FRI" in Europe/Paris, date today, lease 7200s
@@ -60,10 +60,10 @@ gcloud scheduler jobs "$verb" http idem-hourly-events \
   --oauth-service-account-email=idem@my-project.iam.gserviceaccount.com \
   --oauth-token-scope=https://www.googleapis.com/auth/cloud-platform \
   --attempt-deadline=1800s \
-  --max-retry-attempts=3 \
+  --max-retry-attempts=2 \
   --max-retry-duration=3600s \
   --min-backoff=30s \
-  --max-backoff=1800s \
+  --max-backoff=30s \
   --description='idem job hourly_events'
 
 # weekly_cleanup: "0 2 * * 0" in America/Los_Angeles, date yesterday, lease 3600s
@@ -89,8 +89,8 @@ gcloud scheduler jobs "$verb" http idem-weekly-cleanup \
   --oauth-service-account-email=idem@my-project.iam.gserviceaccount.com \
   --oauth-token-scope=https://www.googleapis.com/auth/cloud-platform \
   --attempt-deadline=900s \
-  --max-retry-attempts=3 \
+  --max-retry-attempts=2 \
   --max-retry-duration=1800s \
   --min-backoff=30s \
-  --max-backoff=900s \
+  --max-backoff=30s \
   --description='idem job weekly_cleanup'
