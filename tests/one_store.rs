@@ -536,7 +536,11 @@ fn a_read_only_ledger_can_be_read_and_refuses_runs() {
     let out = exec(&s, &["j", "--date", "2026-01-01", "--", "true"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // Closed cleanly: the last connection checkpoints and removes the -wal and -shm.
     tokio::runtime::Runtime::new().unwrap().block_on(async {
         use sqlx::{ConnectOptions, Connection};
@@ -565,12 +569,21 @@ fn a_read_only_ledger_can_be_read_and_refuses_runs() {
     assert_eq!(runs.as_array().map(Vec::len), Some(1), "{runs}");
     assert_eq!(runs[0]["scope"], "2026-01-01");
     let report = s.idem(&["report"]);
-    assert!(report.status.success(), "{}", String::from_utf8_lossy(&report.stderr));
+    assert!(
+        report.status.success(),
+        "{}",
+        String::from_utf8_lossy(&report.stderr)
+    );
     let marker = s.dir.join("ran");
     let out = exec(&s, &["j", "--date", "2026-01-02", "--", "touch"])
         .arg(&marker)
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(!marker.exists(), "the program never started");
 }
