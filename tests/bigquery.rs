@@ -733,8 +733,9 @@ mod bigquery {
         assert_eq!(next.skip_reason, Some(SkipReason::TimeWindow), "{next:?}");
     }
 
-    /// `idem migrate` creates the dataset and tables; running it again is a no-op; with
-    /// `partition_expiration_days` it also sets the expiration.
+    /// `idem migrate` creates the dataset and every table (the sixteen lease shards too);
+    /// running it again keeps what the tables hold; with `partition_expiration_days` it
+    /// also sets the expiration (tests/cleanup.rs checks the statements).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn migrate_creates_the_dataset_and_is_idempotent() {
         let url = require_bigquery!("migrate_creates_the_dataset_and_is_idempotent");
@@ -743,23 +744,55 @@ mod bigquery {
             with_dataset(&url, &unique("idem_migrate"))
         );
         let sandbox = Sandbox::with_store("idem-bq", &fresh);
-        for _ in 0..2 {
-            let (code, out, stderr) = sandbox.json(&["migrate"]);
-            assert_eq!(code, 0, "{out}\n{stderr}");
-            assert_eq!(out["migrated"], true);
-        }
-        for t in [
+        let count = |t: String| {
+            let fresh = fresh.clone();
+            async move {
+                rows(
+                    &fresh,
+                    &format!("SELECT COUNT(*) AS n FROM {}", table(&fresh, &t)),
+                )
+                .await[0]["n"]
+                    .clone()
+            }
+        };
+        let (code, out, stderr) = sandbox.json(&["migrate"]);
+        assert_eq!(code, 0, "{out}\n{stderr}");
+        let tables: Vec<String> = [
             "processing_keys",
             "processing_runs",
             "processing_leases",
             "event_keys",
-        ] {
-            let n = rows(
-                &fresh,
-                &format!("SELECT COUNT(*) AS n FROM {}", table(&fresh, t)),
-            )
-            .await;
-            assert_eq!(n[0]["n"], 0, "{t}");
+        ]
+        .into_iter()
+        .map(String::from)
+        .chain((0..16).map(|i| format!("processing_leases_{i:02}")))
+        .collect();
+        for t in &tables {
+            assert_eq!(count(t.clone()).await, 0, "{t} exists, empty");
+        }
+        // A key written between the two migrations survives the second.
+        let input = sandbox.dir.join("event.ndjson");
+        std::fs::write(&input, "{\"id\":\"pay-1\",\"amount\":5}\n").unwrap();
+        let gate = || {
+            let out = sandbox
+                .command(&["gate", "--key", "id", "--input", input.to_str().unwrap()])
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let record: Value = serde_json::from_slice(&out.stdout).unwrap();
+            record["verdict"].as_str().unwrap().to_string()
+        };
+        assert_eq!(gate(), "new");
+        let (code, out, stderr) = sandbox.json(&["migrate"]);
+        assert_eq!(code, 0, "{out}\n{stderr}");
+        assert_eq!(count("event_keys".into()).await, 1, "the key is kept");
+        assert_eq!(gate(), "replay", "the key still marks the event");
+        for t in tables.iter().filter(|t| *t != "event_keys") {
+            assert_eq!(count(t.clone()).await, 0, "{t}");
         }
     }
 

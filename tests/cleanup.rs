@@ -5,6 +5,9 @@ use serde_json::{json, Value};
 
 mod common;
 
+#[path = "common/bq_limits.rs"]
+mod bq_limits;
+
 use common::Sandbox;
 
 fn job(name: &str) -> String {
@@ -349,10 +352,12 @@ fn partition_expiration_reads_the_tables_time_partitioning() {
 }
 
 /// On BigQuery: `idem cleanup` reports each partitioned table's expiration and
-/// `--set-partition-expiration` runs the `ALTER TABLE … SET OPTIONS` on all three. The
-/// emulator accepts the DDL but reports no `timePartitioning` in `tables.get` (so no
-/// expiration either): against it this checks the statements are accepted and the report
-/// names every partitioned table; against BigQuery it checks the days too.
+/// `--set-partition-expiration` runs `ALTER TABLE … SET OPTIONS` on all three: the days
+/// on `processing_keys` and `processing_runs`, none on `event_keys` (an event key lives by
+/// its TTL, never by its partition's age). The emulator accepts the DDL but keeps no
+/// partitioning (`tables.get` shows none, so the report says no expiration): the test
+/// sends the store's calls through a proxy that records each statement, and checks the
+/// statements sent; against BigQuery it checks the days reported too.
 #[test]
 fn bigquery_cleanup_sets_and_reports_partition_expiration() {
     let Some(url) = common::bigquery_url("bigquery_cleanup_sets_and_reports_partition_expiration")
@@ -367,6 +372,19 @@ fn bigquery_cleanup_sets_and_reports_partition_expiration() {
         .next()
         .unwrap();
     let store = format!("bigquery://{project}/{dataset}?{query}");
+    let emulator = bq_limits::endpoint_of(&store);
+    // The recording proxy, on a runtime of its own that serves it while idem runs.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let proxy = emulator.as_ref().map(|upstream| {
+        let mut limits = bq_limits::Limits::bigquery(std::time::Duration::ZERO);
+        limits.record_sql = true;
+        rt.block_on(bq_limits::Simulator::start(upstream, limits))
+    });
+    let store = proxy.as_ref().map_or(store.clone(), |p| p.url(&store));
     let s = Sandbox::with_store("idem-cleanup-bq-parts", &store);
     let (code, _, err) = s.json(&["migrate"]);
     assert_eq!(code, 0, "{err}");
@@ -381,24 +399,73 @@ fn bigquery_cleanup_sets_and_reports_partition_expiration() {
         n.sort();
         n
     };
+    // The ALTER statements sent since the last call, as (table, days), sorted.
+    let altered = || -> Vec<(String, String)> {
+        let proxy = proxy.as_ref().unwrap();
+        let sql = proxy.stats().sql;
+        proxy.reset_stats();
+        let mut out: Vec<(String, String)> = sql
+            .iter()
+            .filter_map(|q| {
+                let rest = q.strip_prefix("ALTER TABLE `")?;
+                let (table, rest) = rest.split_once('`')?;
+                let days = rest
+                    .strip_prefix(" SET OPTIONS (partition_expiration_days = ")?
+                    .strip_suffix(')')?;
+                Some((table.to_string(), days.to_string()))
+            })
+            .collect();
+        out.sort();
+        out
+    };
+    let expected = |days: &str| -> Vec<(String, String)> {
+        tables
+            .iter()
+            .map(|t| {
+                let days = if *t == "event_keys" { "NULL" } else { days };
+                (format!("{project}.{dataset}.{t}"), days.to_string())
+            })
+            .collect()
+    };
+    if proxy.is_some() {
+        altered();
+    }
     let v = cleanup(&s, &[]);
     assert_eq!(names(&v), tables, "{v}");
     assert_eq!(v["keys_deleted"], 0, "{v}");
+    if proxy.is_some() {
+        assert_eq!(altered(), [], "a plain cleanup alters nothing");
+    }
 
     let set = cleanup(&s, &["--set-partition-expiration", "30d"]);
     assert_eq!(names(&set), tables, "{set}");
-    let emulator = url.contains("endpoint=");
-    for t in tables {
-        let days = &set["partition_expiration"][t];
-        if emulator {
-            assert!(days.is_null() || days == &json!(30.0), "{set}");
-        } else {
-            assert_eq!(days, &json!(30.0), "{set}");
+    if proxy.is_some() {
+        assert_eq!(altered(), expected("30"), "{set}");
+        for t in tables {
+            assert!(
+                set["partition_expiration"][t].is_null(),
+                "the emulator keeps no partitioning: {set}"
+            );
         }
+    } else {
+        assert_eq!(
+            set["partition_expiration"]["processing_keys"],
+            json!(30.0),
+            "{set}"
+        );
+        assert_eq!(
+            set["partition_expiration"]["processing_runs"],
+            json!(30.0),
+            "{set}"
+        );
+        assert!(set["partition_expiration"]["event_keys"].is_null(), "{set}");
     }
     let off = cleanup(&s, &["--set-partition-expiration", "none"]);
     for t in tables {
         assert!(off["partition_expiration"][t].is_null(), "{off}");
+    }
+    if proxy.is_some() {
+        assert_eq!(altered(), expected("NULL"), "{off}");
     }
     let (code, out, err) = s.json(&["cleanup", "--set-partition-expiration", "30d"]);
     assert_eq!(code, 0, "{out} {err}");

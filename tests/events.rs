@@ -65,7 +65,7 @@ fn vectors_match_the_python_reference() {
 }
 
 /// The checked-in vectors are exactly what the reference script prints, so no vector was
-/// edited by hand. Skipped (with a message) when python3 is not installed.
+/// edited by hand. Skipped through `common::skip` when python3 is not installed.
 #[test]
 fn vectors_file_is_the_output_of_the_reference_script() {
     let dir = vectors_dir();
@@ -75,7 +75,10 @@ fn vectors_file_is_the_output_of_the_reference_script() {
     {
         Ok(out) => out,
         Err(e) => {
-            eprintln!("skipped: python3 not available ({e})");
+            common::skip(format!(
+                "skipped vectors_file_is_the_output_of_the_reference_script: python3 is not \
+                 available ({e})"
+            ));
             return;
         }
     };

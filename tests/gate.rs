@@ -1710,14 +1710,16 @@ struct OwnRedis {
 }
 
 impl OwnRedis {
+    /// The server, or `None` after saying why the test is skipped (see `common::skip`):
+    /// `IDEM_TEST_REDIS_URL` unset, or no `redis-server` to run. A server that starts but
+    /// never accepts a connection fails the test.
     fn start(test: &str) -> Option<OwnRedis> {
         common::redis_url(test)?;
         let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .ok()?
-            .local_addr()
-            .ok()?
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
             .port();
-        let child = std::process::Command::new("redis-server")
+        let child = match std::process::Command::new("redis-server")
             .args([
                 "--port",
                 &port.to_string(),
@@ -1731,15 +1733,33 @@ impl OwnRedis {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .ok()?;
-        let url = format!("redis://127.0.0.1:{port}");
-        for _ in 0..100 {
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return Some(OwnRedis { child, url });
+        {
+            Ok(child) => child,
+            Err(e) => {
+                common::skip(format!(
+                    "skipped {test}: cannot run `redis-server` ({e}); the test runs a Redis \
+                     server of its own"
+                ));
+                return None;
             }
-            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        // Killed on drop, also when an assertion below fails.
+        let mut redis = OwnRedis {
+            child,
+            url: format!("redis://127.0.0.1:{port}"),
+        };
+        let start = std::time::Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Some(status) = redis.child.try_wait().unwrap() {
+                panic!("{test}: redis-server on port {port} exited ({status}) before accepting");
+            }
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(30),
+                "{test}: redis-server on port {port} accepted no connection in 30 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
         }
-        None
+        Some(redis)
     }
 
     /// Sends the server SIGSTOP or SIGCONT.

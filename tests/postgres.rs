@@ -58,6 +58,15 @@ async fn db(url: &str) -> PgPool {
         .expect("connect to IDEM_TEST_POSTGRES_URL")
 }
 
+/// A key for `pg_advisory_lock` no other test run uses at the same time.
+fn rand_key() -> i64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as i64;
+    nanos ^ ((std::process::id() as i64) << 40)
+}
+
 fn sql_job(name: &str, guards: &str, sql: &str) -> String {
     format!(
         "name = {}\nprocessor = \"sql\"\n[guards]\n{guards}\n[sql]\n{sql}\n",
@@ -228,6 +237,9 @@ fn eight_processes_one_scope_run_once() {
 
 /// A slow run whose lease (1 s, no heartbeat) expires is taken over by the next run; the
 /// slow run's late completion is rejected, reported, and not recorded over the newer run.
+/// Synchronised by states, not sleeps: the slow run's SQL waits on an advisory lock the
+/// test holds, the next run starts once the lease row has expired, and the lock is let go
+/// once it completed.
 #[test]
 fn expired_lease_is_taken_over_and_the_late_run_is_fenced() {
     let Some(url) = pg_url("expired_lease_is_taken_over_and_the_late_run_is_fenced") else {
@@ -237,12 +249,23 @@ fn expired_lease_is_taken_over_and_the_late_run_is_fenced() {
     let pool = rt.block_on(db(&url));
     let dir = Sandbox::with_store("idem-pg", &url);
     let name = format!("pg_takeover_{}", suffix());
+    // A's work blocks on this advisory lock until the test lets it go.
+    let lock_key: i64 = rand_key();
+    // The pooled connection returns to the pool on drop, which needs the runtime.
+    let _context = rt.enter();
+    let mut locker = rt.block_on(pool.acquire()).unwrap();
+    rt.block_on(
+        sqlx::query("SELECT pg_advisory_lock($1)")
+            .bind(lock_key)
+            .execute(&mut *locker),
+    )
+    .unwrap();
     let slow = dir.write_job(
         "slow",
         &sql_job(
             &name,
             "lease = \"1s\"\nheartbeat = false",
-            "process = \"SELECT pg_sleep(2.5)\"",
+            &format!("process = \"SELECT pg_advisory_xact_lock({lock_key})\""),
         ),
     );
     let quick = dir.write_job(
@@ -253,13 +276,44 @@ fn expired_lease_is_taken_over_and_the_late_run_is_fenced() {
         .json_command(&["run", slow.to_str().unwrap(), "--date", "2025-04-01"])
         .spawn()
         .expect("spawn run A");
-    std::thread::sleep(Duration::from_millis(1500));
+    // A is processing (it holds the lease and waits on the lock), and its lease expired.
+    let waiting = format!("%pg_advisory_xact_lock({lock_key})%");
+    let start = std::time::Instant::now();
+    loop {
+        let (blocked, expired): (bool, bool) = rt
+            .block_on(
+                sqlx::query_as(
+                    "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event_type = \
+                     'Lock' AND query LIKE $2), COALESCE((SELECT expires_at < now() \
+                     FROM processing_leases WHERE processor_name = $1), false)",
+                )
+                .bind(&name)
+                .bind(&waiting)
+                .fetch_one(&pool),
+            )
+            .unwrap();
+        if blocked && expired {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "A never processed with an expired lease (blocked {blocked}, expired {expired})"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let (b_code, b, b_err) = dir.run(&quick, "2025-04-01");
     assert_eq!(b_code, 0, "{b}\n{b_err}");
     assert_eq!(
         b["status"], "completed",
         "B takes the expired lease over: {b}"
     );
+    rt.block_on(
+        sqlx::query("SELECT pg_advisory_unlock($1)")
+            .bind(lock_key)
+            .execute(&mut *locker),
+    )
+    .unwrap();
+    drop(locker);
     let (a_code, a, a_err) = wait(a);
     assert_eq!(a_code, 1, "{a}\n{a_err}");
     assert_eq!(a["status"], "failed", "{a}");

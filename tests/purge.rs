@@ -202,7 +202,11 @@ fn purge_on_a_terminal(s: &Sandbox, answer: &str) -> (i32, String) {
 #[test]
 fn on_a_terminal_purge_asks_first() {
     if Command::new("script").arg("--version").output().is_err() {
-        eprintln!("skipped on_a_terminal_purge_asks_first: no `script` command");
+        common::skip(
+            "skipped on_a_terminal_purge_asks_first: no `script` command (util-linux) to make \
+             a terminal"
+                .into(),
+        );
         return;
     }
     let s = Sandbox::new("idem-purge-tty");

@@ -91,6 +91,82 @@ fn wait_exit(mut child: Child, limit: Duration) -> Output {
     }
 }
 
+/// A process whose stderr is read as it is written, so a test can wait for a line (a
+/// state) instead of sleeping; the pipe never fills.
+struct Watched {
+    child: Child,
+    log: std::sync::Arc<std::sync::Mutex<String>>,
+    reader: std::thread::JoinHandle<()>,
+}
+
+impl Watched {
+    /// Starts `command` with its stderr piped and read line by line.
+    fn start(mut command: Command) -> Watched {
+        use std::io::BufRead;
+        let mut child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start idem");
+        let stderr = child.stderr.take().unwrap();
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let reader = {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                for line in std::io::BufReader::new(stderr).lines() {
+                    let Ok(line) = line else { break };
+                    let mut log = log.lock().unwrap();
+                    log.push_str(&line);
+                    log.push('\n');
+                }
+            })
+        };
+        Watched { child, log, reader }
+    }
+
+    /// Waits (at most 60 s) until a line of the log satisfies `done`.
+    fn wait_for_line(&mut self, what: &str, done: impl Fn(&str) -> bool) {
+        let start = Instant::now();
+        while !self.log.lock().unwrap().lines().any(&done) {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!(
+                    "exited ({status}) before {what}: {}",
+                    self.log.lock().unwrap()
+                );
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "no {what} in 60 s: {}",
+                self.log.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGTERM, then its exit code and whole stderr (at most `limit` to stop).
+    fn stop(mut self, limit: Duration) -> (Option<i32>, String) {
+        sigterm(&self.child);
+        let start = Instant::now();
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            if start.elapsed() > limit {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!(
+                    "it did not stop within {limit:?}: {}",
+                    self.log.lock().unwrap()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        self.reader.join().unwrap();
+        let log = self.log.lock().unwrap().clone();
+        (status.code(), log)
+    }
+}
+
 /// Polls until `done` holds for the job's runs (at most 60 s).
 fn wait_for_runs(s: &Sandbox, job: &str, what: &str, done: impl Fn(&[Value]) -> bool) {
     let start = Instant::now();
@@ -602,23 +678,17 @@ fn a_store_down_at_start_stops_no_job() {
         ),
     );
     s.write_job("picky", &ticking_job("picky", "", "SELECT 1"));
-    let child = s
-        .command(&["scheduler"])
-        .env("IDEM_SPOOL_DIR", s.dir.join("spool"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_secs(6));
-    sigterm(&child);
-    let out = wait_exit(child, Duration::from_secs(60));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{err}");
+    let mut command = s.command(&["scheduler"]);
+    command.env("IDEM_SPOOL_DIR", s.dir.join("spool"));
+    let mut scheduler = Watched::start(command);
+    // The best_effort job fires: its first fire's outcome is logged (the scheduler would
+    // have exited at start on the old code).
+    scheduler.wait_for_line("fire of the best_effort job", |l| {
+        l.contains("fire lenient slot")
+    });
+    let (code, err) = scheduler.stop(Duration::from_secs(60));
+    assert_eq!(code, Some(0), "{err}");
     assert!(err.contains("scheduler started with 2 job(s)"), "{err}");
-    assert!(
-        err.lines().any(|l| l.contains("fire lenient slot")),
-        "the best_effort job fires: {err}"
-    );
 }
 
 /// The last scheduled fire is asked of the store directly: a backfill of more than 1,000

@@ -55,6 +55,7 @@ struct Figures {
     spawned: HashMap<&'static str, u64>,
     sigkill: u64,
     sigterm: u64,
+    /// Connections `pg_terminate_backend` really ended (not attempts).
     connections_dropped: u64,
 }
 
@@ -98,24 +99,29 @@ process = """WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHER
     )
 }
 
-/// Drops every other connection to the soak's database.
-fn drop_connections(url: &str) {
+/// Drops every other connection to the soak's database: how many it dropped (0 when none
+/// was open). Failing to reach the database to drop them fails the soak.
+fn drop_connections(url: &str) -> u64 {
     let url = url.to_string();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async move {
-        if let Ok(pool) = sqlx::PgPool::connect(&url).await {
-            let _ = sqlx::query(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-                 WHERE datname = current_database() AND pid <> pg_backend_pid()",
-            )
-            .execute(&pool)
-            .await;
-            pool.close().await;
-        }
-    });
+        let pool = sqlx::PgPool::connect(&url)
+            .await
+            .expect("connect to drop the others' connections");
+        let dropped: Vec<bool> = sqlx::query_scalar(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid() \
+             AND backend_type = 'client backend'",
+        )
+        .fetch_all(&pool)
+        .await
+        .expect("pg_terminate_backend");
+        pool.close().await;
+        dropped.into_iter().filter(|d| *d).count() as u64
+    })
 }
 
 /// (keys without a completed run, completions per scope) for processor `job`.
@@ -216,7 +222,16 @@ fn fault_soak_keeps_every_invariant() {
     let mut gate_outputs: Vec<PathBuf> = Vec::new();
     let started = Instant::now();
     let mut n = 0u64;
-    while started.elapsed() < Duration::from_secs(seconds) {
+    // The soak lasts `seconds`, and longer (up to a minute more) until a connection was
+    // really dropped, a process killed and a scope completed, so a short soak is a soak too.
+    let enough = |f: &Figures| {
+        f.connections_dropped > 0
+            && f.sigkill + f.sigterm > 0
+            && !ledger_facts(&url, &name).1.is_empty()
+    };
+    while started.elapsed() < Duration::from_secs(seconds)
+        || (started.elapsed() < Duration::from_secs(seconds + 60) && !enough(&figures))
+    {
         // Keep a few processes going.
         while running.len() < 4 {
             n += 1;
@@ -261,8 +276,7 @@ fn fault_soak_keeps_every_invariant() {
             });
         }
         if rng.below(40) == 0 {
-            drop_connections(&url);
-            figures.connections_dropped += 1;
+            figures.connections_dropped += drop_connections(&url);
         }
         for p in &mut running {
             if let Some((after, sig)) = p.kill_after {
@@ -309,10 +323,30 @@ fn fault_soak_keeps_every_invariant() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    assert_eq!(
+        complete_records(&last).len(),
+        3000,
+        "the last clean gate reports every line"
+    );
     gate_outputs.push(last);
+
+    // The faults happened: else the invariants below hold trivially.
+    assert!(
+        figures.connections_dropped > 0,
+        "no connection was dropped in {seconds} s: {figures:?}"
+    );
+    assert!(
+        figures.sigkill + figures.sigterm > 0,
+        "no process was killed: {figures:?}"
+    );
 
     // The invariants.
     let (orphans, completions) = ledger_facts(&url, &name);
+    // Work was done through the faults: a soak where nothing completes proves nothing.
+    assert!(
+        !completions.is_empty(),
+        "no scope completed in {seconds} s: {figures:?}"
+    );
     assert_eq!(orphans, 0, "keys without a completed run");
     for (scope, n) in &completions {
         assert_eq!(

@@ -3,9 +3,10 @@
 //! of them. Runs on SQLite (a new file), Redis (`IDEM_TEST_REDIS_URL`) and Postgres
 //! (`IDEM_TEST_POSTGRES_URL`), skipping the last two with a message when unset.
 //!
-//! The processes are this test binary re-run with `--exact child_marks_keys` and the
-//! `IDEM_CHILD_*` variables set: the child test marks the keys, writes the ones it found new
-//! to a file and exits; without the variables it does nothing.
+//! The processes are this test binary re-run with `--ignored --exact child_marks_keys` and
+//! the `IDEM_CHILD_*` variables set: the child marks the keys, writes the ones it found new
+//! to a file and exits. It is `#[ignore]`d, so a normal run does not count it (it tests
+//! nothing alone); run by hand without the variables it fails, saying so.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -29,18 +30,27 @@ fn order(seed: u64) -> Vec<String> {
         .collect()
 }
 
-/// The child: marks every key in batches once `GO` exists, writes the new ones to `OUT`.
+/// The child: once its store is open it creates `READY`, then marks every key in batches
+/// once `GO` exists and writes the new ones to `OUT`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "child process of the two-process tests, run by them"]
 async fn child_marks_keys() {
-    let Ok(url) = std::env::var("IDEM_CHILD_URL") else {
-        return;
+    let var = |name: &str| {
+        std::env::var(name).unwrap_or_else(|_| {
+            panic!(
+                "{name} is not set: child_marks_keys runs only as the child process of the \
+                 *_two_processes_mark_each_key_once tests"
+            )
+        })
     };
-    let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is set"));
+    let url = var("IDEM_CHILD_URL");
     let namespace = var("IDEM_CHILD_NAMESPACE");
     let out = PathBuf::from(var("IDEM_CHILD_OUT"));
     let go = PathBuf::from(var("IDEM_CHILD_GO"));
+    let ready = PathBuf::from(var("IDEM_CHILD_READY"));
     let seed: u64 = var("IDEM_CHILD_SEED").parse().unwrap();
     let store = open_event_keys(&url).await.expect("open the store");
+    std::fs::write(&ready, "").expect("say the store is open");
     let start = Instant::now();
     while !go.exists() {
         assert!(start.elapsed() < Duration::from_secs(60), "no go signal");
@@ -72,11 +82,13 @@ fn two_processes_mark_each_key_once(url: &str, dir: &Path) {
     let namespace = format!("two-processes-{}", idem::new_run_id());
     let go = dir.join("go");
     let exe = std::env::current_exe().unwrap();
-    let children: Vec<_> = (0..2u64)
+    let mut children: Vec<_> = (0..2u64)
         .map(|seed| {
             let out = dir.join(format!("new-{seed}.txt"));
+            let ready = dir.join(format!("ready-{seed}"));
             let child = Command::new(&exe)
                 .args([
+                    "--ignored",
                     "--exact",
                     "child_marks_keys",
                     "--nocapture",
@@ -86,26 +98,51 @@ fn two_processes_mark_each_key_once(url: &str, dir: &Path) {
                 .env("IDEM_CHILD_NAMESPACE", &namespace)
                 .env("IDEM_CHILD_OUT", &out)
                 .env("IDEM_CHILD_GO", &go)
+                .env("IDEM_CHILD_READY", &ready)
                 .env("IDEM_CHILD_SEED", seed.to_string())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
                 .expect("spawn the child process");
-            (child, out)
+            (child, out, ready)
         })
         .collect();
-    // Both have started (and are opening the store): let them go together.
-    std::thread::sleep(Duration::from_millis(300));
+    // Both have opened the store: let them go together.
+    let start = Instant::now();
+    while !children.iter().all(|(_, _, ready)| ready.exists()) {
+        // One cannot end before `go` but by failing.
+        if let Some(i) = children
+            .iter_mut()
+            .position(|(child, _, _)| child.try_wait().unwrap().is_some())
+        {
+            let output = children.swap_remove(i).0.wait_with_output().unwrap();
+            panic!(
+                "a child ended before opening the store: {}\n{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the children did not open the store within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     std::fs::write(&go, "").unwrap();
     let mut seen = std::collections::HashMap::<String, u64>::new();
     let mut counts = Vec::new();
-    for (seed, (child, out)) in children.into_iter().enumerate() {
+    for (seed, (child, out, _)) in children.into_iter().enumerate() {
         let output = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
         assert!(
             output.status.success(),
-            "child {seed} failed: {}\n{}",
-            String::from_utf8_lossy(&output.stdout),
+            "child {seed} failed: {stdout}\n{}",
             String::from_utf8_lossy(&output.stderr)
+        );
+        // It ran the child test (an empty filter match would also exit 0).
+        assert!(
+            stdout.contains("test result: ok. 1 passed"),
+            "child {seed} ran no test: {stdout}"
         );
         let text = std::fs::read_to_string(&out).expect("the child wrote its new keys");
         let keys: Vec<&str> = text.lines().filter(|l| !l.is_empty()).collect();

@@ -1,8 +1,10 @@
 """The type stubs name everything the package exports (editors complete from them)."""
 
 import ast
+import json
 import pathlib
 import pydoc
+import subprocess
 
 import pytest
 
@@ -20,7 +22,7 @@ def test_stubs_cover_the_public_names():
     assert STUB.with_name("py.typed").exists()
 
 
-def test_the_trade_event_type_names_every_field_fingerprint_requires():
+def test_the_trade_event_type_names_every_field_fingerprint_requires(idem_bin):
     stub = ast.parse(STUB.read_text())
     (declared,) = [n for n in stub.body if isinstance(n, ast.ClassDef) and n.name == "TradeEvent"]
     fields = [n.target.id for n in declared.body if isinstance(n, ast.AnnAssign)]
@@ -31,7 +33,12 @@ def test_the_trade_event_type_names_every_field_fingerprint_requires():
         "side": "buy", "price": "101.50", "quantity": 3, "event_type": "trade",
     }
     assert set(event) == set(fields)
-    assert len(pyidem.fingerprint([event])) == 64
+    # The event with exactly these fields is fingerprinted as `idem fingerprint` does it.
+    cli = subprocess.run(
+        [idem_bin, "fingerprint"], input=json.dumps(event) + "\n", capture_output=True, text=True
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert pyidem.fingerprint([event]) == cli.stdout.strip().split()[-1]
     for field in fields:
         partial = {k: v for k, v in event.items() if k != field}
         with pytest.raises(ValueError, match=field):

@@ -72,6 +72,8 @@ pub struct Limits {
     pub dml_latency: Duration,
     /// Time one query (SELECT) runs.
     pub read_latency: Duration,
+    /// Keep the text of every statement in [`Stats::sql`] (off: a fleet runs many).
+    pub record_sql: bool,
 }
 
 impl Limits {
@@ -87,6 +89,7 @@ impl Limits {
             conflict_retries: 3,
             dml_latency,
             read_latency: dml_latency / 3,
+            record_sql: false,
         }
     }
 }
@@ -115,6 +118,8 @@ pub struct Stats {
     pub bytes_billed: u64,
     /// Sum of the emulator's `totalBytesProcessed` (0 with the emulator).
     pub bytes_processed_reported: u64,
+    /// Every statement's text, in arrival order, when [`Limits::record_sql`] is on.
+    pub sql: Vec<String>,
 }
 
 impl Stats {
@@ -590,6 +595,9 @@ async fn statement(shared: &Shared, request: Request) -> Answer {
     let (kind, tables) = classify(&sql);
     {
         let mut stats = shared.stats.lock().unwrap();
+        if shared.limits.record_sql {
+            stats.sql.push(sql.clone());
+        }
         *stats.statements.entry(kind).or_default() += 1;
         if let Some(target) = tables.first() {
             let name = target.rsplit('.').next().unwrap_or(target);
