@@ -187,11 +187,11 @@ impl Error {
     }
 
     /// Shorthand for [`Error::StoreUnavailable`] without a source error.
-    /// `store` is shown redacted ([`crate::backend::RedactedUrl`]), whatever the caller
+    /// `store` is shown redacted ([`crate::redact::RedactedUrl`]), whatever the caller
     /// gave.
     pub fn store(store: impl fmt::Display, message: impl fmt::Display) -> Self {
         Error::StoreUnavailable {
-            store: crate::backend::redact_url(&store.to_string()),
+            store: crate::redact::redact_url(&store.to_string()),
             message: message.to_string(),
             source: None,
         }
@@ -204,7 +204,7 @@ impl Error {
         source: impl Into<BoxError>,
     ) -> Self {
         Error::StoreUnavailable {
-            store: crate::backend::redact_url(&store.to_string()),
+            store: crate::redact::redact_url(&store.to_string()),
             message: message.to_string(),
             source: Some(source.into()),
         }
@@ -312,7 +312,7 @@ impl Error {
             Error::store_source(store, message, e)
         } else {
             Error::StoreRejected {
-                store: crate::backend::redact_url(store),
+                store: crate::redact::redact_url(store),
                 operation: operation.to_string(),
                 message,
                 source: Some(Box::new(e)),

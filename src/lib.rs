@@ -134,6 +134,7 @@ mod key;
 pub mod maintenance;
 pub mod model;
 mod processor;
+mod redact;
 pub mod report;
 mod runner;
 pub mod schedule;

@@ -558,3 +558,21 @@ impl Warehouse for PostgresWarehouse {
         result
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[tokio::test]
+    async fn debug_never_shows_the_password() {
+        for url in [
+            "postgres://idem:s3cret@127.0.0.1:1/idem",
+            "postgres://idem@127.0.0.1:1/idem?password=s3cret",
+        ] {
+            let warehouse = super::PostgresWarehouse::connect(url).await.unwrap();
+            let shown = format!("{warehouse:?}");
+            assert!(
+                !shown.contains("s3cret") && shown.contains("***"),
+                "{shown}"
+            );
+        }
+    }
+}
