@@ -59,6 +59,7 @@ fn main() {
             lease: Duration::from_secs(3600),
             prefix: format!("bench_{}", &idem::new_run_id()[..8]),
             spread: Duration::from_secs(env_u64("IDEM_BENCH_SPREAD_S", 60)),
+            one_shard: None,
         };
         println!(
             "bigquery fleet: {runs} runs fired over {:?}, {} duplicates, DML {dml:?}, reads {:?}, work {work:?}, free INSERTs/table {}",

@@ -849,6 +849,182 @@ mod bigquery {
         assert_eq!(store.api_calls() - before, 2);
     }
 
+    /// The rows of `sql` run on the emulator itself (behind no simulator), as text.
+    async fn emulator_rows(url: &str, sql: &str) -> Vec<Vec<String>> {
+        rows(url, sql)
+            .await
+            .into_iter()
+            .map(|row| {
+                row.as_object()
+                    .map(|o| o.values().map(|v| v.to_string()).collect())
+                    .unwrap_or_default()
+            })
+            .collect()
+    }
+
+    /// A brand-new scope claimed by 2–5 runs at once, for many scopes, at the *model* of
+    /// BigQuery (`bq_model.rs`: a script runs statement by statement, each statement its own
+    /// snapshot and commit, INSERTs never conflicting, concurrent UPDATEs of a lease table
+    /// conflicting and re-run): never two holders. Counted two ways: the claims that
+    /// answered "acquired" per scope, and the runs a scope's lease rows name as unexpired
+    /// holders (each of which the fenced finish would accept). The claim before the fix
+    /// (create a free row, then `UPDATE … WHERE this row is free`) gave 2 holders to a
+    /// scope whose two creating INSERTs both committed before either UPDATE's snapshot.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn new_scopes_claimed_together_get_one_holder_at_the_model() {
+        let url = require_bigquery!("new_scopes_claimed_together_get_one_holder_at_the_model");
+        let url = with_dataset(&url, &unique("idem_model"));
+        BigQueryStore::connect(&url).await.unwrap();
+        let upstream = super::bq_limits::endpoint_of(&url).expect("an emulator endpoint");
+        let env = |name: &str, default: u64| {
+            std::env::var(name)
+                .ok()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(default)
+        };
+        let scopes = env("IDEM_TEST_MODEL_SCOPES", 100) as usize;
+        let latency = Duration::from_millis(env("IDEM_TEST_MODEL_LATENCY_MS", 300));
+        let mut limits = super::bq_limits::Limits::bigquery(latency);
+        limits.statements = true;
+        let sim = super::bq_limits::Simulator::start(&upstream, limits).await;
+        let store = Arc::new(BigQueryStore::connect_lazy(&sim.url(&url)).await.unwrap());
+        let name = unique("model");
+        // Scopes claimed in small waves (every claimer of a scope at once): the model's
+        // latencies, not the emulator's queue (one process, ~40 statements a second), must
+        // decide the order in which statements of different claims meet.
+        let wave = env("IDEM_TEST_MODEL_WAVE", 4) as usize;
+        let mut acquired = vec![0usize; scopes];
+        let mut claims = 0;
+        for wave in (0..scopes).collect::<Vec<_>>().chunks(wave) {
+            let mut tasks = tokio::task::JoinSet::new();
+            for &i in wave {
+                for c in 0..2 + i % 4 {
+                    claims += 1;
+                    let (store, name) = (store.clone(), name.clone());
+                    tasks.spawn(async move {
+                        let scope = format!("scope-{i:04}");
+                        let run_id = format!("run-{i:04}-{c}");
+                        let claim = store
+                            .claim(&ClaimRequest {
+                                processor: &name,
+                                scope: &scope,
+                                run_id: &run_id,
+                                ttl: Duration::from_secs(3600),
+                                now: Utc::now(),
+                            })
+                            .await;
+                        (i, claim)
+                    });
+                }
+            }
+            while let Some(joined) = tasks.join_next().await {
+                let (i, claim) = joined.unwrap();
+                match claim {
+                    Ok(idem::store::Claim::Acquired(_)) => acquired[i] += 1,
+                    Ok(idem::store::Claim::Held(_)) => {}
+                    Err(e) => panic!("scope {i}: the claim failed: {e}"),
+                }
+            }
+        }
+        let mut held_by_two = Vec::new();
+        for shard in 0..16 {
+            let leases = table(&url, &format!("processing_leases_{shard:02}"));
+            held_by_two.extend(
+                emulator_rows(
+                    &url,
+                    &format!(
+                        "SELECT scope, COUNT(DISTINCT holder_run_id) AS holders FROM {leases} \
+                         WHERE processor_name = '{name}' AND holder_run_id IS NOT NULL \
+                         AND expires_at > CURRENT_TIMESTAMP() GROUP BY scope \
+                         HAVING COUNT(DISTINCT holder_run_id) > 1"
+                    ),
+                )
+                .await,
+            );
+        }
+        let stats = sim.stats();
+        let two_acquired: Vec<usize> = (0..scopes).filter(|&i| acquired[i] > 1).collect();
+        let none = acquired.iter().filter(|&&n| n == 0).count();
+        eprintln!(
+            "model: {scopes} new scopes, {claims} claims, {} DML latency: {} scopes acquired \
+             by 2+ claims, {} scopes with 2+ holders in the lease table, {none} scopes \
+             acquired by none; {} child statements, {} conflict re-runs, {} conflict \
+             failures, {} quota refusals",
+            humantime::format_duration(latency),
+            two_acquired.len(),
+            held_by_two.len(),
+            stats.child_statements,
+            stats.conflict_reruns,
+            stats.conflict_failures,
+            stats.quota_failures,
+        );
+        assert!(
+            stats.child_statements > claims as u64,
+            "the model ran scripts statement by statement"
+        );
+        assert!(
+            two_acquired.is_empty(),
+            "scopes acquired twice: {two_acquired:?}"
+        );
+        assert!(
+            held_by_two.is_empty(),
+            "scopes with two holders: {held_by_two:?}"
+        );
+        assert_eq!(none, 0, "every new scope was acquired by one of its claims");
+    }
+
+    /// 60 runs whose leases all live in one lease table, fired at once (plus 6 concurrent
+    /// duplicates), at the model (each statement of a script its own job, 100 ms per DML
+    /// statement in CI, `IDEM_TEST_MODEL_LATENCY_MS` to change): every run's finish is
+    /// recorded. The finish is a script, not a
+    /// transaction, so its statements wait in the table's queue with the claims of the
+    /// other 59 scopes; the finish as a transaction (before) was cancelled whenever another
+    /// claim or release committed on the table during its ~1 s, and given up after its
+    /// conflict retries — after the work was done.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn finishes_on_one_busy_lease_table_queue_and_are_never_cancelled_at_the_model() {
+        let url = require_bigquery!(
+            "finishes_on_one_busy_lease_table_queue_and_are_never_cancelled_at_the_model"
+        );
+        let url = with_dataset(&url, &unique("idem_shard"));
+        BigQueryStore::connect(&url).await.unwrap();
+        let upstream = super::bq_limits::endpoint_of(&url).expect("an emulator endpoint");
+        let latency = Duration::from_millis(
+            std::env::var("IDEM_TEST_MODEL_LATENCY_MS")
+                .ok()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(100),
+        );
+        let mut limits = super::bq_limits::Limits::bigquery(latency);
+        limits.statements = true;
+        let sim = super::bq_limits::Simulator::start(&upstream, limits).await;
+        let fleet = super::fleet::Fleet {
+            runs: 66,
+            duplicates: 6,
+            jobs: 6,
+            work: Duration::from_millis(100),
+            lease: Duration::from_secs(3600),
+            prefix: unique("shard"),
+            spread: Duration::ZERO,
+            one_shard: Some(5),
+        };
+        let report = super::fleet::fire(&fleet, &url, &sim).await;
+        eprintln!("{}", report.summary());
+        assert!(
+            report.failures.is_empty(),
+            "{} runs failed, e.g. {:?}",
+            report.failures.len(),
+            report.failures.iter().take(3).collect::<Vec<_>>()
+        );
+        assert_eq!(report.completed, 60);
+        assert!(
+            report.wrong_completions.is_empty(),
+            "{:?}",
+            report.wrong_completions
+        );
+        assert_eq!(report.double_work, 0);
+    }
+
     /// A fleet fired at once, against BigQuery's DML limits (the limits simulator in front
     /// of the emulator, scaled for CI: 200 runs, 50 ms per DML statement, the day's free
     /// INSERTs used up after 100 per table): no run fails for a quota or a conflict, every
@@ -875,6 +1051,7 @@ mod bigquery {
             lease: Duration::from_secs(3600),
             prefix: unique("fleet"),
             spread: Duration::ZERO,
+            one_shard: None,
         };
         let report = super::fleet::fire(&fleet, &url, &sim).await;
         eprintln!("{}", report.summary());

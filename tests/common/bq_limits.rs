@@ -53,6 +53,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
+#[path = "bq_model.rs"]
+pub mod model;
+
 /// The limits and latencies the simulator applies.
 #[derive(Debug, Clone)]
 pub struct Limits {
@@ -74,6 +77,9 @@ pub struct Limits {
     pub read_latency: Duration,
     /// Keep the text of every statement in [`Stats::sql`] (off: a fleet runs many).
     pub record_sql: bool,
+    /// Run scripts as BigQuery does, statement by statement, each its own snapshot and
+    /// commit ([`model`]); off: a script is one atomic step, as on the emulator.
+    pub statements: bool,
 }
 
 impl Limits {
@@ -90,6 +96,7 @@ impl Limits {
             dml_latency,
             read_latency: dml_latency / 3,
             record_sql: false,
+            statements: false,
         }
     }
 }
@@ -120,6 +127,9 @@ pub struct Stats {
     pub bytes_processed_reported: u64,
     /// Every statement's text, in arrival order, when [`Limits::record_sql`] is on.
     pub sql: Vec<String>,
+    /// Child statements (and `IF` conditions) the model ran for scripts, each a job of
+    /// its own in BigQuery.
+    pub child_statements: u64,
 }
 
 impl Stats {
@@ -605,6 +615,9 @@ async fn statement(shared: &Shared, request: Request) -> Answer {
         }
     }
     let answer = match (kind, tables.first()) {
+        ("script", _) if shared.limits.statements && model::splittable(&sql) => {
+            model::run_script(shared, &request, &sql).await
+        }
         ("script", _) => script(shared, &request, &sql).await,
         ("mutating", Some(target)) => mutating(shared, &request, target).await,
         ("insert", Some(target)) => insert(shared, &request, target).await,
@@ -614,7 +627,8 @@ async fn statement(shared: &Shared, request: Request) -> Answer {
         }
         _ => forward(shared, &request).await,
     };
-    if answer.0 == 200 {
+    let modelled = kind == "script" && shared.limits.statements && model::splittable(&sql);
+    if answer.0 == 200 && !modelled {
         let mut stats = shared.stats.lock().unwrap();
         let inserted = if kind == "script" {
             script_targets(&sql).1.len() as u64 * MIN_BILLED_PER_TABLE
@@ -741,8 +755,14 @@ async fn script(shared: &Shared, request: &Request, sql: &str) -> Answer {
         permits.push(t.insert.slots.acquire().await.expect("semaphore open"));
     }
     let transaction = sql.to_ascii_uppercase().contains("BEGIN TRANSACTION");
+    // The model: a transaction holds its snapshot for all of its DML statements.
+    let latency = if shared.limits.statements {
+        shared.limits.dml_latency * model::dml_statements(sql).max(1)
+    } else {
+        shared.limits.dml_latency
+    };
     let answer = match mutated.first() {
-        Some(target) => mutating_as(shared, request, target, true, !transaction).await,
+        Some(target) => mutating_as(shared, request, target, true, !transaction, latency).await,
         None => {
             tokio::time::sleep(shared.limits.dml_latency).await;
             forward(shared, request).await
@@ -756,7 +776,15 @@ async fn script(shared: &Shared, request: &Request, sql: &str) -> Answer {
 }
 
 async fn mutating(shared: &Shared, request: &Request, target: &str) -> Answer {
-    mutating_as(shared, request, target, false, true).await
+    mutating_as(
+        shared,
+        request,
+        target,
+        false,
+        true,
+        shared.limits.dml_latency,
+    )
+    .await
 }
 
 /// A mutating job on `target`; `script`: it changed rows when it succeeded (no row
@@ -767,6 +795,7 @@ async fn mutating_as(
     target: &str,
     script: bool,
     rerun: bool,
+    latency: Duration,
 ) -> Answer {
     let t = table(shared, target);
     let permit = match admit(shared, &t.mutating, target, false).await {
@@ -776,7 +805,7 @@ async fn mutating_as(
     let mut attempt = 0;
     let answer = loop {
         let snapshot = t.version.load(Ordering::SeqCst);
-        tokio::time::sleep(shared.limits.dml_latency).await;
+        tokio::time::sleep(latency).await;
         let commit = t.commit.lock().await;
         if t.version.load(Ordering::SeqCst) != snapshot {
             drop(commit);

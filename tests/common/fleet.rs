@@ -36,6 +36,9 @@ pub struct Fleet {
     /// The fires are spread over this long (zero: all at the same instant); a scope's
     /// duplicate fires at the same instant as the scope's first run.
     pub spread: Duration,
+    /// Only scopes whose lease lives in this lease table (`processing_leases_NN`): the
+    /// worst case of one table's queue and conflicts. `None`: every table.
+    pub one_shard: Option<usize>,
 }
 
 /// What a fleet did.
@@ -203,13 +206,21 @@ fn fire_delay(fleet: &Fleet, i: usize) -> Duration {
     fleet.spread.mul_f64(slot as f64 / scopes as f64)
 }
 
-/// The scope of run `i`: (processor, date).
-fn scope_of(fleet: &Fleet, i: usize) -> (String, chrono::NaiveDate) {
-    let s = scope_index(fleet, i);
-    let job = format!("{}_job{:03}", fleet.prefix, s % fleet.jobs);
-    let date =
-        idem::parse_date("2025-01-01").unwrap() + chrono::Duration::days((s / fleet.jobs) as i64);
-    (job, date)
+/// The scopes of the fleet, in order: (processor, date).
+fn scopes(fleet: &Fleet) -> Vec<(String, chrono::NaiveDate)> {
+    let first = idem::parse_date("2025-01-01").unwrap();
+    (0..)
+        .map(|s| {
+            let job = format!("{}_job{:03}", fleet.prefix, s % fleet.jobs);
+            (job, first + chrono::Duration::days((s / fleet.jobs) as i64))
+        })
+        .filter(|(job, date)| {
+            fleet.one_shard.is_none_or(|shard| {
+                idem::store::bigquery::lease_shard(job, &date.to_string()) == shard
+            })
+        })
+        .take(fleet.runs - fleet.duplicates)
+        .collect()
 }
 
 /// Fires the fleet at `url` (already migrated) through `sim`, and waits for every run.
@@ -219,8 +230,9 @@ pub async fn fire(fleet: &Fleet, url: &str, sim: &Simulator) -> FleetReport {
     let calls = Arc::new(Mutex::new(BTreeMap::new()));
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(fleet.runs);
+    let scopes = scopes(fleet);
     for i in 0..fleet.runs {
-        let (job, date) = scope_of(fleet, i);
+        let (job, date) = scopes[scope_index(fleet, i)].clone();
         let (url, calls, fleet) = (url.clone(), calls.clone(), fleet.clone());
         tasks.push(tokio::spawn(async move {
             tokio::time::sleep(fire_delay(&fleet, i)).await;
