@@ -199,11 +199,12 @@ impl LedgerStore for BigQueryStore {
             // parameterised statement.
             return self.insert_run(run).await;
         }
-        // Everything else is one job: a transaction that releases the lease (fenced on its
-        // token and holder), inserts the ledger row and the keys of a completed run, and
-        // commits them together, or rolls all of it back when the lease was taken over or
-        // the run id is recorded already. The keys become visible exactly when the lease
-        // is free, so a run that claims the scope next and re-checks sees them.
+        // Everything else is one job, a script that is not a transaction
+        // ([`scripts::finish`]): with the lease held (extended first if it expires soon),
+        // the ledger row and the keys of a completed run, then the fenced release; nothing
+        // when the lease was taken over or the run id is recorded for another run. The keys
+        // are visible before the lease is free, so a run that claims the scope next and
+        // re-checks sees them.
         let keys: &[KeyRecord] = if writes_keys { &finish.keys } else { &[] };
         let leases = finish
             .lease

@@ -18,26 +18,35 @@
 //!   which filters on the partition column (`processed_at`) with the oldest window start,
 //!   so partitions older than the longest window are never read, and on the clustering
 //!   column (`processing_key IN UNNEST(@keys)`) so only the blocks holding the keys are.
-//! * **Claims without a lock**: the claim is one script (one job, `scripts.rs`): unless the
-//!   lease is held and unexpired, a missing row is first created *free* with `INSERT …
-//!   WHERE NOT EXISTS` and taken with one `UPDATE … WHERE (free or expired)`, and the
-//!   script reads the row back (the run won when it names it with its claim time) with the
-//!   guards' keys read after the claim ([`LeaseStore::claim_and_find`]). It is always an
-//!   UPDATE because BigQuery only detects conflicts between statements that modify
-//!   existing rows: two concurrent insert-only statements both commit. A claim that
-//!   conflicts is sent again and then sees the lease held: `in_progress`, never a run
-//!   failure. The check before the claim reads the lease row too
-//!   ([`LedgerStore::find_keys_and_holder`]), so a held scope skips without any DML.
+//! * **Claims without a lock**: the claim is one script (one job, `scripts.rs`), not a
+//!   transaction, so each of its statements commits by itself and is queued or re-run by
+//!   BigQuery, never cancelled. Unless the lease is held and unexpired, a missing row is
+//!   created *free* with `INSERT … WHERE NOT EXISTS` (two claims of a new scope may each
+//!   create one: INSERTs never conflict), then one UPDATE takes *every* row of the scope
+//!   with one new token above all of theirs, only if *no* row of the scope is held and
+//!   unexpired in its snapshot. Overlapping UPDATEs of a lease table conflict and BigQuery
+//!   re-runs the later one on the new data, so exactly one of the UPDATEs that see a scope
+//!   free changes it. The script reads back the row with the highest token (the run won
+//!   when it names its run id) with the guards' keys read after the claim
+//!   ([`LeaseStore::claim_and_find`]). A claim that conflicts is sent again and then sees
+//!   the lease held: `in_progress`, never a run failure. The check before the claim reads
+//!   the lease row too ([`LedgerStore::find_keys_and_holder`]), so a held scope skips
+//!   without any DML. docs/bigquery.md, "Why two runs never both hold a scope", argues it
+//!   from the documented rules; `tests/common/bq_model.rs` models them.
 //! * **Leases sharded over 16 tables** ([`LEASE_TABLES`], chosen by [`lease_shard`]), since
 //!   BigQuery's DML queues and conflicts are per table: a fleet of runs firing at once
 //!   spreads its claims and releases over 16 queues. A statement refused for a full queue
 //!   (or a rate limit) did not run and is sent again with backoff (`QUOTA_RETRIES`);
 //!   quota and conflict errors that outlast their retries are reported as such, never as
 //!   the store being unavailable. See docs/bigquery.md, "Fleets".
-//! * **`finish` is one transaction** (one job): the fenced release (`UPDATE … WHERE token
-//!   = @t AND holder_run_id = @r`), and only if it matched and the run id is new, the
-//!   ledger row and the keys; committed together, so the keys are visible exactly when
-//!   the lease is free, or rolled back whole ([`Error::LeaseLost`], duplicate run id).
+//! * **`finish` is one script, not a transaction** (one job): a lease that expires soon
+//!   is extended first (fenced: `token` and holder); only while it is held for at least
+//!   two more minutes are the ledger row and the keys inserted (each only if not there
+//!   yet, so a finish sent again writes nothing twice), then the lease is released
+//!   (fenced). Each statement is queued by BigQuery like any DML; a transaction would be
+//!   cancelled by a conflicting claim of another scope on the same lease table. Keys are
+//!   visible before the lease is free, never after ([`Error::LeaseLost`] when the fence
+//!   failed; a run id recorded for another run writes nothing).
 //!   Scripts bind no query parameters on the emulator, so their values are literals
 //!   built in one place (`literals`: plain strings quoted, any other base64-encoded).
 //!

@@ -74,12 +74,26 @@ fn find_keys_literal(keys: &str, lookups: &[KeyLookup]) -> String {
         .replace("@oldest_since", &lit::timestamp(oldest))
 }
 
-/// The claim as one script: unless the lease is held and unexpired at `now`, create its
-/// row free when there is none (an INSERT never decides a claim) and take it with one
-/// `UPDATE … WHERE (free or expired)`; then answer the lease row and, after the claim,
-/// the latest key of each lookup. Not a transaction: each statement commits by itself, as
-/// the separate statements did, so a claim that conflicts is queued or re-run by BigQuery
-/// like any DML statement (a conflicting *transaction* would be cancelled instead).
+/// The claim as one script. Each statement is a job of its own with its own snapshot, and
+/// commits by itself (BigQuery's DML page, "Limitations"); the script is not a
+/// transaction, so BigQuery queues or re-runs its UPDATE like any DML statement instead
+/// of cancelling it ("Transaction concurrency", transactions page). Unless the lease is
+/// held and unexpired at `now`:
+/// 1. a missing lease row is created *free*, `INSERT … WHERE NOT EXISTS`. INSERTs never
+///    conflict, so two claims of a new scope may each create one: a scope may have
+///    several rows, and no decision rests on a single row;
+/// 2. one UPDATE decides over *all* rows of the scope: it takes every one of them (this
+///    run as holder, one new token above every row's) only if *no* row of the scope is
+///    held and unexpired in its snapshot. Two such UPDATEs of a lease table that overlap
+///    conflict (the table is one partition: "DML statement conflicts", DML page), and
+///    BigQuery re-runs the later one against the new data, where the scope is held. So
+///    of the UPDATEs that see a scope free, exactly one commits a change; a free row
+///    inserted after its snapshot stays free with a lower token, and it never lets a
+///    second run in, because every later UPDATE sees the held row.
+///
+/// Then it answers the lease row with the highest token and, after the claim, the latest
+/// key of each lookup. The claim is won when that row names this run: an exact compare
+/// of the run id (and its integer token), never of a timestamp read back.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn claim(
     leases: &str,
@@ -96,15 +110,20 @@ pub(super) fn claim(
         lit::string(scope),
         lit::timestamp(now),
     );
+    let this_scope = format!("processor_name = {p} AND scope = {s}");
+    let held = format!(
+        "SELECT 1 FROM {leases} AS held WHERE held.processor_name = {p} AND held.scope = {s} \
+AND held.holder_run_id IS NOT NULL AND held.expires_at > {now}"
+    );
     let mut sql = format!(
-        "IF NOT EXISTS (SELECT 1 FROM {leases} WHERE processor_name = {p} AND scope = {s} \
-AND holder_run_id IS NOT NULL AND expires_at > {now}) THEN
+        "IF NOT EXISTS ({held}) THEN
   INSERT INTO {leases} (processor_name, scope, holder_run_id, token, acquired_at, expires_at)
   SELECT {p}, {s}, CAST(NULL AS STRING), 0, {now}, {now} FROM UNNEST([1])
-  WHERE NOT EXISTS (SELECT 1 FROM {leases} WHERE processor_name = {p} AND scope = {s});
+  WHERE NOT EXISTS (SELECT 1 FROM {leases} WHERE {this_scope});
   UPDATE {leases}
-  SET holder_run_id = {r}, token = token + 1, acquired_at = {now}, expires_at = {exp}
-  WHERE processor_name = {p} AND scope = {s} AND (holder_run_id IS NULL OR expires_at <= {now});
+  SET holder_run_id = {r}, acquired_at = {now}, expires_at = {exp},
+    token = (SELECT MAX(t.token) FROM {leases} AS t WHERE t.processor_name = {p} AND t.scope = {s}) + 1
+  WHERE {this_scope} AND NOT EXISTS ({held});
 END IF;
 {lease}",
         r = lit::string(run_id),
@@ -129,10 +148,32 @@ pub(super) const LOST: &str = "lost";
 /// The run id is in the ledger already: nothing written.
 pub(super) const DUPLICATE: &str = "duplicate";
 
-/// The finish as one transaction: release the lease (fenced: `token` and holder), and
-/// only if that matched and the run id is new, insert the ledger row and the keys; commit
-/// all of it at once, so the keys are visible exactly when the lease is free, or roll it
-/// all back. Answers one row, `outcome` = [`RECORDED`], [`LOST`] or [`DUPLICATE`].
+/// How long before its expiry a finish still writes under the lease without extending it
+/// first: longer than the few statements after the check take, queued included.
+const FINISH_MARGIN_SECS: i64 = 120;
+/// How far a finish extends a lease that expires within [`FINISH_MARGIN_SECS`].
+const FINISH_EXTENSION_SECS: i64 = 600;
+
+/// The finish as one script that is *not* a transaction, so that each of its DML
+/// statements is queued by BigQuery behind the others on its table, never cancelled
+/// ("Conflicting transactions are cancelled; conflicting DML outside a transaction is
+/// queued", transactions page). With a lease:
+/// 1. unless the run id is recorded already for another run (then nothing is written:
+///    [`DUPLICATE`]);
+/// 2. if the lease, held by this run with this token, expires within
+///    [`FINISH_MARGIN_SECS`] of `finished_at`, it is extended (fenced UPDATE);
+/// 3. only if the lease is now held by this run with this token until at least
+///    `finished_at` + [`FINISH_MARGIN_SECS`] — no other run can take it before then, and
+///    the statements below take seconds — the ledger row and the keys are inserted
+///    (each only if not there yet: a finish sent again writes nothing twice), and then
+///    the lease is released (fenced). Keys are visible before the lease is free, never
+///    after: a run that meets the lease held skips `in_progress`, one that claims the
+///    freed lease re-checks and sees the keys.
+///
+/// The last statement answers one row, `outcome`: [`RECORDED`] when this run's ledger
+/// row is there (written now or by an earlier send of the same finish), [`DUPLICATE`]
+/// when the run id names another row, [`LOST`] when the fence failed and nothing was
+/// written. Without a lease, steps 2–3 are just the inserts.
 pub(super) fn finish(
     runs: &str,
     keys: &str,
@@ -141,54 +182,83 @@ pub(super) fn finish(
     key_rows: &[KeyRecord],
     lease: Option<&Lease>,
 ) -> String {
-    let mut inserts = format!(
-        "INSERT INTO {runs} ({RUN_COLUMNS}) VALUES ({});",
+    let id = lit::string(&run.run_id);
+    let this_row = format!(
+        "run_id = {id} AND processor_name = {} AND scope = {} AND started_at = {} \
+AND finished_at = {} AND status = {}",
+        lit::string(&run.processor),
+        lit::string(&run.scope),
+        lit::timestamp(micros(run.started_at)),
+        lit::timestamp(micros(run.finished_at)),
+        lit::string(run.status.as_str()),
+    );
+    let mut writes = format!(
+        "INSERT INTO {runs} ({RUN_COLUMNS}) SELECT {} FROM UNNEST([1]) \
+WHERE NOT EXISTS (SELECT 1 FROM {runs} WHERE run_id = {id});",
         run_values(run)
     );
     if !key_rows.is_empty() {
-        let rows: Vec<String> = key_rows.iter().map(key_values).collect();
-        inserts.push_str(&format!(
-            "\n  INSERT INTO {keys} ({KEY_COLUMNS}) VALUES {};",
-            rows.join(",\n    ")
+        let rows: Vec<String> = key_rows.iter().map(key_struct).collect();
+        let oldest = key_rows.iter().map(|k| micros(k.processed_at)).min();
+        let newest = key_rows.iter().map(|k| micros(k.processed_at)).max();
+        let (oldest, newest) = (
+            lit::timestamp(oldest.unwrap_or_default()),
+            lit::timestamp(newest.unwrap_or_default()),
+        );
+        writes.push_str(&format!(
+            "\n    INSERT INTO {keys} ({KEY_COLUMNS}) SELECT {fields} FROM UNNEST([\n      {}]) AS k\n    \
+WHERE NOT EXISTS (SELECT 1 FROM {keys} WHERE run_id = {id} \
+AND processed_at BETWEEN {oldest} AND {newest});",
+            rows.join(",\n      "),
+            fields = KEY_COLUMNS
+                .split(',')
+                .map(|c| format!("k.{}", c.trim()))
+                .collect::<Vec<_>>()
+                .join(", "),
         ));
     }
-    let (release, lost) = match lease {
+    let not_duplicate =
+        format!("NOT EXISTS (SELECT 1 FROM {runs} WHERE run_id = {id} AND NOT ({this_row}))");
+    let body = match lease {
         Some(lease) => {
-            let (p, s, t, r) = (
+            let fence = format!(
+                "processor_name = {} AND scope = {} AND token = {} AND holder_run_id = {}",
                 lit::string(&lease.processor),
                 lit::string(&lease.scope),
                 lit::int64(lease.token),
                 lit::string(&lease.run_id),
             );
-            let at = lit::timestamp(micros(run.finished_at));
-            (
-                format!(
-                    "UPDATE {leases} SET holder_run_id = NULL, expires_at = {at}
-WHERE processor_name = {p} AND scope = {s} AND token = {t} AND holder_run_id = {r};
-"
-                ),
-                format!(
-                    "IF NOT EXISTS (SELECT 1 FROM {leases} WHERE processor_name = {p} AND scope = {s} \
-AND token = {t} AND holder_run_id IS NULL AND expires_at = {at}) THEN
-  ROLLBACK TRANSACTION;
-  SELECT '{LOST}' AS outcome;
-ELSEIF"
-                ),
+            let at = micros(run.finished_at);
+            let secs = |n: i64| {
+                lit::timestamp(
+                    at.checked_add_signed(chrono::Duration::seconds(n))
+                        .unwrap_or(at),
+                )
+            };
+            let (now, safe, extended) = (
+                lit::timestamp(at),
+                secs(FINISH_MARGIN_SECS),
+                secs(FINISH_EXTENSION_SECS),
+            );
+            format!(
+                "  IF NOT EXISTS (SELECT 1 FROM {leases} WHERE {fence} AND expires_at > {safe}) THEN
+    UPDATE {leases} SET expires_at = {extended} WHERE {fence} AND expires_at > {now};
+  END IF;
+  IF EXISTS (SELECT 1 FROM {leases} WHERE {fence} AND expires_at > {safe}) THEN
+    {writes}
+    UPDATE {leases} SET holder_run_id = NULL, expires_at = {now} WHERE {fence};
+  END IF;"
             )
         }
-        None => (String::new(), "IF".to_string()),
+        None => format!("  {writes}"),
     };
     format!(
-        "BEGIN TRANSACTION;
-{release}{lost} EXISTS (SELECT 1 FROM {runs} WHERE run_id = {id}) THEN
-  ROLLBACK TRANSACTION;
-  SELECT '{DUPLICATE}' AS outcome;
-ELSE
-  {inserts}
-  COMMIT TRANSACTION;
-  SELECT '{RECORDED}' AS outcome;
-END IF;",
-        id = lit::string(&run.run_id),
+        "IF {not_duplicate} THEN
+{body}
+END IF;
+SELECT CASE WHEN EXISTS (SELECT 1 FROM {runs} WHERE {this_row}) THEN '{RECORDED}' \
+WHEN EXISTS (SELECT 1 FROM {runs} WHERE run_id = {id}) THEN '{DUPLICATE}' \
+ELSE '{LOST}' END AS outcome;"
     )
 }
 
@@ -291,20 +361,24 @@ fn run_values_with(run: &RunRecord, previous: String) -> String {
     .join(", ")
 }
 
-fn key_values(k: &KeyRecord) -> String {
-    format!(
-        "({})",
-        [
-            lit::string(&k.key),
-            lit::string(k.kind.as_str()),
-            lit::string(&k.processor),
-            lit::string(&k.scope),
-            lit::date(k.scope_date),
-            lit::timestamp(micros(k.processed_at)),
-            lit::opt_int64(k.entity_count),
-            lit::json(Some(&k.metadata.to_string())),
-            lit::string(&k.run_id),
-        ]
-        .join(", ")
-    )
+/// A key row as a `STRUCT` of the columns of [`KEY_COLUMNS`], in order (for `UNNEST`).
+fn key_struct(k: &KeyRecord) -> String {
+    let names = KEY_COLUMNS.split(',').map(str::trim);
+    let values = [
+        lit::string(&k.key),
+        lit::string(k.kind.as_str()),
+        lit::string(&k.processor),
+        lit::string(&k.scope),
+        lit::date(k.scope_date),
+        lit::timestamp(micros(k.processed_at)),
+        lit::opt_int64(k.entity_count),
+        lit::json(Some(&k.metadata.to_string())),
+        lit::string(&k.run_id),
+    ];
+    let fields: Vec<String> = values
+        .into_iter()
+        .zip(names)
+        .map(|(v, n)| format!("{v} AS {n}"))
+        .collect();
+    format!("STRUCT({})", fields.join(", "))
 }
