@@ -1422,4 +1422,230 @@ mod bigquery {
         assert!(report.store_errors.is_empty(), "{report:?}");
         assert!(report.recorded());
     }
+
+    /// One retry path for every BigQuery call (issue 35, item 4), shown at the limits
+    /// simulator with injected faults (`bq_limits::Faults`): a rate limit on the REST calls
+    /// a store makes at open, a rate limit on a poll, an answer lost after the statement
+    /// ran, and job SQL beyond a table's DML queue.
+    mod retries {
+        use std::sync::atomic::Ordering::SeqCst;
+
+        use super::*;
+        use crate::bq_limits::{Faults, Limits, Simulator};
+
+        async fn simulator(url: &str, limits: Limits) -> Simulator {
+            let upstream = crate::bq_limits::endpoint_of(url).expect("an emulator endpoint");
+            Simulator::start(&upstream, limits).await
+        }
+
+        async fn count(url: &str, table: &str) -> i64 {
+            let n = rows(url, &format!("SELECT COUNT(*) AS n FROM {table}")).await[0]["n"].clone();
+            n.as_i64()
+                .or_else(|| n.as_str().and_then(|s| s.parse().ok()))
+                .unwrap_or_else(|| panic!("a count: {n}"))
+        }
+
+        /// A thousand processes starting on one tick exceed BigQuery's API request rate;
+        /// the store's startup REST calls (`tables.list`, `tables.get`) answered HTTP 429
+        /// `rateLimitExceeded` are made again after a pause, and the store opens.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_rest_rate_limit_at_store_open_is_waited_out() {
+            let url = require_bigquery!("retries::a_rest_rate_limit_at_store_open_is_waited_out");
+            BigQueryStore::connect(&url).await.unwrap();
+            let limits = Limits::bigquery(Duration::ZERO);
+            let faults = limits.faults.clone();
+            let sim = simulator(&url, limits).await;
+            faults.rest_rate_limits.store(3, SeqCst);
+            let store = BigQueryStore::connect(&sim.url(&url))
+                .await
+                .expect("rate limits at open are waited out");
+            assert_eq!(faults.injected.load(SeqCst), 3, "three calls were refused");
+            assert_eq!(faults.rest_rate_limits.load(SeqCst), 0);
+            assert!(store.runs(&RunFilter::default()).await.is_ok());
+        }
+
+        /// A rate limit on `getQueryResults` is a failed poll, not a failed statement: the
+        /// poll is made again for the same job, and the statement is sent (and runs) once —
+        /// for a warehouse's job SQL and for the store's statements alike.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_rate_limited_poll_is_polled_again_and_the_statement_runs_once() {
+            let url = require_bigquery!(
+                "retries::a_rate_limited_poll_is_polled_again_and_the_statement_runs_once"
+            );
+            BigQueryStore::connect(&url).await.unwrap(); // the dataset
+            let target = table(&url, &unique("polled"));
+            exec(&url, &format!("CREATE TABLE {target} (id INT64)")).await;
+            let limits = Limits::bigquery(Duration::ZERO);
+            let faults = limits.faults.clone();
+            let sim = simulator(&url, limits).await;
+
+            // Job SQL: an INSERT answered "not complete", its first three polls refused.
+            let w = BigQueryWarehouse::connect(&sim.url(&url)).await.unwrap();
+            faults.unfinished.store(1, SeqCst);
+            faults.poll_rate_limits.store(3, SeqCst);
+            let insert = prepare(
+                &format!("INSERT INTO {target} (id) VALUES (1)"),
+                Dialect::BigQuery,
+            )
+            .unwrap();
+            w.execute(&insert, &Default::default())
+                .await
+                .expect("a rate-limited poll is polled again");
+            assert_eq!(
+                faults.poll_rate_limits.load(SeqCst),
+                0,
+                "three polls refused"
+            );
+            assert_eq!(faults.request_ids.lock().unwrap().len(), 1, "sent once");
+            assert_eq!(sim.stats().kind("insert"), 1, "{:?}", sim.stats());
+            assert_eq!(count(&url, &target).await, 1, "the row was inserted once");
+
+            // A store statement (the ledger read) the same way.
+            let store = BigQueryStore::connect_lazy(&sim.url(&url)).await.unwrap();
+            sim.reset_stats();
+            faults.request_ids.lock().unwrap().clear();
+            faults.unfinished.store(1, SeqCst);
+            faults.poll_rate_limits.store(2, SeqCst);
+            store
+                .runs(&RunFilter {
+                    run_id: Some(unique("none")),
+                    ..Default::default()
+                })
+                .await
+                .expect("a rate-limited poll is polled again");
+            assert_eq!(faults.poll_rate_limits.load(SeqCst), 0);
+            assert_eq!(faults.request_ids.lock().unwrap().len(), 1, "sent once");
+            assert_eq!(sim.stats().total(), 1, "{:?}", sim.stats());
+        }
+
+        /// Arms a lost answer when it runs: the next statement (the finish) takes effect in
+        /// BigQuery, but its answer is an HTTP 503.
+        struct LosesTheFinishAnswer {
+            faults: Faults,
+            calls: AtomicUsize,
+        }
+
+        #[async_trait]
+        impl Processor for LosesTheFinishAnswer {
+            fn name(&self) -> &str {
+                "loses_the_finish_answer"
+            }
+            async fn process(&self, _: &RunRequest) -> Result<Outcome, BoxError> {
+                self.calls.fetch_add(1, SeqCst);
+                self.faults.lost_answers.store(1, SeqCst);
+                Ok(Outcome::records(1))
+            }
+        }
+
+        /// An HTTP 503 after the statement ran (BigQuery did the work; the answer was
+        /// lost): the statement is sent again with the same `requestId`, BigQuery answers
+        /// with the first job, and it ran once: the run completes, its ledger row is
+        /// recorded once, and its keys make the next run skip.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_lost_answer_is_sent_again_with_its_request_id_and_runs_once() {
+            let url = require_bigquery!(
+                "retries::a_lost_answer_is_sent_again_with_its_request_id_and_runs_once"
+            );
+            BigQueryStore::connect(&url).await.unwrap();
+            let limits = Limits::bigquery(Duration::ZERO);
+            let faults = limits.faults.clone();
+            let sim = simulator(&url, limits).await;
+            let store = Arc::new(BigQueryStore::connect_lazy(&sim.url(&url)).await.unwrap());
+            let runner = || {
+                Runner::new(
+                    store.clone() as Arc<DynStore>,
+                    GuardStack::builder()
+                        .guard(idem::guard::TimeWindowGuard::new(Duration::from_secs(3600)))
+                        .guard(LeaseGuard::new(Duration::from_secs(600)))
+                        .build(),
+                )
+                .heartbeat(false)
+            };
+            let processor = LosesTheFinishAnswer {
+                faults: faults.clone(),
+                calls: AtomicUsize::new(0),
+            };
+            let name = unique("lost");
+            let date = idem::parse_date("2025-11-18").unwrap();
+            sim.reset_stats();
+            faults.request_ids.lock().unwrap().clear();
+            let report = runner()
+                .run(&processor, RunRequest::new(name.clone(), date))
+                .await
+                .expect("a lost answer is sent again");
+            assert_eq!(report.status, RunStatus::Completed, "{report:?}");
+            assert!(report.store_errors.is_empty(), "{report:?}");
+            assert!(report.recorded(), "{report:?}");
+            assert_eq!(faults.injected.load(SeqCst), 1, "one answer was lost");
+            let ids = faults.request_ids.lock().unwrap().clone();
+            let resent = faults.resent_ids();
+            assert_eq!(resent.len(), 1, "one statement was sent again: {ids:?}");
+            assert_eq!(
+                ids.iter().filter(|id| **id == resent[0]).count(),
+                2,
+                "with the same requestId: {ids:?}"
+            );
+            let distinct: std::collections::BTreeSet<&String> = ids.iter().collect();
+            assert_eq!(
+                sim.stats().total() as usize,
+                distinct.len(),
+                "every statement ran once: {:?}",
+                sim.stats()
+            );
+            let recorded = store
+                .runs(&RunFilter {
+                    run_id: Some(report.run_id.clone()),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            assert_eq!(recorded.len(), 1, "one ledger row: {recorded:?}");
+            assert_eq!(recorded[0].status, RunStatus::Completed);
+            let again = runner()
+                .run(&processor, RunRequest::new(name.clone(), date))
+                .await
+                .unwrap();
+            assert_eq!(again.skip_reason, Some(SkipReason::TimeWindow), "{again:?}");
+            assert_eq!(processor.calls.load(SeqCst), 1);
+        }
+
+        /// Job SQL on a BigQuery warehouse (the recommended `DELETE …; INSERT …` of a
+        /// scope) from many scopes at once into one table overflows its DML queue ("Too
+        /// many DML statements outstanding against table …"); the refused statements did
+        /// not run and are sent again after a pause, and every scope's SQL succeeds.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn job_sql_beyond_the_dml_queue_is_waited_out() {
+            let url = require_bigquery!("retries::job_sql_beyond_the_dml_queue_is_waited_out");
+            BigQueryStore::connect(&url).await.unwrap(); // the dataset
+            let target = table(&url, &unique("scopes"));
+            exec(&url, &format!("CREATE TABLE {target} (id INT64)")).await;
+            let mut limits = Limits::bigquery(Duration::from_millis(200));
+            limits.mutating_running = 1;
+            limits.mutating_queue = 1;
+            let sim = simulator(&url, limits).await;
+            let w = Arc::new(BigQueryWarehouse::connect(&sim.url(&url)).await.unwrap());
+            let scopes = 10;
+            let tasks: Vec<_> = (0..scopes)
+                .map(|i| {
+                    let w = w.clone();
+                    let sql = format!(
+                        "DELETE FROM {target} WHERE id = {i}; INSERT INTO {target} (id) VALUES ({i})"
+                    );
+                    tokio::spawn(async move {
+                        let statements = prepare(&sql, Dialect::BigQuery).unwrap();
+                        w.execute(&statements, &Default::default())
+                            .await
+                            .map_err(|e| e.to_string())
+                    })
+                })
+                .collect();
+            for task in tasks {
+                task.await.unwrap().expect("job SQL waits out a full queue");
+            }
+            let stats = sim.stats();
+            assert!(stats.quota_failures > 0, "the queue overflowed: {stats:?}");
+            assert_eq!(stats.kind("mutating"), scopes + stats.quota_failures);
+            assert_eq!(count(&url, &target).await, scopes as i64);
+        }
+    }
 }

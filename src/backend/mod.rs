@@ -8,6 +8,7 @@ pub mod bigquery;
 pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
+pub mod retry;
 pub mod script;
 pub mod shared;
 #[cfg(feature = "sqlite")]

@@ -103,12 +103,11 @@ pub async fn run(url: &str, options: &ReportOptions) -> Result<Report> {
     #[allow(irrefutable_let_patterns)]
     if let Conn::Bigquery(bq, config) = &conn {
         let table = bq
-            .rest(
-                "report.storage",
+            .rest("report.storage", || {
                 bq.client()
                     .table()
-                    .get(&config.project, &config.dataset, "processing_keys", None),
-            )
+                    .get(&config.project, &config.dataset, "processing_keys", None)
+            })
             .await;
         match table {
             Ok(t) => report.storage.table_bytes = t.num_bytes.and_then(|n| n.parse().ok()),

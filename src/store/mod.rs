@@ -40,12 +40,13 @@ mod open;
 pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
-pub mod retry;
 pub mod rows;
 pub mod spool;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
+/// The retry loop (it lives with the backends, which retry their own calls too).
+pub use crate::backend::retry;
 pub use crate::backend::PoolSize;
 pub use breaker::{BreakerConfig, CircuitBreakerStore};
 pub use memory::MemoryStore;

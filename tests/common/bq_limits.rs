@@ -80,6 +80,8 @@ pub struct Limits {
     /// Run scripts as BigQuery does, statement by statement, each its own snapshot and
     /// commit ([`model`]); off: a script is one atomic step, as on the emulator.
     pub statements: bool,
+    /// Failures to inject (none by default); shared with the clone a test keeps.
+    pub faults: Faults,
 }
 
 impl Limits {
@@ -97,6 +99,7 @@ impl Limits {
             read_latency: dml_latency / 3,
             record_sql: false,
             statements: false,
+            faults: Faults::default(),
         }
     }
 }
@@ -142,6 +145,168 @@ impl Stats {
     pub fn kind(&self, kind: &str) -> u64 {
         self.statements.get(kind).copied().unwrap_or(0)
     }
+}
+
+/// Failures the simulator injects, and BigQuery's `requestId` deduplication. Counters
+/// are shared between clones, so a test keeps one and arms it while the simulator runs
+/// (`faults.lost_answers.store(1, SeqCst)`). Each armed failure is used once.
+///
+/// * REST calls (tables, datasets: anything but `jobs.query` and `getQueryResults`) and
+///   polls answer HTTP 429 `rateLimitExceeded`, as BigQuery does beyond 100 API requests
+///   per second per method and user
+///   (<https://cloud.google.com/bigquery/quotas#api_request_quotas>); nothing is done.
+/// * A `jobs.query` runs and its answer is lost: HTTP 503 `backendError` instead
+///   (<https://cloud.google.com/bigquery/docs/error-messages>: retry `backendError`).
+/// * A `jobs.query` is answered `jobComplete: false` at once (the statement runs on), so
+///   the client polls, as it does for any statement not done within `timeoutMs`.
+///
+/// Deduplication, always on: a `jobs.query` whose `requestId` was seen before gets the
+/// first one's job (its answer, or "not complete" and its job id) and runs nothing, as
+/// BigQuery does within minutes of the first
+/// (<https://cloud.google.com/bigquery/docs/reference/rest/v2/jobs/query#QueryRequest>,
+/// `requestId`).
+#[derive(Debug, Clone, Default)]
+pub struct Faults {
+    /// REST calls to answer with HTTP 429 `rateLimitExceeded`.
+    pub rest_rate_limits: Arc<AtomicU64>,
+    /// `getQueryResults` polls to answer with HTTP 429 `rateLimitExceeded` (the job runs
+    /// on).
+    pub poll_rate_limits: Arc<AtomicU64>,
+    /// `jobs.query` calls to run and then answer HTTP 503 `backendError`.
+    pub lost_answers: Arc<AtomicU64>,
+    /// `jobs.query` calls to answer `jobComplete: false` at once.
+    pub unfinished: Arc<AtomicU64>,
+    /// The `requestId` of every `jobs.query` call, in arrival order ("" without one).
+    pub request_ids: Arc<Mutex<Vec<String>>>,
+    /// Jobs by `requestId`.
+    by_request: Arc<Mutex<HashMap<String, Job>>>,
+    /// Injected failures answered so far.
+    pub injected: Arc<AtomicU64>,
+}
+
+impl Faults {
+    /// The `requestId`s seen more than once (re-sends).
+    pub fn resent_ids(&self) -> Vec<String> {
+        let ids = self.request_ids.lock().unwrap();
+        let mut seen = std::collections::BTreeSet::new();
+        let mut again: Vec<String> = ids
+            .iter()
+            .filter(|id| !id.is_empty() && !seen.insert(id.as_str()))
+            .cloned()
+            .collect();
+        again.dedup();
+        again
+    }
+}
+
+/// Takes one armed failure from `counter`, if any.
+fn take(counter: &AtomicU64) -> bool {
+    counter
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+}
+
+fn error_answer(status: u16, reason: &str, message: &str) -> Answer {
+    let body = serde_json::json!({
+        "error": {
+            "code": status,
+            "message": message,
+            "errors": [{"message": message, "domain": "global", "reason": reason}],
+        }
+    });
+    (
+        status,
+        "application/json; charset=UTF-8".into(),
+        body.to_string().into_bytes(),
+    )
+}
+
+/// Applies [`Faults`] to a request: `Ok(answer)` when they answered it, else the request
+/// back for the simulator's normal path.
+async fn apply_faults(shared: &Arc<Shared>, request: Request) -> Result<Answer, Request> {
+    let faults = &shared.limits.faults;
+    let path = request.path.split('?').next().unwrap_or("").to_string();
+    let rate_limited = || {
+        faults.injected.fetch_add(1, Ordering::SeqCst);
+        error_answer(
+            429,
+            "rateLimitExceeded",
+            "Exceeded rate limits: too many api requests per user per method for this user_method.",
+        )
+    };
+    if request.method == "GET" && path.contains("/queries/") {
+        return match take(&faults.poll_rate_limits) {
+            true => Ok(rate_limited()),
+            false => Err(request),
+        };
+    }
+    if !(request.method == "POST" && path.ends_with("/queries")) {
+        return match take(&faults.rest_rate_limits) {
+            true => Ok(rate_limited()),
+            false => Err(request),
+        };
+    }
+    let body = serde_json::from_slice::<serde_json::Value>(&request.body).unwrap_or_default();
+    let id = body
+        .get("requestId")
+        .and_then(|r| r.as_str())
+        .map(str::to_string);
+    faults
+        .request_ids
+        .lock()
+        .unwrap()
+        .push(id.clone().unwrap_or_default());
+    let lose = take(&faults.lost_answers);
+    let unfinished = take(&faults.unfinished);
+    if id.is_none() && !lose && !unfinished {
+        return Err(request);
+    }
+    let known = id
+        .as_ref()
+        .and_then(|id| faults.by_request.lock().unwrap().get(id).cloned());
+    let mut job = match known {
+        Some(job) => job,
+        None => {
+            let (tx, job) = tokio::sync::watch::channel(None);
+            if let Some(id) = &id {
+                faults
+                    .by_request
+                    .lock()
+                    .unwrap()
+                    .insert(id.clone(), job.clone());
+            }
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                let answer = statement(&shared, request).await;
+                let _ = tx.send(Some(answer));
+            });
+            job
+        }
+    };
+    let wait = if unfinished {
+        Duration::ZERO
+    } else {
+        server_wait(&body)
+    };
+    let answer = match wait_for(&mut job, wait).await {
+        Some(answer) if !unfinished => answer,
+        _ => {
+            let job_id = format!("sim_{}", shared.job_ids.fetch_add(1, Ordering::SeqCst));
+            shared.jobs.lock().unwrap().insert(job_id.clone(), job);
+            let project = path.split('/').nth(4).unwrap_or("").to_string();
+            not_complete("bigquery#queryResponse", &project, &job_id)
+        }
+    };
+    if lose {
+        // The statement runs on (or ran); only its answer is lost.
+        faults.injected.fetch_add(1, Ordering::SeqCst);
+        return Ok(error_answer(
+            503,
+            "backendError",
+            "Error encountered during execution. Retrying may solve the problem.",
+        ));
+    }
+    Ok(answer)
 }
 
 /// The on-demand minimum billed per table a query references.
@@ -557,6 +722,10 @@ fn not_complete(kind: &str, project: &str, job_id: &str) -> Answer {
 /// client polls with `getQueryResults` (as BigQuery does while a DML statement waits in
 /// its table's queue). `getQueryResults` of such a job waits the same way.
 async fn handle(shared: &Arc<Shared>, request: Request) -> Answer {
+    let request = match apply_faults(shared, request).await {
+        Ok(answer) => return answer,
+        Err(request) => request,
+    };
     let path = request.path.split('?').next().unwrap_or("").to_string();
     if request.method == "GET" && path.contains("/queries/") {
         let job_id = path.rsplit('/').next().unwrap_or("").to_string();

@@ -266,6 +266,10 @@ fn tables_in(sql: &str) -> Vec<String> {
 fn with_sql(request: &Request, sql: &str) -> Request {
     let mut body = serde_json::from_slice::<serde_json::Value>(&request.body).unwrap_or_default();
     body["query"] = serde_json::Value::String(sql.to_string());
+    // A child job is a job of its own: it does not share the script's `requestId`.
+    if let Some(body) = body.as_object_mut() {
+        body.remove("requestId");
+    }
     Request {
         method: request.method.clone(),
         path: request.path.clone(),

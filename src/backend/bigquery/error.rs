@@ -146,6 +146,35 @@ impl ApiError {
                 .contains("too many dml statements outstanding")
     }
 
+    /// True for a rate limit on the call itself (HTTP 429, or the `rateLimitExceeded` /
+    /// `quotaExceeded` reasons): the request was turned away before doing anything, so the
+    /// same call may be made again later. Narrower than [`ApiError::is_quota`]: a full
+    /// DML queue is a statement's answer, not a refused call.
+    pub fn is_rate_limit(&self) -> bool {
+        self.shape == ErrorShape::Http(429)
+            || matches!(
+                self.reason.as_deref(),
+                Some("quotaExceeded" | "rateLimitExceeded")
+            )
+    }
+
+    /// True when the call got no usable answer and may be made again: no answer at all
+    /// (transport), HTTP 5xx, or the `backendError` / `internalError` reasons. Whether
+    /// the statement ran is unknown, so a `jobs.query` is sent again only with the same
+    /// `requestId` (BigQuery then answers with the first job instead of running it twice).
+    /// Timeouts, credentials and answers that are not BigQuery's are not transient.
+    pub fn is_transient(&self) -> bool {
+        match self.shape {
+            ErrorShape::Transport => true,
+            ErrorShape::Http(status) if status >= 500 => true,
+            ErrorShape::Http(_) | ErrorShape::QueryErrors => matches!(
+                self.reason.as_deref(),
+                Some("backendError" | "internalError")
+            ),
+            ErrorShape::Timeout | ErrorShape::Auth | ErrorShape::BadResponse => false,
+        }
+    }
+
     /// The error of a statement sent `attempts` times over `took` that failed every time
     /// with this error: the message says what it is (`what`) and how long it was retried.
     pub fn after_retries(mut self, what: &str, attempts: u32, took: std::time::Duration) -> Self {
@@ -154,6 +183,19 @@ impl ApiError {
             self.message,
             took.as_secs_f64()
         );
+        self
+    }
+
+    /// The error of a call made `attempts` times over `took`: the message says so (when
+    /// it was made more than once).
+    pub fn sent(mut self, attempts: u32, took: std::time::Duration) -> Self {
+        if attempts > 1 {
+            self.message = format!(
+                "{} (sent {attempts} time(s) over {:.1}s)",
+                self.message,
+                took.as_secs_f64()
+            );
+        }
         self
     }
 

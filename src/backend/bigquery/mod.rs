@@ -18,7 +18,7 @@ mod error;
 mod params;
 mod url;
 
-pub use connection::{Connection, FaultFuture, FaultHook};
+pub use connection::{Connection, FaultFuture, FaultHook, OUTAGE_RETRIES, QUOTA_RETRIES};
 pub use decode::{field_kind, parse_timestamp_cell, QueryOutput, Record};
 pub use error::{ApiError, ErrorShape};
 pub use params::{

@@ -1,12 +1,15 @@
-//! Sending one statement: a quota answer is sent again, so is a lost concurrent-update
-//! conflict of a statement whose effect does not depend on what it lost to; a failure is
-//! told apart as the store unavailable or the statement refused.
+//! Sending one statement: a lost concurrent-update conflict of a statement whose effect
+//! does not depend on what it lost to is sent again (quota answers, rate limits and sends
+//! without an answer are retried below, by [`Connection::query`] for every caller); a
+//! failure is told apart as the store unavailable or the statement refused.
+//!
+//! [`Connection::query`]: crate::backend::bigquery::Connection::query
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::backend::retry::{retry, Backoff, Retry};
 use crate::error::{Error, Result};
-use crate::store::retry::{retry, Backoff, Retry};
 
 use crate::backend::bigquery::{ApiError, Param, QueryOutput};
 
@@ -20,18 +23,6 @@ pub(super) const CONFLICT_RETRIES: Backoff = Backoff {
     attempts: 16,
     base: Duration::from_millis(50),
     jitter: Duration::from_millis(100),
-};
-
-/// A statement BigQuery refused for a quota (the table's DML queue is full: "Too many DML
-/// statements outstanding against table …"; a rate limit) did not run, so it is sent
-/// again after a random pause that doubles from 0.2 s up to 6.4 s (plus up to 1 s): 40
-/// times in all, about 4 minutes, then reported as a quota error (never as the store
-/// being unavailable). A full queue holds 20 statements of about a second each, so
-/// trying much more often only spends API calls.
-pub(super) const QUOTA_RETRIES: Backoff = Backoff {
-    attempts: 40,
-    base: Duration::from_millis(200),
-    jitter: Duration::from_secs(1),
 };
 
 impl BigQueryStore {
@@ -58,40 +49,16 @@ impl BigQueryStore {
         )
     }
 
-    /// Sends one statement; a quota answer ([`ApiError::is_quota`]: the statement did not
-    /// run) is sent again as [`QUOTA_RETRIES`] says, then reported as a quota error.
+    /// Sends one statement. Quota answers, rate limits and sends without a usable answer
+    /// are retried by [`Connection::query`](crate::backend::bigquery::Connection::query)
+    /// (the same `requestId` across re-sends that may have run), then reported.
     pub(super) async fn send(
         &self,
         operation: &str,
         sql: &str,
         params: &[Param],
     ) -> std::result::Result<QueryOutput, ApiError> {
-        let started = Instant::now();
-        let sent = AtomicU32::new(0);
-        let sent = &sent;
-        retry(QUOTA_RETRIES, |attempt| async move {
-            sent.store(attempt + 1, Ordering::Relaxed);
-            match self.conn.query(operation, sql, params.to_vec()).await {
-                Ok(out) => Ok(out),
-                Err(e) if e.is_quota() => {
-                    tracing::debug!("{e}; sending it again after a pause");
-                    Err(Retry::Again(e))
-                }
-                Err(e) => Err(Retry::Stop(e)),
-            }
-        })
-        .await
-        .map_err(|e| {
-            if e.is_quota() {
-                e.after_retries(
-                    "BigQuery quota exceeded",
-                    sent.load(Ordering::Relaxed),
-                    started.elapsed(),
-                )
-            } else {
-                e
-            }
-        })
+        self.conn.query(operation, sql, params.to_vec()).await
     }
 
     pub(super) async fn query(

@@ -99,15 +99,14 @@ impl MaintenanceStore for BigQueryStore {
         for table in PARTITIONED_TABLES {
             let got = self
                 .conn
-                .rest(
-                    "cleanup.partition_expiration",
+                .rest("cleanup.partition_expiration", || {
                     self.conn.client().table().get(
                         &self.config.project,
                         &self.config.dataset,
                         table,
                         None,
-                    ),
-                )
+                    )
+                })
                 .await
                 .map_err(|e| self.err(e))?;
             let partitioning = got.time_partitioning.as_ref();

@@ -36,8 +36,8 @@
 //! * **Leases sharded over 16 tables** ([`LEASE_TABLES`], chosen by [`lease_shard`]), since
 //!   BigQuery's DML queues and conflicts are per table: a fleet of runs firing at once
 //!   spreads its claims and releases over 16 queues. A statement refused for a full queue
-//!   (or a rate limit) did not run and is sent again with backoff (`QUOTA_RETRIES`);
-//!   quota and conflict errors that outlast their retries are reported as such, never as
+//!   (or a rate limit) did not run and is sent again with backoff (the connection's
+//!   `QUOTA_RETRIES`, for every BigQuery call); quota and conflict errors that outlast their retries are reported as such, never as
 //!   the store being unavailable. See docs/bigquery.md, "Fleets".
 //! * **`finish` is one script, not a transaction** (one job): a lease that expires soon
 //!   is extended first (fenced: `token` and holder); only while it is held for at least

@@ -113,20 +113,19 @@ impl BigQueryStore {
         let mut found: Vec<String> = Vec::new();
         let mut page: Option<String> = None;
         loop {
-            let mut options = ListOptions::default().max_results(1000);
-            if let Some(token) = page.take() {
-                options = options.page_token(token);
-            }
             let list = self
                 .conn
-                .rest(
-                    "migrate.check",
+                .rest("migrate.check", || {
+                    let mut options = ListOptions::default().max_results(1000);
+                    if let Some(token) = &page {
+                        options = options.page_token(token.clone());
+                    }
                     self.conn.client().table().list(
                         &self.config.project,
                         &self.config.dataset,
                         options,
-                    ),
-                )
+                    )
+                })
                 .await;
             let list = match list {
                 Ok(list) => list,
@@ -151,15 +150,14 @@ impl BigQueryStore {
     async fn event_dedup_columns_exist(&self) -> Result<bool> {
         let table = self
             .conn
-            .rest(
-                "migrate.check",
+            .rest("migrate.check", || {
                 self.conn.client().table().get(
                     &self.config.project,
                     &self.config.dataset,
                     "event_keys",
                     None,
-                ),
-            )
+                )
+            })
             .await
             .map_err(|e| self.err(e))?;
         let fields = table.schema.fields.unwrap_or_default();
@@ -171,10 +169,9 @@ impl BigQueryStore {
         let (project, dataset) = (&self.config.project, &self.config.dataset);
         match self
             .conn
-            .rest(
-                "migrate.dataset",
-                self.conn.client().dataset().get(project, dataset),
-            )
+            .rest("migrate.dataset", || {
+                self.conn.client().dataset().get(project, dataset)
+            })
             .await
         {
             Ok(_) => return Ok(()),
@@ -187,7 +184,9 @@ impl BigQueryStore {
         }
         match self
             .conn
-            .rest("migrate.dataset", self.conn.client().dataset().create(new))
+            .rest("migrate.dataset", || {
+                self.conn.client().dataset().create(new.clone())
+            })
             .await
         {
             Ok(_) => Ok(()),

@@ -1,4 +1,4 @@
-//! One retry loop for the stores: a bounded number of attempts, with an exponential pause
+//! One retry loop for the stores and the backends' own calls: a bounded number of attempts, with an exponential pause
 //! and random jitter between them.
 
 use std::future::Future;
