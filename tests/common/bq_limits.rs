@@ -133,6 +133,8 @@ pub struct Stats {
     /// Child statements (and `IF` conditions) the model ran for scripts, each a job of
     /// its own in BigQuery.
     pub child_statements: u64,
+    /// Transactions cancelled on a conflict (BigQuery does not re-run a transaction).
+    pub transactions_cancelled: u64,
 }
 
 impl Stats {
@@ -983,7 +985,13 @@ async fn mutating_as(
                 shared.stats.lock().unwrap().conflict_reruns += 1;
                 continue;
             }
-            shared.stats.lock().unwrap().conflict_failures += 1;
+            {
+                let mut stats = shared.stats.lock().unwrap();
+                stats.conflict_failures += 1;
+                if !rerun {
+                    stats.transactions_cancelled += 1;
+                }
+            }
             let message = if rerun {
                 format!(
                     "Could not serialize access to table {} due to concurrent update",

@@ -48,8 +48,12 @@ impl EventKeyStore for BigQueryStore {
             timestamp("now", micros(now)),
             string("batch_id", &batch),
         ];
-        self.query("check_and_mark", &self.sql.events_check, params.clone())
-            .await?;
+        // The MERGE may update expired keys, so it can lose a concurrent-update conflict;
+        // one that lost did not commit, and sent again it marks the same keys with the same
+        // batch id: safe to send again.
+        self.send_again_on_conflict("check_and_mark", &self.sql.events_check, &params)
+            .await
+            .map_err(|e| self.err(e))?;
         let out = self
             .query("check_and_mark.read", &self.sql.events_checked, params)
             .await?;
