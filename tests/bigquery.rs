@@ -905,8 +905,8 @@ mod bigquery {
         assert_eq!(store.api_calls() - before, 2);
     }
 
-    /// The rows of `sql` run on the emulator itself (behind no simulator), as text.
-    async fn emulator_rows(url: &str, sql: &str) -> Vec<Vec<String>> {
+    /// The rows of `sql` run at `url` itself (behind no simulator), as text.
+    async fn rows_as_text(url: &str, sql: &str) -> Vec<Vec<String>> {
         rows(url, sql)
             .await
             .into_iter()
@@ -916,6 +916,120 @@ mod bigquery {
                     .unwrap_or_default()
             })
             .collect()
+    }
+
+    /// Claims `scopes` brand-new scopes of processor `name`, scope `i` by `claimers(i)`
+    /// runs at once, `wave` scopes at a time; answers how many claims acquired each scope,
+    /// and the number of claims.
+    async fn claim_new_scopes_together(
+        store: Arc<BigQueryStore>,
+        name: &str,
+        scopes: usize,
+        claimers: impl Fn(usize) -> usize,
+        wave: usize,
+    ) -> (Vec<usize>, usize) {
+        let mut acquired = vec![0usize; scopes];
+        let mut claims = 0;
+        for wave in (0..scopes).collect::<Vec<_>>().chunks(wave.max(1)) {
+            let mut tasks = tokio::task::JoinSet::new();
+            for &i in wave {
+                for c in 0..claimers(i) {
+                    claims += 1;
+                    let (store, name) = (store.clone(), name.to_string());
+                    tasks.spawn(async move {
+                        let scope = format!("scope-{i:04}");
+                        let run_id = format!("run-{i:04}-{c}");
+                        let claim = store
+                            .claim(&ClaimRequest {
+                                processor: &name,
+                                scope: &scope,
+                                run_id: &run_id,
+                                ttl: Duration::from_secs(3600),
+                                now: Utc::now(),
+                            })
+                            .await;
+                        (i, claim)
+                    });
+                }
+            }
+            while let Some(joined) = tasks.join_next().await {
+                let (i, claim) = joined.unwrap();
+                match claim {
+                    Ok(idem::store::Claim::Acquired(_)) => acquired[i] += 1,
+                    Ok(idem::store::Claim::Held(_)) => {}
+                    Err(e) => panic!("scope {i}: the claim failed: {e}"),
+                }
+            }
+        }
+        (acquired, claims)
+    }
+
+    /// The scopes of processor `name` whose lease rows name two or more unexpired holders
+    /// (each of which the fenced finish accepts), read at `url` directly.
+    async fn scopes_with_two_holders(url: &str, name: &str) -> Vec<Vec<String>> {
+        let mut found = Vec::new();
+        for shard in 0..16 {
+            let leases = table(url, &format!("processing_leases_{shard:02}"));
+            found.extend(
+                rows_as_text(
+                    url,
+                    &format!(
+                        "SELECT scope, COUNT(DISTINCT holder_run_id) AS holders FROM {leases} \
+                         WHERE processor_name = '{name}' AND holder_run_id IS NOT NULL \
+                         AND expires_at > CURRENT_TIMESTAMP() GROUP BY scope \
+                         HAVING COUNT(DISTINCT holder_run_id) > 1"
+                    ),
+                )
+                .await,
+            );
+        }
+        found
+    }
+
+    /// A smoke test against a real BigQuery project, off by default (CI has no Google
+    /// credentials): `IDEM_TEST_BIGQUERY_REAL=PROJECT/DATASET cargo test --test bigquery
+    /// real_project -- --ignored`, with Application Default Credentials. It runs the
+    /// store conformance suite there, then 200 brand-new scopes claimed by 4 runs at once
+    /// each: one holder per scope, as the model predicts. Use a dataset of its own: it is
+    /// created if missing, and the suite writes, purges and cleans up test rows in it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs a real BigQuery project: IDEM_TEST_BIGQUERY_REAL=PROJECT/DATASET and credentials"]
+    async fn a_real_project_settles_the_model() {
+        use idem::store::conformance as check;
+        let target = std::env::var("IDEM_TEST_BIGQUERY_REAL")
+            .expect("set IDEM_TEST_BIGQUERY_REAL=PROJECT/DATASET (a dataset of its own)");
+        let url = format!("bigquery://{target}");
+        let store: Arc<DynStore> = idem::store::open(&url).await.expect("open the store");
+        check::claim_excludes_and_release_frees(&*store).await;
+        check::expired_lease_is_taken_over_and_fenced(&*store).await;
+        check::concurrent_claims_have_one_winner(store.clone()).await;
+        check::renew_extends_lease(&*store).await;
+        check::keys_only_on_success(&*store).await;
+        check::key_windows_and_latest_row(&*store).await;
+        check::ledger_queries(&*store).await;
+        check::strings_round_trip(&*store).await;
+        check::taken_run_id_is_refused_and_changes_nothing(&*store).await;
+        check::purge_and_cleanup(&*store).await;
+        check::capabilities_hold_across_instances(&url).await;
+        let events = idem::store::open_event_keys(&url)
+            .await
+            .expect("open the event-key store");
+        check::event_keys_batch(&*events).await;
+        check::event_dedup_replay_and_conflict(&*events).await;
+        check::event_dedup_ttl(&*events).await;
+        check::event_cursor(&*events).await;
+        let name = unique("real");
+        let bq = Arc::new(BigQueryStore::connect(&url).await.unwrap());
+        let (acquired, claims) = claim_new_scopes_together(bq, &name, 200, |_| 4, 200).await;
+        let two = scopes_with_two_holders(&url, &name).await;
+        let twice = acquired.iter().filter(|&&n| n > 1).count();
+        let none = acquired.iter().filter(|&&n| n == 0).count();
+        eprintln!(
+            "real project: 200 new scopes, {claims} claims: {twice} acquired twice, {} with two \
+             holders, {none} acquired by none",
+            two.len()
+        );
+        assert_eq!((twice, two.len()), (0, 0), "{two:?}");
     }
 
     /// A brand-new scope claimed by 2–5 runs at once, for many scopes, at the *model* of
@@ -949,55 +1063,9 @@ mod bigquery {
         // latencies, not the emulator's queue (one process, ~40 statements a second), must
         // decide the order in which statements of different claims meet.
         let wave = env("IDEM_TEST_MODEL_WAVE", 4) as usize;
-        let mut acquired = vec![0usize; scopes];
-        let mut claims = 0;
-        for wave in (0..scopes).collect::<Vec<_>>().chunks(wave) {
-            let mut tasks = tokio::task::JoinSet::new();
-            for &i in wave {
-                for c in 0..2 + i % 4 {
-                    claims += 1;
-                    let (store, name) = (store.clone(), name.clone());
-                    tasks.spawn(async move {
-                        let scope = format!("scope-{i:04}");
-                        let run_id = format!("run-{i:04}-{c}");
-                        let claim = store
-                            .claim(&ClaimRequest {
-                                processor: &name,
-                                scope: &scope,
-                                run_id: &run_id,
-                                ttl: Duration::from_secs(3600),
-                                now: Utc::now(),
-                            })
-                            .await;
-                        (i, claim)
-                    });
-                }
-            }
-            while let Some(joined) = tasks.join_next().await {
-                let (i, claim) = joined.unwrap();
-                match claim {
-                    Ok(idem::store::Claim::Acquired(_)) => acquired[i] += 1,
-                    Ok(idem::store::Claim::Held(_)) => {}
-                    Err(e) => panic!("scope {i}: the claim failed: {e}"),
-                }
-            }
-        }
-        let mut held_by_two = Vec::new();
-        for shard in 0..16 {
-            let leases = table(&url, &format!("processing_leases_{shard:02}"));
-            held_by_two.extend(
-                emulator_rows(
-                    &url,
-                    &format!(
-                        "SELECT scope, COUNT(DISTINCT holder_run_id) AS holders FROM {leases} \
-                         WHERE processor_name = '{name}' AND holder_run_id IS NOT NULL \
-                         AND expires_at > CURRENT_TIMESTAMP() GROUP BY scope \
-                         HAVING COUNT(DISTINCT holder_run_id) > 1"
-                    ),
-                )
-                .await,
-            );
-        }
+        let (acquired, claims) =
+            claim_new_scopes_together(store, &name, scopes, |i| 2 + i % 4, wave).await;
+        let held_by_two = scopes_with_two_holders(&url, &name).await;
         let stats = sim.stats();
         let two_acquired: Vec<usize> = (0..scopes).filter(|&i| acquired[i] > 1).collect();
         let none = acquired.iter().filter(|&&n| n == 0).count();
@@ -1173,11 +1241,11 @@ mod bigquery {
         let url = require_bigquery!("jobs_per_completed_and_skipped_run_at_the_simulator");
         BigQueryStore::connect(&url).await.unwrap();
         let upstream = super::bq_limits::endpoint_of(&url).expect("an emulator endpoint");
-        let sim = super::bq_limits::Simulator::start(
-            &upstream,
-            super::bq_limits::Limits::bigquery(Duration::ZERO),
-        )
-        .await;
+        // At the model (scripts statement by statement), so that bytes billed count each
+        // child statement as BigQuery bills it: at least 10 MB per table it reads.
+        let mut limits = super::bq_limits::Limits::bigquery(Duration::ZERO);
+        limits.statements = true;
+        let sim = super::bq_limits::Simulator::start(&upstream, limits).await;
         let store = Arc::new(BigQueryStore::connect_lazy(&sim.url(&url)).await.unwrap());
         let date = idem::parse_date("2025-11-18").unwrap();
         let default_stack = || {
@@ -1223,6 +1291,12 @@ mod bigquery {
             );
             assert!(completed_jobs <= 4, "the target: at most 4 jobs");
             assert_eq!(stats.quota_failures + stats.conflict_failures, 0);
+            eprintln!(
+                "{stack}: a completed run: {} jobs, {} child statements, {} MB billed (modelled)",
+                stats.total(),
+                stats.child_statements,
+                stats.bytes_billed / (1024 * 1024)
+            );
             // Released: free to claim, and the keys are there.
             assert!(store
                 .lease_holder(&name, "2025-11-18", Utc::now())

@@ -5,13 +5,12 @@
 //!
 //! [`Connection::query`]: crate::backend::bigquery::Connection::query
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::backend::retry::{retry, Backoff, Retry};
+use crate::backend::retry::Backoff;
 use crate::error::{Error, Result};
 
-use crate::backend::bigquery::{ApiError, Param, QueryOutput};
+use crate::backend::bigquery::{ApiError, Param, QueryOutput, QUOTA_RETRIES};
 
 use super::BigQueryStore;
 
@@ -24,6 +23,11 @@ pub(super) const CONFLICT_RETRIES: Backoff = Backoff {
     base: Duration::from_millis(50),
     jitter: Duration::from_millis(100),
 };
+
+/// How long a quota answer is waited out, in all, for a statement that may be sent again
+/// ([`QUOTA_RETRIES`]' 40 sends take about as long): a full queue of 20 statements of
+/// about a second each drains many times over.
+pub(super) const QUOTA_WAIT: Duration = Duration::from_secs(240);
 
 impl BigQueryStore {
     /// A failed call: [`Error::StoreUnavailable`] when BigQuery could not be reached or
@@ -83,6 +87,14 @@ impl BigQueryStore {
             .map_err(|e| self.err(e))
     }
 
+    /// Sends a statement (or script) whose effect does not depend on what it lost to, and
+    /// that may therefore be sent again as a new statement: after a concurrent-update
+    /// conflict ([`CONFLICT_RETRIES`], then reported as a conflict), and after a quota
+    /// refusal that came back from its *job* — a child statement of a script refused for a
+    /// full DML queue fails the script's job after BigQuery created it, and the connection
+    /// never sends a statement with a job id again, so it is this caller's decision. Quota
+    /// answers are waited out with [`QUOTA_RETRIES`]' pauses until [`QUOTA_WAIT`] has
+    /// passed since the first send (the connection's own retries included).
     pub(super) async fn send_again_on_conflict(
         &self,
         operation: &str,
@@ -90,31 +102,38 @@ impl BigQueryStore {
         params: &[Param],
     ) -> std::result::Result<QueryOutput, ApiError> {
         let started = Instant::now();
-        let sent = AtomicU32::new(0);
-        let sent = &sent;
-        retry(CONFLICT_RETRIES, |attempt| async move {
-            sent.store(attempt + 1, Ordering::Relaxed);
-            match self.send(operation, sql, params).await {
-                Ok(out) => Ok(out),
-                Err(e) if e.is_concurrent_update() => {
-                    tracing::debug!("{e}; sending it again");
-                    Err(Retry::Again(e))
-                }
-                Err(e) => Err(Retry::Stop(e)),
-            }
-        })
-        .await
-        .map_err(|e| {
-            if e.is_concurrent_update() {
-                e.after_retries(
-                    "BigQuery concurrent-update conflict",
-                    sent.load(Ordering::Relaxed),
-                    started.elapsed(),
-                )
+        let (mut conflicts, mut quotas) = (0u32, 0u32);
+        loop {
+            let e = match self.send(operation, sql, params).await {
+                Ok(out) => return Ok(out),
+                Err(e) => e,
+            };
+            let pause = if e.is_concurrent_update() {
+                conflicts += 1;
+                (conflicts < CONFLICT_RETRIES.attempts)
+                    .then(|| CONFLICT_RETRIES.pause(conflicts - 1))
+            } else if e.is_quota() {
+                quotas += 1;
+                let pause = QUOTA_RETRIES.pause(quotas - 1);
+                (started.elapsed() + pause < QUOTA_WAIT).then_some(pause)
             } else {
-                e
-            }
-        })
+                None
+            };
+            let Some(pause) = pause else {
+                let sends = conflicts + quotas + 1;
+                return Err(if e.is_concurrent_update() {
+                    e.after_retries(
+                        "BigQuery concurrent-update conflict",
+                        sends,
+                        started.elapsed(),
+                    )
+                } else {
+                    e
+                });
+            };
+            tracing::debug!("{e}; sending it again in {pause:?}");
+            tokio::time::sleep(pause).await;
+        }
     }
 
     /// A mutating statement (UPDATE/DELETE) whose effect does not depend on what it lost

@@ -161,7 +161,10 @@ const FINISH_EXTENSION_SECS: i64 = 600;
 /// 1. unless the run id is recorded already for another run (then nothing is written:
 ///    [`DUPLICATE`]);
 /// 2. if the lease, held by this run with this token, expires within
-///    [`FINISH_MARGIN_SECS`] of `finished_at`, it is extended (fenced UPDATE);
+///    [`FINISH_MARGIN_SECS`] of `finished_at`, it is extended (fenced UPDATE). A lease
+///    that expired but was not taken over is still this run's, as on every store: a
+///    takeover changes the holder and the token, and a claim racing the extension is a
+///    concurrent UPDATE of the same table, so one of the two is re-run and sees the other;
 /// 3. only if the lease is now held by this run with this token until at least
 ///    `finished_at` + [`FINISH_MARGIN_SECS`] — no other run can take it before then, and
 ///    the statements below take seconds — the ledger row and the keys are inserted
@@ -242,7 +245,7 @@ AND processed_at BETWEEN {oldest} AND {newest});",
             );
             format!(
                 "  IF NOT EXISTS (SELECT 1 FROM {leases} WHERE {fence} AND expires_at > {safe}) THEN
-    UPDATE {leases} SET expires_at = {extended} WHERE {fence} AND expires_at > {now};
+    UPDATE {leases} SET expires_at = {extended} WHERE {fence};
   END IF;
   IF EXISTS (SELECT 1 FROM {leases} WHERE {fence} AND expires_at > {safe}) THEN
     {writes}
@@ -256,9 +259,9 @@ AND processed_at BETWEEN {oldest} AND {newest});",
         "IF {not_duplicate} THEN
 {body}
 END IF;
-SELECT CASE WHEN EXISTS (SELECT 1 FROM {runs} WHERE {this_row}) THEN '{RECORDED}' \
-WHEN EXISTS (SELECT 1 FROM {runs} WHERE run_id = {id}) THEN '{DUPLICATE}' \
-ELSE '{LOST}' END AS outcome;"
+SELECT CASE WHEN COUNTIF({this_row}) > 0 THEN '{RECORDED}' \
+WHEN COUNT(*) > 0 THEN '{DUPLICATE}' ELSE '{LOST}' END AS outcome \
+FROM {runs} WHERE run_id = {id};"
     )
 }
 

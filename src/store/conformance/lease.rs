@@ -80,7 +80,8 @@ pub async fn claim_excludes_and_release_frees(store: &dyn Store) {
 }
 
 /// A lease past its expiry is taken over; the late holder can neither finish nor release
-/// over the new one, and its late finish writes nothing.
+/// over the new one, and its late finish writes nothing. A lease past its expiry that
+/// nobody took over is still its run's: the finish is recorded with its keys.
 pub async fn expired_lease_is_taken_over_and_fenced(store: &dyn Store) {
     let p = unique("expiry");
     let t0 = now();
@@ -154,6 +155,31 @@ pub async fn expired_lease_is_taken_over_and_fenced(store: &dyn Store) {
     )
     .await
     .unwrap();
+
+    // A lease that expired but that nobody took over is still its run's: the run's finish
+    // is recorded with its keys (a takeover, not the clock alone, fences a run out).
+    let q = unique("expired-kept");
+    let run = new_run_id();
+    let kept = acquired(store.claim(&request(&q, "s", &run, 10, t0)).await.unwrap());
+    let late = t0 + chrono::Duration::seconds(60);
+    let key = unique("kept-key");
+    finish_completed(
+        store,
+        &kept,
+        vec![key_record(&key, KeyKind::Scope, &q, "s", &run, late)],
+        late,
+    )
+    .await
+    .expect("an expired lease nobody took over still finishes");
+    let found = store
+        .find_keys(&[KeyLookup {
+            key,
+            kind: KeyKind::Scope,
+            since: t0 - chrono::Duration::days(1),
+        }])
+        .await
+        .unwrap();
+    assert!(found[0].is_some(), "its key is written");
 }
 
 /// Many runs claiming one scope at once: exactly one wins.
