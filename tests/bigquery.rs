@@ -986,14 +986,15 @@ mod bigquery {
         found
     }
 
-    /// A smoke test against a real BigQuery project, off by default (CI has no Google
-    /// credentials): `IDEM_TEST_BIGQUERY_REAL=PROJECT/DATASET cargo test --test bigquery
-    /// real_project -- --ignored`, with Application Default Credentials. It runs the
+    /// A smoke test against a real BigQuery project, compiled only with the
+    /// `bigquery-real` feature (CI has no Google credentials): `IDEM_TEST_BIGQUERY_REAL=
+    /// PROJECT/DATASET cargo test --features bigquery-real --test bigquery real_project`,
+    /// with Application Default Credentials. It runs the
     /// store conformance suite there, then 200 brand-new scopes claimed by 4 runs at once
     /// each: one holder per scope, as the model predicts. Use a dataset of its own: it is
     /// created if missing, and the suite writes, purges and cleans up test rows in it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    #[ignore = "needs a real BigQuery project: IDEM_TEST_BIGQUERY_REAL=PROJECT/DATASET and credentials"]
+    #[cfg(feature = "bigquery-real")]
     async fn a_real_project_settles_the_model() {
         use idem::store::conformance as check;
         let target = std::env::var("IDEM_TEST_BIGQUERY_REAL")
