@@ -176,14 +176,11 @@ impl ApiError {
     }
 
     /// The error of a statement sent `attempts` times over `took` that failed every time
-    /// with this error: the message says what it is (`what`) and how long it was retried.
+    /// with this error: the message says what it is (`what`) and, when it was sent more
+    /// than once, how long it was retried.
     pub fn after_retries(mut self, what: &str, attempts: u32, took: std::time::Duration) -> Self {
-        self.message = format!(
-            "{what}: {} (sent {attempts} time(s) over {:.1}s)",
-            self.message,
-            took.as_secs_f64()
-        );
-        self
+        self.message = format!("{what}: {}", self.message);
+        self.sent(attempts, took)
     }
 
     /// The error of a call made `attempts` times over `took`: the message says so (when

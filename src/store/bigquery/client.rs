@@ -82,7 +82,20 @@ impl BigQueryStore {
     /// transaction, rolled back whole when it conflicts). Sent as [`mutate`](Self::mutate)
     /// sends, then reported as a conflict.
     pub(super) async fn script(&self, operation: &str, sql: &str) -> Result<QueryOutput> {
-        self.send_again_on_conflict(operation, sql, &[])
+        self.script_waiting(operation, |_| sql.to_owned(), QUOTA_WAIT)
+            .await
+    }
+
+    /// [`script`](Self::script), with quota answers waited out for `quota_wait` in all
+    /// rather than [`QUOTA_WAIT`], and the script written anew for each send: `sql` is
+    /// given how long ago the first send was made.
+    pub(super) async fn script_waiting(
+        &self,
+        operation: &str,
+        sql: impl Fn(Duration) -> String,
+        quota_wait: Duration,
+    ) -> Result<QueryOutput> {
+        self.send_again(operation, sql, &[], quota_wait)
             .await
             .map_err(|e| self.err(e))
     }
@@ -101,10 +114,24 @@ impl BigQueryStore {
         sql: &str,
         params: &[Param],
     ) -> std::result::Result<QueryOutput, ApiError> {
+        self.send_again(operation, |_| sql.to_owned(), params, QUOTA_WAIT)
+            .await
+    }
+
+    /// [`send_again_on_conflict`](Self::send_again_on_conflict), with quota answers waited
+    /// out for `quota_wait` in all. The error given up on says how often the statement was
+    /// sent, over how long.
+    async fn send_again(
+        &self,
+        operation: &str,
+        sql: impl Fn(Duration) -> String,
+        params: &[Param],
+        quota_wait: Duration,
+    ) -> std::result::Result<QueryOutput, ApiError> {
         let started = Instant::now();
         let (mut conflicts, mut quotas) = (0u32, 0u32);
         loop {
-            let e = match self.send(operation, sql, params).await {
+            let e = match self.send(operation, &sql(started.elapsed()), params).await {
                 Ok(out) => return Ok(out),
                 Err(e) => e,
             };
@@ -115,7 +142,7 @@ impl BigQueryStore {
             } else if e.is_quota() {
                 quotas += 1;
                 let pause = QUOTA_RETRIES.pause(quotas - 1);
-                (started.elapsed() + pause < QUOTA_WAIT).then_some(pause)
+                (started.elapsed() + pause < quota_wait).then_some(pause)
             } else {
                 None
             };
@@ -127,6 +154,8 @@ impl BigQueryStore {
                         sends,
                         started.elapsed(),
                     )
+                } else if quotas > 0 {
+                    e.sent(sends, started.elapsed())
                 } else {
                     e
                 });

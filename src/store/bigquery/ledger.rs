@@ -14,6 +14,7 @@ use crate::backend::bigquery::{
     timestamp_text, Param,
 };
 
+use super::client::QUOTA_WAIT;
 use super::schema::{lease_shard, LEASE_TABLES};
 use super::{scripts, BigQueryStore};
 
@@ -214,15 +215,38 @@ impl LedgerStore for BigQueryStore {
                     .table(LEASE_TABLES[lease_shard(&l.processor, &l.scope)])
             })
             .unwrap_or_default();
-        let sql = scripts::finish(
-            &self.config.table("processing_runs"),
-            &self.config.table("processing_keys"),
-            &leases,
-            run,
-            keys,
-            finish.lease.as_ref(),
+        let (runs, keys_table) = (
+            self.config.table("processing_runs"),
+            self.config.table("processing_keys"),
         );
-        let out = self.script("finish", &sql).await?;
+        // The work is done: a finish refused for a full DML queue is sent again for as
+        // long as its lease holds (at least [`QUOTA_WAIT`]); giving up sooner would only
+        // leave the scope locked until then and the work to be redone. Each send is
+        // written for its own time, `finished_at` plus the time since the first send, so
+        // that the lease's margin is checked against when the statements run.
+        let until_expiry = finish
+            .lease
+            .as_ref()
+            .and_then(|l| (l.expires_at - Utc::now()).to_std().ok())
+            .unwrap_or_default();
+        let sql = |since_first: std::time::Duration| {
+            let now = chrono::Duration::from_std(since_first)
+                .ok()
+                .and_then(|d| run.finished_at.checked_add_signed(d))
+                .unwrap_or(run.finished_at);
+            scripts::finish(
+                &runs,
+                &keys_table,
+                &leases,
+                run,
+                keys,
+                finish.lease.as_ref(),
+                now,
+            )
+        };
+        let out = self
+            .script_waiting("finish", sql, until_expiry.max(QUOTA_WAIT))
+            .await?;
         let outcome = out
             .records()
             .next()

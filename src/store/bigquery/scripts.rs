@@ -161,12 +161,13 @@ const FINISH_EXTENSION_SECS: i64 = 600;
 /// 1. unless the run id is recorded already for another run (then nothing is written:
 ///    [`DUPLICATE`]);
 /// 2. if the lease, held by this run with this token, expires within
-///    [`FINISH_MARGIN_SECS`] of `finished_at`, it is extended (fenced UPDATE). A lease
+///    [`FINISH_MARGIN_SECS`] of `now` (the run's `finished_at` when first sent, later
+///    for a finish sent again), it is extended (fenced UPDATE). A lease
 ///    that expired but was not taken over is still this run's, as on every store: a
 ///    takeover changes the holder and the token, and a claim racing the extension is a
 ///    concurrent UPDATE of the same table, so one of the two is re-run and sees the other;
 /// 3. only if the lease is now held by this run with this token until at least
-///    `finished_at` + [`FINISH_MARGIN_SECS`] — no other run can take it before then, and
+///    `now` + [`FINISH_MARGIN_SECS`] — no other run can take it before then, and
 ///    the statements below take seconds — the ledger row and the keys are inserted
 ///    (each only if not there yet: a finish sent again writes nothing twice), and then
 ///    the lease is released (fenced). Keys are visible before the lease is free, never
@@ -184,6 +185,7 @@ pub(super) fn finish(
     run: &RunRecord,
     key_rows: &[KeyRecord],
     lease: Option<&Lease>,
+    now: DateTime<Utc>,
 ) -> String {
     let id = lit::string(&run.run_id);
     let this_row = format!(
@@ -231,7 +233,7 @@ AND processed_at BETWEEN {oldest} AND {newest});",
                 lit::int64(lease.token),
                 lit::string(&lease.run_id),
             );
-            let at = micros(run.finished_at);
+            let at = micros(now);
             let secs = |n: i64| {
                 lit::timestamp(
                     at.checked_add_signed(chrono::Duration::seconds(n))
