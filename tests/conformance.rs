@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use idem::store::{conformance, DynStore, EventKeyStore};
+use idem::store::{conformance, DynStore, EventKeyStore, StoreBase};
 
 mod common;
 
@@ -53,6 +53,59 @@ macro_rules! all_event_key_checks {
             }
         }
     };
+}
+
+/// The store `url` names behind the wrappers `idem gate` puts in front of it: a breaker in
+/// front of a store opened on first use ([`idem::store::ReopeningEventStore`]).
+fn wrapped(url: &str) -> Arc<dyn EventKeyStore> {
+    let reopening: Arc<dyn EventKeyStore> = Arc::new(idem::store::ReopeningEventStore::new(url));
+    Arc::new(idem::store::CircuitBreakerStore::new(
+        reopening,
+        idem::store::BreakerConfig::default(),
+    ))
+}
+
+/// [`wrapped`], with the store behind opened (a check's timing starts with its first call,
+/// which would otherwise open and migrate the store).
+async fn wrapped_open(url: &str) -> Arc<dyn EventKeyStore> {
+    let store = wrapped(url);
+    store
+        .is_duplicate("open", &[], chrono::Utc::now())
+        .await
+        .expect("open the store behind the wrappers");
+    store
+}
+
+/// The wrappers answer what the store they wrap answers: its kind and capabilities
+/// (whether pending marks are confirmed, how many batches run side by side), before the
+/// store is open too (a gate decides both when it starts).
+async fn wrappers_answer_as_the_store(url: &str) {
+    let direct = idem::store::open_event_keys(url)
+        .await
+        .expect("open the store");
+    let reopening = idem::store::ReopeningEventStore::new(url);
+    assert_eq!(reopening.kind(), direct.kind(), "before the store is open");
+    assert_eq!(
+        reopening.capabilities(),
+        direct.capabilities(),
+        "before the store is open"
+    );
+    reopening
+        .is_duplicate("wrappers", &["k".to_string()], chrono::Utc::now())
+        .await
+        .expect("open the store behind the wrapper");
+    let wrapped = wrapped(url);
+    wrapped
+        .is_duplicate("wrappers", &["k".to_string()], chrono::Utc::now())
+        .await
+        .expect("open the store behind the wrappers");
+    for (name, store) in [
+        ("reopening", &reopening as &dyn EventKeyStore),
+        ("breaker and reopening", &*wrapped),
+    ] {
+        assert_eq!(store.kind(), direct.kind(), "{name}");
+        assert_eq!(store.capabilities(), direct.capabilities(), "{name}");
+    }
 }
 
 /// The result cache (seed 000) on a store: a retry with the same events (in another
@@ -170,6 +223,26 @@ macro_rules! conformance_tests {
             }
 
             all_event_key_checks!();
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn wrappers_answer_as_the_store() {
+                if let Some(url) = url().await {
+                    crate::wrappers_answer_as_the_store(&url).await
+                }
+            }
+
+            /// The event-key checks through the wrappers `idem gate` puts in front of a
+            /// store (a breaker in front of a store opened on first use): a method a
+            /// wrapper does not forward falls back to the trait's default and fails here.
+            mod through_wrappers {
+                use super::*;
+
+                async fn event_store() -> Option<(Arc<dyn EventKeyStore>, ())> {
+                    Some((crate::wrapped_open(&url().await?).await, ()))
+                }
+
+                all_event_key_checks!();
+            }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn claim_excludes_and_release_frees() {
@@ -300,6 +373,26 @@ mod redis {
     }
 
     all_event_key_checks!();
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn wrappers_answer_as_the_store() {
+        if let Some(url) = url() {
+            let (url, _cleanup) = fresh_prefix_url(&url);
+            crate::wrappers_answer_as_the_store(&url).await
+        }
+    }
+
+    /// The event-key checks through the wrappers (see the SQL backends' modules).
+    mod through_wrappers {
+        use super::*;
+
+        async fn event_store() -> Option<(Arc<dyn EventKeyStore>, PrefixCleanup)> {
+            let (url, cleanup) = fresh_prefix_url(&super::url()?);
+            Some((crate::wrapped_open(&url).await, cleanup))
+        }
+
+        all_event_key_checks!();
+    }
 
     /// Redis expires a mark by its own clock: with the caller's `now` frozen, the mark is
     /// still gone after its ttl (a SQL store, told the same `now`, would replay).

@@ -437,9 +437,9 @@ impl EventGate {
     /// `new`: an event is reported `new` at least once, or it is not marked. A key pending
     /// for *another* gate is waited on (re-checked until that gate confirms it, then a
     /// replay, or until it expires, then new here). Only on a store whose
-    /// [`EventKeyStore::confirms_pending`] is true; otherwise the gate is returned as is.
+    /// [`Capabilities::confirms_pending`](crate::store::Capabilities::confirms_pending) is true; otherwise the gate is returned as is.
     pub fn pending(mut self, timeout: Duration) -> Self {
-        if !self.dedup.store.confirms_pending() {
+        if !self.dedup.store.capabilities().confirms_pending {
             return self;
         }
         self.pending = Some(Arc::new(PendingMarks {
@@ -731,9 +731,9 @@ impl EventGate {
     }
 
     /// How many [`admit`](Self::admit) calls on batches sharing no key are worth running at
-    /// once: the store's [`EventKeyStore::batch_concurrency`].
+    /// once: the store's [`Capabilities::batch_concurrency`](crate::store::Capabilities::batch_concurrency).
     pub fn batch_concurrency(&self) -> usize {
-        self.breaker.batch_concurrency().max(1)
+        self.breaker.capabilities().batch_concurrency.max(1)
     }
 
     /// The marks of `events` (see [`PreparedBatch`]).
@@ -1414,7 +1414,10 @@ mod tests {
         let first = gate.check_and_mark(&events, Utc::now()).await.unwrap();
         let a = first[0].as_ref().unwrap();
         assert!(!a.verified(), "let through unverified: {a:?}");
-        assert_eq!(store.kind(), "unavailable");
+        assert!(
+            store.capabilities().confirms_pending,
+            "known before it is open"
+        );
         std::fs::create_dir_all(&dir).unwrap();
         tokio::time::sleep(Duration::from_millis(60)).await;
         let again = gate.check_and_mark(&events, Utc::now()).await.unwrap();

@@ -330,10 +330,6 @@ impl<S: EventKeyStore + ?Sized> EventKeyStore for CircuitBreakerStore<S> {
             .await
     }
 
-    fn batch_concurrency(&self) -> usize {
-        self.inner.batch_concurrency()
-    }
-
     async fn is_duplicate(
         &self,
         namespace: &str,
@@ -354,6 +350,16 @@ impl<S: EventKeyStore + ?Sized> EventKeyStore for CircuitBreakerStore<S> {
             .await
     }
 
+    async fn mark_event_keys(
+        &self,
+        namespace: &str,
+        keys: &[String],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<bool>> {
+        self.guarded(self.inner.mark_event_keys(namespace, keys, now))
+            .await
+    }
+
     async fn forget_event_keys(&self, namespace: &str, keys: &[String]) -> Result<u64> {
         self.guarded(self.inner.forget_event_keys(namespace, keys))
             .await
@@ -367,10 +373,6 @@ impl<S: EventKeyStore + ?Sized> EventKeyStore for CircuitBreakerStore<S> {
     ) -> Result<u64> {
         self.guarded(self.inner.unmark_event_keys(namespace, keys, first_seen))
             .await
-    }
-
-    fn confirms_pending(&self) -> bool {
-        self.inner.confirms_pending()
     }
 
     async fn confirm_event_keys(
@@ -534,5 +536,180 @@ mod tests {
         let probe = breaker.before().unwrap();
         assert!(breaker.after(Ok(()), probe).is_ok());
         assert_eq!(breaker.phase(), BreakerPhase::Closed);
+    }
+
+    /// A store that answers every event-key call with an empty success and logs which
+    /// method was called: a wrapper in front of it must reach the same method.
+    #[derive(Debug, Default)]
+    struct Spy {
+        calls: Mutex<Vec<&'static str>>,
+    }
+
+    impl Spy {
+        fn log(&self, name: &'static str) {
+            self.calls.lock().unwrap().push(name);
+        }
+    }
+
+    #[async_trait]
+    impl StoreBase for Spy {
+        fn kind(&self) -> &'static str {
+            "spy"
+        }
+        fn location(&self) -> String {
+            "spy://".into()
+        }
+        fn capabilities(&self) -> Capabilities {
+            Capabilities {
+                confirms_pending: true,
+                batch_concurrency: 7,
+                ..Capabilities::SHARED
+            }
+        }
+        async fn migrate(&self) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    #[async_trait]
+    impl EventKeyStore for Spy {
+        async fn check_and_mark(
+            &self,
+            _: &str,
+            _: &[EventMark],
+            _: DateTime<Utc>,
+        ) -> Result<Vec<EventVerdict>> {
+            self.log("check_and_mark");
+            Ok(vec![])
+        }
+        async fn is_duplicate(&self, _: &str, _: &[String], _: DateTime<Utc>) -> Result<Vec<bool>> {
+            self.log("is_duplicate");
+            Ok(vec![])
+        }
+        async fn record_decision(&self, _: &str, _: &str, _: &serde_json::Value) -> Result<bool> {
+            self.log("record_decision");
+            Ok(true)
+        }
+        async fn mark_event_keys(
+            &self,
+            _: &str,
+            _: &[String],
+            _: DateTime<Utc>,
+        ) -> Result<Vec<bool>> {
+            self.log("mark_event_keys");
+            Ok(vec![])
+        }
+        async fn forget_event_keys(&self, _: &str, _: &[String]) -> Result<u64> {
+            self.log("forget_event_keys");
+            Ok(0)
+        }
+        async fn confirm_event_keys(
+            &self,
+            _: &str,
+            _: &[(String, Option<DateTime<Utc>>)],
+            _: &str,
+        ) -> Result<u64> {
+            self.log("confirm_event_keys");
+            Ok(0)
+        }
+        async fn check_and_mark_pending(
+            &self,
+            _: &str,
+            _: &[EventMark],
+            _: DateTime<Utc>,
+            _: PendingBatch<'_>,
+            _: Option<(&str, &Cursor)>,
+        ) -> Result<Vec<EventVerdict>> {
+            self.log("check_and_mark_pending");
+            Ok(vec![])
+        }
+        async fn confirm_pending_batch(
+            &self,
+            _: &str,
+            _: &str,
+            _: &[(String, Option<DateTime<Utc>>)],
+            _: bool,
+        ) -> Result<u64> {
+            self.log("confirm_pending_batch");
+            Ok(0)
+        }
+        async fn unmark_event_keys(&self, _: &str, _: &[String], _: DateTime<Utc>) -> Result<u64> {
+            self.log("unmark_event_keys");
+            Ok(0)
+        }
+        async fn cursor(&self, _: &str, _: &str) -> Result<Option<Cursor>> {
+            self.log("cursor");
+            Ok(None)
+        }
+        async fn advance_cursor(&self, _: &str, _: &str, _: &Cursor) -> Result<()> {
+            self.log("advance_cursor");
+            Ok(())
+        }
+        async fn check_and_mark_advancing(
+            &self,
+            _: &str,
+            _: &[EventMark],
+            _: DateTime<Utc>,
+            _: &str,
+            _: &Cursor,
+        ) -> Result<Vec<EventVerdict>> {
+            self.log("check_and_mark_advancing");
+            Ok(vec![])
+        }
+    }
+
+    /// Every event-key call on the breaker reaches the same method of the store behind
+    /// it, and the breaker answers the store's facts: none falls back to the trait's
+    /// default (the bulk mark of Postgres was skipped that way).
+    #[tokio::test]
+    async fn every_event_key_call_reaches_the_same_method_behind_the_breaker() {
+        let spy = Arc::new(Spy::default());
+        let b = CircuitBreakerStore::new(spy.clone(), BreakerConfig::default());
+        let (ns, now, keys) = ("ns", Utc::now(), vec!["k".to_string()]);
+        let marks = vec![EventMark::key("k")];
+        let cursor = Cursor::at(&serde_json::json!(1), &serde_json::json!(1)).unwrap();
+        let batch = PendingBatch {
+            marker: "{}",
+            timeout: Duration::from_secs(1),
+        };
+        let confirms = vec![("k".to_string(), None)];
+        b.check_and_mark(ns, &marks, now).await.unwrap();
+        b.is_duplicate(ns, &keys, now).await.unwrap();
+        b.record_decision(ns, "k", &serde_json::json!(1))
+            .await
+            .unwrap();
+        b.mark_event_keys(ns, &keys, now).await.unwrap();
+        b.forget_event_keys(ns, &keys).await.unwrap();
+        b.confirm_event_keys(ns, &confirms, "o").await.unwrap();
+        b.check_and_mark_pending(ns, &marks, now, batch, Some(("c", &cursor)))
+            .await
+            .unwrap();
+        b.confirm_pending_batch(ns, "{}", &confirms, true)
+            .await
+            .unwrap();
+        b.unmark_event_keys(ns, &keys, now).await.unwrap();
+        b.cursor(ns, "c").await.unwrap();
+        b.advance_cursor(ns, "c", &cursor).await.unwrap();
+        b.check_and_mark_advancing(ns, &marks, now, "c", &cursor)
+            .await
+            .unwrap();
+        assert_eq!(
+            *spy.calls.lock().unwrap(),
+            [
+                "check_and_mark",
+                "is_duplicate",
+                "record_decision",
+                "mark_event_keys",
+                "forget_event_keys",
+                "confirm_event_keys",
+                "check_and_mark_pending",
+                "confirm_pending_batch",
+                "unmark_event_keys",
+                "cursor",
+                "advance_cursor",
+                "check_and_mark_advancing",
+            ]
+        );
+        assert_eq!(b.capabilities(), spy.capabilities());
     }
 }

@@ -106,8 +106,12 @@ impl StoreBase for MemoryStore {
         "memory://".into()
     }
 
+    /// Nothing beyond this instance; pending marks are confirmed.
     fn capabilities(&self) -> Capabilities {
-        Capabilities::NONE
+        Capabilities {
+            confirms_pending: true,
+            ..Capabilities::NONE
+        }
     }
 
     async fn migrate(&self) -> Result<()> {
@@ -438,10 +442,6 @@ impl EventKeyStore for MemoryStore {
             gone += u64::from(removed);
         }
         Ok(gone)
-    }
-
-    fn confirms_pending(&self) -> bool {
-        true
     }
 
     async fn confirm_event_keys(

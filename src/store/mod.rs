@@ -362,19 +362,31 @@ pub struct Capabilities {
     pub durable: bool,
     /// Claims stay correct across processes (not only across tasks of one process).
     pub cross_process: bool,
+    /// [`EventKeyStore::confirm_event_keys`] works: the gate then marks keys *pending*
+    /// until their records are written (docs/events.md, "Pending marks").
+    pub confirms_pending: bool,
+    /// How many [`EventKeyStore::check_and_mark`] calls on batches that share no key one
+    /// caller may usefully have running at once: more than 1 where the store works on
+    /// them side by side (Postgres and SQLite, one pooled connection each) or queues them
+    /// in order on one connection (Redis); 1 where writers wait for each other anyway.
+    pub batch_concurrency: usize,
 }
 
 impl Capabilities {
     /// A database shared by processes that keeps what it is given (SQLite, Postgres,
-    /// BigQuery).
+    /// BigQuery), one event batch at a time, without pending marks.
     pub const SHARED: Capabilities = Capabilities {
         durable: true,
         cross_process: true,
+        confirms_pending: false,
+        batch_concurrency: 1,
     };
     /// Nothing beyond one instance (memory; a store that cannot be reached).
     pub const NONE: Capabilities = Capabilities {
         durable: false,
         cross_process: false,
+        confirms_pending: false,
+        batch_concurrency: 1,
     };
 }
 
@@ -572,14 +584,6 @@ pub trait EventKeyStore: StoreBase {
         now: DateTime<Utc>,
     ) -> Result<Vec<EventVerdict>>;
 
-    /// How many [`check_and_mark`](Self::check_and_mark) calls on batches that share no
-    /// key one caller may usefully have running at once: more than 1 where the store
-    /// works on them side by side (Postgres, one connection each) or queues them in order
-    /// on one connection (Redis); 1 (the default) where writers wait for each other anyway.
-    fn batch_concurrency(&self) -> usize {
-        1
-    }
-
     /// Whether each key is marked and unexpired at `now` (read-only, one round trip).
     async fn is_duplicate(
         &self,
@@ -621,12 +625,6 @@ pub trait EventKeyStore: StoreBase {
             store: self.kind(),
             operation: "deleting event keys",
         })
-    }
-
-    /// Whether [`confirm_event_keys`](Self::confirm_event_keys) works: the gate then marks
-    /// keys *pending* until their records are written (docs/events.md, "Pending marks").
-    fn confirms_pending(&self) -> bool {
-        false
     }
 
     /// Confirms pending marks: for each `(key, expires_at)` whose stored decision is
@@ -702,7 +700,7 @@ pub trait EventKeyStore: StoreBase {
     /// `first_seen` (by a [`check_and_mark`](Self::check_and_mark) whose `now` it was),
     /// and leaves any other mark of those keys alone (one another caller made after this
     /// one expired): how many were deleted. Needed by a store whose
-    /// [`batch_concurrency`](Self::batch_concurrency) is above 1; a store that cannot
+    /// [`Capabilities::batch_concurrency`] is above 1; a store that cannot
     /// answers [`Error::Unsupported`].
     async fn unmark_event_keys(
         &self,

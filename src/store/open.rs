@@ -251,6 +251,50 @@ pub async fn open_event_keys(url: &str) -> Result<Arc<dyn EventKeyStore>> {
     }
 }
 
+/// What a store `url` names is known to be before it is open: its kind and the
+/// capabilities it answers once opened by [`open_event_keys`] (a pool of
+/// [`PoolSize::EVENTS`] connections). The conformance suite holds every backend to it
+/// (`wrappers_answer_as_the_store`).
+fn known(url: &str) -> (&'static str, Capabilities) {
+    let shared = Capabilities::SHARED;
+    match Backend::of(url) {
+        Some(Backend::Memory) => (
+            "memory",
+            Capabilities {
+                confirms_pending: true,
+                ..Capabilities::NONE
+            },
+        ),
+        Some(Backend::Sqlite) => (
+            "sqlite",
+            Capabilities {
+                confirms_pending: true,
+                batch_concurrency: PoolSize::EVENTS.sqlite as usize,
+                ..shared
+            },
+        ),
+        Some(Backend::Postgres) => (
+            "postgres",
+            Capabilities {
+                confirms_pending: true,
+                batch_concurrency: PoolSize::EVENTS.postgres as usize,
+                ..shared
+            },
+        ),
+        Some(Backend::BigQuery) => ("bigquery", shared),
+        Some(Backend::Redis) => (
+            "redis",
+            Capabilities {
+                durable: false,
+                cross_process: true,
+                confirms_pending: true,
+                batch_concurrency: 4,
+            },
+        ),
+        None => ("unavailable", Capabilities::NONE),
+    }
+}
+
 /// An event-key store that could not be opened when the caller started (under
 /// `best_effort`/`log_only`, which go on unverified): every call first tries to open it
 /// again, and once that succeeds every call goes to it. Put a breaker in front, so a store
@@ -287,18 +331,24 @@ impl ReopeningEventStore {
 
 #[async_trait]
 impl StoreBase for ReopeningEventStore {
+    /// The backend's, open or not.
     fn kind(&self) -> &'static str {
-        self.store.get().map_or("unavailable", |s| s.kind())
+        self.store
+            .get()
+            .map_or_else(|| known(&self.url).0, |s| s.kind())
     }
 
     fn location(&self) -> String {
         redact_url(&self.url)
     }
 
+    /// The store's once it is open; before, what a store of its backend answers (a gate
+    /// decides when it starts whether to mark keys pending and how many batches to run
+    /// side by side).
     fn capabilities(&self) -> Capabilities {
         self.store
             .get()
-            .map_or(Capabilities::NONE, |s| s.capabilities())
+            .map_or_else(|| known(&self.url).1, |s| s.capabilities())
     }
 
     async fn migrate(&self) -> Result<()> {
@@ -367,11 +417,6 @@ impl EventKeyStore for ReopeningEventStore {
             .await?
             .unmark_event_keys(namespace, keys, first_seen)
             .await
-    }
-
-    fn confirms_pending(&self) -> bool {
-        crate::backend::Backend::of(&self.url)
-            .is_some_and(|b| !matches!(b, crate::backend::Backend::BigQuery))
     }
 
     async fn confirm_event_keys(

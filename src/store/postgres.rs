@@ -575,8 +575,15 @@ impl StoreBase for PostgresStore {
         self.url.to_string()
     }
 
+    /// Pending marks are confirmed (by the batch); event batches on keys they do not
+    /// share run in transactions side by side, one per pooled connection (each locks its
+    /// keys in byte order, so they cannot deadlock).
     fn capabilities(&self) -> Capabilities {
-        Capabilities::SHARED
+        Capabilities {
+            confirms_pending: true,
+            batch_concurrency: self.connections,
+            ..Capabilities::SHARED
+        }
     }
 
     async fn migrate(&self) -> Result<()> {
@@ -1494,12 +1501,6 @@ impl PostgresStore {
 
 #[async_trait]
 impl EventKeyStore for PostgresStore {
-    /// Batches on keys they do not share run in transactions side by side, one per pooled
-    /// connection (each locks its keys in byte order, so they cannot deadlock).
-    fn batch_concurrency(&self) -> usize {
-        self.connections
-    }
-
     /// The plain batch mark (no fingerprint, decision or TTL) keeps its own statement, as
     /// fast as a hand-written batch insert: `check_and_mark` joins back to the stored rows
     /// for replay/conflict, which a yes/no answer does not need.
@@ -1667,10 +1668,6 @@ impl EventKeyStore for PostgresStore {
     ) -> Result<u64> {
         self.delete_event_keys(namespace, keys, Some(micros(first_seen)))
             .await
-    }
-
-    fn confirms_pending(&self) -> bool {
-        true
     }
 
     async fn confirm_event_keys(

@@ -278,8 +278,15 @@ impl StoreBase for SqliteStore {
         self.url.clone()
     }
 
+    /// Pending marks are confirmed; event batches run one per pooled connection (two for
+    /// an event gate): one batch binds its statements, or reads its keys, while the other
+    /// writes (writers take turns in the order they asked).
     fn capabilities(&self) -> Capabilities {
-        Capabilities::SHARED
+        Capabilities {
+            confirms_pending: true,
+            batch_concurrency: self.connections,
+            ..Capabilities::SHARED
+        }
     }
 
     async fn migrate(&self) -> Result<()> {
@@ -861,13 +868,6 @@ impl SqliteStore {
 
 #[async_trait]
 impl EventKeyStore for SqliteStore {
-    /// One per pooled connection (two for an event gate): one batch binds its statements,
-    /// or reads its keys, while the other writes (writers take turns in the order they
-    /// asked).
-    fn batch_concurrency(&self) -> usize {
-        self.connections
-    }
-
     async fn check_and_mark(
         &self,
         namespace: &str,
@@ -903,10 +903,6 @@ impl EventKeyStore for SqliteStore {
         .await
         .map_err(|e| self.err(e))?;
         Ok(done.rows_affected())
-    }
-
-    fn confirms_pending(&self) -> bool {
-        true
     }
 
     async fn confirm_event_keys(

@@ -1,7 +1,7 @@
 //! The NDJSON gate as a stream (what `idem gate` runs): read a batch of lines, check and
 //! mark the batch in one store round trip through an [`EventGate`], write one output
 //! record per line, flush, repeat. The next batch is read while the store works, and on
-//! stores that can ([`EventKeyStore::batch_concurrency`](crate::store::EventKeyStore::batch_concurrency))
+//! stores that can ([`Capabilities::batch_concurrency`](crate::store::Capabilities::batch_concurrency))
 //! several batch calls run at once on batches that share no key. Memory holds a few
 //! batches, whatever the input's size.
 //!

@@ -143,7 +143,10 @@ impl crate::store::StoreBase for Overtaking {
         "overtaking://".into()
     }
     fn capabilities(&self) -> crate::store::Capabilities {
-        self.inner.capabilities()
+        crate::store::Capabilities {
+            batch_concurrency: 4,
+            ..self.inner.capabilities()
+        }
     }
     async fn migrate(&self) -> Result<()> {
         Ok(())
@@ -152,9 +155,6 @@ impl crate::store::StoreBase for Overtaking {
 
 #[async_trait::async_trait]
 impl crate::store::EventKeyStore for Overtaking {
-    fn batch_concurrency(&self) -> usize {
-        4
-    }
     async fn check_and_mark(
         &self,
         namespace: &str,

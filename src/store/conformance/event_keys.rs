@@ -88,9 +88,9 @@ pub async fn event_cursor(store: &dyn EventKeyStore) {
 /// confirmation clears the marker and sets the real expiry (here: never); a pending mark
 /// nobody confirmed expires and the next call takes it over as new.
 ///
-/// [`confirms_pending`]: crate::store::EventKeyStore::confirms_pending
+/// [`confirms_pending`]: crate::store::Capabilities::confirms_pending
 pub async fn event_pending(store: &dyn EventKeyStore) {
-    if !store.confirms_pending() {
+    if !store.capabilities().confirms_pending {
         return;
     }
     let ns = unique("pending");
@@ -173,9 +173,9 @@ pub async fn event_pending(store: &dyn EventKeyStore) {
 ///
 /// [`check_and_mark_pending`]: crate::store::EventKeyStore::check_and_mark_pending
 /// [`confirm_pending_batch`]: crate::store::EventKeyStore::confirm_pending_batch
-/// [`confirms_pending`]: crate::store::EventKeyStore::confirms_pending
+/// [`confirms_pending`]: crate::store::Capabilities::confirms_pending
 pub async fn event_pending_batches(store: &dyn EventKeyStore) {
-    if !store.confirms_pending() {
+    if !store.capabilities().confirms_pending {
         return;
     }
     let ns = unique("batches");
@@ -428,7 +428,11 @@ pub async fn event_unmark(store: &dyn EventKeyStore) {
     assert_eq!(again[0], EventVerdict::New);
     let unmarked = match store.unmark_event_keys(&ns, &keys(&["a", "b"]), t).await {
         Err(crate::error::Error::Unsupported { .. }) => {
-            assert_eq!(store.batch_concurrency(), 1, "runs calls side by side");
+            assert_eq!(
+                store.capabilities().batch_concurrency,
+                1,
+                "runs calls side by side"
+            );
             return;
         }
         other => other.unwrap(),

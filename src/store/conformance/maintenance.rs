@@ -378,7 +378,7 @@ async fn only_event_keys_expired_before_the_cut_off_go(store: &dyn Store) {
     // A third, still pending (its deadline, day 3, after the cut-off at day 2: a live
     // gate's unconfirmed marks), stays whatever the cut-off.
     let (dead, kept, live) = (unique("dead"), unique("kept"), unique("live"));
-    let pending = store.confirms_pending();
+    let pending = store.capabilities().confirms_pending;
     if pending {
         for (key, marker, timeout) in [
             (&dead, r#"{"idem_pending":"dead/0"}"#, day),
