@@ -142,6 +142,14 @@ pub mod store;
 pub mod warehouse;
 
 pub use async_trait::async_trait;
+
+/// What [`forward_event_key_store!`]'s expansion names, whatever the caller depends on.
+#[doc(hidden)]
+pub mod __private {
+    pub use async_trait;
+    pub use chrono;
+    pub use serde_json;
+}
 pub use error::{BoxError, Error, Result};
 pub use key::{canonical_json, digest_value, scope_key, Content, HashAlgorithm};
 pub use model::{

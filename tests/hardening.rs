@@ -16,8 +16,8 @@ use idem::guard::{GuardStack, LeaseGuard, TimeWindowGuard, Verdict};
 use idem::store::breaker::BreakerPhase;
 use idem::store::{
     BreakerConfig, Capabilities, CircuitBreakerStore, Claim, ClaimRequest, CleanupPolicy,
-    CleanupReport, DynStore, EventKeyStore, Finish, KeyLookup, Lease, LeaseHolder, LeaseStore,
-    LedgerStore, MaintenanceStore, RunFilter, StoreBase,
+    CleanupReport, DynStore, Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore,
+    MaintenanceStore, RunFilter, StoreBase,
 };
 use idem::{
     async_trait, parse_date, BoxError, Content, Error, KeyRecord, Outcome, Processor, RunRecord,
@@ -132,48 +132,14 @@ impl MaintenanceStore for Outage {
     }
 }
 
-#[async_trait]
-impl EventKeyStore for Outage {
-    async fn mark_event_keys(
-        &self,
-        ns: &str,
-        keys: &[String],
-        now: DateTime<Utc>,
-    ) -> idem::Result<Vec<bool>> {
-        self.check()?;
-        self.inner.mark_event_keys(ns, keys, now).await
-    }
-
-    async fn check_and_mark(
-        &self,
-        ns: &str,
-        marks: &[idem::store::EventMark],
-        now: DateTime<Utc>,
-    ) -> idem::Result<Vec<idem::store::EventVerdict>> {
-        self.check()?;
-        self.inner.check_and_mark(ns, marks, now).await
-    }
-
-    async fn is_duplicate(
-        &self,
-        ns: &str,
-        keys: &[String],
-        now: DateTime<Utc>,
-    ) -> idem::Result<Vec<bool>> {
-        self.check()?;
-        self.inner.is_duplicate(ns, keys, now).await
-    }
-
-    async fn record_decision(
-        &self,
-        ns: &str,
-        key: &str,
-        decision: &serde_json::Value,
-    ) -> idem::Result<bool> {
-        self.check()?;
-        self.inner.record_decision(ns, key, decision).await
-    }
+/// Every event-key call fails while `down` is set, and goes to the real store otherwise.
+macro_rules! outage {
+    ($s:ident, $method:ident($($arg:expr),*)) => {{
+        $s.check()?;
+        $s.inner.$method($($arg),*).await
+    }};
 }
+idem::forward_event_key_store!([] Outage, outage);
 
 /// Works until told to stop; counts what the runner asked of it.
 #[derive(Default)]

@@ -1057,31 +1057,15 @@ mod tests {
         }
     }
 
-    #[async_trait]
-    impl EventKeyStore for Flaky {
-        async fn check_and_mark(
-            &self,
-            namespace: &str,
-            marks: &[EventMark],
-            now: DateTime<Utc>,
-        ) -> Result<Vec<EventVerdict>> {
-            self.call()?;
-            self.inner.check_and_mark(namespace, marks, now).await
-        }
-        async fn is_duplicate(
-            &self,
-            namespace: &str,
-            keys: &[String],
-            now: DateTime<Utc>,
-        ) -> Result<Vec<bool>> {
-            self.call()?;
-            self.inner.is_duplicate(namespace, keys, now).await
-        }
-        async fn record_decision(&self, namespace: &str, key: &str, d: &Value) -> Result<bool> {
-            self.call()?;
-            self.inner.record_decision(namespace, key, d).await
-        }
+    /// Every event-key call counts, fails while `down` is set, and goes to the memory
+    /// store otherwise.
+    macro_rules! flaky {
+        ($s:ident, $method:ident($($arg:expr),*)) => {{
+            $s.call()?;
+            $s.inner.$method($($arg),*).await
+        }};
     }
+    crate::forward_event_key_store!([] Flaky, flaky);
 
     fn gate(store: Arc<Flaky>, strategy: Strategy) -> EventGate {
         let dedup = Deduplicator::new(store, "t", ["id"]).unwrap();

@@ -19,9 +19,9 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::{
-    Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, Cursor, EventKeyStore,
-    EventMark, EventVerdict, Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore,
-    MaintenanceStore, PartitionExpiration, PendingBatch, RunFilter, SkipOnHit, StoreBase,
+    Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, EventKeyStore, Finish,
+    KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore, MaintenanceStore, PartitionExpiration,
+    RunFilter, SkipOnHit, StoreBase,
 };
 use crate::error::{Error, Result};
 use crate::model::{KeyRecord, RunRecord};
@@ -318,130 +318,28 @@ impl<S: MaintenanceStore + ?Sized> MaintenanceStore for CircuitBreakerStore<S> {
     }
 }
 
-#[async_trait]
-impl<S: EventKeyStore + ?Sized> EventKeyStore for CircuitBreakerStore<S> {
-    async fn check_and_mark(
-        &self,
-        namespace: &str,
-        marks: &[EventMark],
-        now: DateTime<Utc>,
-    ) -> Result<Vec<EventVerdict>> {
-        self.guarded(self.inner.check_and_mark(namespace, marks, now))
-            .await
-    }
-
-    async fn is_duplicate(
-        &self,
-        namespace: &str,
-        keys: &[String],
-        now: DateTime<Utc>,
-    ) -> Result<Vec<bool>> {
-        self.guarded(self.inner.is_duplicate(namespace, keys, now))
-            .await
-    }
-
-    async fn record_decision(
-        &self,
-        namespace: &str,
-        key: &str,
-        decision: &serde_json::Value,
-    ) -> Result<bool> {
-        self.guarded(self.inner.record_decision(namespace, key, decision))
-            .await
-    }
-
-    async fn mark_event_keys(
-        &self,
-        namespace: &str,
-        keys: &[String],
-        now: DateTime<Utc>,
-    ) -> Result<Vec<bool>> {
-        self.guarded(self.inner.mark_event_keys(namespace, keys, now))
-            .await
-    }
-
-    async fn forget_event_keys(&self, namespace: &str, keys: &[String]) -> Result<u64> {
-        self.guarded(self.inner.forget_event_keys(namespace, keys))
-            .await
-    }
-
-    async fn unmark_event_keys(
-        &self,
-        namespace: &str,
-        keys: &[String],
-        first_seen: DateTime<Utc>,
-    ) -> Result<u64> {
-        self.guarded(self.inner.unmark_event_keys(namespace, keys, first_seen))
-            .await
-    }
-
-    async fn confirm_event_keys(
-        &self,
-        namespace: &str,
-        keys: &[(String, Option<DateTime<Utc>>)],
-        owner: &str,
-    ) -> Result<u64> {
-        // Not through the breaker: a confirmation is owed for records already written.
-        self.inner.confirm_event_keys(namespace, keys, owner).await
-    }
-
-    async fn check_and_mark_pending(
-        &self,
-        namespace: &str,
-        marks: &[EventMark],
-        now: DateTime<Utc>,
-        batch: PendingBatch<'_>,
-        cursor: Option<(&str, &Cursor)>,
-    ) -> Result<Vec<EventVerdict>> {
-        self.guarded(
-            self.inner
-                .check_and_mark_pending(namespace, marks, now, batch, cursor),
-        )
-        .await
-    }
-
-    async fn confirm_pending_batch(
-        &self,
-        namespace: &str,
-        marker: &str,
-        keys: &[(String, Option<DateTime<Utc>>)],
-        whole: bool,
-    ) -> Result<u64> {
-        // Not through the breaker: a confirmation is owed for records already written.
-        self.inner
-            .confirm_pending_batch(namespace, marker, keys, whole)
-            .await
-    }
-
-    async fn cursor(&self, namespace: &str, name: &str) -> Result<Option<Cursor>> {
-        self.guarded(self.inner.cursor(namespace, name)).await
-    }
-
-    async fn advance_cursor(&self, namespace: &str, name: &str, to: &Cursor) -> Result<()> {
-        self.guarded(self.inner.advance_cursor(namespace, name, to))
-            .await
-    }
-
-    async fn check_and_mark_advancing(
-        &self,
-        namespace: &str,
-        marks: &[EventMark],
-        now: DateTime<Utc>,
-        cursor: &str,
-        to: &Cursor,
-    ) -> Result<Vec<EventVerdict>> {
-        self.guarded(
-            self.inner
-                .check_and_mark_advancing(namespace, marks, now, cursor, to),
-        )
-        .await
-    }
+/// Event-key calls go through the breaker, except confirmations: a confirmation is owed
+/// for records already written.
+macro_rules! through_breaker {
+    ($s:ident, confirm_event_keys($($arg:expr),*)) => {
+        $s.inner.confirm_event_keys($($arg),*).await
+    };
+    ($s:ident, confirm_pending_batch($($arg:expr),*)) => {
+        $s.inner.confirm_pending_batch($($arg),*).await
+    };
+    ($s:ident, $method:ident($($arg:expr),*)) => {
+        $s.guarded($s.inner.$method($($arg),*)).await
+    };
 }
+crate::forward_event_key_store!(
+    [S: EventKeyStore + ?Sized] CircuitBreakerStore<S>,
+    through_breaker
+);
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::UnavailableStore;
+    use crate::store::{Cursor, EventMark, EventVerdict, PendingBatch, UnavailableStore};
 
     #[tokio::test]
     async fn opens_after_threshold_and_half_opens_after_timeout() {

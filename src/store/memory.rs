@@ -513,4 +513,45 @@ impl EventKeyStore for MemoryStore {
         }
         Ok(())
     }
+
+    async fn mark_event_keys(
+        &self,
+        namespace: &str,
+        keys: &[String],
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> crate::error::Result<Vec<bool>> {
+        crate::store::fallback::mark_by_check(self, namespace, keys, now).await
+    }
+
+    async fn check_and_mark_pending(
+        &self,
+        namespace: &str,
+        marks: &[crate::store::EventMark],
+        now: chrono::DateTime<chrono::Utc>,
+        batch: crate::store::PendingBatch<'_>,
+        cursor: Option<(&str, &crate::store::Cursor)>,
+    ) -> crate::error::Result<Vec<crate::store::EventVerdict>> {
+        crate::store::fallback::pending_per_key(self, namespace, marks, now, batch, cursor).await
+    }
+
+    async fn confirm_pending_batch(
+        &self,
+        namespace: &str,
+        marker: &str,
+        keys: &[(String, Option<chrono::DateTime<chrono::Utc>>)],
+        _whole: bool,
+    ) -> crate::error::Result<u64> {
+        crate::store::fallback::confirm_batch_per_key(self, namespace, marker, keys).await
+    }
+
+    async fn check_and_mark_advancing(
+        &self,
+        namespace: &str,
+        marks: &[crate::store::EventMark],
+        now: chrono::DateTime<chrono::Utc>,
+        cursor: &str,
+        to: &crate::store::Cursor,
+    ) -> crate::error::Result<Vec<crate::store::EventVerdict>> {
+        crate::store::fallback::mark_then_advance(self, namespace, marks, now, cursor, to).await
+    }
 }

@@ -33,6 +33,8 @@ pub mod breaker;
 mod common;
 pub mod conformance;
 mod event_keys;
+pub mod fallback;
+mod forward;
 pub mod memory;
 pub mod migrations;
 mod open;
@@ -566,6 +568,13 @@ impl PartitionExpiration {
 
 /// Event-level dedup: which event keys of a namespace were seen. A backend may implement
 /// this (and [`StoreBase`]) alone, without leases or a ledger.
+///
+/// The trait has no default methods, so a method added here does not compile until every
+/// backend and every wrapper says what it does: a backend states each one, calling
+/// [`fallback`] where it has nothing better of its own; a wrapper forwards all of them
+/// with [`forward_event_key_store!`](crate::forward_event_key_store), stating only what it
+/// changes. (A default would let a wrapper that forgot a method fall back to it silently:
+/// the breaker once skipped Postgres's bulk mark that way.)
 #[async_trait]
 pub trait EventKeyStore: StoreBase {
     /// Checks and marks a batch of event keys of a namespace, atomically per key and in one
@@ -610,22 +619,12 @@ pub trait EventKeyStore: StoreBase {
         namespace: &str,
         keys: &[String],
         now: DateTime<Utc>,
-    ) -> Result<Vec<bool>> {
-        let marks: Vec<EventMark> = keys.iter().map(EventMark::key).collect();
-        let verdicts = self.check_and_mark(namespace, &marks, now).await?;
-        Ok(verdicts.iter().map(EventVerdict::is_new).collect())
-    }
+    ) -> Result<Vec<bool>>;
 
     /// Deletes event keys of a namespace (their marks, fingerprints and decisions), in one
     /// round trip: how many were marked. A store that cannot answers
     /// [`Error::Unsupported`].
-    async fn forget_event_keys(&self, namespace: &str, keys: &[String]) -> Result<u64> {
-        let _ = (namespace, keys);
-        Err(crate::error::Error::Unsupported {
-            store: self.kind(),
-            operation: "deleting event keys",
-        })
-    }
+    async fn forget_event_keys(&self, namespace: &str, keys: &[String]) -> Result<u64>;
 
     /// Confirms pending marks: for each `(key, expires_at)` whose stored decision is
     /// exactly `owner` (the pending marker its marking call stored as the decision), clears
@@ -637,13 +636,7 @@ pub trait EventKeyStore: StoreBase {
         namespace: &str,
         keys: &[(String, Option<DateTime<Utc>>)],
         owner: &str,
-    ) -> Result<u64> {
-        let _ = (namespace, keys, owner);
-        Err(crate::error::Error::Unsupported {
-            store: self.kind(),
-            operation: "confirming pending event marks",
-        })
-    }
+    ) -> Result<u64>;
 
     /// [`check_and_mark`](Self::check_and_mark) of a batch whose new keys are marked
     /// *pending* (docs/events.md, "Pending marks"), with the cursor's advance when given
@@ -654,9 +647,9 @@ pub trait EventKeyStore: StoreBase {
     /// marked is found pending (a replay whose decision is `batch.marker`), and once
     /// `batch.timeout` has passed unconfirmed it is expired.
     ///
-    /// By default each key carries the pending state itself: the marker as its decision
-    /// and the shorter of its TTL and the timeout ([`PendingBatch::per_key`]), replaced
-    /// key by key when confirmed. A store may keep it once for the batch instead
+    /// [`fallback::pending_per_key`]: each key carries the pending state itself, the
+    /// marker as its decision and the shorter of its TTL and the timeout
+    /// ([`PendingBatch::per_key`]), replaced key by key when confirmed. A store may keep it once for the batch instead
     /// (Postgres: one row per batch, so a confirmation is one row, not a write per key).
     async fn check_and_mark_pending(
         &self,
@@ -665,16 +658,7 @@ pub trait EventKeyStore: StoreBase {
         now: DateTime<Utc>,
         batch: PendingBatch<'_>,
         cursor: Option<(&str, &Cursor)>,
-    ) -> Result<Vec<EventVerdict>> {
-        let marks: Vec<EventMark> = marks.iter().map(|m| batch.per_key(m)).collect();
-        match cursor {
-            None => self.check_and_mark(namespace, &marks, now).await,
-            Some((name, to)) => {
-                self.check_and_mark_advancing(namespace, &marks, now, name, to)
-                    .await
-            }
-        }
-    }
+    ) -> Result<Vec<EventVerdict>>;
 
     /// Confirms new keys of a batch marked by
     /// [`check_and_mark_pending`](Self::check_and_mark_pending) with `marker`, once their
@@ -683,18 +667,16 @@ pub trait EventKeyStore: StoreBase {
     /// marker, their real expiry); keys taken over meanwhile by another call, and the
     /// batch's other keys, are left alone. How many were confirmed (a store that keeps the
     /// state once per batch, confirming it whole: `keys.len()` when the batch was pending,
-    /// else 0). By default, [`confirm_event_keys`](Self::confirm_event_keys) with the
-    /// marker as owner, whole or not.
+    /// else 0). [`fallback::confirm_batch_per_key`]:
+    /// [`confirm_event_keys`](Self::confirm_event_keys) with the marker as owner, whole
+    /// or not.
     async fn confirm_pending_batch(
         &self,
         namespace: &str,
         marker: &str,
         keys: &[(String, Option<DateTime<Utc>>)],
         whole: bool,
-    ) -> Result<u64> {
-        let _ = whole;
-        self.confirm_event_keys(namespace, keys, marker).await
-    }
+    ) -> Result<u64>;
 
     /// Takes back marks nobody was told about: deletes the marks of `keys` made at
     /// `first_seen` (by a [`check_and_mark`](Self::check_and_mark) whose `now` it was),
@@ -707,38 +689,20 @@ pub trait EventKeyStore: StoreBase {
         namespace: &str,
         keys: &[String],
         first_seen: DateTime<Utc>,
-    ) -> Result<u64> {
-        let _ = (namespace, keys, first_seen);
-        Err(crate::error::Error::Unsupported {
-            store: self.kind(),
-            operation: "taking back event marks",
-        })
-    }
+    ) -> Result<u64>;
 
     /// The named cursor of a namespace (seed 003), `None` before its first advance. A
     /// store without cursors answers [`Error::Unsupported`].
-    async fn cursor(&self, namespace: &str, name: &str) -> Result<Option<Cursor>> {
-        let _ = (namespace, name);
-        Err(crate::error::Error::Unsupported {
-            store: self.kind(),
-            operation: "event cursors (--cursor)",
-        })
-    }
+    async fn cursor(&self, namespace: &str, name: &str) -> Result<Option<Cursor>>;
 
     /// Moves the named cursor to `to` when `to` is after it (never backwards: with two
     /// writers, the furthest position wins).
-    async fn advance_cursor(&self, namespace: &str, name: &str, to: &Cursor) -> Result<()> {
-        let _ = (namespace, name, to);
-        Err(crate::error::Error::Unsupported {
-            store: self.kind(),
-            operation: "event cursors (--cursor)",
-        })
-    }
+    async fn advance_cursor(&self, namespace: &str, name: &str, to: &Cursor) -> Result<()>;
 
     /// [`check_and_mark`](Self::check_and_mark), then
     /// [`advance_cursor`](Self::advance_cursor) to `to`: in one transaction on the SQL
-    /// stores; by default (Redis, memory) the advance is sent once the marks returned, so
-    /// the cursor never passes a key that is not marked.
+    /// stores; [`fallback::mark_then_advance`] (Redis, memory) sends the advance once the
+    /// marks returned, so the cursor never passes a key that is not marked.
     async fn check_and_mark_advancing(
         &self,
         namespace: &str,
@@ -746,11 +710,7 @@ pub trait EventKeyStore: StoreBase {
         now: DateTime<Utc>,
         cursor: &str,
         to: &Cursor,
-    ) -> Result<Vec<EventVerdict>> {
-        let verdicts = self.check_and_mark(namespace, marks, now).await?;
-        self.advance_cursor(namespace, cursor, to).await?;
-        Ok(verdicts)
-    }
+    ) -> Result<Vec<EventVerdict>>;
 }
 
 /// The batch-job store: leases, keys and ledger, maintenance and event keys. Implemented

@@ -8,8 +8,8 @@ use chrono::{DateTime, Utc};
 
 use super::{
     redact_url, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, DynStore,
-    EventKeyStore, EventMark, EventVerdict, Finish, KeyLookup, Lease, LeaseHolder, LeaseStore,
-    LedgerStore, MaintenanceStore, MemoryStore, PartitionExpiration, RunFilter, StoreBase,
+    EventKeyStore, Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore,
+    MaintenanceStore, MemoryStore, PartitionExpiration, RunFilter, StoreBase,
 };
 use crate::backend::shared::OpenOnce;
 use crate::backend::{Backend, PoolSize};
@@ -116,37 +116,14 @@ impl MaintenanceStore for UnavailableStore {
     }
 }
 
-#[async_trait]
-impl EventKeyStore for UnavailableStore {
-    async fn check_and_mark(
-        &self,
-        _: &str,
-        _: &[EventMark],
-        _: DateTime<Utc>,
-    ) -> Result<Vec<EventVerdict>> {
-        self.fail()
-    }
-
-    async fn is_duplicate(&self, _: &str, _: &[String], _: DateTime<Utc>) -> Result<Vec<bool>> {
-        self.fail()
-    }
-
-    async fn record_decision(&self, _: &str, _: &str, _: &serde_json::Value) -> Result<bool> {
-        self.fail()
-    }
-
-    async fn forget_event_keys(&self, _: &str, _: &[String]) -> Result<u64> {
-        self.fail()
-    }
-
-    async fn cursor(&self, _: &str, _: &str) -> Result<Option<super::Cursor>> {
-        self.fail()
-    }
-
-    async fn advance_cursor(&self, _: &str, _: &str, _: &super::Cursor) -> Result<()> {
-        self.fail()
-    }
+/// Every event-key call fails as the store does.
+macro_rules! unavailable {
+    ($s:ident, $method:ident($($arg:expr),*)) => {{
+        let _ = ($($arg),*);
+        $s.fail()
+    }};
 }
+crate::forward_event_key_store!([] UnavailableStore, unavailable);
 
 /// The default store URL: a SQLite file in the current directory.
 pub const DEFAULT_STORE_URL: &str = "sqlite://idem.db";
@@ -356,127 +333,10 @@ impl StoreBase for ReopeningEventStore {
     }
 }
 
-#[async_trait]
-impl EventKeyStore for ReopeningEventStore {
-    async fn check_and_mark(
-        &self,
-        namespace: &str,
-        marks: &[EventMark],
-        now: DateTime<Utc>,
-    ) -> Result<Vec<EventVerdict>> {
-        self.get()
-            .await?
-            .check_and_mark(namespace, marks, now)
-            .await
-    }
-
-    async fn is_duplicate(
-        &self,
-        namespace: &str,
-        keys: &[String],
-        now: DateTime<Utc>,
-    ) -> Result<Vec<bool>> {
-        self.get().await?.is_duplicate(namespace, keys, now).await
-    }
-
-    async fn record_decision(
-        &self,
-        namespace: &str,
-        key: &str,
-        decision: &serde_json::Value,
-    ) -> Result<bool> {
-        self.get()
-            .await?
-            .record_decision(namespace, key, decision)
-            .await
-    }
-
-    async fn mark_event_keys(
-        &self,
-        namespace: &str,
-        keys: &[String],
-        now: DateTime<Utc>,
-    ) -> Result<Vec<bool>> {
-        self.get()
-            .await?
-            .mark_event_keys(namespace, keys, now)
-            .await
-    }
-
-    async fn forget_event_keys(&self, namespace: &str, keys: &[String]) -> Result<u64> {
-        self.get().await?.forget_event_keys(namespace, keys).await
-    }
-
-    async fn unmark_event_keys(
-        &self,
-        namespace: &str,
-        keys: &[String],
-        first_seen: DateTime<Utc>,
-    ) -> Result<u64> {
-        self.get()
-            .await?
-            .unmark_event_keys(namespace, keys, first_seen)
-            .await
-    }
-
-    async fn confirm_event_keys(
-        &self,
-        namespace: &str,
-        keys: &[(String, Option<DateTime<Utc>>)],
-        owner: &str,
-    ) -> Result<u64> {
-        self.get()
-            .await?
-            .confirm_event_keys(namespace, keys, owner)
-            .await
-    }
-
-    async fn check_and_mark_pending(
-        &self,
-        namespace: &str,
-        marks: &[EventMark],
-        now: DateTime<Utc>,
-        batch: super::PendingBatch<'_>,
-        cursor: Option<(&str, &super::Cursor)>,
-    ) -> Result<Vec<EventVerdict>> {
-        self.get()
-            .await?
-            .check_and_mark_pending(namespace, marks, now, batch, cursor)
-            .await
-    }
-
-    async fn confirm_pending_batch(
-        &self,
-        namespace: &str,
-        marker: &str,
-        keys: &[(String, Option<DateTime<Utc>>)],
-        whole: bool,
-    ) -> Result<u64> {
-        self.get()
-            .await?
-            .confirm_pending_batch(namespace, marker, keys, whole)
-            .await
-    }
-
-    async fn cursor(&self, namespace: &str, name: &str) -> Result<Option<super::Cursor>> {
-        self.get().await?.cursor(namespace, name).await
-    }
-
-    async fn advance_cursor(&self, namespace: &str, name: &str, to: &super::Cursor) -> Result<()> {
-        self.get().await?.advance_cursor(namespace, name, to).await
-    }
-
-    async fn check_and_mark_advancing(
-        &self,
-        namespace: &str,
-        marks: &[EventMark],
-        now: DateTime<Utc>,
-        cursor: &str,
-        to: &super::Cursor,
-    ) -> Result<Vec<EventVerdict>> {
-        self.get()
-            .await?
-            .check_and_mark_advancing(namespace, marks, now, cursor, to)
-            .await
-    }
+/// Every event-key call goes to the store, opened first if it is not yet.
+macro_rules! reopened {
+    ($s:ident, $method:ident($($arg:expr),*)) => {
+        $s.get().await?.$method($($arg),*).await
+    };
 }
+crate::forward_event_key_store!([] ReopeningEventStore, reopened);

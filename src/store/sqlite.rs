@@ -1023,6 +1023,36 @@ impl EventKeyStore for SqliteStore {
         .map_err(|e| self.err(e))?;
         Ok(done.rows_affected() > 0)
     }
+
+    async fn mark_event_keys(
+        &self,
+        namespace: &str,
+        keys: &[String],
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> crate::error::Result<Vec<bool>> {
+        crate::store::fallback::mark_by_check(self, namespace, keys, now).await
+    }
+
+    async fn check_and_mark_pending(
+        &self,
+        namespace: &str,
+        marks: &[crate::store::EventMark],
+        now: chrono::DateTime<chrono::Utc>,
+        batch: crate::store::PendingBatch<'_>,
+        cursor: Option<(&str, &crate::store::Cursor)>,
+    ) -> crate::error::Result<Vec<crate::store::EventVerdict>> {
+        crate::store::fallback::pending_per_key(self, namespace, marks, now, batch, cursor).await
+    }
+
+    async fn confirm_pending_batch(
+        &self,
+        namespace: &str,
+        marker: &str,
+        keys: &[(String, Option<chrono::DateTime<chrono::Utc>>)],
+        _whole: bool,
+    ) -> crate::error::Result<u64> {
+        crate::store::fallback::confirm_batch_per_key(self, namespace, marker, keys).await
+    }
 }
 
 /// SQLITE_BUSY or SQLITE_LOCKED (any extended code): another connection holds the lock.

@@ -153,9 +153,9 @@ impl crate::store::StoreBase for Overtaking {
     }
 }
 
-#[async_trait::async_trait]
-impl crate::store::EventKeyStore for Overtaking {
-    async fn check_and_mark(
+impl Overtaking {
+    /// The memory store's `check_and_mark`, made to overtake (see [`Overtaking`]).
+    async fn overtaking_check_and_mark(
         &self,
         namespace: &str,
         marks: &[crate::store::EventMark],
@@ -172,33 +172,27 @@ impl crate::store::EventKeyStore for Overtaking {
                 "connection reset",
             ))
         } else {
-            self.inner.check_and_mark(namespace, marks, now).await
+            crate::store::EventKeyStore::check_and_mark(&self.inner, namespace, marks, now).await
         };
         self.running.fetch_sub(1, SeqCst);
         verdicts
     }
-    async fn is_duplicate(
-        &self,
-        namespace: &str,
-        keys: &[String],
-        now: chrono::DateTime<Utc>,
-    ) -> Result<Vec<bool>> {
-        self.inner.is_duplicate(namespace, keys, now).await
-    }
-    async fn record_decision(&self, namespace: &str, key: &str, decision: &Value) -> Result<bool> {
-        self.inner.record_decision(namespace, key, decision).await
-    }
-    async fn unmark_event_keys(
-        &self,
-        namespace: &str,
-        keys: &[String],
-        first_seen: chrono::DateTime<Utc>,
-    ) -> Result<u64> {
-        self.inner
-            .unmark_event_keys(namespace, keys, first_seen)
-            .await
-    }
 }
+
+/// Batch calls overtake each other ([`Overtaking::overtaking_check_and_mark`]), pending
+/// batches too (marked per key through it); every other call goes to the memory store.
+macro_rules! overtaking {
+    ($s:ident, check_and_mark($($arg:expr),*)) => {
+        $s.overtaking_check_and_mark($($arg),*).await
+    };
+    ($s:ident, check_and_mark_pending($($arg:expr),*)) => {
+        crate::store::fallback::pending_per_key($s, $($arg),*).await
+    };
+    ($s:ident, $method:ident($($arg:expr),*)) => {
+        $s.inner.$method($($arg),*).await
+    };
+}
+crate::forward_event_key_store!([] Overtaking, overtaking);
 
 /// The gate over `input` in batches of 2 on `store`, strict: its outcome and output.
 async fn run_on(store: &Arc<Overtaking>, input: &str) -> (Result<StreamSummary>, Vec<u8>) {

@@ -123,4 +123,95 @@ impl EventKeyStore for BigQueryStore {
             .await?;
         Ok(n > 0)
     }
+
+    async fn mark_event_keys(
+        &self,
+        namespace: &str,
+        keys: &[String],
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> crate::error::Result<Vec<bool>> {
+        crate::store::fallback::mark_by_check(self, namespace, keys, now).await
+    }
+
+    async fn check_and_mark_pending(
+        &self,
+        namespace: &str,
+        marks: &[crate::store::EventMark],
+        now: chrono::DateTime<chrono::Utc>,
+        batch: crate::store::PendingBatch<'_>,
+        cursor: Option<(&str, &crate::store::Cursor)>,
+    ) -> crate::error::Result<Vec<crate::store::EventVerdict>> {
+        crate::store::fallback::pending_per_key(self, namespace, marks, now, batch, cursor).await
+    }
+
+    async fn confirm_pending_batch(
+        &self,
+        namespace: &str,
+        marker: &str,
+        keys: &[(String, Option<chrono::DateTime<chrono::Utc>>)],
+        _whole: bool,
+    ) -> crate::error::Result<u64> {
+        crate::store::fallback::confirm_batch_per_key(self, namespace, marker, keys).await
+    }
+
+    async fn check_and_mark_advancing(
+        &self,
+        namespace: &str,
+        marks: &[crate::store::EventMark],
+        now: chrono::DateTime<chrono::Utc>,
+        cursor: &str,
+        to: &crate::store::Cursor,
+    ) -> crate::error::Result<Vec<crate::store::EventVerdict>> {
+        crate::store::fallback::mark_then_advance(self, namespace, marks, now, cursor, to).await
+    }
+
+    async fn forget_event_keys(&self, _: &str, _: &[String]) -> crate::error::Result<u64> {
+        Err(crate::store::fallback::unsupported(
+            self,
+            "deleting event keys",
+        ))
+    }
+
+    async fn confirm_event_keys(
+        &self,
+        _: &str,
+        _: &[(String, Option<chrono::DateTime<chrono::Utc>>)],
+        _: &str,
+    ) -> crate::error::Result<u64> {
+        Err(crate::store::fallback::unsupported(
+            self,
+            "confirming pending event marks",
+        ))
+    }
+
+    async fn unmark_event_keys(
+        &self,
+        _: &str,
+        _: &[String],
+        _: chrono::DateTime<chrono::Utc>,
+    ) -> crate::error::Result<u64> {
+        Err(crate::store::fallback::unsupported(
+            self,
+            "taking back event marks",
+        ))
+    }
+
+    async fn cursor(&self, _: &str, _: &str) -> crate::error::Result<Option<crate::store::Cursor>> {
+        Err(crate::store::fallback::unsupported(
+            self,
+            "event cursors (--cursor)",
+        ))
+    }
+
+    async fn advance_cursor(
+        &self,
+        _: &str,
+        _: &str,
+        _: &crate::store::Cursor,
+    ) -> crate::error::Result<()> {
+        Err(crate::store::fallback::unsupported(
+            self,
+            "event cursors (--cursor)",
+        ))
+    }
 }
