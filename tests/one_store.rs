@@ -588,3 +588,47 @@ fn a_read_only_ledger_can_be_read_and_refuses_runs() {
     );
     assert!(!marker.exists(), "the program never started");
 }
+
+/// A ledger made by the idem of before the one version space (SQLite at version 5, the
+/// last it had) is brought to the latest version on first open: the versions it did not
+/// have are recorded (the blank ones only recorded), what it held is kept, and the store
+/// works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_at_the_old_last_version_is_upgraded_and_kept() {
+    use idem::store::migrations::SQLITE;
+    let dir = temp_dir("upgrade");
+    let db = dir.join("old.db");
+    let url = format!("sqlite://{}", db.display());
+    {
+        let mut conn = sqlx::SqliteConnection::connect(&format!("{url}?mode=rwc"))
+            .await
+            .unwrap();
+        for m in SQLITE.iter().filter(|m| m.version <= 5) {
+            sqlx::raw_sql(m.sql).execute(&mut conn).await.unwrap();
+        }
+        sqlx::raw_sql(
+            "PRAGMA user_version = 5; \
+             INSERT INTO event_cursors VALUES ('ns', 'c', '00', '{}', 1)",
+        )
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        conn.close().await.unwrap();
+    }
+    let store = idem::store::open(&url).await.expect("open the old ledger");
+    let mut conn = sqlx::SqliteConnection::connect(&url).await.unwrap();
+    let version: i64 = sqlx::query_scalar("PRAGMA user_version")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(version, idem::store::migrations::latest(&SQLITE));
+    assert!(version >= 9, "{version}");
+    let kept: i64 = sqlx::query_scalar("SELECT count(*) FROM event_cursors")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(kept, 1, "the cursor written before the upgrade is kept");
+    conn.close().await.unwrap();
+    idem::store::conformance::claim_excludes_and_release_frees(&*store).await;
+    let _ = std::fs::remove_dir_all(dir);
+}

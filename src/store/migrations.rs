@@ -1,6 +1,7 @@
-//! One migration mechanism for the SQL stores: one embedded list per dialect, built from
-//! `sql/migrations/<dialect>/NNNN_name.sql`, and one runner (`run`) that every store applies
-//! the same way — one cheap query when the schema is current, otherwise the pending
+//! One migration mechanism for the SQL stores: one embedded list per dialect, read from the
+//! folder `sql/migrations/<dialect>/` (every `NNNN_name.sql` in it; one version space across
+//! dialects, a version a dialect does not need being a file of comments there), and one
+//! runner (`run`) that every store applies the same way — one cheap query when the schema is current, otherwise the pending
 //! migrations in order under the dialect's lock, each recorded, exactly once across
 //! concurrent first uses.
 //!
@@ -27,6 +28,15 @@ pub struct Migration {
 }
 
 impl Migration {
+    /// Whether the script holds no statement, only comments: a version this dialect does
+    /// not need (one version space across dialects). It is recorded without being sent.
+    pub fn is_blank(&self) -> bool {
+        self.sql.lines().all(|l| {
+            let l = l.trim();
+            l.is_empty() || l.starts_with("--")
+        })
+    }
+
     /// The migration in file `name`.sql holding `sql`; the version is the name's leading
     /// digits.
     pub const fn new(name: &'static str, sql: &'static str) -> Self {
@@ -45,28 +55,76 @@ impl Migration {
     }
 }
 
-/// The migrations of a dialect, embedded from `sql/migrations/<dialect>/<name>.sql`, in order.
-macro_rules! embed {
-    ($dialect:literal: $($name:literal),+ $(,)?) => {
-        &[$(Migration::new(
-            $name,
-            include_str!(concat!("../../sql/migrations/", $dialect, "/", $name, ".sql")),
-        )),+]
-    };
+/// The migrations of one dialect: the `.sql` files of `sql/migrations/<dialect>/`, embedded
+/// at build time ([`include_dir`]: adding a file is all a new migration takes), in version
+/// order. Dereferences to the list.
+pub struct Dialect {
+    dir: include_dir::Dir<'static>,
+    list: std::sync::OnceLock<Vec<Migration>>,
 }
 
-/// SQLite's migrations.
-pub const SQLITE: &[Migration] = embed!("sqlite": "0001_init", "0002_report_indexes", "0003_event_dedup", "0004_report_covering", "0005_event_cursors");
+impl Dialect {
+    const fn new(dir: include_dir::Dir<'static>) -> Self {
+        Dialect {
+            dir,
+            list: std::sync::OnceLock::new(),
+        }
+    }
 
-/// Postgres's migrations.
-pub const POSTGRES: &[Migration] = embed!("postgres": "0001_init", "0002_report_indexes", "0003_event_dedup", "0005_event_cursors", "0006_event_keys_bytes", "0007_event_keys_fillfactor", "0008_event_pending");
+    /// The files of the folder, or why one cannot be a migration (a file not named
+    /// `NNNN_name.sql`, not UTF-8, or two files of one version). `tests` holds every
+    /// dialect's folder to it, so the lists read at run time never meet these.
+    pub fn read(&self) -> std::result::Result<Vec<Migration>, String> {
+        let mut list = Vec::new();
+        for file in self.dir.files() {
+            let path = file.path();
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_suffix(".sql"))
+                .filter(|n| n.len() > 5 && n[..4].bytes().all(|b| b.is_ascii_digit()))
+                .filter(|n| n.as_bytes()[4] == b'_')
+                .ok_or_else(|| format!("{}: not a NNNN_name.sql file", path.display()))?;
+            let sql = file
+                .contents_utf8()
+                .ok_or_else(|| format!("{}: not UTF-8", path.display()))?;
+            list.push(Migration::new(name, sql));
+        }
+        list.sort_by_key(|m| m.version);
+        if let Some(w) = list.windows(2).find(|w| w[0].version == w[1].version) {
+            return Err(format!(
+                "two migrations of version {}: {} and {}",
+                w[0].version, w[0].name, w[1].name
+            ));
+        }
+        Ok(list)
+    }
+}
 
-/// BigQuery's migrations (`{project}` and `{dataset}` are replaced by the validated ids).
-pub const BIGQUERY: &[Migration] = embed!(
-    "bigquery": "0001_init",
-    "0003_event_dedup",
-    "0004_lease_shards"
-);
+impl std::ops::Deref for Dialect {
+    type Target = [Migration];
+
+    fn deref(&self) -> &[Migration] {
+        // A folder `read` refuses is caught by this module's tests, before any release.
+        self.list.get_or_init(|| self.read().unwrap_or_default())
+    }
+}
+
+/// SQLite's migrations (`sql/migrations/sqlite/`).
+pub static SQLITE: Dialect = Dialect::new(include_dir::include_dir!(
+    "$CARGO_MANIFEST_DIR/sql/migrations/sqlite"
+));
+
+/// Postgres's migrations (`sql/migrations/postgres/`).
+pub static POSTGRES: Dialect = Dialect::new(include_dir::include_dir!(
+    "$CARGO_MANIFEST_DIR/sql/migrations/postgres"
+));
+
+/// BigQuery's migrations (`sql/migrations/bigquery/`; `{project}` and `{dataset}` are
+/// replaced by the validated ids).
+pub static BIGQUERY: Dialect = Dialect::new(include_dir::include_dir!(
+    "$CARGO_MANIFEST_DIR/sql/migrations/bigquery"
+));
 
 /// The latest version of a list (0 when empty).
 pub fn latest(migrations: &[Migration]) -> i64 {
@@ -105,17 +163,43 @@ pub(crate) async fn run(schema: &(impl Schema + ?Sized)) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// Every dialect's folder reads as migrations, and the three share one version space:
+    /// the same versions, each with the same name (a version a dialect does not need is a
+    /// file of comments there).
+    #[test]
+    fn the_folders_hold_one_version_space() {
+        let lists: Vec<Vec<Migration>> = [&SQLITE, &POSTGRES, &BIGQUERY]
+            .iter()
+            .map(|d| d.read().expect("a migrations folder"))
+            .collect();
+        let names = |l: &[Migration]| l.iter().map(|m| m.name).collect::<Vec<_>>();
+        assert!(lists[0].len() >= 9, "{:?}", names(&lists[0]));
+        assert_eq!(names(&lists[0]), names(&lists[1]), "sqlite and postgres");
+        assert_eq!(names(&lists[0]), names(&lists[2]), "sqlite and bigquery");
+        for (list, embedded) in lists.iter().zip([&SQLITE, &POSTGRES, &BIGQUERY]) {
+            assert_eq!(list.as_slice(), &**embedded, "what the stores run");
+            assert!(!list[0].is_blank(), "0001 creates the schema");
+        }
+        // Blank: only comments.
+        assert!(SQLITE
+            .iter()
+            .any(|m| m.name == "0009_lease_shards" && m.is_blank()));
+        assert!(!BIGQUERY
+            .iter()
+            .any(|m| m.name == "0009_lease_shards" && m.is_blank()));
+    }
+
     #[test]
     fn versions_come_from_file_names_in_order() {
-        for list in [SQLITE, POSTGRES, BIGQUERY] {
+        for list in [&*SQLITE, &*POSTGRES, &*BIGQUERY] {
             assert_eq!(list[0].version, 1);
             assert_eq!(list[0].name, "0001_init");
             assert!(list.windows(2).all(|w| w[0].version < w[1].version));
             assert_eq!(latest(list), list.last().unwrap().version);
         }
-        assert_eq!(pending(SQLITE, 0).count(), SQLITE.len());
-        assert_eq!(pending(SQLITE, 1).count(), SQLITE.len() - 1);
-        assert_eq!(pending(SQLITE, latest(SQLITE)).count(), 0);
+        assert_eq!(pending(&SQLITE, 0).count(), SQLITE.len());
+        assert_eq!(pending(&SQLITE, 1).count(), SQLITE.len() - 1);
+        assert_eq!(pending(&SQLITE, latest(&SQLITE)).count(), 0);
         // A gap in the versions: everything above the current one is pending.
         let gap = [
             Migration::new("0001_a", ""),

@@ -342,8 +342,11 @@ async fn apply_migrations(conn: &mut PgConnection) -> std::result::Result<(), sq
         sqlx::query_scalar("SELECT COALESCE(max(version), 0) FROM idem_schema_migrations")
             .fetch_one(&mut *conn)
             .await?;
-    for migration in migrations::pending(migrations::POSTGRES, current.into()) {
-        (&mut *conn).execute(migration.sql).await?;
+    for migration in migrations::pending(&migrations::POSTGRES, current.into()) {
+        // A version Postgres does not need is recorded, not sent.
+        if !migration.is_blank() {
+            (&mut *conn).execute(migration.sql).await?;
+        }
         sqlx::query("INSERT INTO idem_schema_migrations (version, name) VALUES ($1, $2)")
             .bind(i32::try_from(migration.version).unwrap_or(i32::MAX))
             .bind(migration.name)
@@ -541,7 +544,7 @@ type LeaseCols = LeaseColumns<DateTime<Utc>>;
 #[async_trait]
 impl Schema for PostgresStore {
     fn migrations(&self) -> &'static [Migration] {
-        migrations::POSTGRES
+        &migrations::POSTGRES
     }
 
     async fn version(&self) -> Result<i64> {

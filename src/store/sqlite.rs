@@ -216,7 +216,7 @@ async fn apply_migrations(conn: &mut SqliteConnection) -> std::result::Result<()
     let version: i64 = sqlx::query_scalar("PRAGMA user_version")
         .fetch_one(&mut *conn)
         .await?;
-    for migration in migrations::pending(migrations::SQLITE, version) {
+    for migration in migrations::pending(&migrations::SQLITE, version) {
         let statements = crate::backend::prepare(migration.sql, crate::backend::Dialect::Sqlite)
             .map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
         for statement in &statements {
@@ -233,7 +233,7 @@ async fn apply_migrations(conn: &mut SqliteConnection) -> std::result::Result<()
 #[async_trait]
 impl Schema for SqliteStore {
     fn migrations(&self) -> &'static [Migration] {
-        migrations::SQLITE
+        &migrations::SQLITE
     }
 
     async fn version(&self) -> Result<i64> {

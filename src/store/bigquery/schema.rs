@@ -201,14 +201,14 @@ impl BigQueryStore {
 #[async_trait]
 impl Schema for BigQueryStore {
     fn migrations(&self) -> &'static [Migration] {
-        migrations::BIGQUERY
+        &migrations::BIGQUERY
     }
 
     async fn version(&self) -> Result<i64> {
         Ok(if !self.tables_exist().await? {
             0
         } else if self.event_dedup_columns_exist().await? {
-            migrations::latest(migrations::BIGQUERY)
+            migrations::latest(&migrations::BIGQUERY)
         } else {
             1
         })
@@ -217,7 +217,7 @@ impl Schema for BigQueryStore {
     async fn apply(&self) -> Result<()> {
         self.ensure_dataset().await?;
         // Every migration, every time: the DDL is idempotent (`IF NOT EXISTS`).
-        for migration in migrations::pending(migrations::BIGQUERY, 0) {
+        for migration in migrations::pending(&migrations::BIGQUERY, 0).filter(|m| !m.is_blank()) {
             let script = render_migration(migration.sql, &self.config);
             for statement in crate::backend::prepare(&script, crate::backend::Dialect::BigQuery)? {
                 match self

@@ -1,0 +1,1 @@
+-- Nothing to do on BigQuery: no indexes (this version is SQLite's and Postgres's report indexes).

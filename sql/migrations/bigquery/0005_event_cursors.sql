@@ -1,0 +1,1 @@
+-- Nothing to do on BigQuery: it has no event cursors (this version creates them on SQLite and Postgres).

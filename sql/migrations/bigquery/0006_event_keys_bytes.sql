@@ -1,0 +1,1 @@
+-- Nothing to do on BigQuery: it compares strings byte by byte (this version is Postgres's event keys COLLATE "C").

@@ -1,0 +1,1 @@
+-- Nothing to do on BigQuery: no fillfactor (this version is Postgres's).

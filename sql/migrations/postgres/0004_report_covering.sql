@@ -1,0 +1,1 @@
+-- Nothing to do on Postgres: its report queries need no covering index (this version is SQLite's).

@@ -1,0 +1,1 @@
+-- Nothing to do on SQLite: it compares text byte by byte already (this version is Postgres's event keys COLLATE "C").

@@ -1,0 +1,1 @@
+-- Nothing to do on SQLite: it has no fillfactor (this version is Postgres's event_keys fillfactor).

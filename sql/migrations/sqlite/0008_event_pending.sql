@@ -1,0 +1,1 @@
+-- Nothing to do on SQLite: its pending marks live on each key (this version is Postgres's per-batch pending rows).

@@ -1,0 +1,1 @@
+-- Nothing to do on SQLite: one lease table (this version is BigQuery's lease shards).
