@@ -11,17 +11,15 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use idem::guard::{GuardStack, LeaseGuard, TimeWindowGuard, Verdict};
 use idem::store::breaker::BreakerPhase;
 use idem::store::{
-    BreakerConfig, Capabilities, CircuitBreakerStore, Claim, ClaimRequest, CleanupPolicy,
-    CleanupReport, DynStore, Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore,
-    MaintenanceStore, RunFilter, StoreBase,
+    BreakerConfig, Capabilities, CircuitBreakerStore, DynStore, Finish, RunFilter, StoreBase,
 };
 use idem::{
-    async_trait, parse_date, BoxError, Content, Error, KeyRecord, Outcome, Processor, RunRecord,
-    RunRequest, RunStatus, Runner,
+    async_trait, parse_date, BoxError, Content, Error, Outcome, Processor, RunRequest, RunStatus,
+    Runner,
 };
 
 mod common;
@@ -73,73 +71,14 @@ impl StoreBase for Outage {
     }
 }
 
-#[async_trait]
-impl LeaseStore for Outage {
-    async fn claim(&self, r: &ClaimRequest<'_>) -> idem::Result<Claim> {
-        self.check()?;
-        self.inner.claim(r).await
-    }
-
-    async fn lease_holder(
-        &self,
-        p: &str,
-        s: &str,
-        now: DateTime<Utc>,
-    ) -> idem::Result<Option<LeaseHolder>> {
-        self.check()?;
-        self.inner.lease_holder(p, s, now).await
-    }
-
-    async fn renew(&self, l: &Lease, ttl: Duration, now: DateTime<Utc>) -> idem::Result<Lease> {
-        self.check()?;
-        self.inner.renew(l, ttl, now).await
-    }
-
-    async fn release(&self, l: &Lease, now: DateTime<Utc>) -> idem::Result<bool> {
-        self.check()?;
-        self.inner.release(l, now).await
-    }
-}
-
-#[async_trait]
-impl LedgerStore for Outage {
-    async fn find_keys(&self, l: &[KeyLookup]) -> idem::Result<Vec<Option<KeyRecord>>> {
-        self.check()?;
-        self.inner.find_keys(l).await
-    }
-
-    async fn finish(&self, f: &Finish) -> idem::Result<()> {
-        self.check()?;
-        self.inner.finish(f).await
-    }
-
-    async fn runs(&self, f: &RunFilter) -> idem::Result<Vec<RunRecord>> {
-        self.check()?;
-        self.inner.runs(f).await
-    }
-}
-
-#[async_trait]
-impl MaintenanceStore for Outage {
-    async fn purge(&self, p: &str, s: Option<&str>) -> idem::Result<u64> {
-        self.check()?;
-        self.inner.purge(p, s).await
-    }
-
-    async fn cleanup(&self, policy: &CleanupPolicy) -> idem::Result<CleanupReport> {
-        self.check()?;
-        self.inner.cleanup(policy).await
-    }
-}
-
-/// Every event-key call fails while `down` is set, and goes to the real store otherwise.
+/// Every call fails while `down` is set, and goes to the real store otherwise.
 macro_rules! outage {
     ($s:ident, $method:ident($($arg:expr),*)) => {{
         $s.check()?;
         $s.inner.$method($($arg),*).await
     }};
 }
-idem::forward_event_key_store!([] Outage, outage);
+idem::forward_store!([] Outage, outage);
 
 /// Works until told to stop; counts what the runner asked of it.
 #[derive(Default)]

@@ -16,15 +16,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
 
-use super::{
-    Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, EventKeyStore, Finish,
-    KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore, MaintenanceStore, PartitionExpiration,
-    RunFilter, SkipOnHit, StoreBase,
-};
+use super::{Capabilities, EventKeyStore, LeaseStore, LedgerStore, MaintenanceStore, StoreBase};
 use crate::error::{Error, Result};
-use crate::model::{KeyRecord, RunRecord};
 
 /// Breaker settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -221,106 +215,19 @@ impl<S: StoreBase + ?Sized> StoreBase for CircuitBreakerStore<S> {
     }
 }
 
-#[async_trait]
-impl<S: LeaseStore + ?Sized> LeaseStore for CircuitBreakerStore<S> {
-    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claim> {
-        self.guarded(self.inner.claim(request)).await
-    }
-
-    async fn lease_holder(
-        &self,
-        processor: &str,
-        scope: &str,
-        now: DateTime<Utc>,
-    ) -> Result<Option<LeaseHolder>> {
-        self.guarded(self.inner.lease_holder(processor, scope, now))
-            .await
-    }
-
-    async fn renew(&self, lease: &Lease, ttl: Duration, now: DateTime<Utc>) -> Result<Lease> {
-        self.always(self.inner.renew(lease, ttl, now)).await
-    }
-
-    async fn release(&self, lease: &Lease, now: DateTime<Utc>) -> Result<bool> {
-        self.always(self.inner.release(lease, now)).await
-    }
-
-    async fn claim_and_find(
-        &self,
-        request: &ClaimRequest<'_>,
-        lookups: &[KeyLookup],
-    ) -> Result<(Claim, Option<Vec<Option<KeyRecord>>>)> {
-        self.guarded(self.inner.claim_and_find(request, lookups))
-            .await
-    }
-}
-
-#[async_trait]
-impl<S: LedgerStore + ?Sized> LedgerStore for CircuitBreakerStore<S> {
-    async fn find_keys(&self, lookups: &[KeyLookup]) -> Result<Vec<Option<KeyRecord>>> {
-        self.guarded(self.inner.find_keys(lookups)).await
-    }
-
-    async fn find_keys_and_holder(
-        &self,
-        lookups: &[KeyLookup],
-        processor: &str,
-        scope: &str,
-        now: DateTime<Utc>,
-    ) -> Result<(Vec<Option<KeyRecord>>, Option<Option<LeaseHolder>>)> {
-        self.guarded(
-            self.inner
-                .find_keys_and_holder(lookups, processor, scope, now),
-        )
-        .await
-    }
-
-    async fn find_keys_recording_skip(
-        &self,
-        lookups: &[KeyLookup],
-        now: DateTime<Utc>,
-        peek: bool,
-        skip: &SkipOnHit,
-    ) -> Result<(Vec<Option<KeyRecord>>, Option<Option<LeaseHolder>>, bool)> {
-        self.guarded(
-            self.inner
-                .find_keys_recording_skip(lookups, now, peek, skip),
-        )
-        .await
-    }
-
-    async fn finish(&self, finish: &Finish) -> Result<()> {
-        self.always(self.inner.finish(finish)).await
-    }
-
-    async fn runs(&self, filter: &RunFilter) -> Result<Vec<RunRecord>> {
-        self.guarded(self.inner.runs(filter)).await
-    }
-}
-
-#[async_trait]
-impl<S: MaintenanceStore + ?Sized> MaintenanceStore for CircuitBreakerStore<S> {
-    async fn purge(&self, processor: &str, scope: Option<&str>) -> Result<u64> {
-        self.guarded(self.inner.purge(processor, scope)).await
-    }
-
-    async fn cleanup(&self, policy: &CleanupPolicy) -> Result<CleanupReport> {
-        self.guarded(self.inner.cleanup(policy)).await
-    }
-
-    async fn partition_expiration(&self) -> Result<Option<Vec<PartitionExpiration>>> {
-        self.guarded(self.inner.partition_expiration()).await
-    }
-
-    async fn set_partition_expiration(&self, days: Option<u32>) -> Result<()> {
-        self.guarded(self.inner.set_partition_expiration(days))
-            .await
-    }
-}
-
-/// Event-key calls go through the breaker, except confirmations: a confirmation is owed
-/// for records already written.
+/// Every call goes through the breaker, except those that record what is already done:
+/// `renew`, `release` and `finish` always try the store (see the module docs), and a
+/// confirmation of pending event marks is owed for records already written.
 macro_rules! through_breaker {
+    ($s:ident, renew($($arg:expr),*)) => {
+        $s.always($s.inner.renew($($arg),*)).await
+    };
+    ($s:ident, release($($arg:expr),*)) => {
+        $s.always($s.inner.release($($arg),*)).await
+    };
+    ($s:ident, finish($($arg:expr),*)) => {
+        $s.always($s.inner.finish($($arg),*)).await
+    };
     ($s:ident, confirm_event_keys($($arg:expr),*)) => {
         $s.inner.confirm_event_keys($($arg),*).await
     };
@@ -331,6 +238,12 @@ macro_rules! through_breaker {
         $s.guarded($s.inner.$method($($arg),*)).await
     };
 }
+crate::forward_lease_store!([S: LeaseStore + ?Sized] CircuitBreakerStore<S>, through_breaker);
+crate::forward_ledger_store!([S: LedgerStore + ?Sized] CircuitBreakerStore<S>, through_breaker);
+crate::forward_maintenance_store!(
+    [S: MaintenanceStore + ?Sized] CircuitBreakerStore<S>,
+    through_breaker
+);
 crate::forward_event_key_store!(
     [S: EventKeyStore + ?Sized] CircuitBreakerStore<S>,
     through_breaker
@@ -339,7 +252,8 @@ crate::forward_event_key_store!(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{Cursor, EventMark, EventVerdict, PendingBatch, UnavailableStore};
+    use crate::store::{Cursor, EventMark, EventVerdict, Lease, PendingBatch, UnavailableStore};
+    use chrono::{DateTime, Utc};
 
     #[tokio::test]
     async fn opens_after_threshold_and_half_opens_after_timeout() {

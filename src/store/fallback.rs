@@ -1,11 +1,15 @@
-//! What a backend of [`EventKeyStore`] without a better way of its own does for a method,
-//! called explicitly from its implementation (the trait has no default methods).
+//! What a backend without a better way of its own does for a method of the store traits,
+//! called explicitly from its implementation (the traits have no default methods).
 
 use chrono::{DateTime, Utc};
 
 use crate::error::{Error, Result};
 
-use super::{Cursor, EventKeyStore, EventMark, EventVerdict, PendingBatch};
+use super::{
+    Claim, ClaimRequest, Cursor, EventKeyStore, EventMark, EventVerdict, KeyLookup, LeaseHolder,
+    LeaseStore, LedgerStore, MaintenanceStore, PendingBatch, SkipOnHit,
+};
+use crate::model::KeyRecord;
 
 /// A key to confirm with its real expiry (`None`: never), as
 /// [`EventKeyStore::confirm_event_keys`] and [`EventKeyStore::confirm_pending_batch`]
@@ -80,4 +84,60 @@ pub fn unsupported<S: EventKeyStore + ?Sized>(store: &S, operation: &'static str
         store: store.kind(),
         operation,
     }
+}
+
+/// What [`LeaseStore::claim_and_find`] answers: the claim, and the keys read after it
+/// (`None`: not read).
+pub type ClaimAndKeys = (Claim, Option<Vec<Option<KeyRecord>>>);
+/// What [`LedgerStore::find_keys_and_holder`] answers: the keys, and the lease holder
+/// (`None`: not read).
+pub type KeysAndHolder = (Vec<Option<KeyRecord>>, Option<Option<LeaseHolder>>);
+/// What [`LedgerStore::find_keys_recording_skip`] answers: the keys, the holder, and
+/// whether the skip was recorded.
+pub type KeysHolderRecorded = (Vec<Option<KeyRecord>>, Option<Option<LeaseHolder>>, bool);
+
+/// [`LeaseStore::claim_and_find`] as the claim alone: the keys are not read (`None`), the
+/// caller reads them itself.
+pub async fn claim_alone<S: LeaseStore + ?Sized>(
+    store: &S,
+    request: &ClaimRequest<'_>,
+) -> Result<ClaimAndKeys> {
+    Ok((store.claim(request).await?, None))
+}
+
+/// [`LedgerStore::find_keys_and_holder`] as [`LedgerStore::find_keys`] alone: the holder
+/// is not read (`None`).
+pub async fn keys_alone<S: LedgerStore + ?Sized>(
+    store: &S,
+    lookups: &[KeyLookup],
+) -> Result<KeysAndHolder> {
+    Ok((store.find_keys(lookups).await?, None))
+}
+
+/// [`LedgerStore::find_keys_recording_skip`] as the read alone (with the holder when
+/// `peek`, as [`LedgerStore::find_keys_and_holder`] answers it): nothing recorded, so the
+/// caller records the skip itself.
+pub async fn read_without_recording<S: LedgerStore + ?Sized>(
+    store: &S,
+    lookups: &[KeyLookup],
+    now: DateTime<Utc>,
+    peek: bool,
+    skip: &SkipOnHit,
+) -> Result<KeysHolderRecorded> {
+    if !peek {
+        return Ok((store.find_keys(lookups).await?, None, false));
+    }
+    let (found, holder) = store
+        .find_keys_and_holder(lookups, &skip.run.processor, &skip.run.scope, now)
+        .await?;
+    Ok((found, holder, false))
+}
+
+/// [`MaintenanceStore::set_partition_expiration`] on a store whose tables have no
+/// partitions (its [`MaintenanceStore::partition_expiration`] answers `None`).
+pub fn no_partitions<S: MaintenanceStore + ?Sized>(store: &S) -> Error {
+    Error::input(format!(
+        "partition expiration needs a BigQuery store; {} has no partitions",
+        store.kind()
+    ))
 }

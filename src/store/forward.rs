@@ -170,3 +170,160 @@ macro_rules! forward_event_key_store {
         }
     };
 }
+
+/// Implements [`LeaseStore`](crate::store::LeaseStore) for a wrapper type, every method
+/// routed through `$via!` as [`forward_event_key_store!`](crate::forward_event_key_store)
+/// does.
+#[macro_export]
+macro_rules! forward_lease_store {
+    ([$($generics:tt)*] $wrapper:ty, $via:ident) => {
+        #[$crate::__private::async_trait::async_trait]
+        impl<$($generics)*> $crate::store::LeaseStore for $wrapper {
+            async fn claim(
+                &self,
+                request: &$crate::store::ClaimRequest<'_>,
+            ) -> $crate::Result<$crate::store::Claim> {
+                $via!(self, claim(request))
+            }
+
+            async fn lease_holder(
+                &self,
+                processor: &str,
+                scope: &str,
+                now: $crate::__private::chrono::DateTime<$crate::__private::chrono::Utc>,
+            ) -> $crate::Result<::std::option::Option<$crate::store::LeaseHolder>> {
+                $via!(self, lease_holder(processor, scope, now))
+            }
+
+            async fn renew(
+                &self,
+                lease: &$crate::store::Lease,
+                ttl: ::std::time::Duration,
+                now: $crate::__private::chrono::DateTime<$crate::__private::chrono::Utc>,
+            ) -> $crate::Result<$crate::store::Lease> {
+                $via!(self, renew(lease, ttl, now))
+            }
+
+            async fn release(
+                &self,
+                lease: &$crate::store::Lease,
+                now: $crate::__private::chrono::DateTime<$crate::__private::chrono::Utc>,
+            ) -> $crate::Result<bool> {
+                $via!(self, release(lease, now))
+            }
+
+            async fn claim_and_find(
+                &self,
+                request: &$crate::store::ClaimRequest<'_>,
+                lookups: &[$crate::store::KeyLookup],
+            ) -> $crate::Result<$crate::store::fallback::ClaimAndKeys> {
+                $via!(self, claim_and_find(request, lookups))
+            }
+        }
+    };
+}
+
+/// Implements [`LedgerStore`](crate::store::LedgerStore) for a wrapper type, every method
+/// routed through `$via!` as [`forward_event_key_store!`](crate::forward_event_key_store)
+/// does.
+#[macro_export]
+macro_rules! forward_ledger_store {
+    ([$($generics:tt)*] $wrapper:ty, $via:ident) => {
+        #[$crate::__private::async_trait::async_trait]
+        impl<$($generics)*> $crate::store::LedgerStore for $wrapper {
+            async fn find_keys(
+                &self,
+                lookups: &[$crate::store::KeyLookup],
+            ) -> $crate::Result<::std::vec::Vec<::std::option::Option<$crate::KeyRecord>>> {
+                $via!(self, find_keys(lookups))
+            }
+
+            async fn find_keys_and_holder(
+                &self,
+                lookups: &[$crate::store::KeyLookup],
+                processor: &str,
+                scope: &str,
+                now: $crate::__private::chrono::DateTime<$crate::__private::chrono::Utc>,
+            ) -> $crate::Result<$crate::store::fallback::KeysAndHolder> {
+                $via!(self, find_keys_and_holder(lookups, processor, scope, now))
+            }
+
+            async fn find_keys_recording_skip(
+                &self,
+                lookups: &[$crate::store::KeyLookup],
+                now: $crate::__private::chrono::DateTime<$crate::__private::chrono::Utc>,
+                peek: bool,
+                skip: &$crate::store::SkipOnHit,
+            ) -> $crate::Result<$crate::store::fallback::KeysHolderRecorded> {
+                $via!(self, find_keys_recording_skip(lookups, now, peek, skip))
+            }
+
+            async fn finish(&self, finish: &$crate::store::Finish) -> $crate::Result<()> {
+                $via!(self, finish(finish))
+            }
+
+            async fn runs(
+                &self,
+                filter: &$crate::store::RunFilter,
+            ) -> $crate::Result<::std::vec::Vec<$crate::RunRecord>> {
+                $via!(self, runs(filter))
+            }
+        }
+    };
+}
+
+/// Implements [`MaintenanceStore`](crate::store::MaintenanceStore) for a wrapper type,
+/// every method routed through `$via!` as
+/// [`forward_event_key_store!`](crate::forward_event_key_store) does.
+#[macro_export]
+macro_rules! forward_maintenance_store {
+    ([$($generics:tt)*] $wrapper:ty, $via:ident) => {
+        #[$crate::__private::async_trait::async_trait]
+        impl<$($generics)*> $crate::store::MaintenanceStore for $wrapper {
+            async fn purge(
+                &self,
+                processor: &str,
+                scope: ::std::option::Option<&str>,
+            ) -> $crate::Result<u64> {
+                $via!(self, purge(processor, scope))
+            }
+
+            async fn cleanup(
+                &self,
+                policy: &$crate::store::CleanupPolicy,
+            ) -> $crate::Result<$crate::store::CleanupReport> {
+                $via!(self, cleanup(policy))
+            }
+
+            async fn partition_expiration(
+                &self,
+            ) -> $crate::Result<
+                ::std::option::Option<::std::vec::Vec<$crate::store::PartitionExpiration>>,
+            > {
+                $via!(self, partition_expiration())
+            }
+
+            async fn set_partition_expiration(
+                &self,
+                days: ::std::option::Option<u32>,
+            ) -> $crate::Result<()> {
+                $via!(self, set_partition_expiration(days))
+            }
+        }
+    };
+}
+
+/// [`forward_lease_store!`](crate::forward_lease_store),
+/// [`forward_ledger_store!`](crate::forward_ledger_store),
+/// [`forward_maintenance_store!`](crate::forward_maintenance_store) and
+/// [`forward_event_key_store!`](crate::forward_event_key_store) at once: a wrapper of a
+/// whole [`Store`](crate::store::Store), every method routed through `$via!`.
+#[macro_export]
+macro_rules! forward_store {
+    ([$($generics:tt)*] $wrapper:ty, $via:ident) => {
+        $crate::forward_lease_store!([$($generics)*] $wrapper, $via);
+        $crate::forward_ledger_store!([$($generics)*] $wrapper, $via);
+        $crate::forward_maintenance_store!([$($generics)*] $wrapper, $via);
+        $crate::forward_event_key_store!([$($generics)*] $wrapper, $via);
+    };
+}

@@ -183,6 +183,17 @@ impl LeaseStore for MemoryStore {
         r.expires_at = micros(now);
         Ok(true)
     }
+
+    async fn claim_and_find(
+        &self,
+        request: &crate::store::ClaimRequest<'_>,
+        _lookups: &[crate::store::KeyLookup],
+    ) -> crate::error::Result<(
+        crate::store::Claim,
+        Option<Vec<Option<crate::model::KeyRecord>>>,
+    )> {
+        crate::store::fallback::claim_alone(self, request).await
+    }
 }
 
 #[async_trait]
@@ -275,6 +286,33 @@ impl LedgerStore for MemoryStore {
         }
         Ok(rows)
     }
+
+    async fn find_keys_and_holder(
+        &self,
+        lookups: &[crate::store::KeyLookup],
+        _processor: &str,
+        _scope: &str,
+        _now: chrono::DateTime<chrono::Utc>,
+    ) -> crate::error::Result<(
+        Vec<Option<crate::model::KeyRecord>>,
+        Option<Option<crate::store::LeaseHolder>>,
+    )> {
+        crate::store::fallback::keys_alone(self, lookups).await
+    }
+
+    async fn find_keys_recording_skip(
+        &self,
+        lookups: &[crate::store::KeyLookup],
+        now: chrono::DateTime<chrono::Utc>,
+        peek: bool,
+        skip: &crate::store::SkipOnHit,
+    ) -> crate::error::Result<(
+        Vec<Option<crate::model::KeyRecord>>,
+        Option<Option<crate::store::LeaseHolder>>,
+        bool,
+    )> {
+        crate::store::fallback::read_without_recording(self, lookups, now, peek, skip).await
+    }
 }
 
 #[async_trait]
@@ -355,6 +393,17 @@ impl MaintenanceStore for MemoryStore {
         drop(state);
         report_cleanup_done(policy, &report);
         Ok(report)
+    }
+
+    /// No partitions.
+    async fn partition_expiration(
+        &self,
+    ) -> crate::error::Result<Option<Vec<crate::store::PartitionExpiration>>> {
+        Ok(None)
+    }
+
+    async fn set_partition_expiration(&self, _days: Option<u32>) -> crate::error::Result<()> {
+        Err(crate::store::fallback::no_partitions(self))
     }
 }
 

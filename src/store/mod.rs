@@ -433,15 +433,12 @@ pub trait LeaseStore: StoreBase {
     /// [`claim`](Self::claim), and, when the lease is acquired, the latest key record per
     /// lookup *read after the claim* (as [`LedgerStore::find_keys`] answers), in one round
     /// trip where the backend can (BigQuery: one script). `None` for the keys means they
-    /// were not read (the default, one claim): the caller reads them itself.
+    /// were not read ([`fallback::claim_alone`]): the caller reads them itself.
     async fn claim_and_find(
         &self,
         request: &ClaimRequest<'_>,
         lookups: &[KeyLookup],
-    ) -> Result<(Claim, Option<Vec<Option<KeyRecord>>>)> {
-        let _ = lookups;
-        Ok((self.claim(request).await?, None))
-    }
+    ) -> Result<(Claim, Option<Vec<Option<KeyRecord>>>)>;
 }
 
 /// Processing keys and the run ledger.
@@ -452,18 +449,15 @@ pub trait LedgerStore: StoreBase {
 
     /// [`find_keys`](Self::find_keys), and who holds the lease on (processor, scope) at
     /// `now` (as [`LeaseStore::lease_holder`] answers), in one round trip where the backend
-    /// can (BigQuery: one query). The holder is `None` when it was not read (the default:
-    /// `find_keys` alone), `Some(None)` when the scope is free or its lease expired.
+    /// can (BigQuery: one query). The holder is `None` when it was not read
+    /// ([`fallback::keys_alone`]), `Some(None)` when the scope is free or its lease expired.
     async fn find_keys_and_holder(
         &self,
         lookups: &[KeyLookup],
         processor: &str,
         scope: &str,
         now: DateTime<Utc>,
-    ) -> Result<(Vec<Option<KeyRecord>>, Option<Option<LeaseHolder>>)> {
-        let _ = (processor, scope, now);
-        Ok((self.find_keys(lookups).await?, None))
-    }
+    ) -> Result<(Vec<Option<KeyRecord>>, Option<Option<LeaseHolder>>)>;
 
     /// [`find_keys`](Self::find_keys) (with the lease holder of `skip.run`'s processor and
     /// scope at `now`, as [`find_keys_and_holder`](Self::find_keys_and_holder) answers it,
@@ -472,7 +466,7 @@ pub trait LedgerStore: StoreBase {
     /// one script). The last value is true when the row was recorded: false when the key
     /// was not found, when the run id is in the ledger already (the caller then records
     /// the skip itself, as [`finish`](Self::finish) does), or when the store does not
-    /// record with the read (the default: the read alone).
+    /// record with the read ([`fallback::read_without_recording`]).
     ///
     /// The keys answered are the ones the row was decided on (one read), so the caller's
     /// guard sees exactly the key whose run id the row names.
@@ -482,15 +476,7 @@ pub trait LedgerStore: StoreBase {
         now: DateTime<Utc>,
         peek: bool,
         skip: &SkipOnHit,
-    ) -> Result<(Vec<Option<KeyRecord>>, Option<Option<LeaseHolder>>, bool)> {
-        if !peek {
-            return Ok((self.find_keys(lookups).await?, None, false));
-        }
-        let (found, holder) = self
-            .find_keys_and_holder(lookups, &skip.run.processor, &skip.run.scope, now)
-            .await?;
-        Ok((found, holder, false))
-    }
+    ) -> Result<(Vec<Option<KeyRecord>>, Option<Option<LeaseHolder>>, bool)>;
 
     /// Records the end of a run: the ledger row, the keys when it completed, the lease
     /// release. See [`Finish`].
@@ -518,20 +504,12 @@ pub trait MaintenanceStore: StoreBase {
 
     /// The partition expiration of each partitioned table, as the database reports it;
     /// `None` for a store whose tables have no partitions (all but BigQuery).
-    async fn partition_expiration(&self) -> Result<Option<Vec<PartitionExpiration>>> {
-        Ok(None)
-    }
+    async fn partition_expiration(&self) -> Result<Option<Vec<PartitionExpiration>>>;
 
     /// Lets the database drop partitions older than `days` (`None`: never) on the
     /// partitioned tables, instead of deleting their rows by DML. [`Error::Input`] on a
-    /// store without partitions.
-    async fn set_partition_expiration(&self, days: Option<u32>) -> Result<()> {
-        let _ = days;
-        Err(Error::input(format!(
-            "partition expiration needs a BigQuery store; {} has no partitions",
-            self.kind()
-        )))
-    }
+    /// store without partitions ([`fallback::no_partitions`]).
+    async fn set_partition_expiration(&self, days: Option<u32>) -> Result<()>;
 }
 
 /// Longest partition expiration that can be set, in days (100 years).

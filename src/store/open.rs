@@ -1,20 +1,13 @@
 //! Opening a store from its URL, and the store that stands in when one cannot be opened.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
 
-use super::{
-    redact_url, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, DynStore,
-    EventKeyStore, Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore,
-    MaintenanceStore, MemoryStore, PartitionExpiration, RunFilter, StoreBase,
-};
+use super::{redact_url, Capabilities, DynStore, EventKeyStore, MemoryStore, StoreBase};
 use crate::backend::shared::OpenOnce;
 use crate::backend::{Backend, PoolSize};
 use crate::error::{Error, Result};
-use crate::model::{KeyRecord, RunRecord};
 
 /// A store that could not be opened: every call fails with
 /// [`Error::StoreUnavailable`]. Used under the `best_effort` policy so a run can go on
@@ -58,72 +51,14 @@ impl StoreBase for UnavailableStore {
     }
 }
 
-#[async_trait]
-impl LeaseStore for UnavailableStore {
-    async fn claim(&self, _: &ClaimRequest<'_>) -> Result<Claim> {
-        self.fail()
-    }
-
-    async fn lease_holder(
-        &self,
-        _: &str,
-        _: &str,
-        _: DateTime<Utc>,
-    ) -> Result<Option<LeaseHolder>> {
-        self.fail()
-    }
-
-    async fn renew(&self, _: &Lease, _: Duration, _: DateTime<Utc>) -> Result<Lease> {
-        self.fail()
-    }
-
-    async fn release(&self, _: &Lease, _: DateTime<Utc>) -> Result<bool> {
-        self.fail()
-    }
-}
-
-#[async_trait]
-impl LedgerStore for UnavailableStore {
-    async fn find_keys(&self, _: &[KeyLookup]) -> Result<Vec<Option<KeyRecord>>> {
-        self.fail()
-    }
-
-    async fn finish(&self, _: &Finish) -> Result<()> {
-        self.fail()
-    }
-
-    async fn runs(&self, _: &RunFilter) -> Result<Vec<RunRecord>> {
-        self.fail()
-    }
-}
-
-#[async_trait]
-impl MaintenanceStore for UnavailableStore {
-    async fn purge(&self, _: &str, _: Option<&str>) -> Result<u64> {
-        self.fail()
-    }
-
-    async fn cleanup(&self, _: &CleanupPolicy) -> Result<CleanupReport> {
-        self.fail()
-    }
-
-    async fn partition_expiration(&self) -> Result<Option<Vec<PartitionExpiration>>> {
-        self.fail()
-    }
-
-    async fn set_partition_expiration(&self, _: Option<u32>) -> Result<()> {
-        self.fail()
-    }
-}
-
-/// Every event-key call fails as the store does.
+/// Every call fails as the store does.
 macro_rules! unavailable {
     ($s:ident, $method:ident($($arg:expr),*)) => {{
         let _ = ($($arg),*);
         $s.fail()
     }};
 }
-crate::forward_event_key_store!([] UnavailableStore, unavailable);
+crate::forward_store!([] UnavailableStore, unavailable);
 
 /// The default store URL: a SQLite file in the current directory.
 pub const DEFAULT_STORE_URL: &str = "sqlite://idem.db";

@@ -368,6 +368,17 @@ impl LeaseStore for SqliteStore {
             .map_err(|e| self.err(e))?;
         Ok(done.rows_affected() == 1)
     }
+
+    async fn claim_and_find(
+        &self,
+        request: &crate::store::ClaimRequest<'_>,
+        _lookups: &[crate::store::KeyLookup],
+    ) -> crate::error::Result<(
+        crate::store::Claim,
+        Option<Vec<Option<crate::model::KeyRecord>>>,
+    )> {
+        crate::store::fallback::claim_alone(self, request).await
+    }
 }
 
 #[async_trait]
@@ -500,6 +511,33 @@ impl LedgerStore for SqliteStore {
             .map_err(|e| self.err(e))?;
         Ok(rows.into_iter().map(|r| r.0).collect())
     }
+
+    async fn find_keys_and_holder(
+        &self,
+        lookups: &[crate::store::KeyLookup],
+        _processor: &str,
+        _scope: &str,
+        _now: chrono::DateTime<chrono::Utc>,
+    ) -> crate::error::Result<(
+        Vec<Option<crate::model::KeyRecord>>,
+        Option<Option<crate::store::LeaseHolder>>,
+    )> {
+        crate::store::fallback::keys_alone(self, lookups).await
+    }
+
+    async fn find_keys_recording_skip(
+        &self,
+        lookups: &[crate::store::KeyLookup],
+        now: chrono::DateTime<chrono::Utc>,
+        peek: bool,
+        skip: &crate::store::SkipOnHit,
+    ) -> crate::error::Result<(
+        Vec<Option<crate::model::KeyRecord>>,
+        Option<Option<crate::store::LeaseHolder>>,
+        bool,
+    )> {
+        crate::store::fallback::read_without_recording(self, lookups, now, peek, skip).await
+    }
 }
 
 #[async_trait]
@@ -557,6 +595,17 @@ impl MaintenanceStore for SqliteStore {
             },
         )
         .await
+    }
+
+    /// No partitions.
+    async fn partition_expiration(
+        &self,
+    ) -> crate::error::Result<Option<Vec<crate::store::PartitionExpiration>>> {
+        Ok(None)
+    }
+
+    async fn set_partition_expiration(&self, _days: Option<u32>) -> crate::error::Result<()> {
+        Err(crate::store::fallback::no_partitions(self))
     }
 }
 
