@@ -123,6 +123,7 @@
 #![warn(missing_docs)]
 
 pub mod backend;
+mod cancel;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod command;

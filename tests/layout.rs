@@ -153,6 +153,9 @@ fn the_flow_runs_from_the_cli_down_to_the_backends() {
         ("guard", &["runner", "job", "cli", "warehouse"]),
         ("runner", &["job", "cli", "warehouse"]),
         ("job", &["cli"]),
+        // The event gate stands beside the batch runs: it stops on the same cancellation
+        // token (crate::cancel, below both), and names neither the runner nor jobs.
+        ("events", &["runner", "job", "cli", "guard", "warehouse"]),
     ];
     for (module, above) in layers {
         for other in *above {

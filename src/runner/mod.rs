@@ -28,8 +28,7 @@ use crate::processor::{ExitStatusError, Processor};
 use crate::store::spool::Spool;
 use crate::store::{DynStore, Finish, Lease};
 
-mod cancel;
-pub use cancel::Cancel;
+pub use crate::cancel::Cancel;
 
 /// What to do when the store cannot be used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize)]

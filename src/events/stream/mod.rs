@@ -33,8 +33,8 @@ use chrono::Utc;
 use serde::Serialize;
 
 use super::strategy::{EventGate, Strategy};
+use crate::cancel::Cancel;
 use crate::error::{Error, Result};
-use crate::runner::Cancel;
 use crate::store::Cursor;
 
 // Reading a batch, its call with a cursor, the batches in flight and writing their records

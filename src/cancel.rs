@@ -1,11 +1,13 @@
-//! [`Cancel`]: a cancellation token that says why.
+//! [`Cancel`]: a cancellation token that says why. Below every module that stops on one
+//! (the runner, the event gate's stream, command jobs, the CLI), so none of them names
+//! another for it.
 
 use std::sync::{Arc, OnceLock};
 
 use tokio_util::sync::CancellationToken;
 
 /// A [`CancellationToken`] with the reason it was cancelled (`SIGTERM`), handed to the
-/// runner ([`Runner::cancel_on`](super::Runner::cancel_on)) and whatever else should stop
+/// runner ([`Runner::cancel_on`](crate::Runner::cancel_on)) and whatever else should stop
 /// with it. Clones share the token.
 #[derive(Debug, Clone, Default)]
 pub struct Cancel {
