@@ -22,11 +22,8 @@
 //! unreachable server fails fast with [`Error::StoreUnavailable`] (exit code 3 under the
 //! `strict` policy) instead of hanging.
 //!
-//! TLS: idem is built without sqlx's TLS features, so connections are plain TCP (or Unix
-//! sockets). `sslmode=prefer` (the default) falls back to plain text; `sslmode=require`
-//! fails with an error saying TLS support is not compiled in. Reach a remote server over a
-//! trusted network, an SSH tunnel or a local TLS-terminating proxy (e.g. Cloud SQL Auth
-//! Proxy, pgbouncer).
+//! TLS: sqlx's rustls, as the URL says (`sslmode=require|verify-ca|verify-full`,
+//! `sslrootcert`, client certificates; see docs/postgres.md and `backend/postgres.rs`).
 //!
 
 use std::fmt::Write as _;
