@@ -29,6 +29,64 @@ pub fn connect_options(url: &str) -> Result<SqliteConnectOptions> {
         .busy_timeout(BUSY_TIMEOUT))
 }
 
+/// Closes a SQLite pool when the last store or warehouse holding it is dropped, in a task
+/// of the runtime that [`closed`] waits for. Without it the pool's connections close on
+/// their worker threads after the handles are gone, and a command that returns at once
+/// exits before SQLite has checkpointed and removed its `-wal` and `-shm` files: they were
+/// left beside the ledger, some of the time, after every command.
+#[derive(Debug)]
+pub struct Closer(sqlx::SqlitePool);
+
+impl Closer {
+    /// Closes `pool` when dropped (hold it in an `Arc` beside the pool).
+    pub fn new(pool: &sqlx::SqlitePool) -> Self {
+        Closer(pool.clone())
+    }
+}
+
+impl Drop for Closer {
+    fn drop(&mut self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let pool = self.0.clone();
+        let task = runtime.spawn(async move {
+            // sqlx 0.8's close() can return with a connection left open, idle, when that
+            // connection was still on its way back to the pool as close() began (seen
+            // with one connection: `idem migrate` kept its ledger open to the end): close
+            // again until the pool holds none.
+            for _ in 0..4 {
+                pool.close().await;
+                if pool.size() == 0 {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+        });
+        let mut closing = CLOSING.lock().unwrap_or_else(|e| e.into_inner());
+        closing.retain(|t| !t.is_finished());
+        closing.push(task);
+    }
+}
+
+static CLOSING: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Waits (at most `timeout`) until every SQLite pool whose last holder was dropped has
+/// closed its connections: SQLite has checkpointed the write-ahead log into the database
+/// file and removed it. A process calls it before it exits.
+pub async fn closed(timeout: Duration) {
+    let pending = std::mem::take(&mut *CLOSING.lock().unwrap_or_else(|e| e.into_inner()));
+    let all = async {
+        for task in pending {
+            let _ = task.await;
+        }
+    };
+    if tokio::time::timeout(timeout, all).await.is_err() {
+        tracing::warn!("a SQLite database was not closed within {timeout:?}");
+    }
+}
+
 /// For the store, which opens its file at once: a path naming a folder is a configuration
 /// error naming it. Only the file's metadata is read (`stat`), never its contents: a process
 /// that opens and closes a database file with ordinary file I/O drops every POSIX lock it

@@ -702,6 +702,9 @@ pub fn main_with(registry: Registry) -> ExitCode {
         // The runner waits for the cancellation of an interrupted run's warehouse
         // statements; this catches any other (the runtime's tasks end with `main`).
         crate::backend::cancels_sent(std::time::Duration::from_secs(2)).await;
+        // SQLite ledgers and warehouses checkpointed and closed, their `-wal` files gone.
+        #[cfg(feature = "sqlite")]
+        crate::backend::sqlite::closed(std::time::Duration::from_secs(10)).await;
         code
     });
     ExitCode::from(code)

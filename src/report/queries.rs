@@ -173,7 +173,8 @@ fn extra(name: &str, options: &ReportOptions) -> Option<Extra> {
 
 pub(super) enum Conn {
     #[cfg(feature = "sqlite")]
-    Sqlite(sqlx::SqlitePool),
+    // The store, not a clone of its pool: dropping the store closes the pool.
+    Sqlite(crate::store::sqlite::SqliteStore),
     #[cfg(feature = "postgres")]
     Postgres(sqlx::PgPool),
     #[cfg(feature = "bigquery")]
@@ -196,7 +197,7 @@ pub(super) async fn connect(url: &str) -> Result<Conn> {
             // fresh store says "no runs" rather than "no such table".
             // The report's queries run side by side: a reader connection each (WAL).
             let store = crate::store::sqlite::SqliteStore::connect_sized(url, READERS).await?;
-            Ok(Conn::Sqlite(store.pool().clone()))
+            Ok(Conn::Sqlite(store))
         }
         #[cfg(feature = "postgres")]
         Dialect::Postgres => {
@@ -241,7 +242,8 @@ pub(super) async fn query(
     };
     match conn {
         #[cfg(feature = "sqlite")]
-        Conn::Sqlite(pool) => {
+        Conn::Sqlite(store) => {
+            let pool = store.pool();
             let mut q = sqlx::query(sql(name, Dialect::Sqlite)?)
                 .bind(options.since().timestamp_micros())
                 .bind(options.until.timestamp_micros())

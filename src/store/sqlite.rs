@@ -35,6 +35,8 @@ pub struct SqliteStore {
     events: Arc<EventWriter>,
     /// The pool's size: how many event batches go side by side.
     connections: usize,
+    /// Closes the pool when the last clone of this store is dropped.
+    _closer: Arc<crate::backend::sqlite::Closer>,
 }
 
 /// What the event-key batches of one store share: their turn at the write transaction, and
@@ -148,6 +150,7 @@ impl SqliteStore {
             }
         };
         let store = SqliteStore {
+            _closer: Arc::new(crate::backend::sqlite::Closer::new(&pool)),
             pool,
             url: url.to_string(),
             events: Arc::default(),

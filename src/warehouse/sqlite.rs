@@ -17,6 +17,8 @@ pub struct SqliteWarehouse {
     url: String,
     /// The database file (none for an in-memory database).
     path: Option<std::path::PathBuf>,
+    /// Closes the pool when the last clone of this warehouse is dropped.
+    _closer: std::sync::Arc<crate::backend::sqlite::Closer>,
 }
 
 impl SqliteWarehouse {
@@ -33,6 +35,7 @@ impl SqliteWarehouse {
             .max_connections(2)
             .connect_lazy_with(options);
         Ok(SqliteWarehouse {
+            _closer: std::sync::Arc::new(crate::backend::sqlite::Closer::new(&pool)),
             pool,
             url: url.to_string(),
             path,
