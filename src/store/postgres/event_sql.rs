@@ -1,0 +1,317 @@
+//! The event-key statements on Postgres, the rows `COPY` sends, and the helpers the
+//! event-key store shares (reads, deletes, the cursor's advance).
+
+use super::*;
+
+/// The batch a statement marks keys for, registered first: with a pending marker ($7, the deadline $8) one row of `event_pending` (migration 0008),
+/// whose id the batch's keys carry in `pending` until the confirmation deletes that row;
+/// without one ($7 NULL), nothing, and the keys carry NULL. Only when the statement will
+/// insert a key (`$when`): a batch row no key names would wait for the cleanup.
+macro_rules! batch_cte {
+    ($when:literal) => {
+        concat!(
+            "batch AS (
+  INSERT INTO event_pending (namespace, marker, first_seen, deadline)
+  SELECT $1, $7, $6, $8 WHERE $7::text IS NOT NULL AND ",
+            $when,
+            "
+  RETURNING id
+)"
+        )
+    };
+}
+
+/// The row of key `i.event_key` of namespace $1 (`s`, expired or not) looked up through the
+/// primary key (`LATERAL … LIMIT 1` is never turned into a join the planner could choose to
+/// run as a scan of the table, e.g. on statistics taken while it was still small), with
+/// its pending batch's row (`p`: present while the batch is unconfirmed).
+macro_rules! stored_row {
+    () => {
+        "CROSS JOIN LATERAL (
+    SELECT s.event_key, s.fingerprint, s.decision, s.first_seen, s.expires_at, s.pending
+    FROM event_keys s
+    WHERE s.namespace = $1 AND s.event_key = i.event_key
+    LIMIT 1
+  ) s
+  LEFT JOIN event_pending p ON p.id = s.pending AND p.first_seen = s.first_seen"
+    };
+}
+
+/// In one statement: reads the stored rows of keys unexpired at $6, and marks the first
+/// occurrence of each other key (absent, or expired: the upsert's WHERE). A stored key is
+/// never sent to the upsert: `ON CONFLICT DO UPDATE` locks the row it conflicts with even
+/// when its WHERE is false, a write (and WAL) per replayed key. `found` is false for a key
+/// that neither was marked nor is visible to the statement's snapshot (a concurrent batch
+/// committed it meanwhile): read again with [`EVENTS_READ_SQL`]. Keys are inserted in the
+/// order they were sent (byte order), whatever the plan. A key is expired when its expiry
+/// or its unconfirmed batch's deadline has passed; a key of an unconfirmed batch reads as
+/// that batch's marker.
+pub(super) const EVENTS_MARK_SQL: &str = concat!(
+    "WITH input AS (
+  SELECT * FROM UNNEST($2::text[], $3::text[], $4::text[], $5::timestamptz[])
+    WITH ORDINALITY AS i(event_key, fingerprint, decision, expires_at, n)
+), stored AS (
+  SELECT s.event_key, s.fingerprint, COALESCE(p.marker, s.decision::text) AS decision,
+         s.first_seen
+  FROM input i ",
+    stored_row!(),
+    "
+  WHERE (s.expires_at IS NULL OR s.expires_at > $6) AND (p.deadline IS NULL OR p.deadline > $6)
+), ",
+    batch_cte!(
+        "EXISTS (SELECT 1 FROM input i
+    WHERE NOT EXISTS (SELECT 1 FROM stored s WHERE s.event_key = i.event_key))"
+    ),
+    ", marked AS (
+  INSERT INTO event_keys AS e
+    (namespace, event_key, first_seen, fingerprint, decision, expires_at, pending)
+  SELECT $1, event_key, $6, fingerprint, decision::jsonb, expires_at, (SELECT id FROM batch)
+  FROM input i
+  WHERE NOT EXISTS (SELECT 1 FROM stored s WHERE s.event_key = i.event_key)
+  ORDER BY i.n
+  ON CONFLICT (namespace, event_key) DO UPDATE SET
+    first_seen = EXCLUDED.first_seen, fingerprint = EXCLUDED.fingerprint,
+    decision = EXCLUDED.decision, expires_at = EXCLUDED.expires_at, pending = EXCLUDED.pending
+  WHERE e.expires_at <= $6
+     OR EXISTS (SELECT 1 FROM event_pending d
+                WHERE d.id = e.pending AND d.first_seen = e.first_seen AND d.deadline <= $6)
+  RETURNING e.event_key
+)
+SELECT i.event_key, m.event_key IS NOT NULL AS new, s.event_key IS NOT NULL AS found,
+       s.fingerprint, s.decision, s.first_seen
+FROM input i
+LEFT JOIN marked m ON m.event_key = i.event_key
+LEFT JOIN stored s ON s.event_key = i.event_key"
+);
+
+/// The first try of a batch without a cursor, in one statement: looks up the row of every
+/// key ($2, in byte order) through the primary key, expired or not, and when none has
+/// expired inserts every key it did not find, with a plain `INSERT` in the order sent.
+/// [`EVENTS_MARK_SQL`]'s `ON CONFLICT` costs a speculative insertion per row (an index probe
+/// before the insert and a WAL record to confirm it after) and one result row per key; this
+/// returns one row (how many it inserted) and the stored rows. A key whose row another
+/// transaction commits meanwhile fails the insert (unique violation, 23505) and the whole
+/// statement with it, and a found row that has expired needs the upsert's take-over: both
+/// are left to [`EVENTS_MARK_SQL`], this having written nothing.
+pub(super) const EVENTS_INSERT_SQL: &str = concat!(
+    "WITH input AS (
+  SELECT * FROM UNNEST($2::text[], $3::text[], $4::text[], $5::timestamptz[])
+    WITH ORDINALITY AS i(event_key, fingerprint, decision, expires_at, n)
+), existing AS (
+  SELECT s.event_key, s.fingerprint, COALESCE(p.marker, s.decision::text) AS decision,
+         s.first_seen, (s.expires_at <= $6 OR p.deadline <= $6) AS expired
+  FROM input i ",
+    stored_row!(),
+    "
+), ",
+    batch_cte!(
+        "NOT EXISTS (SELECT 1 FROM existing x WHERE x.expired)
+    AND EXISTS (SELECT 1 FROM input i
+      WHERE NOT EXISTS (SELECT 1 FROM existing x WHERE x.event_key = i.event_key))"
+    ),
+    ", inserted AS (
+  INSERT INTO event_keys
+    (namespace, event_key, first_seen, fingerprint, decision, expires_at, pending)
+  SELECT $1, event_key, $6, fingerprint, decision::jsonb, expires_at, (SELECT id FROM batch)
+  FROM input i
+  WHERE NOT EXISTS (SELECT 1 FROM existing x WHERE x.event_key = i.event_key)
+    AND NOT EXISTS (SELECT 1 FROM existing x WHERE x.expired)
+  ORDER BY i.n
+  RETURNING 1
+)
+SELECT (SELECT count(*) FROM inserted) AS inserted, x.event_key, x.fingerprint,
+       x.decision, x.first_seen, x.expired
+FROM (SELECT 1) AS one LEFT JOIN existing x ON true"
+);
+
+/// The stored rows of keys $2 (expired at $3 or not), looked up one key at a time through
+/// the primary key (as in [`EVENTS_MARK_SQL`]): the first try of a batch when a batch of
+/// the same stream found every key stored. A read, so nothing to write when every key is
+/// found unexpired; otherwise the batch goes to [`EVENTS_INSERT_SQL`]. `expired` is NULL
+/// for a key that never expires.
+pub(super) const EVENTS_LOOKUP_SQL: &str = concat!(
+    "SELECT s.event_key, s.fingerprint, COALESCE(p.marker, s.decision::text) AS decision,
+       s.first_seen, (s.expires_at <= $3 OR p.deadline <= $3) AS expired
+FROM UNNEST($2::text[]) AS i(event_key) ",
+    stored_row!()
+);
+
+/// Deletes the rows of keys $2 (only those first seen at $3, unless $3 is NULL), locking
+/// them first in key order (`FOR UPDATE` under `ORDER BY`; `event_key` compares as bytes,
+/// migration 0006): the order every mark locks its keys in, so a delete and a batch
+/// taking over expired keys wait for each other instead of deadlocking. A row another
+/// batch took over meanwhile (a new first-seen time) is re-checked under its lock and
+/// stays.
+pub(super) const EVENTS_FORGET_SQL: &str = "\
+DELETE FROM event_keys e USING (
+  SELECT event_key FROM event_keys
+  WHERE namespace = $1 AND event_key = ANY($2::text[])
+    AND ($3::timestamptz IS NULL OR first_seen = $3)
+  ORDER BY event_key
+  FOR UPDATE
+) l
+WHERE e.namespace = $1 AND e.event_key = l.event_key
+  AND ($3::timestamptz IS NULL OR e.first_seen = $3)";
+
+/// The unexpired rows of keys $2, looked up one key at a time (as in
+/// [`EVENTS_LOOKUP_SQL`]; `event_key = ANY($2)` let the planner scan the namespace).
+pub(super) const EVENTS_READ_SQL: &str = concat!(
+    "SELECT s.event_key, s.fingerprint, COALESCE(p.marker, s.decision::text) AS decision,
+       s.first_seen
+FROM UNNEST($2::text[]) AS i(event_key) ",
+    stored_row!(),
+    "
+WHERE (s.expires_at IS NULL OR s.expires_at > $3) AND (p.deadline IS NULL OR p.deadline > $3)"
+);
+
+/// Appends `text` to a `COPY … FROM STDIN` (text format) row: backslash, tab, newline and
+/// carriage return escaped.
+pub(super) fn copy_field(row: &mut String, text: &str) {
+    if !text.contains(['\\', '\t', '\n', '\r']) {
+        row.push_str(text);
+        return;
+    }
+    for c in text.chars() {
+        match c {
+            '\\' => row.push_str("\\\\"),
+            '\t' => row.push_str("\\t"),
+            '\n' => row.push_str("\\n"),
+            '\r' => row.push_str("\\r"),
+            c => row.push(c),
+        }
+    }
+}
+
+/// Whether `e` says the connection could not be had or used (a connection exception, or
+/// no error from the statement itself), rather than an answer to the statement.
+pub(super) fn connection_refused(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(d) => d.code().is_some_and(|c| c.starts_with("08")),
+        sqlx::Error::RowNotFound
+        | sqlx::Error::ColumnNotFound(_)
+        | sqlx::Error::ColumnDecode { .. }
+        | sqlx::Error::Decode(_)
+        | sqlx::Error::TypeNotFound { .. } => false,
+        _ => true,
+    }
+}
+
+/// An instant as `COPY` text (microseconds, UTC).
+pub(super) fn copy_instant(at: DateTime<Utc>) -> String {
+    // The year unsigned and at least 4 digits: chrono's `%Y` signs years past 9999 (an
+    // expiry saturated at the largest instant), which Postgres refuses.
+    use chrono::Datelike;
+    format!("{:04}{}", at.year(), at.format("-%m-%d %H:%M:%S%.6f+00"))
+}
+
+/// The `COPY` text of a batch's keys (`firsts`, in byte order), marked at `now` for
+/// pending batch `pending` (or none).
+pub(super) fn copy_rows(
+    namespace: &str,
+    firsts: &[&EventMark],
+    decisions: &[Option<String>],
+    expiries: &[Option<DateTime<Utc>>],
+    now: DateTime<Utc>,
+    pending: Option<i64>,
+) -> String {
+    let mut head = String::with_capacity(namespace.len() + 1);
+    copy_field(&mut head, namespace);
+    head.push('\t');
+    let mut tail = String::from("\t");
+    tail.push_str(&copy_instant(now));
+    tail.push('\t');
+    let pending = pending.map_or_else(|| "\\N".to_string(), |id| id.to_string());
+    let mut out = String::with_capacity(firsts.len() * (head.len() + 120));
+    let mut last_expiry: Option<(DateTime<Utc>, String)> = None;
+    for ((m, decision), expiry) in firsts.iter().zip(decisions).zip(expiries) {
+        out.push_str(&head);
+        copy_field(&mut out, &m.key);
+        out.push_str(&tail);
+        match &m.fingerprint {
+            Some(f) => copy_field(&mut out, f),
+            None => out.push_str("\\N"),
+        }
+        out.push('\t');
+        match decision {
+            Some(d) => copy_field(&mut out, d),
+            None => out.push_str("\\N"),
+        }
+        out.push('\t');
+        match expiry {
+            Some(at) => {
+                if last_expiry.as_ref().is_none_or(|(t, _)| t != at) {
+                    last_expiry = Some((*at, copy_instant(*at)));
+                }
+                out.push_str(&last_expiry.as_ref().expect("set above").1);
+            }
+            None => out.push_str("\\N"),
+        }
+        out.push('\t');
+        out.push_str(&pending);
+        out.push('\n');
+    }
+    out
+}
+
+pub(super) type EventRow = (String, Option<String>, Option<String>, DateTime<Utc>);
+
+impl PostgresStore {
+    /// [`EVENTS_FORGET_SQL`]: deletes the rows of `keys` (first seen at `first_seen`, if
+    /// given); how many went.
+    pub(super) async fn delete_event_keys(
+        &self,
+        namespace: &str,
+        keys: &[String],
+        first_seen: Option<DateTime<Utc>>,
+    ) -> Result<u64> {
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let done = sqlx::query(EVENTS_FORGET_SQL)
+            .bind(namespace)
+            .bind(keys)
+            .bind(first_seen)
+            .execute(&mut self.conn().await?)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(done.rows_affected())
+    }
+
+    pub(super) async fn read_events(
+        &self,
+        namespace: &str,
+        keys: &[&str],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<EventRow>> {
+        sqlx::query_as(EVENTS_READ_SQL)
+            .bind(namespace)
+            .bind(keys)
+            .bind(micros(now))
+            .fetch_all(&mut self.conn().await?)
+            .await
+            .map_err(|e| self.err(e))
+    }
+}
+
+/// Moves cursor ($1, $2) to position $3 (value $4) when $3 is after it.
+pub(super) async fn advance(
+    conn: &mut sqlx::PgConnection,
+    namespace: &str,
+    name: &str,
+    to: &Cursor,
+) -> std::result::Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO event_cursors AS c (namespace, name, position, value, updated_at) \
+         VALUES ($1, $2, $3, $4::jsonb, now()) \
+         ON CONFLICT (namespace, name) DO UPDATE SET \
+           position = EXCLUDED.position, value = EXCLUDED.value, updated_at = EXCLUDED.updated_at \
+         WHERE c.position COLLATE \"C\" < EXCLUDED.position COLLATE \"C\"",
+    )
+    .bind(namespace)
+    .bind(name)
+    .bind(&to.position)
+    .bind(to.value_text())
+    .execute(conn)
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,545 @@
+//! Event keys on Postgres: checks and marks by the batch (bulk `COPY` when the keys are
+//! fresh), pending batches and their confirmation, cursors.
+
+use super::*;
+
+impl PostgresStore {
+    /// The first try of a batch without a cursor when the last batch found every key
+    /// absent: its rows sent with `COPY` straight into `event_keys`, as a bulk load (rows
+    /// written a page at a time, one WAL record per page rather than per row; the primary
+    /// key's unique check is the lookup). A key stored, expired or not, fails the copy
+    /// whole (unique violation): nothing is written, and `false` sends the batch on to
+    /// [`EVENTS_INSERT_SQL`]. A pending batch's row (migration 0008) goes in the same
+    /// transaction, so its keys are never seen without it.
+    pub(super) async fn copy_fresh(
+        &self,
+        namespace: &str,
+        firsts: &[&EventMark],
+        decisions: &[Option<String>],
+        expiries: &[Option<DateTime<Utc>>],
+        now: DateTime<Utc>,
+        pending: Option<(&str, DateTime<Utc>)>,
+    ) -> Result<bool> {
+        const COPY: &str = "COPY event_keys (namespace, event_key, first_seen, fingerprint, \
+                            decision, expires_at, pending) FROM STDIN";
+        let now = micros(now);
+        let copied = match pending {
+            None => {
+                let rows = copy_rows(namespace, firsts, decisions, expiries, now, None);
+                async {
+                    let mut conn = self.turn().await?;
+                    let mut copy = conn.copy_in_raw(COPY).await?;
+                    copy.send(rows.as_bytes()).await?;
+                    copy.finish().await
+                }
+                .await
+            }
+            // The batch's row and its keys in one transaction (one commit to wait for).
+            Some((marker, deadline)) => {
+                async {
+                    let mut conn = self.turn().await?;
+                    let mut tx = conn.begin().await?;
+                    let id: i64 = sqlx::query_scalar(
+                        "INSERT INTO event_pending (namespace, marker, first_seen, deadline) \
+                         VALUES ($1, $2, $3, $4) RETURNING id",
+                    )
+                    .bind(namespace)
+                    .bind(marker)
+                    .bind(now)
+                    .bind(micros(deadline))
+                    .fetch_one(&mut *tx)
+                    .await?;
+                    let rows = copy_rows(namespace, firsts, decisions, expiries, now, Some(id));
+                    let mut copy = tx.copy_in_raw(COPY).await?;
+                    copy.send(rows.as_bytes()).await?;
+                    let n = copy.finish().await?;
+                    tx.commit().await.map(|()| n)
+                }
+                .await
+            }
+        };
+        match copied {
+            Ok(_) => Ok(true),
+            // A key is stored (or was committed meanwhile): nothing written.
+            Err(sqlx::Error::Database(e))
+                if e.kind() == sqlx::error::ErrorKind::UniqueViolation =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(self.err(e)),
+        }
+    }
+
+    /// Keeps what a batch found, for the next to choose its first statement by.
+    pub(super) fn remember(&self, shape: BatchShape) {
+        self.last_batch.store(shape as u8, Ordering::Relaxed);
+    }
+
+    /// `check_and_mark`, and the cursor's advance in the same transaction; with `pending`
+    /// (a marker and its deadline) the keys it marks are pending for that batch.
+    pub(super) async fn mark_batch(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+        cursor: Option<(&str, &Cursor)>,
+        pending: Option<(&str, DateTime<Utc>)>,
+    ) -> Result<Vec<EventVerdict>> {
+        let (marker, deadline) = (pending.map(|p| p.0), pending.map(|p| micros(p.1)));
+        if marks.is_empty() {
+            if let Some((name, to)) = cursor {
+                return self
+                    .advance_cursor(namespace, name, to)
+                    .await
+                    .map(|()| Vec::new());
+            }
+            return Ok(Vec::new());
+        }
+        // One round trip (a transaction with the cursor). Repeats inside the batch are removed here and the keys sent in
+        // byte order, the order the function scan inserts them in: two batches sharing
+        // keys lock them in the same order, so they cannot deadlock.
+        let firsts = event_keys::firsts(marks);
+        let keys: Vec<&str> = firsts.iter().map(|m| m.key.as_str()).collect();
+        let fingerprints: Vec<Option<&str>> =
+            firsts.iter().map(|m| m.fingerprint.as_deref()).collect();
+        // A pending batch's keys keep no decision (as a confirmed per-key pending mark).
+        let decisions: Vec<Option<String>> = firsts
+            .iter()
+            .map(|m| event_keys::decision_text(m).filter(|_| pending.is_none()))
+            .collect();
+        let expiries: Vec<Option<DateTime<Utc>>> =
+            firsts.iter().map(|m| m.expires_at(now)).collect();
+        if cursor.is_none() {
+            // The statement the last batch's shape suggests, when it can say alone.
+            match BatchShape::load(&self.last_batch) {
+                BatchShape::Fresh => {
+                    if self
+                        .copy_fresh(namespace, &firsts, &decisions, &expiries, now, pending)
+                        .await?
+                    {
+                        return Ok(event_keys::all_new(marks, &firsts, now));
+                    }
+                }
+                BatchShape::Seen => {
+                    type Looked = (
+                        String,
+                        Option<String>,
+                        Option<String>,
+                        DateTime<Utc>,
+                        Option<bool>,
+                    );
+                    let rows: Vec<Looked> = sqlx::query_as(EVENTS_LOOKUP_SQL)
+                        .bind(namespace)
+                        .bind(&keys)
+                        .bind(micros(now))
+                        .fetch_all(&mut self.conn().await?)
+                        .await
+                        .map_err(|e| self.err(e))?;
+                    if rows.len() == firsts.len() && !rows.iter().any(|r| r.4 == Some(true)) {
+                        let mut found = Found::default();
+                        for (key, fingerprint, decision, first_seen, _) in rows {
+                            found.stored(key, fingerprint, decision, first_seen);
+                        }
+                        return Ok(found.verdicts(marks, now));
+                    }
+                    // A key absent or expired: marked below.
+                }
+                BatchShape::Mixed => {}
+            }
+            // A plain insert first; the upsert below when it cannot say (nothing written).
+            type Tried = (
+                i64,
+                Option<String>,
+                Option<String>,
+                Option<String>,
+                Option<DateTime<Utc>>,
+                Option<bool>,
+            );
+            let tried: std::result::Result<Vec<Tried>, sqlx::Error> =
+                sqlx::query_as(EVENTS_INSERT_SQL)
+                    .bind(namespace)
+                    .bind(&keys)
+                    .bind(&fingerprints)
+                    .bind(&decisions)
+                    .bind(&expiries)
+                    .bind(micros(now))
+                    .bind(marker)
+                    .bind(deadline)
+                    .fetch_all(&mut self.conn().await?)
+                    .await;
+            match tried {
+                Ok(rows) if !rows.iter().any(|r| r.5 == Some(true)) => {
+                    let inserted = rows.first().map_or(0, |r| r.0);
+                    let mut found = Found::default();
+                    let mut present = std::collections::HashSet::new();
+                    for (_, key, fingerprint, decision, first_seen, _) in rows {
+                        if let (Some(key), Some(first_seen)) = (key, first_seen) {
+                            present.insert(key.clone());
+                            found.stored(key, fingerprint, decision, first_seen);
+                        }
+                    }
+                    // Each key was found (at most one row: the primary key) or inserted:
+                    // the plain INSERT writes every row it is given or fails whole. The
+                    // rows are committed by now, so a mismatch must not become an error
+                    // that reports them to no one.
+                    debug_assert_eq!(inserted as usize + present.len(), firsts.len());
+                    self.remember(BatchShape::of(present.len(), firsts.len()));
+                    if present.is_empty() {
+                        return Ok(event_keys::all_new(marks, &firsts, now));
+                    }
+                    for m in firsts.iter().filter(|m| !present.contains(m.key.as_str())) {
+                        found.marked(m.key.clone());
+                    }
+                    return Ok(found.verdicts(marks, now));
+                }
+                // A found key has expired: taken over by the upsert.
+                Ok(_) => {}
+                // Another transaction committed one of the keys meanwhile.
+                Err(sqlx::Error::Database(e))
+                    if e.kind() == sqlx::error::ErrorKind::UniqueViolation => {}
+                Err(e) => return Err(self.err(e)),
+            }
+        }
+        self.remember(BatchShape::Mixed);
+        let query = sqlx::query_as(EVENTS_MARK_SQL)
+            .bind(namespace)
+            .bind(&keys)
+            .bind(&fingerprints)
+            .bind(&decisions)
+            .bind(&expiries)
+            .bind(micros(now))
+            .bind(marker)
+            .bind(deadline);
+        type Marked = (
+            String,
+            bool,
+            bool,
+            Option<String>,
+            Option<String>,
+            Option<DateTime<Utc>>,
+        );
+        let rows: Vec<Marked> = match cursor {
+            None => query.fetch_all(&mut self.conn().await?).await,
+            Some((name, to)) => {
+                // The marks and the cursor's advance commit together.
+                let mut conn = self.conn().await?;
+                let mut tx = conn.begin().await.map_err(|e| self.err(e))?;
+                let rows = query.fetch_all(&mut *tx).await.map_err(|e| self.err(e))?;
+                advance(&mut tx, namespace, name, to)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                tx.commit().await.map(|()| rows)
+            }
+        }
+        .map_err(|e| self.err(e))?;
+        let mut found = Found::default();
+        let mut unseen = Vec::new();
+        for (key, is_new, present, fingerprint, decision, first_seen) in rows {
+            match (is_new, present, first_seen) {
+                (true, _, _) => found.marked(key),
+                (false, true, Some(first_seen)) => {
+                    found.stored(key, fingerprint, decision, first_seen)
+                }
+                _ => unseen.push(key),
+            }
+        }
+        if !unseen.is_empty() {
+            // Rare: committed by a concurrent batch after this statement's snapshot.
+            let refs: Vec<&str> = unseen.iter().map(String::as_str).collect();
+            let mut missing: std::collections::HashSet<String> = unseen.iter().cloned().collect();
+            for (key, fingerprint, decision, first_seen) in
+                self.read_events(namespace, &refs, now).await?
+            {
+                missing.remove(&key);
+                found.stored(key, fingerprint, decision, first_seen);
+            }
+            if !missing.is_empty() {
+                // Rarer: gone again before the read (the other batch took its marks back,
+                // or they expired): marked anew here, never answered as a replay of a
+                // mark nobody holds.
+                let again: Vec<EventMark> = firsts
+                    .iter()
+                    .filter(|m| missing.contains(&m.key))
+                    .map(|m| (*m).clone())
+                    .collect();
+                let verdicts =
+                    Box::pin(self.mark_batch(namespace, &again, now, None, pending)).await?;
+                for (m, v) in again.into_iter().zip(verdicts) {
+                    match v {
+                        EventVerdict::New => found.marked(m.key),
+                        EventVerdict::Replay {
+                            decision,
+                            first_seen,
+                        } => found.stored(m.key, None, decision.map(|d| d.to_string()), first_seen),
+                        EventVerdict::Conflict {
+                            stored_fingerprint,
+                            first_seen,
+                        } => found.stored(m.key, Some(stored_fingerprint), None, first_seen),
+                    }
+                }
+            }
+        }
+        Ok(found.verdicts(marks, now))
+    }
+}
+
+#[async_trait]
+impl EventKeyStore for PostgresStore {
+    /// The plain batch mark (no fingerprint, decision or TTL) keeps its own statement, as
+    /// fast as a hand-written batch insert: `check_and_mark` joins back to the stored rows
+    /// for replay/conflict, which a yes/no answer does not need.
+    async fn mark_event_keys(
+        &self,
+        namespace: &str,
+        keys: &[String],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<bool>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        // One round trip. Repeats inside the batch are removed here and the keys sent in
+        // byte order, the order the function scan inserts them in: two batches sharing
+        // keys lock them in the same order, so they cannot deadlock. RETURNING gives the
+        // keys that were new, or whose earlier mark had expired (then re-marked, forever);
+        // the first occurrence of each in the input is the one marked new.
+        let mut unique: Vec<&str> = keys.iter().map(String::as_str).collect();
+        unique.sort_unstable();
+        unique.dedup();
+        let now = micros(now);
+        let new: Vec<String> = sqlx::query_scalar(
+            "INSERT INTO event_keys AS e (namespace, event_key, first_seen) \
+             SELECT $1, k, $3 FROM UNNEST($2::text[]) AS t(k) \
+             ON CONFLICT (namespace, event_key) DO UPDATE SET \
+               first_seen = EXCLUDED.first_seen, fingerprint = NULL, decision = NULL, \
+               expires_at = NULL, pending = NULL \
+             WHERE (e.expires_at IS NOT NULL AND e.expires_at <= EXCLUDED.first_seen) \
+                OR EXISTS (SELECT 1 FROM event_pending d \
+                           WHERE d.id = e.pending AND d.first_seen = e.first_seen \
+                             AND d.deadline <= EXCLUDED.first_seen) \
+             RETURNING event_key",
+        )
+        .bind(namespace)
+        .bind(&unique)
+        .bind(now)
+        .fetch_all(&mut self.conn().await?)
+        .await
+        .map_err(|e| self.err(e))?;
+        let mut new: std::collections::HashSet<&str> = new.iter().map(String::as_str).collect();
+        Ok(keys.iter().map(|k| new.remove(k.as_str())).collect())
+    }
+
+    async fn check_and_mark(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<EventVerdict>> {
+        self.mark_batch(namespace, marks, now, None, None).await
+    }
+
+    async fn check_and_mark_advancing(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+        cursor: &str,
+        to: &Cursor,
+    ) -> Result<Vec<EventVerdict>> {
+        self.mark_batch(namespace, marks, now, Some((cursor, to)), None)
+            .await
+    }
+
+    /// The batch's pending state is one row of `event_pending` (migration 0008), which its
+    /// keys name; they carry their real expiry and decision from the start.
+    async fn check_and_mark_pending(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+        batch: PendingBatch<'_>,
+        cursor: Option<(&str, &Cursor)>,
+    ) -> Result<Vec<EventVerdict>> {
+        self.mark_batch(
+            namespace,
+            marks,
+            now,
+            cursor,
+            Some((batch.marker, batch.deadline(now))),
+        )
+        .await
+    }
+
+    /// One row deleted: the batch's keys that still name it are confirmed at once (their
+    /// real expiry and decision were stored with them).
+    async fn confirm_pending_batch(
+        &self,
+        namespace: &str,
+        marker: &str,
+        keys: &[(String, Option<DateTime<Utc>>)],
+        whole: bool,
+    ) -> Result<u64> {
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let names: Vec<&str> = keys.iter().map(|(k, _)| k.as_str()).collect();
+        // One transaction with `synchronous_commit` off: a confirmation lost to a server
+        // crash leaves the batch unconfirmed, its keys expire with its timeout and are
+        // reported `new` again (at least once, never lost), so it need not wait for a WAL
+        // flush of its own. Whole: the batch's one row goes. Some of its keys only: those
+        // keys stop naming it (looked up one at a time), the others stay pending.
+        let confirm = || async {
+            let mut conn = self.turn().await?;
+            let mut tx = conn.begin().await?;
+            sqlx::query("SET LOCAL synchronous_commit = off")
+                .execute(&mut *tx)
+                .await?;
+            let done = if whole {
+                let done =
+                    sqlx::query("DELETE FROM event_pending WHERE namespace = $1 AND marker = $2")
+                        .bind(namespace)
+                        .bind(marker)
+                        .execute(&mut *tx)
+                        .await?;
+                if done.rows_affected() > 0 {
+                    keys.len() as u64
+                } else {
+                    0
+                }
+            } else {
+                sqlx::query(
+                    "UPDATE event_keys e SET pending = NULL \
+                     FROM UNNEST($3::text[]) AS k(event_key), event_pending p \
+                     WHERE p.namespace = $1 AND p.marker = $2 \
+                       AND e.namespace = $1 AND e.event_key = k.event_key \
+                       AND e.pending = p.id AND e.first_seen = p.first_seen",
+                )
+                .bind(namespace)
+                .bind(marker)
+                .bind(&names)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected()
+            };
+            tx.commit().await.map(|()| done)
+        };
+        // Owed for records already written: asked again (a connection lost, a pool busy
+        // under load) before the keys are left to expire.
+        let mut pause = Duration::from_millis(100);
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match confirm().await {
+                Ok(n) => return Ok(n),
+                Err(e) if tries < 4 && connection_refused(&e) => {
+                    tracing::debug!("confirming a pending batch again: {e}");
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                }
+                Err(e) => return Err(self.err(e)),
+            }
+        }
+    }
+
+    async fn forget_event_keys(&self, namespace: &str, keys: &[String]) -> Result<u64> {
+        self.delete_event_keys(namespace, keys, None).await
+    }
+
+    async fn unmark_event_keys(
+        &self,
+        namespace: &str,
+        keys: &[String],
+        first_seen: DateTime<Utc>,
+    ) -> Result<u64> {
+        self.delete_event_keys(namespace, keys, Some(micros(first_seen)))
+            .await
+    }
+
+    async fn confirm_event_keys(
+        &self,
+        namespace: &str,
+        keys: &[(String, Option<DateTime<Utc>>)],
+        owner: &str,
+    ) -> Result<u64> {
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        // One statement: keys and expiries as parallel arrays; the rows still carrying
+        // this gate's pending mark are locked in key order (the order every mark locks
+        // them in, so no deadlock with a batch taking them over) and then updated through
+        // their row ids (a TID scan). Joining the update to the locked rows by key let the
+        // planner scan the whole namespace once per batch: 7 times slower at 600 k keys.
+        let names: Vec<&str> = keys.iter().map(|(k, _)| k.as_str()).collect();
+        let expiries: Vec<Option<DateTime<Utc>>> =
+            keys.iter().map(|(_, at)| at.map(micros)).collect();
+        let done = sqlx::query(
+            "WITH c AS ( \
+               SELECT l.ctid AS row_id, k.expires_at \
+               FROM unnest($2::text[], $3::timestamptz[]) AS k(event_key, expires_at) \
+               JOIN event_keys l ON l.namespace = $1 AND l.event_key = k.event_key \
+               WHERE l.decision = $4::jsonb \
+               ORDER BY k.event_key FOR UPDATE OF l) \
+             UPDATE event_keys e SET decision = NULL, expires_at = c.expires_at \
+             FROM c WHERE e.ctid = c.row_id AND e.decision = $4::jsonb",
+        )
+        .bind(namespace)
+        .bind(&names)
+        .bind(&expiries)
+        .bind(owner)
+        .execute(&mut self.conn().await?)
+        .await
+        .map_err(|e| self.err(e))?;
+        Ok(done.rows_affected())
+    }
+
+    async fn cursor(&self, namespace: &str, name: &str) -> Result<Option<Cursor>> {
+        let row: Option<(String, String)> = sqlx::query_as(
+            "SELECT position, value::text FROM event_cursors WHERE namespace = $1 AND name = $2",
+        )
+        .bind(namespace)
+        .bind(name)
+        .fetch_optional(&mut self.conn().await?)
+        .await
+        .map_err(|e| self.err(e))?;
+        Ok(row.map(|(position, value)| Cursor::from_stored(position, &value)))
+    }
+
+    async fn advance_cursor(&self, namespace: &str, name: &str, to: &Cursor) -> Result<()> {
+        let mut conn = self.conn().await?;
+        advance(&mut conn, namespace, name, to)
+            .await
+            .map_err(|e| self.err(e))
+    }
+
+    async fn is_duplicate(
+        &self,
+        namespace: &str,
+        keys: &[String],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<bool>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let rows = self.read_events(namespace, &refs, now).await?;
+        Ok(event_keys::present(keys, rows.into_iter().map(|r| r.0)))
+    }
+
+    async fn record_decision(
+        &self,
+        namespace: &str,
+        key: &str,
+        decision: &serde_json::Value,
+    ) -> Result<bool> {
+        let done = sqlx::query(
+            "UPDATE event_keys SET decision = $3::text::jsonb \
+             WHERE namespace = $1 AND event_key = $2",
+        )
+        .bind(namespace)
+        .bind(key)
+        .bind(decision.to_string())
+        .execute(&mut self.conn().await?)
+        .await
+        .map_err(|e| self.err(e))?;
+        Ok(done.rows_affected() > 0)
+    }
+}

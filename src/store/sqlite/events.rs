@@ -1,0 +1,499 @@
+//! Event keys on SQLite: checks and marks by the batch (one writer at a time, an
+//! all-or-nothing insert when the keys are fresh), cursors.
+
+use super::*;
+
+/// Rows a statement of the batch marks or reads at most: its bound parameters (4 a row
+/// marked) stay far below SQLite's limit (32,766), a batch of the gate's default size is
+/// one statement, and the few statement shapes (one per chunk size) stay in sqlx's
+/// statement cache.
+pub(super) const EVENT_CHUNK: usize = 1000;
+
+/// `INSERT` marking `n` keys: namespace and `now` once, then four anonymous parameters a
+/// row (key, fingerprint, decision, expiry), then `now` once more: a key found absent is
+/// inserted, one that expired by `now` is taken over. A key stored and unexpired is left
+/// alone (the upsert's WHERE) or, `all_or_nothing`, fails the whole statement: its
+/// `event_key` would be set to NULL, which the column's NOT NULL refuses, and SQLite
+/// undoes everything the statement did ([`refused`]). `WHERE true` tells SQLite's parser
+/// that `ON` starts the upsert, not a join. Bound values, not a JSON array: SQLite's JSON
+/// functions parsing the batch back were a third of the worker's time; and not six a row:
+/// each bound text is copied twice on its way to SQLite. Anonymous `?`, not `?NNN`: sqlx
+/// looks up each numbered parameter's name, which SQLite finds by a linear scan
+/// (quadratic in the batch).
+pub(super) fn events_mark_sql(n: usize, all_or_nothing: bool) -> String {
+    let mut sql = String::from(
+        "INSERT INTO event_keys (namespace, event_key, first_seen, fingerprint, decision, expires_at) \
+         SELECT ?, column1, ?, column2, column3, column4 FROM (VALUES ",
+    );
+    for i in 0..n {
+        sql.push_str(if i > 0 { ",(?,?,?,?)" } else { "(?,?,?,?)" });
+    }
+    sql.push_str(
+        ") WHERE true ON CONFLICT (namespace, event_key) DO UPDATE SET \
+         first_seen = excluded.first_seen, fingerprint = excluded.fingerprint, \
+         decision = excluded.decision, expires_at = excluded.expires_at",
+    );
+    sql.push_str(match all_or_nothing {
+        true => {
+            ", event_key = CASE WHEN event_keys.expires_at IS NOT NULL \
+             AND event_keys.expires_at <= ? THEN event_keys.event_key END"
+        }
+        false => " WHERE event_keys.expires_at IS NOT NULL AND event_keys.expires_at <= ?",
+    });
+    sql
+}
+
+/// Whether `e` is an all-or-nothing insert ([`events_mark_sql`]) refusing a batch because
+/// one of its keys is stored and unexpired.
+pub(super) fn refused(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d) if d.kind() == sqlx::error::ErrorKind::NotNullViolation)
+}
+
+/// The statements marking `n` keys, one per chunk of [`EVENT_CHUNK`].
+pub(super) fn mark_sqls(n: usize, all_or_nothing: bool) -> Vec<String> {
+    (0..n)
+        .step_by(EVENT_CHUNK)
+        .map(|start| events_mark_sql((n - start).min(EVENT_CHUNK), all_or_nothing))
+        .collect()
+}
+
+/// The statements reading `n` keys, one per chunk of [`EVENT_CHUNK`].
+pub(super) fn read_sqls(n: usize) -> Vec<String> {
+    (0..n)
+        .step_by(EVENT_CHUNK)
+        .map(|start| events_read_batch_sql((n - start).min(EVENT_CHUNK)))
+        .collect()
+}
+
+/// A bound [`events_read_batch_sql`].
+pub(super) type ReadQuery<'q> =
+    sqlx::query::QueryScalar<'q, sqlx::Sqlite, String, sqlx::sqlite::SqliteArguments<'q>>;
+
+/// `sqls` ([`read_sqls`] of `marks.len()`) bound to the keys of `marks` of `namespace` at
+/// `now`.
+pub(super) fn read_queries<'q>(
+    sqls: &'q [String],
+    marks: &[&'q EventMark],
+    namespace: &'q str,
+    now: DateTime<Utc>,
+) -> Vec<ReadQuery<'q>> {
+    sqls.iter()
+        .zip(marks.chunks(EVENT_CHUNK))
+        .map(|(sql, chunk)| {
+            let query = sqlx::query_scalar(sql).bind(namespace).bind(ts(now));
+            chunk.iter().fold(query, |q, m| q.bind(m.key.as_str()))
+        })
+        .collect()
+}
+
+/// `sqls` ([`mark_sqls`] of `marks.len()`) bound to `marks` of `namespace` at `now`.
+pub(super) fn mark_queries<'q>(
+    sqls: &'q [String],
+    marks: &[&'q EventMark],
+    namespace: &'q str,
+    now: DateTime<Utc>,
+) -> Vec<sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>> {
+    sqls.iter()
+        .zip(marks.chunks(EVENT_CHUNK))
+        .map(|(sql, chunk)| {
+            let query = sqlx::query(sql).bind(namespace).bind(ts(now));
+            chunk
+                .iter()
+                .fold(query, |query, m| {
+                    query
+                        .bind(m.key.as_str())
+                        .bind(m.fingerprint.as_deref())
+                        .bind(event_keys::decision_text(m))
+                        .bind(m.expires_at(now).map(ts))
+                })
+                .bind(ts(now))
+        })
+        .collect()
+}
+
+/// The unexpired rows of namespace `?` at `?` of `n` keys (`?`…), as one JSON array of
+/// [key, fingerprint, decision, first_seen] (`[]` when none): one row back, not one per
+/// key (sqlx passes each row from its SQLite worker thread as a message).
+pub(super) fn events_read_batch_sql(n: usize) -> String {
+    let mut sql = String::from(
+        "SELECT json_group_array(json_array(event_key, fingerprint, decision, first_seen)) \
+         FROM event_keys WHERE namespace = ? AND (expires_at IS NULL OR expires_at > ?) \
+         AND event_key IN (",
+    );
+    for i in 0..n {
+        sql.push_str(if i > 0 { ",?" } else { "?" });
+    }
+    sql.push(')');
+    sql
+}
+
+/// The unexpired rows of the keys in the JSON array ?2.
+pub(super) const EVENTS_READ_SQL: &str = "\
+SELECT event_key, fingerprint, decision, first_seen FROM event_keys
+WHERE namespace = ?1 AND event_key IN (SELECT value FROM json_each(?2))
+  AND (expires_at IS NULL OR expires_at > ?3)";
+
+/// The unexpired rows of `keys`.
+pub(super) async fn read_events(
+    conn: &mut SqliteConnection,
+    namespace: &str,
+    keys: &[impl serde::Serialize],
+    now: DateTime<Utc>,
+) -> std::result::Result<Vec<(String, Option<String>, Option<String>, i64)>, sqlx::Error> {
+    sqlx::query_as(EVENTS_READ_SQL)
+        .bind(namespace)
+        .bind(serde_json::to_string(keys).unwrap_or_default())
+        .bind(ts(now))
+        .fetch_all(conn)
+        .await
+}
+
+/// Moves cursor (?1, ?2) to position ?3 (value ?4, at ?5) when ?3 is after it.
+pub(super) const CURSOR_ADVANCE_SQL: &str = "\
+INSERT INTO event_cursors (namespace, name, position, value, updated_at)
+VALUES (?1, ?2, ?3, ?4, ?5)
+ON CONFLICT (namespace, name) DO UPDATE SET
+  position = excluded.position, value = excluded.value, updated_at = excluded.updated_at
+WHERE event_cursors.position < excluded.position";
+
+impl SqliteStore {
+    pub(super) async fn advance_in(
+        &self,
+        conn: &mut SqliteConnection,
+        namespace: &str,
+        name: &str,
+        to: &Cursor,
+    ) -> Result<()> {
+        sqlx::query(CURSOR_ADVANCE_SQL)
+            .bind(namespace)
+            .bind(name)
+            .bind(&to.position)
+            .bind(to.value_text())
+            .bind(ts(Utc::now()))
+            .execute(conn)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    /// The stored, unexpired rows `queries` ([`read_queries`]) read on `conn`, added to
+    /// `found`; returns their keys.
+    pub(super) async fn read_stored<'q>(
+        &self,
+        conn: &mut SqliteConnection,
+        queries: Vec<ReadQuery<'q>>,
+        found: &mut Found,
+    ) -> Result<HashSet<String>> {
+        let mut present = HashSet::new();
+        for query in queries {
+            let stored: String = query.fetch_one(&mut *conn).await.map_err(|e| self.err(e))?;
+            let rows: Vec<(String, Option<String>, Option<String>, i64)> =
+                serde_json::from_str(&stored).map_err(|e| {
+                    Error::store(self.location(), format!("reading event keys back: {e}"))
+                })?;
+            for (key, fingerprint, decision, first_seen) in rows {
+                let first_seen = DateTime::from_timestamp_micros(first_seen).unwrap_or_default();
+                present.insert(key.clone());
+                found.stored(key, fingerprint, decision, first_seen);
+            }
+        }
+        Ok(present)
+    }
+
+    /// `check_and_mark`, and the cursor's advance in the same transaction.
+    ///
+    /// Without a cursor, a batch after one that found none of its keys stored is tried as
+    /// one all-or-nothing insert of every key. Any other batch, or one that insert refused,
+    /// reads its keys first, outside the write lock (a batch of replays writes nothing),
+    /// then marks the absent ones in one write transaction that reads them again. Writers
+    /// of this store take turns ([`EventWriter`]) and hold no connection while they wait
+    /// for their turn, so turns and the pool never wait on each other.
+    pub(super) async fn mark_batch(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+        cursor: Option<(&str, &Cursor)>,
+    ) -> Result<Vec<EventVerdict>> {
+        if marks.is_empty() {
+            if let Some((name, to)) = cursor {
+                let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+                self.advance_in(&mut conn, namespace, name, to).await?;
+            }
+            return Ok(Vec::new());
+        }
+        let firsts = event_keys::firsts(marks);
+        if cursor.is_none() && self.events.fresh.load(Ordering::Relaxed) {
+            // Bound before this batch's turn, so it binds while the batch before it writes.
+            let sqls = mark_sqls(firsts.len(), true);
+            let queries = mark_queries(&sqls, &firsts, namespace, now);
+            let turn = self.events.turn.lock().await;
+            let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+            let tried = async {
+                if let [_] = queries.as_slice() {
+                    // One statement is atomic alone: no BEGIN, no COMMIT.
+                    for query in queries {
+                        query.execute(&mut *conn).await?;
+                    }
+                    return Ok(());
+                }
+                let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+                for query in queries {
+                    query.execute(&mut *tx).await?;
+                }
+                tx.commit().await
+            }
+            .await;
+            drop(conn);
+            drop(turn);
+            match tried {
+                Ok(()) => return Ok(event_keys::all_new(marks, &firsts, now)),
+                // Some key is stored: nothing was written; the general way below.
+                Err(e) if refused(&e) => self.events.fresh.store(false, Ordering::Relaxed),
+                Err(e) => return Err(self.err(e)),
+            }
+        }
+        let first_sqls = read_sqls(firsts.len());
+        let mut found = Found::default();
+        let present = {
+            let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+            let reads = read_queries(&first_sqls, &firsts, namespace, now);
+            self.read_stored(&mut conn, reads, &mut found).await?
+        };
+        let absent: Vec<&EventMark> = firsts
+            .iter()
+            .copied()
+            .filter(|m| !present.contains(m.key.as_str()))
+            .collect();
+        if absent.is_empty() && cursor.is_none() {
+            self.events.fresh.store(false, Ordering::Relaxed);
+            return Ok(found.verdicts(marks, now));
+        }
+        // One write transaction (BEGIN IMMEDIATE: the write lock at once, waiting under the
+        // busy timeout): read the absent keys again, then mark those still absent (or
+        // expired: the upsert's WHERE). Under the lock nothing changes in between. One row
+        // back per read, not one per key: sqlx passes each row from its SQLite worker
+        // thread as a message, which dominated large batches.
+        let again_sqls = read_sqls(absent.len());
+        let again = read_queries(&again_sqls, &absent, namespace, now);
+        let turn = self.events.turn.lock().await;
+        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        let mut tx = conn
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(|e| self.err(e))?;
+        let present_now = self.read_stored(&mut tx, again, &mut found).await?;
+        let batch: Vec<&EventMark> = absent
+            .into_iter()
+            .filter(|m| !present_now.contains(m.key.as_str()))
+            .collect();
+        let sqls = mark_sqls(batch.len(), false);
+        for query in mark_queries(&sqls, &batch, namespace, now) {
+            query.execute(&mut *tx).await.map_err(|e| self.err(e))?;
+        }
+        if let Some((name, to)) = cursor {
+            self.advance_in(&mut tx, namespace, name, to).await?;
+        }
+        tx.commit().await.map_err(|e| self.err(e))?;
+        drop(conn);
+        drop(turn);
+        let none_stored = present.is_empty() && present_now.is_empty();
+        self.events.fresh.store(none_stored, Ordering::Relaxed);
+        if none_stored {
+            return Ok(event_keys::all_new(marks, &firsts, now));
+        }
+        for m in batch {
+            found.marked(m.key.clone());
+        }
+        Ok(found.verdicts(marks, now))
+    }
+}
+
+#[async_trait]
+impl EventKeyStore for SqliteStore {
+    async fn check_and_mark(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<EventVerdict>> {
+        self.mark_batch(namespace, marks, now, None).await
+    }
+
+    async fn check_and_mark_advancing(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+        cursor: &str,
+        to: &Cursor,
+    ) -> Result<Vec<EventVerdict>> {
+        self.mark_batch(namespace, marks, now, Some((cursor, to)))
+            .await
+    }
+
+    async fn forget_event_keys(&self, namespace: &str, keys: &[String]) -> Result<u64> {
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let done = sqlx::query(
+            "DELETE FROM event_keys WHERE namespace = ?1 \
+             AND event_key IN (SELECT value FROM json_each(?2))",
+        )
+        .bind(namespace)
+        .bind(serde_json::to_string(keys).unwrap_or_default())
+        .execute(&self.pool)
+        .await
+        .map_err(|e| self.err(e))?;
+        Ok(done.rows_affected())
+    }
+
+    async fn confirm_event_keys(
+        &self,
+        namespace: &str,
+        keys: &[(String, Option<DateTime<Utc>>)],
+        owner: &str,
+    ) -> Result<u64> {
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        // One statement per distinct expiry (a gate's keys share one, or a few per event
+        // type), the keys as a JSON array; in one write transaction.
+        let mut groups: Vec<(Option<DateTime<Utc>>, Vec<&str>)> = Vec::new();
+        for (key, at) in keys {
+            match groups.iter_mut().find(|(g, _)| g == at) {
+                Some((_, ks)) => ks.push(key),
+                None => groups.push((*at, vec![key])),
+            }
+        }
+        let turn = self.events.turn.lock().await;
+        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        let mut tx = conn
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(|e| self.err(e))?;
+        let mut done = 0;
+        for (at, ks) in groups {
+            done += sqlx::query(
+                "UPDATE event_keys SET decision = NULL, expires_at = ?3 \
+                 WHERE namespace = ?1 AND decision = ?4 \
+                 AND event_key IN (SELECT value FROM json_each(?2))",
+            )
+            .bind(namespace)
+            .bind(serde_json::to_string(&ks).unwrap_or_default())
+            .bind(at.map(ts))
+            .bind(owner)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected();
+        }
+        tx.commit().await.map_err(|e| self.err(e))?;
+        drop(conn);
+        drop(turn);
+        Ok(done)
+    }
+
+    async fn unmark_event_keys(
+        &self,
+        namespace: &str,
+        keys: &[String],
+        first_seen: DateTime<Utc>,
+    ) -> Result<u64> {
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let done = sqlx::query(
+            "DELETE FROM event_keys WHERE namespace = ?1 AND first_seen = ?3 \
+             AND event_key IN (SELECT value FROM json_each(?2))",
+        )
+        .bind(namespace)
+        .bind(serde_json::to_string(keys).unwrap_or_default())
+        .bind(ts(first_seen))
+        .execute(&self.pool)
+        .await
+        .map_err(|e| self.err(e))?;
+        Ok(done.rows_affected())
+    }
+
+    async fn cursor(&self, namespace: &str, name: &str) -> Result<Option<Cursor>> {
+        let row: Option<(String, String)> = sqlx::query_as(
+            "SELECT position, value FROM event_cursors WHERE namespace = ?1 AND name = ?2",
+        )
+        .bind(namespace)
+        .bind(name)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(|e| self.err(e))?;
+        Ok(row.map(|(position, value)| Cursor::from_stored(position, &value)))
+    }
+
+    async fn advance_cursor(&self, namespace: &str, name: &str, to: &Cursor) -> Result<()> {
+        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        self.advance_in(&mut conn, namespace, name, to).await
+    }
+
+    async fn is_duplicate(
+        &self,
+        namespace: &str,
+        keys: &[String],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<bool>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        let rows = read_events(&mut conn, namespace, keys, now)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(event_keys::present(keys, rows.into_iter().map(|r| r.0)))
+    }
+
+    async fn record_decision(
+        &self,
+        namespace: &str,
+        key: &str,
+        decision: &serde_json::Value,
+    ) -> Result<bool> {
+        let done = sqlx::query(
+            "UPDATE event_keys SET decision = ?3 WHERE namespace = ?1 AND event_key = ?2",
+        )
+        .bind(namespace)
+        .bind(key)
+        .bind(decision.to_string())
+        .execute(&self.pool)
+        .await
+        .map_err(|e| self.err(e))?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn mark_event_keys(
+        &self,
+        namespace: &str,
+        keys: &[String],
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> crate::error::Result<Vec<bool>> {
+        crate::store::fallback::mark_by_check(self, namespace, keys, now).await
+    }
+
+    async fn check_and_mark_pending(
+        &self,
+        namespace: &str,
+        marks: &[crate::store::EventMark],
+        now: chrono::DateTime<chrono::Utc>,
+        batch: crate::store::PendingBatch<'_>,
+        cursor: Option<(&str, &crate::store::Cursor)>,
+    ) -> crate::error::Result<Vec<crate::store::EventVerdict>> {
+        crate::store::fallback::pending_per_key(self, namespace, marks, now, batch, cursor).await
+    }
+
+    async fn confirm_pending_batch(
+        &self,
+        namespace: &str,
+        marker: &str,
+        keys: &[(String, Option<chrono::DateTime<chrono::Utc>>)],
+        _whole: bool,
+    ) -> crate::error::Result<u64> {
+        crate::store::fallback::confirm_batch_per_key(self, namespace, marker, keys).await
+    }
+}

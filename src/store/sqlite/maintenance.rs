@@ -1,0 +1,72 @@
+//! SQLite upkeep: purge and the cleanup job's deletes.
+
+use super::*;
+
+#[async_trait]
+impl MaintenanceStore for SqliteStore {
+    async fn purge(&self, processor: &str, scope: Option<&str>) -> Result<u64> {
+        let done = sqlx::query(
+            "DELETE FROM processing_keys WHERE processor_name = ?1 AND (?2 IS NULL OR scope = ?2)",
+        )
+        .bind(processor)
+        .bind(scope)
+        .execute(&self.pool)
+        .await
+        .map_err(|e| self.err(e))?;
+        Ok(done.rows_affected())
+    }
+
+    async fn cleanup(&self, policy: &CleanupPolicy) -> Result<CleanupReport> {
+        // ?1 the table's cut-off, ?2 the processor (or NULL = all), ?3 the keys' cut-off
+        // (a ledger row a kept key points at stays: a NOT IN over the kept keys' run
+        // ids, evaluated once per statement rather than once per row), ?4 the batch size.
+        const CONDITIONS: [&str; 4] = [
+            "processed_at < ?1 AND (?2 IS NULL OR processor_name = ?2) AND ?3 IS NOT NULL",
+            "started_at < ?1 AND (?2 IS NULL OR processor_name = ?2) AND run_id NOT IN \
+                 (SELECT run_id FROM processing_keys WHERE processed_at >= ?3)",
+            "expires_at < ?1 AND (?2 IS NULL OR processor_name = ?2) AND ?3 IS NOT NULL",
+            "expires_at IS NOT NULL AND expires_at < ?1 AND ?2 IS NULL AND ?3 IS NOT NULL",
+        ];
+        cleanup_tables(
+            policy,
+            true,
+            |i, cutoff| async move {
+                let sql = format!(
+                    "SELECT count(*) FROM {} WHERE {}",
+                    CLEANUP_TABLES[i], CONDITIONS[i]
+                );
+                let n: i64 = statements::cleanup(&sql, ts(cutoff), policy.processor.as_deref(), ts(policy.keys_before))
+                    .fetch_one(&self.pool)
+                    .await
+                    .and_then(|row| row.try_get(0))
+                    .map_err(|e| self.err(e))?;
+                Ok(n as u64)
+            },
+            // One bounded batch per statement, each its own transaction.
+            |i, cutoff| async move {
+                let (table, condition) = (CLEANUP_TABLES[i], CONDITIONS[i]);
+                let sql = format!(
+                    "DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} WHERE {condition} LIMIT ?4)"
+                );
+                Ok(statements::cleanup(&sql, ts(cutoff), policy.processor.as_deref(), ts(policy.keys_before))
+                    .bind(policy.limit())
+                    .execute(&self.pool)
+                    .await
+                    .map_err(|e| self.err(e))?
+                    .rows_affected())
+            },
+        )
+        .await
+    }
+
+    /// No partitions.
+    async fn partition_expiration(
+        &self,
+    ) -> crate::error::Result<Option<Vec<crate::store::PartitionExpiration>>> {
+        Ok(None)
+    }
+
+    async fn set_partition_expiration(&self, _days: Option<u32>) -> crate::error::Result<()> {
+        Err(crate::store::fallback::no_partitions(self))
+    }
+}

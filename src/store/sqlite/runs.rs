@@ -1,0 +1,249 @@
+//! Leases and the run ledger on SQLite: claims, renewals, the fenced finish, ledger reads.
+
+use super::*;
+
+#[async_trait]
+impl LeaseStore for SqliteStore {
+    async fn claim(&self, request: &ClaimRequest<'_>) -> Result<Claim> {
+        let now = micros(request.now);
+        let expires_at = lease_expiry(now, request.ttl);
+        upsert_claim(
+            &self.url,
+            request,
+            now,
+            expires_at,
+            || async {
+                sqlx::query_scalar(
+                    "INSERT INTO processing_leases \
+               (processor_name, scope, holder_run_id, token, acquired_at, expires_at) \
+             VALUES (?1, ?2, ?3, 1, ?4, ?5) \
+             ON CONFLICT (processor_name, scope) DO UPDATE SET \
+               holder_run_id = excluded.holder_run_id, \
+               token = processing_leases.token + 1, \
+               acquired_at = excluded.acquired_at, \
+               expires_at = excluded.expires_at \
+             WHERE processing_leases.holder_run_id IS NULL \
+                OR processing_leases.expires_at <= excluded.acquired_at \
+             RETURNING token",
+                )
+                .bind(request.processor)
+                .bind(request.scope)
+                .bind(request.run_id)
+                .bind(ts(now))
+                .bind(ts(expires_at))
+                // Stepped to the end, not stopped at the returned row: the statement commits
+                // when it finishes, and a commit that fails (a full disk) must fail the
+                // claim. A row read before that is not a claim anyone else will see.
+                .fetch_all(&self.pool)
+                .await
+                .map(|tokens: Vec<i64>| tokens.into_iter().next())
+                .map_err(|e| self.err(e))
+            },
+            || self.lease_row(request.processor, request.scope),
+        )
+        .await
+    }
+
+    async fn lease_holder(
+        &self,
+        processor: &str,
+        scope: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<LeaseHolder>> {
+        let row = self.lease_row(processor, scope).await?;
+        Ok(row.and_then(|r| r.held_at(now)))
+    }
+
+    async fn renew(&self, lease: &Lease, ttl: Duration, now: DateTime<Utc>) -> Result<Lease> {
+        let expires_at = lease_expiry(now, ttl);
+        let done = statements::update(statements::RENEW, ts(expires_at), lease)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        if done.rows_affected() == 1 {
+            return Ok(Lease {
+                expires_at,
+                ..lease.clone()
+            });
+        }
+        Err(self.lease_lost(lease).await?)
+    }
+
+    async fn release(&self, lease: &Lease, now: DateTime<Utc>) -> Result<bool> {
+        let done = statements::update(statements::RELEASE, ts(micros(now)), lease)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn claim_and_find(
+        &self,
+        request: &crate::store::ClaimRequest<'_>,
+        _lookups: &[crate::store::KeyLookup],
+    ) -> crate::error::Result<(
+        crate::store::Claim,
+        Option<Vec<Option<crate::model::KeyRecord>>>,
+    )> {
+        crate::store::fallback::claim_alone(self, request).await
+    }
+}
+
+#[async_trait]
+impl LedgerStore for SqliteStore {
+    async fn find_keys(&self, lookups: &[KeyLookup]) -> Result<Vec<Option<KeyRecord>>> {
+        let mut out = Vec::with_capacity(lookups.len());
+        for l in lookups {
+            let row: Option<Key> = sqlx::query_as(&format!(
+                "SELECT {KEY_COLUMNS} FROM processing_keys \
+                 WHERE processing_key = ?1 AND kind = ?2 AND processed_at >= ?3 \
+                 ORDER BY processed_at DESC, id DESC LIMIT 1"
+            ))
+            .bind(&l.key)
+            .bind(l.kind.as_str())
+            .bind(ts(l.since))
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+            out.push(row.map(|r| r.0));
+        }
+        Ok(out)
+    }
+
+    async fn finish(&self, finish: &Finish) -> Result<()> {
+        let mut tx = self.pool.begin().await.map_err(|e| self.err(e))?;
+        if let Some(lease) = &finish.lease {
+            let done = statements::update(
+                statements::RELEASE,
+                ts(micros(finish.run.finished_at)),
+                lease,
+            )
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| self.err(e))?;
+            if done.rows_affected() != 1 {
+                tx.rollback().await.map_err(|e| self.err(e))?;
+                return Err(self.lease_lost(lease).await?);
+            }
+        }
+        let run = &finish.run;
+        sqlx::query(&format!(
+            "INSERT INTO processing_runs ({RUN_COLUMNS}) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)"
+        ))
+        .bind(&run.run_id)
+        .bind(&run.processor)
+        .bind(&run.scope)
+        .bind(time::day_text(run.scope_date))
+        .bind(run.trigger.as_str())
+        .bind(run.mode.as_str())
+        .bind(ts(run.started_at))
+        .bind(ts(run.finished_at))
+        .bind(run.duration_ms)
+        .bind(run.status.as_str())
+        .bind(run.skip_reason.as_ref().map(|r| r.as_str().to_string()))
+        .bind(
+            run.would_skip_reason
+                .as_ref()
+                .map(|r| r.as_str().to_string()),
+        )
+        .bind(&run.previous_run_id)
+        .bind(run.records_processed)
+        .bind(&run.processing_key)
+        .bind(&run.error)
+        .bind(run.output.as_ref().map(|v| v.to_string()))
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| statements::run_insert_error(&self.url, &run.run_id, e, |e| self.err(e)))?;
+        if run.status == RunStatus::Completed {
+            for k in &finish.keys {
+                sqlx::query(&format!(
+                    "INSERT INTO processing_keys ({KEY_COLUMNS}) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+                ))
+                .bind(&k.key)
+                .bind(k.kind.as_str())
+                .bind(&k.processor)
+                .bind(&k.scope)
+                .bind(time::day_text(k.scope_date))
+                .bind(ts(k.processed_at))
+                .bind(k.entity_count)
+                .bind(k.metadata.to_string())
+                .bind(&k.run_id)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| self.err(e))?;
+            }
+        }
+        tx.commit().await.map_err(|e| self.err(e))
+    }
+
+    async fn runs(&self, filter: &RunFilter) -> Result<Vec<RunRecord>> {
+        // Optional filters as `(?n IS NULL OR col = ?n)`: one fixed statement, every value
+        // bound. A run id given is a plain `run_id = ?8`, so the primary key finds the row
+        // (the optional form scans the job's runs: a Python skip reads its earlier run).
+        let by_id = if filter.run_id.is_some() {
+            "run_id = ?8"
+        } else {
+            "?8 IS NULL"
+        };
+        let sql = format!(
+            "SELECT {RUN_COLUMNS} FROM processing_runs \
+             WHERE (?1 IS NULL OR processor_name = ?1) AND (?2 IS NULL OR scope = ?2) \
+               AND (?3 IS NULL OR status = ?3) AND (?4 IS NULL OR started_at >= ?4) \
+               AND (?6 IS NULL OR trigger_source = ?6) \
+               AND (?7 IS NULL OR skip_reason IS NULL OR skip_reason <> ?7) \
+               AND {by_id} \
+             ORDER BY started_at DESC, run_id DESC LIMIT ?5"
+        );
+        let rows: Vec<Run> = sqlx::query_as(&sql)
+            .bind(&filter.processor)
+            .bind(&filter.scope)
+            .bind(filter.status.map(|s| s.as_str()))
+            .bind(filter.since.map(ts))
+            .bind(if filter.limit == 0 {
+                -1
+            } else {
+                filter.limit as i64
+            })
+            .bind(filter.trigger.map(|t| t.as_str()))
+            .bind(
+                filter
+                    .except_skip_reason
+                    .as_ref()
+                    .map(|r| r.as_str().to_string()),
+            )
+            .bind(&filter.run_id)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(rows.into_iter().map(|r| r.0).collect())
+    }
+
+    async fn find_keys_and_holder(
+        &self,
+        lookups: &[crate::store::KeyLookup],
+        _processor: &str,
+        _scope: &str,
+        _now: chrono::DateTime<chrono::Utc>,
+    ) -> crate::error::Result<(
+        Vec<Option<crate::model::KeyRecord>>,
+        Option<Option<crate::store::LeaseHolder>>,
+    )> {
+        crate::store::fallback::keys_alone(self, lookups).await
+    }
+
+    async fn find_keys_recording_skip(
+        &self,
+        lookups: &[crate::store::KeyLookup],
+        now: chrono::DateTime<chrono::Utc>,
+        peek: bool,
+        skip: &crate::store::SkipOnHit,
+    ) -> crate::error::Result<(
+        Vec<Option<crate::model::KeyRecord>>,
+        Option<Option<crate::store::LeaseHolder>>,
+        bool,
+    )> {
+        crate::store::fallback::read_without_recording(self, lookups, now, peek, skip).await
+    }
+}
