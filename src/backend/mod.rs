@@ -34,16 +34,43 @@ pub enum Backend {
 impl Backend {
     /// The backend `url` names, if this build supports it (nothing is opened).
     pub fn of(url: &str) -> Option<Backend> {
-        match url.split_once("://").map(|(s, _)| s).unwrap_or("") {
+        Backend::named(url).filter(|b| b.built())
+    }
+
+    /// The backend `url`'s scheme names, whether or not this build supports it: for a URL
+    /// another machine will use (an export's store). The one table from URL schemes to
+    /// backends (`tests/layout.rs` holds the rest of `src/` to it).
+    pub fn named(url: &str) -> Option<Backend> {
+        match Backend::scheme(url) {
             "memory" => Some(Backend::Memory),
-            #[cfg(feature = "sqlite")]
             "sqlite" => Some(Backend::Sqlite),
-            #[cfg(feature = "postgres")]
             "postgres" | "postgresql" => Some(Backend::Postgres),
-            #[cfg(feature = "bigquery")]
             "bigquery" => Some(Backend::BigQuery),
-            #[cfg(feature = "redis")]
             "redis" | "rediss" => Some(Backend::Redis),
+            _ => None,
+        }
+    }
+
+    /// A URL's scheme as written (`""` when it has no `://`).
+    pub fn scheme(url: &str) -> &str {
+        url.split_once("://").map_or("", |(scheme, _)| scheme)
+    }
+
+    /// Whether this build has the backend (its cargo feature).
+    pub fn built(self) -> bool {
+        match self {
+            Backend::Memory => true,
+            Backend::Sqlite => cfg!(feature = "sqlite"),
+            Backend::Postgres => cfg!(feature = "postgres"),
+            Backend::BigQuery => cfg!(feature = "bigquery"),
+            Backend::Redis => cfg!(feature = "redis"),
+        }
+    }
+
+    /// The path (and `?query`) of a `sqlite://` URL; `None` for any other URL.
+    pub fn sqlite_path(url: &str) -> Option<&str> {
+        match Backend::named(url) {
+            Some(Backend::Sqlite) => url.split_once("://").map(|(_, rest)| rest),
             _ => None,
         }
     }

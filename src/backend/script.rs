@@ -64,12 +64,7 @@ impl Dialect {
 
     /// The dialect a URL's scheme names (whether or not this build can open it).
     pub fn of_url(url: &str) -> Option<Dialect> {
-        match url.split_once("://").map(|(s, _)| s).unwrap_or("") {
-            "sqlite" => Some(Dialect::Sqlite),
-            "postgres" | "postgresql" => Some(Dialect::Postgres),
-            "bigquery" => Some(Dialect::BigQuery),
-            _ => None,
-        }
+        super::Backend::named(url).and_then(super::Backend::dialect)
     }
 }
 

@@ -992,7 +992,10 @@ fn database_of(path: &std::path::Path, urls: &[&str]) -> Option<std::path::PathB
                 }
             }
         }
-        for url in urls.iter().filter(|u| u.starts_with("sqlite:")) {
+        for url in urls
+            .iter()
+            .filter(|u| crate::backend::Backend::of(u) == Some(crate::backend::Backend::Sqlite))
+        {
             let Ok(options) = crate::backend::sqlite::connect_options(url) else {
                 continue;
             };

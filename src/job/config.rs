@@ -283,7 +283,7 @@ pub(super) mod de {
 /// store (`sqlite://:memory:`) keeps its URL. Any other store (Postgres, BigQuery) is its
 /// own default warehouse, as their writers do not block each other that way.
 pub fn default_warehouse_url(store_url: &str) -> String {
-    let Some(rest) = store_url.strip_prefix("sqlite://") else {
+    let Some(rest) = crate::backend::Backend::sqlite_path(store_url) else {
         return store_url.to_string();
     };
     let (path, query) = match rest.split_once('?') {
@@ -607,7 +607,7 @@ impl Job {
 
     /// A `sqlite://` warehouse path relative to the job's folder made absolute.
     fn resolve_warehouse(&self, url: &str) -> String {
-        match url.strip_prefix("sqlite://") {
+        match crate::backend::Backend::sqlite_path(url) {
             Some(path) if !path.starts_with('/') && !path.starts_with(':') => {
                 format!("sqlite://{}", self.dir().join(path).display())
             }

@@ -17,6 +17,7 @@
 
 use std::time::Duration;
 
+use crate::backend::Backend;
 use crate::error::{Error, Result};
 
 use super::ScheduledJob;
@@ -40,13 +41,11 @@ pub struct CrontabOptions {
 /// The store an export for many machines may name: Postgres or BigQuery (every runner must
 /// reach it; a SQLite file or memory stays on one machine). `target` names the export.
 pub fn shared_store_scheme(store: &str, target: &str) -> Result<&'static str> {
-    let scheme = url::Url::parse(store)
-        .map(|u| u.scheme().to_ascii_lowercase())
-        .unwrap_or_default();
-    match scheme.as_str() {
-        "postgres" | "postgresql" => Ok("postgres"),
-        "bigquery" => Ok("bigquery"),
-        "sqlite" | "memory" => Err(Error::config(format!(
+    let scheme = Backend::scheme(store).to_ascii_lowercase();
+    match Backend::named(&store.to_ascii_lowercase()) {
+        Some(Backend::Postgres) => Ok("postgres"),
+        Some(Backend::BigQuery) => Ok("bigquery"),
+        Some(Backend::Sqlite | Backend::Memory) => Err(Error::config(format!(
             "--store {scheme}: {target} keeps no disk between runs and its runners share none; \
              export with a postgres:// or bigquery:// store"
         ))),
@@ -501,7 +500,7 @@ pub fn cloud_scheduler(jobs: &[ScheduledJob], o: &CloudSchedulerOptions) -> Resu
         image = o.image,
         sa = o.service_account,
     );
-    if o.store.starts_with("bigquery:") {
+    if Backend::named(&o.store) == Some(Backend::BigQuery) {
         out.push_str(
             "#   roles/bigquery.jobUser on the project, roles/bigquery.dataEditor on the store's dataset\n",
         );

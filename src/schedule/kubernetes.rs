@@ -368,7 +368,9 @@ fn pod_spec(
 }
 
 fn header(out: &mut String, what: &str, o: &KubernetesOptions) {
-    let example = if o.store.to_ascii_lowercase().starts_with("bigquery:") {
+    let example = if crate::backend::Backend::named(&o.store.to_ascii_lowercase())
+        == Some(crate::backend::Backend::BigQuery)
+    {
         "bigquery://PROJECT/DATASET"
     } else {
         "postgres://USER:PASSWORD@HOST/DB"
