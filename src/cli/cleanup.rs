@@ -1,7 +1,9 @@
 //! `idem cleanup`: deletes old keys, ledger rows and expired leases.
 
+use clap::Args;
+
 use super::output;
-use super::{input, CleanupArgs, GlobalOptions, EXIT_OK};
+use super::{input, GlobalOptions, EXIT_OK};
 use crate::backend::redact_url;
 use crate::error::{Error, Result};
 use crate::job::guard_needs;
@@ -179,4 +181,26 @@ pub(super) async fn cleanup(args: &CleanupArgs, g: &GlobalOptions) -> Result<u8>
         g.format,
     );
     Ok(EXIT_OK)
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct CleanupArgs {
+    /// Keep this much history (e.g. 30d; at most 36525d, 100 years).
+    #[arg(long, default_value = "30d")]
+    pub(super) keep: String,
+    /// Keep this much of the ledger; older rows go, except those a kept key points at.
+    #[arg(long, default_value = "90d")]
+    pub(super) keep_runs: String,
+    /// Count what would be deleted; delete nothing.
+    #[arg(long)]
+    pub(super) dry_run: bool,
+    /// At most this many rows per delete statement (each its own transaction).
+    #[arg(long, default_value_t = store::DEFAULT_CLEANUP_BATCH as u64,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub(super) batch: u64,
+    /// BigQuery only: instead of deleting, let BigQuery drop partitions older than this
+    /// (whole days, e.g. 30d; `none` to stop expiring) on the partitioned tables, then
+    /// report each table's expiration (a plain `idem cleanup` reports it too).
+    #[arg(long, value_name = "DAYS", conflicts_with = "dry_run")]
+    pub(super) set_partition_expiration: Option<String>,
 }

@@ -4,8 +4,14 @@
 //! job file is. As a wrapper it passes on what a wrapper should: standard input, the
 //! arguments as given, the signals it receives, and the program's exit status.
 
+use super::parse_param;
+use crate::model::Mode;
+use crate::runner::StoreFailurePolicy;
+use clap::Args;
+use std::path::PathBuf;
+
 use super::output::{self, Format};
-use super::{ExecArgs, GlobalOptions};
+use super::GlobalOptions;
 use crate::command::signals;
 use crate::error::{Error, Result};
 use crate::job::{plan, Job, Overrides};
@@ -251,4 +257,84 @@ pub(super) fn stop_on_signals() -> Result<Cancel> {
         });
     }
     Ok(cancel)
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ExecArgs {
+    /// The job's name in the ledger (what `runs --job` and `report --job` take).
+    pub(super) name: String,
+    /// The program and its arguments, after `--`, passed as given: only `{date}`,
+    /// `{scope}`, `{run_id}`, `{trigger}`, `{job}` and `{param.NAME}` are replaced (no
+    /// shell reads them; other braces stay).
+    #[arg(last = true, required = true, value_name = "PROGRAM ARGS",
+          value_parser = clap::value_parser!(std::ffi::OsString))]
+    pub(super) argv: Vec<std::ffi::OsString>,
+    /// The partition date: YYYY-MM-DD, today, yesterday or today-N (in --timezone).
+    #[arg(long, allow_hyphen_values = true, default_value = "today")]
+    pub(super) date: Option<String>,
+    /// The IANA time zone relative dates are read in [default: the machine's, as `date`
+    /// reads it: TZ, else /etc/localtime].
+    #[arg(long)]
+    pub(super) timezone: Option<String>,
+    /// Skip when the same date completed within this long (e.g. 20h).
+    #[arg(long, value_name = "DURATION")]
+    pub(super) time_window: Option<String>,
+    /// Skip when identical content was processed within this long; needs --content.
+    #[arg(long, value_name = "DURATION", requires = "content")]
+    pub(super) content_hash: Option<String>,
+    /// A command whose standard output is the content (split into words like a shell's,
+    /// but no shell runs it: `--content 'ls -l /data/{date}'`).
+    #[arg(long, value_name = "COMMAND", requires = "content_hash")]
+    pub(super) content: Option<String>,
+    /// How long the lease on the date lasts (renewed while the program runs).
+    #[arg(long, value_name = "DURATION")]
+    pub(super) lease: Option<String>,
+    /// Stop the program, and what it started, after this long (from the start of the
+    /// content command, when there is one): the run fails, exit 124.
+    #[arg(long, value_name = "DURATION")]
+    pub(super) timeout: Option<String>,
+    /// Between SIGTERM and SIGKILL when the program is stopped [default: 30s].
+    #[arg(long, value_name = "DURATION")]
+    pub(super) grace: Option<String>,
+    /// Leave the processes the program starts running when it exits (a daemon); by
+    /// default idem stops them (SIGTERM, then SIGKILL after --grace) before it records.
+    #[arg(long)]
+    pub(super) keep_descendants: bool,
+    /// When the run the time window finds had another command: skip (default, with a
+    /// warning) or rerun.
+    #[arg(long, value_enum, value_name = "WHAT")]
+    pub(super) on_change: Option<crate::guard::OnChange>,
+    /// Exit with this status when the run is skipped (default 0), so `idem exec … && next`
+    /// can tell "ran now" from "already done".
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8))]
+    pub(super) skip_exit_code: Option<u8>,
+    /// Print nothing of idem's own when the run completes or is skipped, only its error
+    /// line when it fails (the program's output and idem's warnings still show).
+    #[arg(long, short)]
+    pub(super) quiet: bool,
+    /// enforce (default), shadow or off.
+    #[arg(long, value_enum)]
+    pub(super) mode: Option<Mode>,
+    /// strict (default: the store unavailable is exit 3, nothing run) or best_effort (run
+    /// unguarded and record later).
+    #[arg(long, value_enum)]
+    pub(super) on_store_failure: Option<StoreFailurePolicy>,
+    /// Scope, when it is not just the date (default: the date).
+    #[arg(long)]
+    pub(super) scope: Option<String>,
+    /// Why the run starts [default: manual].
+    #[arg(long, value_enum)]
+    pub(super) trigger: Option<Trigger>,
+    /// The instant the scheduler meant to fire (RFC 3339): --date is evaluated there.
+    #[arg(long, value_name = "RFC3339")]
+    pub(super) scheduled_at: Option<String>,
+    /// Run id to record (default: a new UUID).
+    #[arg(long)]
+    pub(super) run_id: Option<String>,
+    /// A parameter for `{param.NAME}` in the program's arguments (repeatable).
+    #[arg(long, value_name = "NAME=VALUE", value_parser = parse_param)]
+    pub(super) param: Vec<(String, String)>,
+    /// Write the run's metrics to FILE in Prometheus text format, atomically, at the end.
+    #[arg(long, value_name = "FILE")]
+    pub(super) metrics_file: Option<PathBuf>,
 }

@@ -1,7 +1,10 @@
 //! `idem fingerprint`: the fingerprint of a set of trade events.
 
+use clap::Args;
+use std::path::PathBuf;
+
 use super::output;
-use super::{FingerprintArgs, GlobalOptions, EXIT_OK};
+use super::{GlobalOptions, EXIT_OK};
 use crate::error::{Error, Result};
 
 /// `idem fingerprint [FILE]`.
@@ -42,4 +45,10 @@ fn fingerprint_events(file: Option<&std::path::Path>) -> Result<(String, usize)>
         signatures.push(signature);
     }
     Ok((crate::events::fingerprint(&signatures), signatures.len()))
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct FingerprintArgs {
+    /// NDJSON file of events, one JSON object a line (`-` or none: standard input).
+    pub(super) file: Option<PathBuf>,
 }

@@ -1,11 +1,14 @@
 //! `idem gate`: the idempotency gate over NDJSON ([`crate::events::stream`] does the work).
 
+use clap::Args;
+use std::path::PathBuf;
+
 use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::Arc;
 
 use super::{metrics, output};
-use super::{FormatArg, GateArgs, GlobalOptions, EXIT_OK, EXIT_RUN_FAILED};
+use super::{FormatArg, GlobalOptions, EXIT_OK, EXIT_RUN_FAILED};
 use crate::error::{Error, Result};
 use crate::events::dedup::{Deduplicator, Ttl};
 use crate::events::strategy::{EventGate, Strategy};
@@ -417,4 +420,67 @@ fn summary_line(s: &StreamSummary, gate: &EventGate) -> String {
         ));
     }
     line
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct GateArgs {
+    /// The event's key: a field, or several separated by commas (`id,customer_id`: their
+    /// values joined with `:`); dotted paths for nested ones.
+    #[arg(long, value_name = "FIELD[,FIELD...]")]
+    pub(super) key: String,
+    /// Fingerprint only these fields of the payload (default: every field but the key's).
+    #[arg(long, value_name = "F,..", conflicts_with = "exclude_fields")]
+    pub(super) fingerprint_fields: Option<String>,
+    /// Fingerprint the payload without these fields (in addition to the key's).
+    #[arg(long, value_name = "F,..")]
+    pub(super) exclude_fields: Option<String>,
+    /// Money amounts in these fields are compared as numbers of scale 2 ("100.5",
+    /// "$100.50" and 100.50 are the same payload).
+    #[arg(long, value_name = "F,..")]
+    pub(super) normalize_amounts: Option<String>,
+    /// How long a mark lasts (e.g. 24h, 7d; `never`: forever).
+    #[arg(long, default_value = "never")]
+    pub(super) ttl: String,
+    /// The namespace of the keys in the store (separate gates, separate keys).
+    #[arg(long, default_value = "gate")]
+    pub(super) namespace: String,
+    /// NDJSON input (`-` or none: standard input).
+    #[arg(long, value_name = "FILE")]
+    pub(super) input: Option<PathBuf>,
+    /// Where the records go (`-` or none: standard output).
+    #[arg(long, value_name = "FILE")]
+    pub(super) output: Option<PathBuf>,
+    /// Lines per batch: one store round trip each.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub(super) batch: u32,
+    /// What a store failure does: strict (exit 3), best_effort (let the lines through as
+    /// new, unverified), log_only (never filter: every line passes; store failures as
+    /// best_effort).
+    #[arg(long, default_value = "strict")]
+    pub(super) strategy: String,
+    /// A named cursor in the store (seed 003): events at or before it in --order-by order
+    /// are skipped without a store lookup (`before_cursor`); it advances with each batch's
+    /// marks.
+    #[arg(long, value_name = "NAME", requires = "order_by")]
+    pub(super) cursor: Option<String>,
+    /// The timestamp field and the id field that order the input (with --cursor).
+    #[arg(long, value_name = "TIMESTAMP,ID", requires = "cursor")]
+    pub(super) order_by: Option<String>,
+    /// Write the gate's metrics to FILE in Prometheus text format (for node_exporter's
+    /// textfile collector), atomically: every 10 s while running and at the end.
+    #[arg(long, value_name = "FILE")]
+    pub(super) metrics_file: Option<PathBuf>,
+    /// The summary on standard error: `human` (one line) or `json` (one JSON document).
+    #[arg(long, value_name = "FORMAT", default_value = "human", value_parser = ["human", "json"])]
+    pub(super) stats_format: String,
+    /// A key found new stays *pending* until its record is written; a gate that dies first
+    /// (SIGKILL, power loss, a lost connection) leaves marks that expire after this, and
+    /// the next run reports those events `new`. `0s` turns it off (marks are final at once).
+    #[arg(long, value_name = "DURATION", default_value = "30s")]
+    pub(super) pending_timeout: String,
+    /// The longest line taken, in bytes: a longer one gets an `invalid` record naming its
+    /// length and is read past without being held in memory (batches are bounded in
+    /// bytes too, so memory does not grow with line length).
+    #[arg(long, value_name = "BYTES", default_value_t = 4 << 20, value_parser = clap::value_parser!(u64).range(1..=1 << 30))]
+    pub(super) max_line_bytes: u64,
 }

@@ -1,7 +1,9 @@
 //! `idem purge`: forgets the processing keys of a job's scopes, and records it.
 
+use clap::Args;
+
 use super::output;
-use super::{GlobalOptions, PurgeArgs, EXIT_OK, EXIT_RUN_FAILED};
+use super::{GlobalOptions, EXIT_OK, EXIT_RUN_FAILED};
 use crate::error::{Error, Result};
 use crate::job::find_job;
 use crate::model::{Mode, RunRequest, RunStatus, Trigger};
@@ -127,4 +129,34 @@ pub(super) async fn purge(args: PurgeArgs, g: &GlobalOptions) -> Result<u8> {
         g.format,
     );
     Ok(EXIT_OK)
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("what").required(true).args(["date", "scope", "from", "all"])))]
+pub(crate) struct PurgeArgs {
+    /// Job name (in --jobs-dir) or path to a job .toml file; it must exist.
+    pub(super) job: String,
+    /// Only this date's scope (YYYY-MM-DD, today, yesterday, today-N in the job's zone).
+    #[arg(long, allow_hyphen_values = true, conflicts_with_all = ["scope", "all", "from"])]
+    pub(super) date: Option<String>,
+    /// Only this scope.
+    #[arg(long, conflicts_with_all = ["all", "from"])]
+    pub(super) scope: Option<String>,
+    /// Every date's scope from this one ...
+    #[arg(
+        long,
+        requires = "to",
+        allow_hyphen_values = true,
+        conflicts_with = "all"
+    )]
+    pub(super) from: Option<String>,
+    /// ... to this one, inclusive.
+    #[arg(long, requires = "from", allow_hyphen_values = true)]
+    pub(super) to: Option<String>,
+    /// Every scope of the job.
+    #[arg(long)]
+    pub(super) all: bool,
+    /// Do not ask (required when stdin is not a terminal).
+    #[arg(long)]
+    pub(super) yes: bool,
 }

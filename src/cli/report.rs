@@ -1,7 +1,9 @@
 //! `idem report`: is the content hash worth it?
 
+use clap::Args;
+
 use super::output;
-use super::{input, FormatArg, GlobalOptions, ReportArgs, EXIT_OK};
+use super::{input, FormatArg, GlobalOptions, EXIT_OK};
 use crate::error::{Error, Result};
 use crate::model::duration::parse_duration_field;
 use crate::schedule;
@@ -250,4 +252,60 @@ pub(super) async fn report(args: ReportArgs, g: &GlobalOptions) -> Result<u8> {
         None => output::print_text(&text),
     }
     Ok(EXIT_OK)
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ReportArgs {
+    /// A TOML file whose `[report]` table sets the thresholds, `days` and `window` (keys
+    /// named like these flags); flags win over it. Default: ./idem.toml when it exists.
+    #[arg(long, value_name = "FILE")]
+    pub(super) config: Option<PathBuf>,
+    /// Days of history to judge, ending now (thresholds are per week, scaled to this)
+    /// [default: 7].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=3660))]
+    pub(super) days: Option<u32>,
+    /// Only this job (its processor name in the ledger).
+    #[arg(long)]
+    pub(super) job: Option<String>,
+    /// Write the report to this file instead of standard output.
+    #[arg(long)]
+    pub(super) output: Option<PathBuf>,
+    /// Print the SQL of one report query, ready to paste into a console, instead of
+    /// running the report: duplicates, wasted, savings, effectiveness, storage, shadow or
+    /// daily.
+    #[arg(long, value_name = "NAME")]
+    pub(super) sql: Option<String>,
+    /// With --sql: the dialect, sqlite, postgres or bigquery (default: the store's).
+    #[arg(long, requires = "sql")]
+    pub(super) dialect: Option<String>,
+    /// The end of the period (RFC 3339) instead of now.
+    #[arg(long, value_name = "RFC3339")]
+    pub(super) until: Option<String>,
+    /// Count every key ever written in the storage figures (a scan of the whole key table);
+    /// by default they count the keys written since the period's start, or five weeks
+    /// back when that is earlier, so a report costs its period, not the history.
+    #[arg(long)]
+    pub(super) all_keys: bool,
+    /// The time window of the jobs: Q1 counts duplicates outside it [default: 1h].
+    #[arg(long)]
+    pub(super) window: Option<String>,
+    /// Q1 threshold per week: more duplicate runs outside the window than this ...
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub(super) duplicate_runs: Option<f64>,
+    /// ... with more identical-data runs than this is a moderate signal (per week).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub(super) identical_runs: Option<f64>,
+    /// Q2 threshold per week: more minutes wasted than this is a strong signal.
+    #[arg(long, value_name = "MINUTES", allow_negative_numbers = true)]
+    pub(super) minutes_wasted: Option<f64>,
+    /// Q3 threshold per week: more high-confidence preventable runs than this is strong.
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub(super) preventable_runs: Option<f64>,
+    /// Fewer completed runs than this in the period: not_enough_data.
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub(super) min_runs: Option<u64>,
+    /// Q3: repeats whose records processed vary by less than this standard deviation
+    /// count as identical content.
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub(super) max_stddev: Option<f64>,
 }

@@ -1,11 +1,16 @@
 //! `idem run` (one date, or a backfill with `--from/--to`) and `idem explain`: each builds
 //! its run with [`job::plan`](crate::job::plan).
 
+use super::parse_param;
+use crate::model::Mode;
+use clap::Args;
+use std::path::PathBuf;
+
 use std::sync::Arc;
 
 use super::exec::{command_exit_code, stop_on_signals};
 use super::output::{self, Format};
-use super::{ExplainArgs, GlobalOptions, RunArgs, EXIT_OK};
+use super::{GlobalOptions, EXIT_OK};
 use crate::error::{Error, Result};
 use crate::job::{find_job, plan, Job, Overrides};
 use crate::model::{RunRequest, Trigger};
@@ -190,4 +195,124 @@ pub(super) async fn backfill(args: &RunArgs, g: &GlobalOptions, registry: &Regis
         Some(e) => Err(e),
         None => Ok(summary.exit_code()),
     }
+}
+
+#[derive(Debug, Clone, Args)]
+pub(crate) struct RunArgs {
+    /// Job name (in --jobs-dir) or path to a job .toml file.
+    pub(super) job: String,
+    /// The partition date: YYYY-MM-DD, today, yesterday or today-N (in the job's
+    /// timezone); default the job's `date`.
+    #[arg(long, allow_hyphen_values = true)]
+    pub(super) date: Option<String>,
+    /// The instant the scheduler meant to fire (RFC 3339), or `cronjob:JOB_NAME` (the Job a
+    /// Kubernetes CronJob made for a slot, named after its minute): relative dates are
+    /// evaluated there instead of at the clock, so a late retry still processes its slot's
+    /// date.
+    #[arg(long, value_name = "RFC3339")]
+    pub(super) scheduled_at: Option<String>,
+    /// Backfill: run every date from this one (YYYY-MM-DD, today, yesterday, today-N) ...
+    #[arg(long, requires = "to", allow_hyphen_values = true, conflicts_with_all = ["date", "scheduled_at", "scope", "run_id"])]
+    pub(super) from: Option<String>,
+    /// ... to this one, inclusive, each through the guards (trigger backfill).
+    #[arg(long, requires = "from", allow_hyphen_values = true)]
+    pub(super) to: Option<String>,
+    /// Backfill: run up to this many dates at once (1 to 32).
+    #[arg(long, default_value_t = 1, requires = "from",
+          value_parser = clap::value_parser!(u8).range(1..=32))]
+    pub(super) parallel: u8,
+    /// Scope, when it is not just the date (default: the date).
+    #[arg(long)]
+    pub(super) scope: Option<String>,
+    /// Why the run starts [default: manual; backfill with --from/--to].
+    #[arg(long, value_enum)]
+    pub(super) trigger: Option<Trigger>,
+    /// Override the job's mode.
+    #[arg(long, value_enum)]
+    pub(super) mode: Option<Mode>,
+    /// Override the job's store failure policy.
+    #[arg(long, value_enum)]
+    pub(super) on_store_failure: Option<StoreFailurePolicy>,
+    /// Run id to record (default: a new UUID), e.g. the orchestrator's. A run id names
+    /// one invocation in the ledger; when this one is taken already (orchestrators reuse
+    /// theirs across retries and tasks), the run is recorded as ID.<8 hex digits>.
+    #[arg(long)]
+    pub(super) run_id: Option<String>,
+    /// Exit with this status when the run is skipped (default 0).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8), conflicts_with = "from")]
+    pub(super) skip_exit_code: Option<u8>,
+    /// Write the run's metrics to FILE in Prometheus text format (for node_exporter's
+    /// textfile collector), atomically, when the run ends (not with --from/--to).
+    #[arg(long, value_name = "FILE", conflicts_with = "from")]
+    pub(super) metrics_file: Option<PathBuf>,
+    /// A parameter over the job's `[params]` of that name (repeatable): what
+    /// `{param.NAME}` is in a command job's arguments, `RunRequest::params` in Rust.
+    #[arg(long, value_name = "NAME=VALUE", value_parser = parse_param)]
+    pub(super) param: Vec<(String, String)>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ExplainArgs {
+    /// Job name (in --jobs-dir) or path to a job .toml file.
+    pub(super) job: String,
+    /// The partition date: YYYY-MM-DD, today, yesterday or today-N (in the job's
+    /// timezone); default the job's `date`.
+    #[arg(long, allow_hyphen_values = true)]
+    pub(super) date: Option<String>,
+    /// The instant the scheduler meant to fire (RFC 3339): relative dates are evaluated
+    /// there instead of at the clock.
+    #[arg(long, value_name = "RFC3339")]
+    pub(super) scheduled_at: Option<String>,
+    /// Scope, when it is not just the date (default: the date).
+    #[arg(long)]
+    pub(super) scope: Option<String>,
+    /// Explain under this mode instead of the job's.
+    #[arg(long, value_enum)]
+    pub(super) mode: Option<Mode>,
+    /// Not for explain (which takes one --date): accepted only to say so.
+    #[arg(long, hide = true, allow_hyphen_values = true)]
+    pub(super) from: Option<String>,
+    /// Not for explain: see --from.
+    #[arg(long, hide = true, allow_hyphen_values = true)]
+    pub(super) to: Option<String>,
+    /// Run the job's setup first (for SQL jobs whose content query needs the tables their
+    /// setup creates); without it, explain changes nothing in the warehouse.
+    #[arg(long)]
+    pub(super) with_setup: bool,
+    /// A parameter over the job's `[params]` of that name (repeatable), as `idem run` takes.
+    #[arg(long, value_name = "NAME=VALUE", value_parser = parse_param)]
+    pub(super) param: Vec<(String, String)>,
+}
+
+impl ExplainArgs {
+    /// The run `idem run` would make with the same flags.
+    fn run_args(&self) -> RunArgs {
+        RunArgs {
+            job: self.job.clone(),
+            date: self.date.clone(),
+            scheduled_at: self.scheduled_at.clone(),
+            from: self.from.clone(),
+            to: self.to.clone(),
+            parallel: 1,
+            scope: self.scope.clone(),
+            trigger: None,
+            mode: self.mode,
+            on_store_failure: None,
+            run_id: None,
+            metrics_file: None,
+            param: self.param.clone(),
+            skip_exit_code: None,
+        }
+    }
+}
+
+/// `--to` without `--from`: clap's `requires` is not checked when `--date` or `--scope`
+/// (which conflict with `--from`) are given, so it is checked here, never ignored.
+pub(super) fn check_range(from: &Option<String>, to: &Option<String>) -> Result<()> {
+    if to.is_some() && from.is_none() {
+        return Err(Error::input(
+            "--to needs --from: a range of dates is --from D1 --to D2",
+        ));
+    }
+    Ok(())
 }

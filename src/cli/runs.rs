@@ -1,7 +1,10 @@
 //! `idem runs`: recent runs from the ledger.
 
+use crate::model::RunStatus;
+use clap::Args;
+
 use super::output;
-use super::{GlobalOptions, RunsArgs, EXIT_OK};
+use super::{GlobalOptions, EXIT_OK};
 use crate::error::Result;
 use crate::job::replay_spool;
 use crate::store::{self, spool::Spool, RunFilter};
@@ -32,4 +35,20 @@ pub(super) async fn runs(args: RunsArgs, g: &GlobalOptions) -> Result<u8> {
     let runs = store.runs(&filter).await?;
     output::print_runs(&runs, &store.location(), &filter, g.format);
     Ok(EXIT_OK)
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RunsArgs {
+    /// Only this job.
+    #[arg(long)]
+    pub(super) job: Option<String>,
+    /// Only this scope.
+    #[arg(long)]
+    pub(super) scope: Option<String>,
+    /// Only this status.
+    #[arg(long, value_enum)]
+    pub(super) status: Option<RunStatus>,
+    /// At most this many rows (0 = all).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
+    pub(super) limit: u32,
 }

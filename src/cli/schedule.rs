@@ -1,8 +1,12 @@
 //! `idem schedule` (the next fire times) and `idem schedule export` (crontab lines or
 //! Cloud Scheduler commands).
 
+use clap::Args;
+use clap::Subcommand;
+use std::path::PathBuf;
+
 use super::output;
-use super::{scheduled_jobs, ExportArgs, GlobalOptions, ScheduleArgs, ScheduleCommand, EXIT_OK};
+use super::{scheduled_jobs, GlobalOptions, EXIT_OK};
 use crate::error::{Error, Result};
 use crate::schedule::{self, export, kubernetes, ScheduledJob};
 
@@ -178,4 +182,83 @@ pub(super) fn schedule(args: ScheduleArgs, g: &GlobalOptions) -> Result<u8> {
     let plans = schedule::plan(&jobs, after, args.next.into())?;
     output::print_plans(&plans, g.format);
     Ok(EXIT_OK)
+}
+
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub(crate) struct ScheduleArgs {
+    /// Only this job (name in --jobs-dir or path to a .toml file).
+    pub(super) job: Option<String>,
+    /// How many fire times to list per job.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub(super) next: u16,
+    /// List the fire times after this instant (RFC 3339) instead of after now.
+    #[arg(long, value_name = "RFC3339")]
+    pub(super) after: Option<String>,
+    #[command(subcommand)]
+    pub(super) command: Option<ScheduleCommand>,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum ScheduleCommand {
+    /// Print the scheduled jobs as crontab lines, gcloud commands or Kubernetes manifests
+    /// (text).
+    Export(ExportArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["crontab", "cloud_scheduler", "kubernetes", "kubernetes_scheduler"])))]
+pub(crate) struct ExportArgs {
+    /// Only this job.
+    pub(super) job: Option<String>,
+    /// Crontab lines: CRON_TZ, schedule, `idem run JOB --date EXPR --trigger scheduler`.
+    #[arg(long)]
+    pub(super) crontab: bool,
+    /// `gcloud` commands: a Cloud Run job per idem job and the Cloud Scheduler job that
+    /// starts it.
+    #[arg(long, value_name = "PROJECT/REGION")]
+    pub(super) cloud_scheduler: Option<String>,
+    /// Crontab: the idem binary the lines run (cron's PATH is short; give a full path).
+    #[arg(long, default_value = "idem")]
+    pub(super) idem_bin: String,
+    /// Crontab: the folder each line runs in (default: the current folder).
+    #[arg(long)]
+    pub(super) workdir: Option<PathBuf>,
+    /// Crontab: each job appends its output to LOG_DIR/JOB.log.
+    #[arg(long, default_value = "/var/log/idem")]
+    pub(super) log_dir: String,
+    /// Kubernetes: one batch/v1 CronJob per job (YAML for `kubectl apply -f -`).
+    #[arg(long)]
+    pub(super) kubernetes: bool,
+    /// Kubernetes: a Deployment of N `idem scheduler` replicas instead of CronJobs (the
+    /// jobs' leases keep each slot to one run).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub(super) kubernetes_scheduler: Option<u32>,
+    /// Cloud Scheduler and Kubernetes: the image built from the Containerfile (Cloud
+    /// Scheduler's default REGION-docker.pkg.dev/PROJECT/idem/idem:latest; required for
+    /// Kubernetes).
+    #[arg(long)]
+    pub(super) image: Option<String>,
+    /// Cloud Scheduler: the service account that starts and runs the jobs
+    /// (default idem@PROJECT.iam.gserviceaccount.com).
+    #[arg(long)]
+    pub(super) service_account: Option<String>,
+    /// Cloud Scheduler and Kubernetes: the jobs folder inside the image.
+    #[arg(long, default_value = "/app/jobs")]
+    pub(super) image_jobs_dir: String,
+    /// Cloud Scheduler and Kubernetes: read the store URL from this secret instead of
+    /// printing it (Secret Manager secret for Cloud Run; Kubernetes Secret, key `url`,
+    /// default idem-store).
+    #[arg(long, value_name = "NAME")]
+    pub(super) store_secret: Option<String>,
+    /// Kubernetes: the namespace of every object.
+    #[arg(long)]
+    pub(super) namespace: Option<String>,
+    /// Kubernetes: mount the jobs folder from this ConfigMap instead of the image's.
+    #[arg(long, value_name = "NAME")]
+    pub(super) jobs_configmap: Option<String>,
+    /// Kubernetes: the service account the pods run as (with Workload Identity, the one
+    /// bound to a Google service account for BigQuery).
+    #[arg(long, value_name = "NAME")]
+    pub(super) k8s_service_account: Option<String>,
 }

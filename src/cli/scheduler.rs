@@ -1,9 +1,11 @@
 //! `idem scheduler`: fires the scheduled jobs at their times, each through the runner
 //! `idem run` uses ([`job::plan`](crate::job::plan)).
 
+use clap::Args;
+
 use std::sync::Arc;
 
-use super::{cancel_on_signals, scheduled_jobs, GlobalOptions, SchedulerArgs, EXIT_OK};
+use super::{cancel_on_signals, scheduled_jobs, GlobalOptions, EXIT_OK};
 use crate::error::{Error, Result};
 use crate::job::{plan, Connections, Job, Overrides, Plan};
 use crate::model::duration::parse_duration;
@@ -350,4 +352,15 @@ async fn fire_one(
             _ = stop.wait_for(Option::is_some) => return,
         }
     }
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct SchedulerArgs {
+    /// Only these jobs (names in --jobs-dir or paths to .toml files); default every job
+    /// with a schedule.
+    pub(super) jobs: Vec<String>,
+    /// After SIGTERM/SIGINT, how long running jobs may take to finish before they are
+    /// stopped and recorded as interrupted (their leases released).
+    #[arg(long, default_value = "30s")]
+    pub(super) grace: String,
 }
