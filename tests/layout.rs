@@ -264,9 +264,8 @@ fn the_top_level_is_the_cards() {
 /// Files of `src/` still over 800 lines, each at most the size it had when this rule came
 /// (issue 36): none may grow, a file leaves the list once it is split, and no other file
 /// may pass 800 lines.
-const OVER_800: [(&str, usize); 3] = [
+const OVER_800: [(&str, usize); 2] = [
     ("events/strategy.rs", 1416),
-    ("runner/mod.rs", 1083),
     ("schedule/scheduler.rs", 1022),
 ];
 
