@@ -90,20 +90,23 @@ grep -q "^completed daily_sales for 2025-11-18: 3 record(s)" "$root/demo"
 # filesystem runs under `unshare --pid --fork` and `chroot --userspec`, with the image's
 # user and environment: idem is PID 1 there, as in a container.
 say "SIGTERM to idem as PID 1 running a job (the image's filesystem): interrupted, lease released"
+# The job's program sleeps for a time no other process on the machine sleeps for (this
+# script's PID as the fraction), so that finding it finds this job's and no one else's.
+secs="60.$$"
 env -i PATH=/usr/local/bin:/usr/bin:/bin IDEM_JOBS_DIR=/app/jobs \
     SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt IDEM_STORE="$store" RUST_LOG=warn \
-    MNT="$mnt" CHROOT="$(command -v chroot)" JOB="$job" \
+    MNT="$mnt" CHROOT="$(command -v chroot)" JOB="$job" SECS="$secs" \
     "$(command -v unshare)" --pid --fork --mount --kill-child /bin/sh -c '
         # /dev and /proc, as a container runtime gives them (in this mount namespace only);
         # then exec: chroot and idem keep PID 1.
         mount --rbind /dev "$MNT/dev" && mount -t proc proc "$MNT/proc" &&
-        exec "$CHROOT" --userspec=10001:10001 "$MNT" /usr/local/bin/idem run "$JOB" --date 2025-01-02 --param secs=60' \
+        exec "$CHROOT" --userspec=10001:10001 "$MNT" /usr/local/bin/idem run "$JOB" --date 2025-01-02 --param secs="$SECS"' \
     >"$root/term.out" 2>"$root/term.err" &
 runner=$!
 idem_pid=""
 for _ in $(seq 1 150); do
     idem_pid=$(pgrep -f "^/usr/local/bin/idem run $job --date 2025-01-02" | head -1 || true)
-    if [ -n "$idem_pid" ] && pgrep -f "^sleep 60" >/dev/null; then break; fi
+    if [ -n "$idem_pid" ] && pgrep -f "^sleep $secs\$" >/dev/null; then break; fi
     sleep 0.2
 done
 [ -n "$idem_pid" ] || { cat "$root/term.err"; echo "idem never started"; exit 1; }
@@ -120,7 +123,7 @@ say "exit code after SIGTERM: $code"
 in_image --format json runs --job "$job" --limit 1 | tee "$root/runs.json"
 grep -q '"status": *"failed"' "$root/runs.json"
 grep -qi 'interrupted' "$root/runs.json"
-if pgrep -f "^sleep 60" >/dev/null; then echo "the job's program outlived idem"; exit 1; fi
+if pgrep -f "^sleep $secs\$" >/dev/null; then echo "the job's program outlived idem"; exit 1; fi
 # The lease is free: the same date runs again at once (no in_progress skip).
 in_image run "$job" --date 2025-01-02 | tee "$root/rerun"
 grep -q "^completed $job for 2025-01-02" "$root/rerun"
