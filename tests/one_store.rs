@@ -311,7 +311,7 @@ fn on_a_full_disk_no_exec_starts_its_program_and_each_says_the_store_is_unavaila
     assert!(s.idem(&["migrate"]).status.success());
     // The premise: SQLite holds no room of its own on the disk (a write-ahead log left
     // behind, already checkpointed, is reused in place: a claim would fit in it).
-    assert_closed(&disk.dir.join("l.db"));
+    assert_closed(&disk.dir.join("l.db"), "idem migrate");
     disk.fill();
     let children: Vec<_> = (0..3)
         .map(|i| {
@@ -388,14 +388,14 @@ fn on_a_full_disk_no_exec_starts_its_program_and_each_says_the_store_is_unavaila
     assert!(String::from_utf8_lossy(&again.stdout).contains("skipped"));
 }
 
-/// Asserts that nothing holds `db` open: no `-wal` or `-shm` file beside it.
-fn assert_closed(db: &std::path::Path) {
+/// Asserts that nothing holds `db` open after `what`: no `-wal` or `-shm` file beside it.
+fn assert_closed(db: &std::path::Path, what: &str) {
     for suffix in ["-wal", "-shm"] {
         let mut side = db.as_os_str().to_owned();
         side.push(suffix);
         assert!(
             !std::path::Path::new(&side).exists(),
-            "{} is left beside the database after idem exited",
+            "{} is left beside the database after {what} exited",
             std::path::Path::new(&side).display()
         );
     }
@@ -428,8 +428,9 @@ fn every_command_closes_its_sqlite_files_before_it_exits() {
                 "{args:?}: {}",
                 String::from_utf8_lossy(&out.stderr)
             );
-            assert_closed(&ledger);
-            assert_closed(&s.dir.join("wh.db"));
+            let what = format!("idem {}", args.join(" "));
+            assert_closed(&ledger, &what);
+            assert_closed(&s.dir.join("wh.db"), &what);
         }
     }
 }

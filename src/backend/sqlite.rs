@@ -52,15 +52,19 @@ impl Drop for Closer {
         let pool = self.0.clone();
         let task = runtime.spawn(async move {
             // sqlx 0.8's close() can return with a connection left open, idle, when that
-            // connection was still on its way back to the pool as close() began (seen
-            // with one connection: `idem migrate` kept its ledger open to the end): close
-            // again until the pool holds none.
-            for _ in 0..4 {
+            // connection was still on its way back to the pool as close() began (its
+            // return is a task of its own, which waits on the connection's thread): seen
+            // with one connection (`idem migrate` kept its ledger open to the end) and
+            // with the report's four under load. Close again once such connections are
+            // back, until the pool holds none (its size drops once SQLite has closed the
+            // file), for as long as a process waits on exit and no longer.
+            let deadline = tokio::time::Instant::now() + CLOSE_WAIT;
+            loop {
                 pool.close().await;
-                if pool.size() == 0 {
+                if pool.size() == 0 || tokio::time::Instant::now() >= deadline {
                     break;
                 }
-                tokio::task::yield_now().await;
+                tokio::time::sleep(Duration::from_millis(2)).await;
             }
         });
         let mut closing = CLOSING.lock().unwrap_or_else(|e| e.into_inner());
@@ -68,6 +72,9 @@ impl Drop for Closer {
         closing.push(task);
     }
 }
+
+/// How long a dropped pool's close waits for connections still on their way back to it.
+const CLOSE_WAIT: Duration = Duration::from_secs(10);
 
 static CLOSING: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>> =
     std::sync::Mutex::new(Vec::new());
