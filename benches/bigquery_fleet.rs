@@ -9,8 +9,10 @@
 //! (prints a skip message without it). `IDEM_BENCH_RUNS` (1000), `IDEM_BENCH_DML_MS`
 //! (100: the simulated time of one DML statement; BigQuery's is about 1 s),
 //! `IDEM_BENCH_WORK_MS` (200), `IDEM_BENCH_SPREAD_S` (60: the fires are spread over this
-//! long; 0 fires all at once) and `IDEM_BENCH_FREE_INSERTS` (1500: INSERTs per table before
-//! the INSERT limits apply) change it. The emulator behind the simulator serves about 30
+//! long; 0 fires all at once), `IDEM_BENCH_FREE_INSERTS` (1500: INSERTs per table before
+//! the INSERT limits apply) and `IDEM_BENCH_MODEL=1` (the model's rules on top: each
+//! statement of a script its own job, snapshot and commit, float TIMESTAMP cells on polls,
+//! as the tests "at the model" run it; docs/bigquery.md) change it. The emulator behind the simulator serves about 30
 //! idem statements a second on a 2-core machine; a fleet that needs more waits for it, and
 //! a statement waiting over a minute times out on the client.
 
@@ -41,6 +43,7 @@ fn main() {
     let work = Duration::from_millis(env_u64("IDEM_BENCH_WORK_MS", 200));
     let mut limits = bq_limits::Limits::bigquery(dml);
     limits.insert_free_per_day = env_u64("IDEM_BENCH_FREE_INSERTS", 1500);
+    limits.statements = env_u64("IDEM_BENCH_MODEL", 0) == 1;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -62,8 +65,12 @@ fn main() {
             one_shard: None,
         };
         println!(
-            "bigquery fleet: {runs} runs fired over {:?}, {} duplicates, DML {dml:?}, reads {:?}, work {work:?}, free INSERTs/table {}",
-            fleet.spread, fleet.duplicates, limits.read_latency, limits.insert_free_per_day
+            "bigquery fleet: {runs} runs fired over {:?}, {} duplicates, DML {dml:?}, reads {:?}, work {work:?}, free INSERTs/table {}, {}",
+            fleet.spread,
+            fleet.duplicates,
+            limits.read_latency,
+            limits.insert_free_per_day,
+            if limits.statements { "at the model (a job per statement)" } else { "scripts whole" }
         );
         let report = fleet::fire(&fleet, &url, &sim).await;
         println!("{}", report.summary());
