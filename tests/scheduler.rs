@@ -587,23 +587,28 @@ fn on_restart_catch_up_fires_each_missed_date_once_and_skip_does_not() {
 #[test]
 fn a_fire_that_meets_a_dead_schedulers_lease_runs_when_the_lease_expires() {
     let s = Sandbox::new("idem-scheduler-killed");
+    // One slot, a few seconds from now.
+    let slot = chrono::Utc::now() + chrono::Duration::seconds(3);
+    let today = slot.date_naive().to_string();
+    // The slot's first run says it started (the folder `started`, made atomically, with
+    // its PID) and then works until it is killed; any other run completes at once. So the
+    // scheduler is killed while the slot's run works, whatever the machine's speed (it was
+    // killed 1.5 s after the slot, which a fast run had already finished).
     let job = |schedule: &str| {
         format!(
             r#"
 name = "slow"
-processor = "sql"
+processor = "command"
 schedule = "{schedule}"
 timezone = "UTC"
 date = "today"
 missed = "catch_up"
 [guards]
 lease = "3s"
-[sql]
-warehouse = "sqlite://wh.db"
-setup = "CREATE TABLE IF NOT EXISTS out (job TEXT, day TEXT)"
-process = """{}; INSERT INTO out VALUES ('slow', @scope)"""
-"#,
-            count_to(8_000_000)
+[command]
+grace = "1s"
+run = ["sh", "-c", "if [ {{date}} = {today} ] && mkdir started 2>/dev/null; then echo $$ > started/pid; exec sleep 300; fi; echo done"]
+"#
         )
     };
     // An earlier scheduled fire in the ledger (so a restart catches up after it).
@@ -617,8 +622,6 @@ process = """{}; INSERT INTO out VALUES ('slow', @scope)"""
         "scheduler",
     ]);
     assert_eq!(code, 0, "{err}");
-    // One slot, a few seconds from now.
-    let slot = chrono::Utc::now() + chrono::Duration::seconds(3);
     use chrono::{Datelike, Timelike};
     let schedule = format!(
         "{} {} {} {} {} *",
@@ -629,15 +632,26 @@ process = """{}; INSERT INTO out VALUES ('slow', @scope)"""
         slot.month()
     );
     s.write_job("slow", &job(&schedule));
-    let today = slot.date_naive().to_string();
-    let first = scheduler(&s, &[]);
+    let mut first = scheduler(&s, &[]);
     // Killed while the slot's run works.
-    while chrono::Utc::now() < slot + chrono::Duration::milliseconds(1500) {
-        std::thread::sleep(Duration::from_millis(50));
+    // The program runs in the job file's folder.
+    let pid_file = s.dir.join("jobs/started/pid");
+    let waited = std::time::Instant::now();
+    while !std::fs::read_to_string(&pid_file).is_ok_and(|p| p.ends_with('\n')) {
+        assert!(
+            waited.elapsed() < Duration::from_secs(120),
+            "the slot's run never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
-    let mut first = first;
     first.kill().unwrap();
     first.wait().unwrap();
+    // The dead scheduler's program, if it outlived it.
+    let program = std::fs::read_to_string(&pid_file).unwrap();
+    let _ = Command::new("kill")
+        .args(["-KILL", program.trim()])
+        .stderr(Stdio::null())
+        .status();
     assert!(
         !completed_per_scope(&runs(&s, "slow")).contains_key(&today),
         "the killed fire recorded nothing"
