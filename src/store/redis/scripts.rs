@@ -1,0 +1,83 @@
+//! The Lua scripts of the Redis store: each runs atomically on the key(s) it names.
+
+/// Replaces the decision part of a value, keeping the key's TTL: 1 when the key exists.
+pub(super) const RECORD_DECISION: &str = r"
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+local i = string.find(v, '\n', 1, true)
+if not i then return redis.error_reply('value of ' .. KEYS[1] .. ' was not written by idem') end
+redis.call('SET', KEYS[1], string.sub(v, 1, i) .. ARGV[1], 'KEEPTTL')
+return 1
+";
+
+/// Re-marks a key whose stored value (ARGV[1]) expired by the caller's clock: sets ARGV[2]
+/// (with PX ARGV[3] unless empty) when the key is gone or still holds ARGV[1] and answers
+/// nil; otherwise answers the value someone else stored meanwhile.
+pub(super) const REMARK_EXPIRED: &str = r"
+local v = redis.call('GET', KEYS[1])
+if v and v ~= ARGV[1] then return v end
+if ARGV[3] == '' then
+  redis.call('SET', KEYS[1], ARGV[2])
+else
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+end
+return false
+";
+
+/// Deletes a key whose stored value begins with ARGV[1] (`FIRST_SEEN:`): 1 when deleted.
+pub(super) const UNMARK: &str = r"
+local v = redis.call('GET', KEYS[1])
+if v and string.sub(v, 1, string.len(ARGV[1])) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+";
+
+/// Confirms pending marks, one call for a batch's keys (one namespace: one hash slot):
+/// for each KEYS[i] whose stored value's decision part is exactly ARGV[1] (the pending
+/// marker), rewrites its header's TTL field for the expiry ARGV[2i] (microseconds since
+/// the epoch; empty: never), clears the decision, and sets the key's expiry to PX
+/// ARGV[2i+1] (empty: none). Answers how many were confirmed.
+pub(super) const CONFIRM: &str = r"
+local n = 0
+for i = 1, #KEYS do
+  local v = redis.call('GET', KEYS[i])
+  local nl = v and string.find(v, '\n', 1, true)
+  if nl and string.sub(v, nl + 1) == ARGV[1] then
+    local c1 = string.find(v, ':', 1, true)
+    local c2 = c1 and string.find(v, ':', c1 + 1, true)
+    if c2 and c2 < nl then
+      local at, px = ARGV[2 * i], ARGV[2 * i + 1]
+      local ttl = ''
+      if at ~= '' then
+        ttl = string.format('%d', tonumber(at) - tonumber(string.sub(v, 1, c1 - 1)))
+      end
+      local nv = string.sub(v, 1, c1) .. ttl .. string.sub(v, c2, nl)
+      if px == '' then
+        redis.call('SET', KEYS[i], nv)
+      else
+        redis.call('SET', KEYS[i], nv, 'PX', px)
+      end
+      n = n + 1
+    end
+  end
+end
+return n
+";
+
+/// Rounds of re-marking keys expired by the caller's clock before the last value read
+/// stands as stored.
+pub(super) const REMARK_ROUNDS: usize = 3;
+
+/// Moves a cursor (value `POSITION\nJSON`) to ARGV[1] (value ARGV[2]) when ARGV[1] is
+/// after its stored position; positions are lowercase hex, so Lua's string order is
+/// their byte order.
+pub(super) const ADVANCE_CURSOR: &str = r"
+local v = redis.call('GET', KEYS[1])
+if v then
+  local p = string.match(v, '^[^\n]*')
+  if not (p < ARGV[1]) then return 0 end
+end
+redis.call('SET', KEYS[1], ARGV[1] .. '\n' .. ARGV[2])
+return 1
+";
