@@ -682,3 +682,108 @@ async fn a_ledger_at_the_old_last_version_is_upgraded_and_kept() {
     idem::store::conformance::claim_excludes_and_release_frees(&*store).await;
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A ledger at version 9 (pending marks kept on each key: the marker as the decision, the
+/// shorter expiry) upgrades to the batch's own rows (migration 0010) without losing what a
+/// gate of the old build left: its pending mark still reads pending and is confirmed by
+/// its owner as before, a plain mark keeps its decision, and a batch marked after the
+/// upgrade is confirmed whole by one row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_at_version_9_keeps_its_pending_marks_through_the_upgrade() {
+    use idem::store::migrations::SQLITE;
+    use idem::store::{EventMark, EventVerdict, PendingBatch};
+    use serde_json::json;
+    let dir = temp_dir("upgrade-9");
+    let db = dir.join("old.db");
+    let url = format!("sqlite://{}", db.display());
+    let now = chrono::Utc::now();
+    let old_marker = r#"{"idem_pending":"old-gate/0"}"#;
+    {
+        let mut conn = sqlx::SqliteConnection::connect(&format!("{url}?mode=rwc"))
+            .await
+            .unwrap();
+        for m in SQLITE.iter().filter(|m| m.version <= 9) {
+            sqlx::raw_sql(m.sql).execute(&mut conn).await.unwrap();
+        }
+        sqlx::raw_sql("PRAGMA user_version = 9")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        let at = now.timestamp_micros();
+        sqlx::query(
+            "INSERT INTO event_keys (namespace, event_key, first_seen, fingerprint, decision, expires_at) \
+             VALUES ('ns', 'old-pending', ?1, NULL, ?2, ?3), ('ns', 'plain', ?1, NULL, '{\"ok\":1}', NULL)",
+        )
+        .bind(at)
+        .bind(old_marker)
+        .bind(at + 600_000_000)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        conn.close().await.unwrap();
+    }
+    let store = idem::store::open(&url).await.expect("open the old ledger");
+    let marks = [EventMark::key("old-pending"), EventMark::key("plain")];
+    let decisions = |v: &[EventVerdict]| -> Vec<Option<serde_json::Value>> {
+        v.iter()
+            .map(|v| match v {
+                EventVerdict::Replay { decision, .. } => decision.clone(),
+                other => panic!("a replay, not {other:?}"),
+            })
+            .collect()
+    };
+    let v = store.check_and_mark("ns", &marks, now).await.unwrap();
+    assert_eq!(
+        decisions(&v),
+        [
+            Some(json!({"idem_pending": "old-gate/0"})),
+            Some(json!({"ok": 1}))
+        ],
+        "the old gate's mark is still pending, the plain one keeps its decision"
+    );
+    let confirmed = store
+        .confirm_event_keys("ns", &[("old-pending".to_string(), None)], old_marker)
+        .await
+        .unwrap();
+    assert_eq!(confirmed, 1, "its owner confirms it as before");
+    let v = store.check_and_mark("ns", &marks, now).await.unwrap();
+    assert_eq!(decisions(&v), [None, Some(json!({"ok": 1}))]);
+    // A batch of the new build: pending until confirmed whole, by one row.
+    let new_marker = r#"{"idem_pending":"new-gate/0"}"#;
+    let batch = PendingBatch {
+        marker: new_marker,
+        timeout: std::time::Duration::from_secs(30),
+    };
+    let fresh = [EventMark::key("f1"), EventMark::key("f2")];
+    let v = store
+        .check_and_mark_pending("ns", &fresh, now, batch, None)
+        .await
+        .unwrap();
+    assert!(v.iter().all(EventVerdict::is_new), "{v:?}");
+    let v = store.check_and_mark("ns", &fresh, now).await.unwrap();
+    let pending = Some(json!({"idem_pending": "new-gate/0"}));
+    assert_eq!(decisions(&v), [pending.clone(), pending]);
+    let keys: Vec<(String, Option<chrono::DateTime<chrono::Utc>>)> =
+        vec![("f1".into(), None), ("f2".into(), None)];
+    let done = store
+        .confirm_pending_batch("ns", new_marker, &keys, true)
+        .await
+        .unwrap();
+    assert_eq!(done, 2);
+    let later = now + chrono::Duration::hours(1);
+    let v = store.check_and_mark("ns", &fresh, later).await.unwrap();
+    assert_eq!(
+        decisions(&v),
+        [None, None],
+        "confirmed: plain marks for good"
+    );
+    let mut conn = sqlx::SqliteConnection::connect(&url).await.unwrap();
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM event_pending")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(rows, 0, "the confirmed batch's row is gone");
+    conn.close().await.unwrap();
+    drop(store);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -32,6 +32,11 @@ struct State {
     event_rows: HashMap<(String, String), EventRow>,
     /// Named cursors by (namespace, name).
     cursors: HashMap<(String, String), Cursor>,
+    /// Pending batches by id (as SQLite's and Postgres's `event_pending`): a key naming one
+    /// still here is pending until its deadline, then dead; naming one gone, confirmed.
+    pending: HashMap<u64, PendingRow>,
+    /// The id the next pending batch gets (never given twice).
+    next_pending: u64,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -39,15 +44,34 @@ struct EventRow {
     fingerprint: Option<String>,
     decision: Option<serde_json::Value>,
     expires_at: Option<DateTime<Utc>>,
+    /// The pending batch that marked it.
+    pending: Option<u64>,
+}
+
+#[derive(Debug, Clone)]
+struct PendingRow {
+    namespace: String,
+    marker: serde_json::Value,
+    deadline: DateTime<Utc>,
 }
 
 impl State {
-    /// Whether a key's mark expired before `before` (a key that never expires never has).
+    /// Whether a key's mark expired before `before` (a key that never expires never has),
+    /// or its pending batch's deadline passed before it unconfirmed.
     fn event_expired_before(&self, namespace: &str, key: &str, before: DateTime<Utc>) -> bool {
-        self.event_rows
+        let Some(row) = self
+            .event_rows
             .get(&(namespace.to_string(), key.to_string()))
-            .and_then(|row| row.expires_at)
-            .is_some_and(|at| at < before)
+        else {
+            return false;
+        };
+        row.expires_at.is_some_and(|at| at < before)
+            || self.batch_of(row).is_some_and(|b| b.deadline < before)
+    }
+
+    /// The pending batch a key's row names, while it is unconfirmed.
+    fn batch_of(&self, row: &EventRow) -> Option<&PendingRow> {
+        row.pending.and_then(|id| self.pending.get(&id))
     }
 
     /// The stored, unexpired mark of a key.
@@ -61,9 +85,14 @@ impl State {
         if row.expires_at.is_some_and(|at| at <= now) {
             return None;
         }
+        let decision = match self.batch_of(&row) {
+            Some(batch) if batch.deadline <= now => return None,
+            Some(batch) => Some(batch.marker.clone()),
+            None => row.decision,
+        };
         Some(StoredEvent {
             fingerprint: row.fingerprint,
-            decision: row.decision,
+            decision,
             first_seen,
         })
     }
@@ -389,6 +418,9 @@ impl MaintenanceStore for MemoryStore {
                 }
                 state.event_rows.remove(&(ns, k));
             }
+            // After their keys (a key whose batch is gone reads as confirmed).
+            let before = policy.keys_before;
+            state.pending.retain(|_, b| b.deadline >= before);
         }
         drop(state);
         report_cleanup_done(policy, &report);
@@ -407,21 +439,37 @@ impl MaintenanceStore for MemoryStore {
     }
 }
 
-#[async_trait]
-impl EventKeyStore for MemoryStore {
-    async fn check_and_mark(
+impl MemoryStore {
+    /// `check_and_mark`; with `pending` (a marker and its deadline) the keys it marks are
+    /// pending for one new batch, without their decisions.
+    fn mark(
         &self,
         namespace: &str,
         marks: &[EventMark],
         now: DateTime<Utc>,
-    ) -> Result<Vec<EventVerdict>> {
+        pending: Option<(&str, DateTime<Utc>)>,
+    ) -> Vec<EventVerdict> {
         let mut state = self.lock();
         let mut new = std::collections::HashSet::new();
         let mut stored = HashMap::new();
+        let mut batch = None;
         for m in event_keys::firsts(marks) {
             if let Some(row) = state.event(namespace, &m.key, now) {
                 stored.insert(m.key.clone(), row);
                 continue;
+            }
+            if let (Some((marker, deadline)), None) = (pending, batch) {
+                let id = state.next_pending;
+                state.next_pending += 1;
+                let marker = serde_json::from_str(marker)
+                    .unwrap_or_else(|_| serde_json::Value::String(marker.to_string()));
+                let row = PendingRow {
+                    namespace: namespace.to_string(),
+                    marker,
+                    deadline,
+                };
+                state.pending.insert(id, row);
+                batch = Some(id);
             }
             state
                 .events
@@ -430,15 +478,28 @@ impl EventKeyStore for MemoryStore {
                 .insert(m.key.clone(), micros(now));
             let row = EventRow {
                 fingerprint: m.fingerprint.clone(),
-                decision: m.decision.clone(),
+                decision: m.decision.clone().filter(|_| batch.is_none()),
                 expires_at: m.expires_at(now),
+                pending: batch,
             };
             state
                 .event_rows
                 .insert((namespace.to_string(), m.key.clone()), row);
             new.insert(m.key.clone());
         }
-        Ok(event_keys::verdicts(marks, &new, &stored, now))
+        event_keys::verdicts(marks, &new, &stored, now)
+    }
+}
+
+#[async_trait]
+impl EventKeyStore for MemoryStore {
+    async fn check_and_mark(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<EventVerdict>> {
+        Ok(self.mark(namespace, marks, now, None))
     }
 
     async fn is_duplicate(
@@ -572,25 +633,65 @@ impl EventKeyStore for MemoryStore {
         crate::store::fallback::mark_by_check(self, namespace, keys, now).await
     }
 
+    /// The batch's pending state is kept once (as SQLite's and Postgres's rows).
     async fn check_and_mark_pending(
         &self,
         namespace: &str,
-        marks: &[crate::store::EventMark],
-        now: chrono::DateTime<chrono::Utc>,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
         batch: crate::store::PendingBatch<'_>,
-        cursor: Option<(&str, &crate::store::Cursor)>,
-    ) -> crate::error::Result<Vec<crate::store::EventVerdict>> {
-        crate::store::fallback::pending_per_key(self, namespace, marks, now, batch, cursor).await
+        cursor: Option<(&str, &Cursor)>,
+    ) -> Result<Vec<EventVerdict>> {
+        let verdicts = self.mark(
+            namespace,
+            marks,
+            now,
+            Some((batch.marker, batch.deadline(now))),
+        );
+        if let Some((name, to)) = cursor {
+            self.advance_cursor(namespace, name, to).await?;
+        }
+        Ok(verdicts)
     }
 
+    /// Whole: the batch's state dropped, which confirms every key still naming it. Some
+    /// of its keys only: those stop naming it.
     async fn confirm_pending_batch(
         &self,
         namespace: &str,
         marker: &str,
-        keys: &[(String, Option<chrono::DateTime<chrono::Utc>>)],
-        _whole: bool,
-    ) -> crate::error::Result<u64> {
-        crate::store::fallback::confirm_batch_per_key(self, namespace, marker, keys).await
+        keys: &[(String, Option<DateTime<Utc>>)],
+        whole: bool,
+    ) -> Result<u64> {
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let marker: serde_json::Value = serde_json::from_str(marker)
+            .unwrap_or_else(|_| serde_json::Value::String(marker.to_string()));
+        let mut state = self.lock();
+        let ids: Vec<u64> = state
+            .pending
+            .iter()
+            .filter(|(_, b)| b.namespace == namespace && b.marker == marker)
+            .map(|(id, _)| *id)
+            .collect();
+        if whole {
+            for id in &ids {
+                state.pending.remove(id);
+            }
+            return Ok(if ids.is_empty() { 0 } else { keys.len() as u64 });
+        }
+        let mut done = 0;
+        for (key, _) in keys {
+            let row = state
+                .event_rows
+                .get_mut(&(namespace.to_string(), key.clone()));
+            if let Some(row) = row.filter(|r| r.pending.is_some_and(|id| ids.contains(&id))) {
+                row.pending = None;
+                done += 1;
+            }
+        }
+        Ok(done)
     }
 
     async fn check_and_mark_advancing(

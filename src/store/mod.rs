@@ -627,8 +627,10 @@ pub trait EventKeyStore: StoreBase {
     ///
     /// [`fallback::pending_per_key`]: each key carries the pending state itself, the
     /// marker as its decision and the shorter of its TTL and the timeout
-    /// ([`PendingBatch::per_key`]), replaced key by key when confirmed. A store may keep it once for the batch instead
-    /// (Postgres: one row per batch, so a confirmation is one row, not a write per key).
+    /// ([`PendingBatch::per_key`]), replaced key by key when confirmed: every new key
+    /// written twice. Every store that confirms keeps it once for the batch instead
+    /// (Postgres and SQLite: one row per batch; Redis: one key; memory: one entry), so a
+    /// confirmation is one write, not one per key.
     async fn check_and_mark_pending(
         &self,
         namespace: &str,

@@ -43,7 +43,9 @@ use chrono::{DateTime, Utc};
 use redis::aio::ConnectionManager;
 
 use super::event_keys::{against, parse_decision, Cursor, Found, StoredEvent};
-use super::{redact_url, Capabilities, EventKeyStore, EventMark, EventVerdict, StoreBase};
+use super::{
+    redact_url, Capabilities, EventKeyStore, EventMark, EventVerdict, PendingBatch, StoreBase,
+};
 use crate::backend::redis::{connect, error, parse_url};
 use crate::error::{Error, Result};
 use crate::model::micros;
@@ -52,8 +54,8 @@ mod scripts;
 mod value;
 
 use scripts::*;
+use value::{batch_key, px, Encoder, Header, Stored, MAX_PX_MS};
 pub use value::{cursor_key, redis_key};
-use value::{px, Encoder, Header, Stored};
 
 /// The Redis event-key store.
 #[derive(Clone)]
@@ -131,46 +133,250 @@ impl RedisStore {
         })
     }
 
-    /// The verdicts of a batch without repeated keys straight from the answers, in input
-    /// order (no bookkeeping per key); `None` when a stored mark expired by the caller's
-    /// clock and must be re-marked first.
+    /// The verdicts of a batch without repeated keys straight from the decoded answers,
+    /// in input order (no bookkeeping per key); `None` when a stored mark is dead by the
+    /// caller's clock (expired, or pending for a batch that died) and must be re-marked
+    /// first.
     fn direct_verdicts(
-        &self,
-        keys: &[String],
         marks: &[EventMark],
-        answers: &[Option<Vec<u8>>],
+        decoded: &[Option<Stored>],
+        states: &States,
         now: DateTime<Utc>,
-    ) -> Result<Option<Vec<EventVerdict>>> {
+    ) -> Option<Vec<EventVerdict>> {
         let mut verdicts = Vec::with_capacity(marks.len());
-        for ((m, key), answer) in marks.iter().zip(keys).zip(answers) {
-            let Some(value) = answer else {
+        for (m, stored) in marks.iter().zip(decoded) {
+            let Some(stored) = stored else {
                 verdicts.push(EventVerdict::New);
                 continue;
             };
-            let stored = self.decode(key, value)?;
-            if stored.expired(now) {
-                return Ok(None);
-            }
+            let decision = live(stored, states, now)?;
             let row = StoredEvent {
-                fingerprint: stored.header.fingerprint,
-                decision: parse_decision(stored.decision),
+                fingerprint: stored.header.fingerprint.clone(),
+                decision: parse_decision(decision.map(str::to_string)),
                 first_seen: DateTime::from_timestamp_micros(stored.header.first_seen)
                     .unwrap_or_default(),
             };
             verdicts.push(against(&row, m.fingerprint.as_deref()));
         }
-        Ok(Some(verdicts))
+        Some(verdicts)
     }
 
-    fn found(found: &mut Found, key: &str, stored: Stored) {
-        let first_seen =
-            DateTime::from_timestamp_micros(stored.header.first_seen).unwrap_or_default();
-        found.stored(
-            key.to_string(),
-            stored.header.fingerprint,
-            stored.decision,
-            first_seen,
-        );
+    /// Reads, in one `MGET`, the states of the pending batches that `stored` values name
+    /// and `states` does not know yet.
+    async fn learn<'a>(
+        &self,
+        conn: &mut ConnectionManager,
+        namespace: &str,
+        stored: impl Iterator<Item = &'a Stored>,
+        states: &mut States,
+    ) -> Result<()> {
+        let mut missing: Vec<&str> = stored
+            .filter_map(Stored::batch)
+            .filter(|m| !states.contains_key(*m))
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        missing.sort_unstable();
+        missing.dedup();
+        let mut cmd = redis::cmd("MGET");
+        for marker in &missing {
+            cmd.arg(batch_key(&self.prefix, namespace, marker));
+        }
+        let values: Vec<Option<String>> = cmd
+            .query_async(conn)
+            .await
+            .map_err(|e| self.err("reading pending batches", e))?;
+        for (marker, value) in missing.into_iter().zip(values) {
+            let state = match value.as_deref() {
+                Some("C") => BatchState::Confirmed,
+                Some(v) => v
+                    .strip_prefix('P')
+                    .and_then(|v| v.split(':').next()?.parse().ok())
+                    .map_or(BatchState::Dead, BatchState::Pending),
+                None => BatchState::Dead,
+            };
+            states.insert(marker.to_string(), state);
+        }
+        Ok(())
+    }
+
+    /// `check_and_mark`; with `pending` (a batch) the keys it marks name the batch, whose
+    /// key goes first in the same pipeline.
+    async fn mark(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+        pending: Option<PendingBatch<'_>>,
+    ) -> Result<Vec<EventVerdict>> {
+        if marks.is_empty() {
+            return Ok(Vec::new());
+        }
+        // The first occurrence of each key, in input order (Redis takes no locks, so unlike
+        // the SQL stores there is no lock order to keep).
+        let mut seen = std::collections::HashSet::with_capacity(marks.len());
+        let firsts: Vec<&EventMark> = marks
+            .iter()
+            .filter(|m| seen.insert(m.key.as_str()))
+            .collect();
+        let keys: Vec<String> = firsts
+            .iter()
+            .map(|m| self.redis_key(namespace, &m.key))
+            .collect();
+        let mut encoder = Encoder::new(now).pending(pending.map(|b| b.marker));
+        let values: Vec<Vec<u8>> = firsts.iter().map(|m| encoder.encode(m)).collect();
+        let mut pipe = redis::Pipeline::with_capacity(firsts.len() + 1);
+        if let Some(batch) = pending {
+            // The batch's key before its keys: a key never names a batch not yet stored.
+            let longest = match firsts.iter().map(|m| px(m)).collect::<Option<Vec<_>>>() {
+                Some(all) => all.into_iter().max().unwrap_or(1).to_string(),
+                None => String::new(),
+            };
+            let deadline = batch.deadline(now).timestamp_micros();
+            let timeout = batch.timeout.as_millis().clamp(1, MAX_PX_MS) as u64;
+            pipe.cmd("SET")
+                .arg(batch_key(&self.prefix, namespace, batch.marker))
+                .arg(format!("P{deadline}:{longest}"))
+                .arg("PX")
+                .arg(timeout)
+                .ignore();
+        }
+        for ((m, key), value) in firsts.iter().zip(&keys).zip(&values) {
+            // SET key value NX [PX ms] GET, sized up front (no regrowth per argument).
+            let mut cmd = redis::Cmd::with_capacity(7, key.len() + value.len() + 32);
+            cmd.arg("SET").arg(key).arg(value).arg("NX");
+            if let Some(ms) = px(m) {
+                cmd.arg("PX").arg(ms);
+            }
+            cmd.arg("GET");
+            pipe.add_command(cmd);
+        }
+        let mut conn = self.conn.clone();
+        let answers: Vec<Option<Vec<u8>>> = pipe
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| self.err("check_and_mark", e))?;
+        let decoded = answers
+            .iter()
+            .zip(&keys)
+            .map(|(a, key)| a.as_ref().map(|v| self.decode(key, v)).transpose())
+            .collect::<Result<Vec<_>>>()?;
+        let mut states = States::new();
+        self.learn(&mut conn, namespace, decoded.iter().flatten(), &mut states)
+            .await?;
+        if firsts.len() == marks.len() {
+            if let Some(verdicts) = Self::direct_verdicts(marks, &decoded, &states, now) {
+                return Ok(verdicts);
+            }
+        }
+        let mut found = Found::default();
+        let mut waiting: Vec<(usize, Answer)> = answers
+            .into_iter()
+            .zip(decoded)
+            .map(|(a, d)| a.zip(d))
+            .enumerate()
+            .collect();
+        for round in 0..=REMARK_ROUNDS {
+            // nil: this call marked the key. A stored value dead by the caller's clock (not
+            // yet by Redis's, or pending for a batch that died) is re-marked unless someone
+            // else re-marked it meanwhile; after the last round the value read stands as
+            // stored.
+            let mut retry: Vec<(usize, Vec<u8>)> = Vec::new();
+            for (i, answer) in waiting {
+                match answer {
+                    None => found.marked(firsts[i].key.clone()),
+                    Some((value, stored)) => match live(&stored, &states, now) {
+                        None if round < REMARK_ROUNDS => retry.push((i, value)),
+                        decision => {
+                            let first_seen =
+                                DateTime::from_timestamp_micros(stored.header.first_seen)
+                                    .unwrap_or_default();
+                            let decision = match decision {
+                                Some(d) => d.map(str::to_string),
+                                // Dead still after the last round: stands as stored
+                                // (a batch's key as its marker).
+                                None => stored
+                                    .batch()
+                                    .map(str::to_string)
+                                    .or_else(|| stored.decision.clone()),
+                            };
+                            found.stored(
+                                firsts[i].key.clone(),
+                                stored.header.fingerprint,
+                                decision,
+                                first_seen,
+                            );
+                        }
+                    },
+                }
+            }
+            if retry.is_empty() {
+                break;
+            }
+            let mut pipe = redis::pipe();
+            for (i, value) in &retry {
+                let ms = px(firsts[*i]).map(|ms| ms.to_string()).unwrap_or_default();
+                pipe.cmd("EVAL")
+                    .arg(REMARK_EXPIRED)
+                    .arg(1)
+                    .arg(&keys[*i])
+                    .arg(value)
+                    .arg(&values[*i])
+                    .arg(ms);
+            }
+            let answers: Vec<Option<Vec<u8>>> = pipe
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| self.err("check_and_mark", e))?;
+            waiting = Vec::with_capacity(retry.len());
+            for ((i, _), answer) in retry.iter().zip(answers) {
+                let stored = match answer {
+                    Some(v) => Some((self.decode(&keys[*i], &v)?, v)),
+                    None => None,
+                };
+                waiting.push((*i, stored.map(|(s, v)| (v, s))));
+            }
+            let fresh = waiting
+                .iter()
+                .filter_map(|(_, a)| a.as_ref().map(|(_, s)| s));
+            self.learn(&mut conn, namespace, fresh, &mut states).await?;
+        }
+        Ok(found.verdicts(marks, now))
+    }
+}
+
+/// What a pending batch's key says ([`batch_key`]).
+#[derive(Debug, Clone, Copy)]
+enum BatchState {
+    /// Unconfirmed until this deadline (microseconds since the epoch).
+    Pending(i64),
+    Confirmed,
+    /// Gone (its timeout passed unconfirmed) or not idem's.
+    Dead,
+}
+
+/// One key's answer to a marking call, as sent back and decoded (`None`: the call marked
+/// the key).
+type Answer = Option<(Vec<u8>, Stored)>;
+
+/// The states of the pending batches a call met, by marker.
+type States = std::collections::HashMap<String, BatchState>;
+
+/// The decision a stored value stands for at `now`: `None` when it is dead (expired by the
+/// caller's clock, or naming a batch that died or whose deadline passed), else its
+/// decision text (a pending batch's marker while pending; none once confirmed).
+fn live<'a>(stored: &'a Stored, states: &States, now: DateTime<Utc>) -> Option<Option<&'a str>> {
+    if stored.expired(now) {
+        return None;
+    }
+    let Some(marker) = stored.batch() else {
+        return Some(stored.decision.as_deref());
+    };
+    match states.get(marker).copied().unwrap_or(BatchState::Dead) {
+        BatchState::Pending(deadline) if deadline > now.timestamp_micros() => Some(Some(marker)),
+        BatchState::Confirmed => Some(None),
+        _ => None,
     }
 }
 
@@ -212,84 +418,7 @@ impl EventKeyStore for RedisStore {
         marks: &[EventMark],
         now: DateTime<Utc>,
     ) -> Result<Vec<EventVerdict>> {
-        if marks.is_empty() {
-            return Ok(Vec::new());
-        }
-        // The first occurrence of each key, in input order (Redis takes no locks, so unlike
-        // the SQL stores there is no lock order to keep).
-        let mut seen = std::collections::HashSet::with_capacity(marks.len());
-        let firsts: Vec<&EventMark> = marks
-            .iter()
-            .filter(|m| seen.insert(m.key.as_str()))
-            .collect();
-        let keys: Vec<String> = firsts
-            .iter()
-            .map(|m| self.redis_key(namespace, &m.key))
-            .collect();
-        let mut encoder = Encoder::new(now);
-        let values: Vec<Vec<u8>> = firsts.iter().map(|m| encoder.encode(m)).collect();
-        let mut pipe = redis::Pipeline::with_capacity(firsts.len());
-        for ((m, key), value) in firsts.iter().zip(&keys).zip(&values) {
-            // SET key value NX [PX ms] GET, sized up front (no regrowth per argument).
-            let mut cmd = redis::Cmd::with_capacity(7, key.len() + value.len() + 32);
-            cmd.arg("SET").arg(key).arg(value).arg("NX");
-            if let Some(ms) = px(m) {
-                cmd.arg("PX").arg(ms);
-            }
-            cmd.arg("GET");
-            pipe.add_command(cmd);
-        }
-        let mut conn = self.conn.clone();
-        let answers: Vec<Option<Vec<u8>>> = pipe
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| self.err("check_and_mark", e))?;
-        if firsts.len() == marks.len() {
-            if let Some(verdicts) = self.direct_verdicts(&keys, marks, &answers, now)? {
-                return Ok(verdicts);
-            }
-        }
-        let mut found = Found::default();
-        let mut pending: Vec<(usize, Option<Vec<u8>>)> = answers.into_iter().enumerate().collect();
-        for round in 0..=REMARK_ROUNDS {
-            // nil: this call marked the key. A stored value expired by the caller's clock
-            // (not yet by Redis's) is re-marked unless someone else re-marked it meanwhile;
-            // after the last round the value read stands as stored.
-            let mut retry: Vec<(usize, Vec<u8>)> = Vec::new();
-            for (i, answer) in pending {
-                match answer {
-                    None => found.marked(firsts[i].key.clone()),
-                    Some(value) => {
-                        let stored = self.decode(&keys[i], &value)?;
-                        if stored.expired(now) && round < REMARK_ROUNDS {
-                            retry.push((i, value));
-                        } else {
-                            Self::found(&mut found, &firsts[i].key, stored);
-                        }
-                    }
-                }
-            }
-            if retry.is_empty() {
-                break;
-            }
-            let mut pipe = redis::pipe();
-            for (i, value) in &retry {
-                let ms = px(firsts[*i]).map(|ms| ms.to_string()).unwrap_or_default();
-                pipe.cmd("EVAL")
-                    .arg(REMARK_EXPIRED)
-                    .arg(1)
-                    .arg(&keys[*i])
-                    .arg(value)
-                    .arg(&values[*i])
-                    .arg(ms);
-            }
-            let answers: Vec<Option<Vec<u8>>> = pipe
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| self.err("check_and_mark", e))?;
-            pending = retry.iter().map(|(i, _)| *i).zip(answers).collect();
-        }
-        Ok(found.verdicts(marks, now))
+        self.mark(namespace, marks, now, None).await
     }
 
     async fn forget_event_keys(&self, namespace: &str, keys: &[String]) -> Result<u64> {
@@ -411,14 +540,18 @@ impl EventKeyStore for RedisStore {
             .query_async(&mut conn)
             .await
             .map_err(|e| self.err("is_duplicate", e))?;
-        values
+        let decoded = values
             .iter()
             .zip(&redis_keys)
-            .map(|(v, key)| match v {
-                None => Ok(false),
-                Some(v) => Ok(!self.decode(key, v)?.expired(now)),
-            })
-            .collect()
+            .map(|(v, key)| v.as_ref().map(|v| self.decode(key, v)).transpose())
+            .collect::<Result<Vec<_>>>()?;
+        let mut states = States::new();
+        self.learn(&mut conn, namespace, decoded.iter().flatten(), &mut states)
+            .await?;
+        Ok(decoded
+            .iter()
+            .map(|d| d.as_ref().is_some_and(|s| live(s, &states, now).is_some()))
+            .collect())
     }
 
     async fn record_decision(
@@ -448,25 +581,55 @@ impl EventKeyStore for RedisStore {
         crate::store::fallback::mark_by_check(self, namespace, keys, now).await
     }
 
+    /// The batch's pending state is one key of its own ([`batch_key`]) that its keys
+    /// name; they carry their real expiry from the start.
     async fn check_and_mark_pending(
         &self,
         namespace: &str,
-        marks: &[crate::store::EventMark],
-        now: chrono::DateTime<chrono::Utc>,
-        batch: crate::store::PendingBatch<'_>,
-        cursor: Option<(&str, &crate::store::Cursor)>,
-    ) -> crate::error::Result<Vec<crate::store::EventVerdict>> {
-        crate::store::fallback::pending_per_key(self, namespace, marks, now, batch, cursor).await
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+        batch: PendingBatch<'_>,
+        cursor: Option<(&str, &Cursor)>,
+    ) -> Result<Vec<EventVerdict>> {
+        let verdicts = self.mark(namespace, marks, now, Some(batch)).await?;
+        if let Some((name, to)) = cursor {
+            self.advance_cursor(namespace, name, to).await?;
+        }
+        Ok(verdicts)
     }
 
+    /// Whole: the batch's one key set confirmed, which confirms every key naming it. Some
+    /// of its keys only: those stop naming it, the others stay pending.
     async fn confirm_pending_batch(
         &self,
         namespace: &str,
         marker: &str,
-        keys: &[(String, Option<chrono::DateTime<chrono::Utc>>)],
-        _whole: bool,
-    ) -> crate::error::Result<u64> {
-        crate::store::fallback::confirm_batch_per_key(self, namespace, marker, keys).await
+        keys: &[(String, Option<DateTime<Utc>>)],
+        whole: bool,
+    ) -> Result<u64> {
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let mut conn = self.conn.clone();
+        if whole {
+            let done: u64 = redis::cmd("EVAL")
+                .arg(CONFIRM_BATCH)
+                .arg(1)
+                .arg(batch_key(&self.prefix, namespace, marker))
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| self.err("confirm_pending_batch", e))?;
+            return Ok(if done > 0 { keys.len() as u64 } else { 0 });
+        }
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(CONFIRM_KEYS).arg(keys.len());
+        for (key, _) in keys {
+            cmd.arg(self.redis_key(namespace, key));
+        }
+        cmd.arg(format!("{}{marker}", value::PENDING));
+        cmd.query_async(&mut conn)
+            .await
+            .map_err(|e| self.err("confirm_pending_batch", e))
     }
 
     async fn check_and_mark_advancing(

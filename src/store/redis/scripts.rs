@@ -81,3 +81,35 @@ end
 redis.call('SET', KEYS[1], ARGV[1] .. '\n' .. ARGV[2])
 return 1
 ";
+
+/// Confirms a pending batch whole: its key (KEYS[1], see `value::batch_key`) still pending
+/// becomes `C`, living as long as the batch's longest key (the `PX` its pending value
+/// carries; none: no expiry), which confirms every key naming it at once. 1 when
+/// confirmed, 0 when the batch is gone (died unconfirmed) or was confirmed already.
+pub(super) const CONFIRM_BATCH: &str = r"
+local v = redis.call('GET', KEYS[1])
+if not v or string.sub(v, 1, 1) ~= 'P' then return 0 end
+local px = string.match(v, ':(%d*)$')
+if px == nil or px == '' then
+  redis.call('SET', KEYS[1], 'C')
+else
+  redis.call('SET', KEYS[1], 'C', 'PX', px)
+end
+return 1
+";
+
+/// Confirms some keys of a pending batch: each KEYS[i] whose decision part is exactly
+/// ARGV[1] (`@` and the batch's marker) stops naming it (its decision part emptied, its
+/// expiry kept: it was marked with its real one). Answers how many were confirmed.
+pub(super) const CONFIRM_KEYS: &str = r"
+local n = 0
+for i = 1, #KEYS do
+  local v = redis.call('GET', KEYS[i])
+  local nl = v and string.find(v, '\n', 1, true)
+  if nl and string.sub(v, nl + 1) == ARGV[1] then
+    redis.call('SET', KEYS[i], string.sub(v, 1, nl), 'KEEPTTL')
+    n = n + 1
+  end
+end
+return n
+";

@@ -58,6 +58,12 @@ pub(super) struct Stored {
 }
 
 impl Stored {
+    /// The marker of the pending batch the value names (its decision part is `@` and the
+    /// marker, which no JSON text begins with).
+    pub(super) fn batch(&self) -> Option<&str> {
+        self.decision.as_deref()?.strip_prefix(PENDING)
+    }
+
     pub(super) fn expired(&self, now: DateTime<Utc>) -> bool {
         self.header
             .expires
@@ -74,6 +80,9 @@ pub(super) struct Encoder {
     pub(super) first_seen: i64,
     /// The last TTL encoded and its `TTL` text.
     ttl: Option<(std::time::Duration, String)>,
+    /// The decision part of every value: `@` and a pending batch's marker (the marks'
+    /// own decisions are not kept: a confirmed pending mark has none).
+    pending: Option<String>,
 }
 
 impl Encoder {
@@ -84,7 +93,14 @@ impl Encoder {
             head: format!("{first_seen}:"),
             first_seen,
             ttl: None,
+            pending: None,
         }
+    }
+
+    /// Values naming the pending batch `marker` instead of a decision.
+    pub(super) fn pending(mut self, marker: Option<&str>) -> Self {
+        self.pending = marker.map(|m| format!("{PENDING}{m}"));
+        self
     }
 
     pub(super) fn encode(&mut self, m: &EventMark) -> Vec<u8> {
@@ -110,7 +126,9 @@ impl Encoder {
             }
         }
         value.push(b'\n');
-        if let Some(d) = &m.decision {
+        if let Some(batch) = &self.pending {
+            value.extend_from_slice(batch.as_bytes());
+        } else if let Some(d) = &m.decision {
             let _ = serde_json::to_writer(&mut value, d);
         }
         value
@@ -146,6 +164,20 @@ pub fn redis_key(prefix: &str, namespace: &str, key: &str) -> String {
 pub fn cursor_key(prefix: &str, namespace: &str, name: &str) -> String {
     let event = redis_key(prefix, namespace, "");
     format!("{}#cursor:{name}", &event[..event.len() - 1])
+}
+
+/// What begins the decision part of a value naming its pending batch.
+pub(super) const PENDING: char = '@';
+
+/// The Redis key of a pending batch of a namespace: `PREFIX{NAMESPACE}#pending:MARKER`, in
+/// the namespace's slot and apart from every event key and cursor. Its value is
+/// `P` + the deadline (microseconds since the epoch, the marking caller's clock) + `:` +
+/// the longest `PX` of its keys (empty: a key never expires) while pending, with the
+/// batch's timeout as its own expiry; `C` once confirmed, living as long as its longest
+/// key. Gone: the batch died unconfirmed.
+pub fn batch_key(prefix: &str, namespace: &str, marker: &str) -> String {
+    let event = redis_key(prefix, namespace, "");
+    format!("{}#pending:{marker}", &event[..event.len() - 1])
 }
 
 #[cfg(test)]

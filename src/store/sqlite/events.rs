@@ -9,21 +9,22 @@ use super::*;
 /// statement cache.
 pub(super) const EVENT_CHUNK: usize = 1000;
 
-/// `INSERT` marking `n` keys: namespace and `now` once, then four anonymous parameters a
-/// row (key, fingerprint, decision, expiry), then `now` once more: a key found absent is
-/// inserted, one that expired by `now` is taken over. A key stored and unexpired is left
-/// alone (the upsert's WHERE) or, `all_or_nothing`, fails the whole statement: its
-/// `event_key` would be set to NULL, which the column's NOT NULL refuses, and SQLite
-/// undoes everything the statement did ([`refused`]). `WHERE true` tells SQLite's parser
-/// that `ON` starts the upsert, not a join. Bound values, not a JSON array: SQLite's JSON
-/// functions parsing the batch back were a third of the worker's time; and not six a row:
-/// each bound text is copied twice on its way to SQLite. Anonymous `?`, not `?NNN`: sqlx
-/// looks up each numbered parameter's name, which SQLite finds by a linear scan
-/// (quadratic in the batch).
+/// `INSERT` marking `n` keys: namespace, `now` and the pending batch's id (NULL: none)
+/// once, then four anonymous parameters a row (key, fingerprint, decision, expiry), then
+/// `now` twice more: a key found absent is inserted, one that is dead by `now` ([`DEAD`]:
+/// expired, or pending for a batch whose deadline passed unconfirmed) is taken over. A key
+/// stored and alive is left alone (the upsert's WHERE) or, `all_or_nothing`, fails the
+/// whole statement: its `event_key` would be set to NULL, which the column's NOT NULL
+/// refuses, and SQLite undoes everything the statement did ([`refused`]). `WHERE true`
+/// tells SQLite's parser that `ON` starts the upsert, not a join. Bound values, not a JSON
+/// array: SQLite's JSON functions parsing the batch back were a third of the worker's
+/// time; and not six a row: each bound text is copied twice on its way to SQLite.
+/// Anonymous `?`, not `?NNN`: sqlx looks up each numbered parameter's name, which SQLite
+/// finds by a linear scan (quadratic in the batch).
 pub(super) fn events_mark_sql(n: usize, all_or_nothing: bool) -> String {
     let mut sql = String::from(
-        "INSERT INTO event_keys (namespace, event_key, first_seen, fingerprint, decision, expires_at) \
-         SELECT ?, column1, ?, column2, column3, column4 FROM (VALUES ",
+        "INSERT INTO event_keys (namespace, event_key, first_seen, pending, fingerprint, decision, expires_at) \
+         SELECT ?, column1, ?, ?, column2, column3, column4 FROM (VALUES ",
     );
     for i in 0..n {
         sql.push_str(if i > 0 { ",(?,?,?,?)" } else { "(?,?,?,?)" });
@@ -31,17 +32,29 @@ pub(super) fn events_mark_sql(n: usize, all_or_nothing: bool) -> String {
     sql.push_str(
         ") WHERE true ON CONFLICT (namespace, event_key) DO UPDATE SET \
          first_seen = excluded.first_seen, fingerprint = excluded.fingerprint, \
-         decision = excluded.decision, expires_at = excluded.expires_at",
+         decision = excluded.decision, expires_at = excluded.expires_at, \
+         pending = excluded.pending",
     );
-    sql.push_str(match all_or_nothing {
+    match all_or_nothing {
         true => {
-            ", event_key = CASE WHEN event_keys.expires_at IS NOT NULL \
-             AND event_keys.expires_at <= ? THEN event_keys.event_key END"
+            sql.push_str(", event_key = CASE WHEN ");
+            sql.push_str(DEAD);
+            sql.push_str(" THEN event_keys.event_key END");
         }
-        false => " WHERE event_keys.expires_at IS NOT NULL AND event_keys.expires_at <= ?",
-    });
+        false => {
+            sql.push_str(" WHERE ");
+            sql.push_str(DEAD);
+        }
+    }
     sql
 }
+
+/// Whether the stored row `event_keys` is dead at the two `?` (both `now`): expired, or
+/// pending for a batch whose deadline passed unconfirmed (a key whose batch row is gone
+/// was confirmed: alive until its own expiry).
+const DEAD: &str = "((event_keys.expires_at IS NOT NULL AND event_keys.expires_at <= ?) \
+    OR (event_keys.pending IS NOT NULL AND EXISTS (SELECT 1 FROM event_pending p \
+        WHERE p.id = event_keys.pending AND p.deadline <= ?)))";
 
 /// Whether `e` is an all-or-nothing insert ([`events_mark_sql`]) refusing a batch because
 /// one of its keys is stored and unexpired.
@@ -81,57 +94,89 @@ pub(super) fn read_queries<'q>(
         .zip(marks.chunks(EVENT_CHUNK))
         .map(|(sql, chunk)| {
             let query = sqlx::query_scalar(sql).bind(namespace).bind(ts(now));
-            chunk.iter().fold(query, |q, m| q.bind(m.key.as_str()))
+            chunk
+                .iter()
+                .fold(query, |q, m| q.bind(m.key.as_str()))
+                .bind(ts(now))
         })
         .collect()
 }
 
-/// `sqls` ([`mark_sqls`] of `marks.len()`) bound to `marks` of `namespace` at `now`.
+/// `sqls` ([`mark_sqls`] of `marks.len()`) bound to `marks` of `namespace` at `now`,
+/// pending for the batch row `pending` when given (then without their decisions: a
+/// confirmed pending mark keeps none).
 pub(super) fn mark_queries<'q>(
     sqls: &'q [String],
     marks: &[&'q EventMark],
     namespace: &'q str,
     now: DateTime<Utc>,
+    pending: Option<i64>,
 ) -> Vec<sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>> {
     sqls.iter()
         .zip(marks.chunks(EVENT_CHUNK))
         .map(|(sql, chunk)| {
-            let query = sqlx::query(sql).bind(namespace).bind(ts(now));
+            let query = sqlx::query(sql).bind(namespace).bind(ts(now)).bind(pending);
             chunk
                 .iter()
                 .fold(query, |query, m| {
                     query
                         .bind(m.key.as_str())
                         .bind(m.fingerprint.as_deref())
-                        .bind(event_keys::decision_text(m))
+                        .bind(event_keys::decision_text(m).filter(|_| pending.is_none()))
                         .bind(m.expires_at(now).map(ts))
                 })
+                .bind(ts(now))
                 .bind(ts(now))
         })
         .collect()
 }
 
-/// The unexpired rows of namespace `?` at `?` of `n` keys (`?`…), as one JSON array of
-/// [key, fingerprint, decision, first_seen] (`[]` when none): one row back, not one per
-/// key (sqlx passes each row from its SQLite worker thread as a message).
+/// Inserts the row of a pending batch marked at `now` (its marker and deadline): its id,
+/// which the batch's keys name.
+pub(super) async fn insert_pending(
+    conn: &mut SqliteConnection,
+    namespace: &str,
+    (marker, deadline): (&str, DateTime<Utc>),
+    now: DateTime<Utc>,
+) -> std::result::Result<i64, sqlx::Error> {
+    sqlx::query_scalar(
+        "INSERT INTO event_pending (namespace, marker, first_seen, deadline) \
+         VALUES (?1, ?2, ?3, ?4) RETURNING id",
+    )
+    .bind(namespace)
+    .bind(marker)
+    .bind(ts(now))
+    .bind(ts(deadline))
+    .fetch_one(conn)
+    .await
+}
+
+/// The live rows of namespace `?` at `?` of `n` keys (`?`…, then `now` again), as one
+/// JSON array of [key, fingerprint, decision, first_seen] (`[]` when none): one row back,
+/// not one per key (sqlx passes each row from its SQLite worker thread as a message). A
+/// key pending for a batch whose deadline has not passed reads as a replay whose decision
+/// is the batch's marker; past it, as absent.
 pub(super) fn events_read_batch_sql(n: usize) -> String {
     let mut sql = String::from(
-        "SELECT json_group_array(json_array(event_key, fingerprint, decision, first_seen)) \
-         FROM event_keys WHERE namespace = ? AND (expires_at IS NULL OR expires_at > ?) \
-         AND event_key IN (",
+        "SELECT json_group_array(json_array(e.event_key, e.fingerprint, \
+         coalesce(p.marker, e.decision), e.first_seen)) \
+         FROM event_keys e LEFT JOIN event_pending p ON p.id = e.pending \
+         WHERE e.namespace = ? AND (e.expires_at IS NULL OR e.expires_at > ?) \
+         AND e.event_key IN (",
     );
     for i in 0..n {
         sql.push_str(if i > 0 { ",?" } else { "?" });
     }
-    sql.push(')');
+    sql.push_str(") AND (p.deadline IS NULL OR p.deadline > ?)");
     sql
 }
 
-/// The unexpired rows of the keys in the JSON array ?2.
+/// The live rows of the keys in the JSON array ?2 (as [`events_read_batch_sql`]).
 pub(super) const EVENTS_READ_SQL: &str = "\
-SELECT event_key, fingerprint, decision, first_seen FROM event_keys
-WHERE namespace = ?1 AND event_key IN (SELECT value FROM json_each(?2))
-  AND (expires_at IS NULL OR expires_at > ?3)";
+SELECT e.event_key, e.fingerprint, coalesce(p.marker, e.decision), e.first_seen
+FROM event_keys e LEFT JOIN event_pending p ON p.id = e.pending
+WHERE e.namespace = ?1 AND e.event_key IN (SELECT value FROM json_each(?2))
+  AND (e.expires_at IS NULL OR e.expires_at > ?3) AND (p.deadline IS NULL OR p.deadline > ?3)";
 
 /// The unexpired rows of `keys`.
 pub(super) async fn read_events(
@@ -200,7 +245,10 @@ impl SqliteStore {
         Ok(present)
     }
 
-    /// `check_and_mark`, and the cursor's advance in the same transaction.
+    /// `check_and_mark`, and the cursor's advance in the same transaction; with `pending`
+    /// (a marker and its deadline) the keys it marks are pending for that batch, whose
+    /// row (migration 0010) goes in the same transaction, so its keys are never seen
+    /// without it.
     ///
     /// Without a cursor, a batch after one that found none of its keys stored is tried as
     /// one all-or-nothing insert of every key. Any other batch, or one that insert refused,
@@ -214,6 +262,7 @@ impl SqliteStore {
         marks: &[EventMark],
         now: DateTime<Utc>,
         cursor: Option<(&str, &Cursor)>,
+        pending: Option<(&str, DateTime<Utc>)>,
     ) -> Result<Vec<EventVerdict>> {
         if marks.is_empty() {
             if let Some((name, to)) = cursor {
@@ -224,13 +273,17 @@ impl SqliteStore {
         }
         let firsts = event_keys::firsts(marks);
         if cursor.is_none() && self.events.fresh.load(Ordering::Relaxed) {
-            // Bound before this batch's turn, so it binds while the batch before it writes.
             let sqls = mark_sqls(firsts.len(), true);
-            let queries = mark_queries(&sqls, &firsts, namespace, now);
+            // Without a pending batch, bound before this batch's turn, so it binds while
+            // the batch before it writes (a pending batch's id is known only inside it).
+            let mut queries = match pending {
+                None => mark_queries(&sqls, &firsts, namespace, now, None),
+                Some(_) => Vec::new(),
+            };
             let turn = self.events.turn.lock().await;
             let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
             let tried = async {
-                if let [_] = queries.as_slice() {
+                if let (None, [_]) = (pending, queries.as_slice()) {
                     // One statement is atomic alone: no BEGIN, no COMMIT.
                     for query in queries {
                         query.execute(&mut *conn).await?;
@@ -238,6 +291,10 @@ impl SqliteStore {
                     return Ok(());
                 }
                 let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+                if let Some(batch) = pending {
+                    let id = insert_pending(&mut tx, namespace, batch, now).await?;
+                    queries = mark_queries(&sqls, &firsts, namespace, now, Some(id));
+                }
                 for query in queries {
                     query.execute(&mut *tx).await?;
                 }
@@ -288,7 +345,15 @@ impl SqliteStore {
             .filter(|m| !present_now.contains(m.key.as_str()))
             .collect();
         let sqls = mark_sqls(batch.len(), false);
-        for query in mark_queries(&sqls, &batch, namespace, now) {
+        let id = match pending {
+            Some(p) if !batch.is_empty() => Some(
+                insert_pending(&mut tx, namespace, p, now)
+                    .await
+                    .map_err(|e| self.err(e))?,
+            ),
+            _ => None,
+        };
+        for query in mark_queries(&sqls, &batch, namespace, now, id) {
             query.execute(&mut *tx).await.map_err(|e| self.err(e))?;
         }
         if let Some((name, to)) = cursor {
@@ -317,7 +382,7 @@ impl EventKeyStore for SqliteStore {
         marks: &[EventMark],
         now: DateTime<Utc>,
     ) -> Result<Vec<EventVerdict>> {
-        self.mark_batch(namespace, marks, now, None).await
+        self.mark_batch(namespace, marks, now, None, None).await
     }
 
     async fn check_and_mark_advancing(
@@ -328,7 +393,7 @@ impl EventKeyStore for SqliteStore {
         cursor: &str,
         to: &Cursor,
     ) -> Result<Vec<EventVerdict>> {
-        self.mark_batch(namespace, marks, now, Some((cursor, to)))
+        self.mark_batch(namespace, marks, now, Some((cursor, to)), None)
             .await
     }
 
@@ -476,24 +541,65 @@ impl EventKeyStore for SqliteStore {
         crate::store::fallback::mark_by_check(self, namespace, keys, now).await
     }
 
+    /// The batch's pending state is one row of `event_pending` (migration 0010), which its
+    /// keys name; they carry their real expiry from the start.
     async fn check_and_mark_pending(
         &self,
         namespace: &str,
-        marks: &[crate::store::EventMark],
-        now: chrono::DateTime<chrono::Utc>,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
         batch: crate::store::PendingBatch<'_>,
-        cursor: Option<(&str, &crate::store::Cursor)>,
-    ) -> crate::error::Result<Vec<crate::store::EventVerdict>> {
-        crate::store::fallback::pending_per_key(self, namespace, marks, now, batch, cursor).await
+        cursor: Option<(&str, &Cursor)>,
+    ) -> Result<Vec<EventVerdict>> {
+        let pending = Some((batch.marker, batch.deadline(now)));
+        self.mark_batch(namespace, marks, now, cursor, pending)
+            .await
     }
 
+    /// Whole: the batch's one row deleted, which confirms every key still naming it. Some
+    /// of its keys only: those stop naming it, the others stay pending.
     async fn confirm_pending_batch(
         &self,
         namespace: &str,
         marker: &str,
-        keys: &[(String, Option<chrono::DateTime<chrono::Utc>>)],
-        _whole: bool,
-    ) -> crate::error::Result<u64> {
-        crate::store::fallback::confirm_batch_per_key(self, namespace, marker, keys).await
+        keys: &[(String, Option<DateTime<Utc>>)],
+        whole: bool,
+    ) -> Result<u64> {
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let turn = self.events.turn.lock().await;
+        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        let done = if whole {
+            let done =
+                sqlx::query("DELETE FROM event_pending WHERE namespace = ?1 AND marker = ?2")
+                    .bind(namespace)
+                    .bind(marker)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(|e| self.err(e))?;
+            if done.rows_affected() > 0 {
+                keys.len() as u64
+            } else {
+                0
+            }
+        } else {
+            let names: Vec<&str> = keys.iter().map(|(k, _)| k.as_str()).collect();
+            sqlx::query(
+                "UPDATE event_keys SET pending = NULL WHERE namespace = ?1 \
+                 AND pending IN (SELECT id FROM event_pending WHERE namespace = ?1 AND marker = ?2) \
+                 AND event_key IN (SELECT value FROM json_each(?3))",
+            )
+            .bind(namespace)
+            .bind(marker)
+            .bind(serde_json::to_string(&names).unwrap_or_default())
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| self.err(e))?
+            .rows_affected()
+        };
+        drop(conn);
+        drop(turn);
+        Ok(done)
     }
 }

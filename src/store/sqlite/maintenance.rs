@@ -25,7 +25,10 @@ impl MaintenanceStore for SqliteStore {
             "started_at < ?1 AND (?2 IS NULL OR processor_name = ?2) AND run_id NOT IN \
                  (SELECT run_id FROM processing_keys WHERE processed_at >= ?3)",
             "expires_at < ?1 AND (?2 IS NULL OR processor_name = ?2) AND ?3 IS NOT NULL",
-            "expires_at IS NOT NULL AND expires_at < ?1 AND ?2 IS NULL AND ?3 IS NOT NULL",
+            // Expired, or of a pending batch whose deadline passed unconfirmed.
+            "((expires_at IS NOT NULL AND expires_at < ?1) OR pending IN \
+                 (SELECT id FROM event_pending WHERE deadline < ?1)) \
+                 AND ?2 IS NULL AND ?3 IS NOT NULL",
         ];
         cleanup_tables(
             policy,
@@ -48,12 +51,27 @@ impl MaintenanceStore for SqliteStore {
                 let sql = format!(
                     "DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} WHERE {condition} LIMIT ?4)"
                 );
-                Ok(statements::cleanup(&sql, ts(cutoff), policy.processor.as_deref(), ts(policy.keys_before))
+                let deleted = statements::cleanup(&sql, ts(cutoff), policy.processor.as_deref(), ts(policy.keys_before))
                     .bind(policy.limit())
                     .execute(&self.pool)
                     .await
                     .map_err(|e| self.err(e))?
-                    .rows_affected())
+                    .rows_affected();
+                if table == "event_keys"
+                    && policy.processor.is_none()
+                    && deleted < policy.limit() as u64
+                {
+                    // After the last batch of keys, the rows of dead pending batches: none
+                    // of their keys is left (each was deleted above, and no key names a
+                    // batch after the transaction that made its row). Never before their
+                    // keys: a key whose batch row is gone reads as confirmed.
+                    sqlx::query("DELETE FROM event_pending WHERE deadline < ?1")
+                        .bind(ts(cutoff))
+                        .execute(&self.pool)
+                        .await
+                        .map_err(|e| self.err(e))?;
+                }
+                Ok(deleted)
             },
         )
         .await

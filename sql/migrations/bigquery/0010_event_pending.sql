@@ -1,0 +1,1 @@
+-- Nothing to do on BigQuery: it does not mark keys pending (this version is SQLite's per-batch pending rows).

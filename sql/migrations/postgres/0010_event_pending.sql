@@ -1,0 +1,1 @@
+-- Nothing to do on Postgres: its per-batch pending rows came with 0008 (this version is SQLite's).
