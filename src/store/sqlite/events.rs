@@ -9,8 +9,8 @@ use super::*;
 /// statement cache.
 pub(super) const EVENT_CHUNK: usize = 1000;
 
-/// `INSERT` marking `n` keys: namespace, `now` and the pending batch's id (NULL: none)
-/// once, then four anonymous parameters a row (key, fingerprint, decision, expiry), then
+/// `INSERT` marking `n` keys: namespace and `now` once, then (`pending`) the namespace
+/// and marker of the batch whose row names the keys, then four anonymous parameters a row (key, fingerprint, decision, expiry), then
 /// `now` twice more: a key found absent is inserted, one that is dead by `now` ([`DEAD`]:
 /// expired, or pending for a batch whose deadline passed unconfirmed) is taken over. A key
 /// stored and alive is left alone (the upsert's WHERE) or, `all_or_nothing`, fails the
@@ -21,11 +21,19 @@ pub(super) const EVENT_CHUNK: usize = 1000;
 /// time; and not six a row: each bound text is copied twice on its way to SQLite.
 /// Anonymous `?`, not `?NNN`: sqlx looks up each numbered parameter's name, which SQLite
 /// finds by a linear scan (quadratic in the batch).
-pub(super) fn events_mark_sql(n: usize, all_or_nothing: bool) -> String {
+pub(super) fn events_mark_sql(n: usize, all_or_nothing: bool, pending: bool) -> String {
     let mut sql = String::from(
         "INSERT INTO event_keys (namespace, event_key, first_seen, pending, fingerprint, decision, expires_at) \
-         SELECT ?, column1, ?, ?, column2, column3, column4 FROM (VALUES ",
+         SELECT ?, column1, ?, ",
     );
+    // The batch's row, inserted just before in the same transaction (the newest of its
+    // namespace and marker): a subquery evaluated once, so the statement is bound before
+    // the row exists, outside the batch's turn.
+    sql.push_str(match pending {
+        true => "(SELECT max(id) FROM event_pending WHERE namespace = ? AND marker = ?)",
+        false => "NULL",
+    });
+    sql.push_str(", column2, column3, column4 FROM (VALUES ");
     for i in 0..n {
         sql.push_str(if i > 0 { ",(?,?,?,?)" } else { "(?,?,?,?)" });
     }
@@ -62,11 +70,12 @@ pub(super) fn refused(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(d) if d.kind() == sqlx::error::ErrorKind::NotNullViolation)
 }
 
-/// The statements marking `n` keys, one per chunk of [`EVENT_CHUNK`].
-pub(super) fn mark_sqls(n: usize, all_or_nothing: bool) -> Vec<String> {
+/// The statements marking `n` keys, one per chunk of [`EVENT_CHUNK`] (`pending`: for a
+/// pending batch).
+pub(super) fn mark_sqls(n: usize, all_or_nothing: bool, pending: bool) -> Vec<String> {
     (0..n)
         .step_by(EVENT_CHUNK)
-        .map(|start| events_mark_sql((n - start).min(EVENT_CHUNK), all_or_nothing))
+        .map(|start| events_mark_sql((n - start).min(EVENT_CHUNK), all_or_nothing, pending))
         .collect()
 }
 
@@ -103,19 +112,22 @@ pub(super) fn read_queries<'q>(
 }
 
 /// `sqls` ([`mark_sqls`] of `marks.len()`) bound to `marks` of `namespace` at `now`,
-/// pending for the batch row `pending` when given (then without their decisions: a
+/// pending for the batch of marker `pending` when given (then without their decisions: a
 /// confirmed pending mark keeps none).
 pub(super) fn mark_queries<'q>(
     sqls: &'q [String],
     marks: &[&'q EventMark],
     namespace: &'q str,
     now: DateTime<Utc>,
-    pending: Option<i64>,
+    pending: Option<&'q str>,
 ) -> Vec<sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>> {
     sqls.iter()
         .zip(marks.chunks(EVENT_CHUNK))
         .map(|(sql, chunk)| {
-            let query = sqlx::query(sql).bind(namespace).bind(ts(now)).bind(pending);
+            let mut query = sqlx::query(sql).bind(namespace).bind(ts(now));
+            if let Some(marker) = pending {
+                query = query.bind(namespace).bind(marker);
+            }
             chunk
                 .iter()
                 .fold(query, |query, m| {
@@ -131,24 +143,25 @@ pub(super) fn mark_queries<'q>(
         .collect()
 }
 
-/// Inserts the row of a pending batch marked at `now` (its marker and deadline): its id,
-/// which the batch's keys name.
+/// Inserts the row of a pending batch marked at `now` (its marker and deadline), which the
+/// batch's keys then name ([`events_mark_sql`], in the same transaction).
 pub(super) async fn insert_pending(
     conn: &mut SqliteConnection,
     namespace: &str,
     (marker, deadline): (&str, DateTime<Utc>),
     now: DateTime<Utc>,
-) -> std::result::Result<i64, sqlx::Error> {
-    sqlx::query_scalar(
+) -> std::result::Result<(), sqlx::Error> {
+    sqlx::query(
         "INSERT INTO event_pending (namespace, marker, first_seen, deadline) \
-         VALUES (?1, ?2, ?3, ?4) RETURNING id",
+         VALUES (?1, ?2, ?3, ?4)",
     )
     .bind(namespace)
     .bind(marker)
     .bind(ts(now))
     .bind(ts(deadline))
-    .fetch_one(conn)
+    .execute(conn)
     .await
+    .map(|_| ())
 }
 
 /// The live rows of namespace `?` at `?` of `n` keys (`?`…, then `now` again), as one
@@ -273,13 +286,10 @@ impl SqliteStore {
         }
         let firsts = event_keys::firsts(marks);
         if cursor.is_none() && self.events.fresh.load(Ordering::Relaxed) {
-            let sqls = mark_sqls(firsts.len(), true);
-            // Without a pending batch, bound before this batch's turn, so it binds while
-            // the batch before it writes (a pending batch's id is known only inside it).
-            let mut queries = match pending {
-                None => mark_queries(&sqls, &firsts, namespace, now, None),
-                Some(_) => Vec::new(),
-            };
+            // Bound before this batch's turn, so it binds while the batch before it writes.
+            let sqls = mark_sqls(firsts.len(), true, pending.is_some());
+            let marker = pending.map(|p| p.0);
+            let queries = mark_queries(&sqls, &firsts, namespace, now, marker);
             let turn = self.events.turn.lock().await;
             let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
             let tried = async {
@@ -292,8 +302,7 @@ impl SqliteStore {
                 }
                 let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
                 if let Some(batch) = pending {
-                    let id = insert_pending(&mut tx, namespace, batch, now).await?;
-                    queries = mark_queries(&sqls, &firsts, namespace, now, Some(id));
+                    insert_pending(&mut tx, namespace, batch, now).await?;
                 }
                 for query in queries {
                     query.execute(&mut *tx).await?;
@@ -344,16 +353,14 @@ impl SqliteStore {
             .into_iter()
             .filter(|m| !present_now.contains(m.key.as_str()))
             .collect();
-        let sqls = mark_sqls(batch.len(), false);
-        let id = match pending {
-            Some(p) if !batch.is_empty() => Some(
-                insert_pending(&mut tx, namespace, p, now)
-                    .await
-                    .map_err(|e| self.err(e))?,
-            ),
-            _ => None,
-        };
-        for query in mark_queries(&sqls, &batch, namespace, now, id) {
+        let marker = pending.filter(|_| !batch.is_empty());
+        let sqls = mark_sqls(batch.len(), false, marker.is_some());
+        if let Some(p) = marker {
+            insert_pending(&mut tx, namespace, p, now)
+                .await
+                .map_err(|e| self.err(e))?;
+        }
+        for query in mark_queries(&sqls, &batch, namespace, now, marker.map(|p| p.0)) {
             query.execute(&mut *tx).await.map_err(|e| self.err(e))?;
         }
         if let Some((name, to)) = cursor {
