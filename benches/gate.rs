@@ -383,6 +383,23 @@ fn main() {
                 measured.push(("postgres COPY floor".to_string(), rate(lines, s)));
             }
         }
+        // The memory store (this process's only): the first pass, with and without
+        // pending marks (a replay pass would be another first pass).
+        for (case, extra) in [
+            ("memory first pass ", &[][..]),
+            (
+                "memory first, pending off",
+                &["--pending-timeout", "0s"][..],
+            ),
+        ] {
+            let r = gate_with(&input, "memory://", "bench", batch, extra);
+            println!(
+                "  {case:<27}: {:>9.0} lines/s ({:.2} s)",
+                rate(lines, r.seconds),
+                r.seconds
+            );
+            measured.push((case.trim_end().to_string(), rate(lines, r.seconds)));
+        }
         if !redis_up {
             continue;
         }
@@ -447,6 +464,28 @@ fn main() {
             .find(|(c, _)| c == case)
             .map(|(_, v)| v.clone())
     };
+    // The price of pending marks: each store's first pass with them (the default) against
+    // its first pass without them, round by round (issue 36: at least 0.85).
+    println!("first pass with pending marks / without, per round (median):");
+    for (store, on, off) in [
+        ("sqlite", "sqlite first pass ", "sqlite first, pending off"),
+        (
+            "postgres",
+            "postgres first pass ",
+            "postgres first, pending off",
+        ),
+        (
+            "redis",
+            "redis gate first pass ",
+            "redis gate first, pending off",
+        ),
+        ("memory", "memory first pass", "memory first, pending off"),
+    ] {
+        if let (Some(on), Some(off)) = (of(on), of(off)) {
+            let r: Vec<f64> = on.iter().zip(&off).map(|(a, b)| a / b).collect();
+            println!("  {store:<9}: {}", median_and_rounds(&r));
+        }
+    }
     if let Some(floor) = of("postgres COPY floor") {
         println!("median over the rounds of (lines/s) / (Postgres COPY floor rows/s):");
         for pass in ["first pass ", "replay pass", "first, pending off"] {

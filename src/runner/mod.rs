@@ -275,17 +275,19 @@ impl Runner {
         let decided = self
             .guards
             .decide_recording(
-                request,
-                &*self.store,
-                report.started_at,
-                content,
-                DecideOptions {
-                    stop_at_first_skip: self.mode == Mode::Enforce,
-                    dry_run: false,
-                    shadow: self.mode == Mode::Shadow,
+                &crate::guard::Ask {
+                    request,
+                    store: &*self.store,
+                    now: report.started_at,
+                    content,
+                    options: DecideOptions {
+                        stop_at_first_skip: self.mode == Mode::Enforce,
+                        dry_run: false,
+                        shadow: self.mode == Mode::Shadow,
+                    },
+                    skip_row: skip_row.as_ref(),
                 },
                 &mut lease_out,
-                skip_row.as_ref(),
             )
             .await;
         match decided {

@@ -581,7 +581,7 @@ impl EventKeyStore for RedisStore {
         crate::store::fallback::mark_by_check(self, namespace, keys, now).await
     }
 
-    /// The batch's pending state is one key of its own ([`batch_key`]) that its keys
+    /// The batch's pending state is one key of its own (`PREFIX{NAMESPACE}#pending:MARKER`) that its keys
     /// name; they carry their real expiry from the start.
     async fn check_and_mark_pending(
         &self,
