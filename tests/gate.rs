@@ -2050,3 +2050,38 @@ fn the_gates_memory_does_not_grow_with_line_length() {
         "peak RSS: 1 KiB line {small} KiB, 200 MiB line {huge} KiB, 1,000 lines of 256 KiB {many} KiB"
     );
 }
+
+/// Every batch's pending marks are confirmed (issue 36 item 8 keeps them once per batch, and
+/// SQLite confirms a batch in the next batch's write): a run of fresh keys ends with no
+/// confirmation lost, so a second run finds every key a replay, never `new` again once the
+/// (short) pending timeout has passed.
+#[test]
+fn every_pending_batch_of_a_run_is_confirmed() {
+    let sb = Sandbox::new("pending-confirmed");
+    let stores = stores_with(&sb, "every_pending_batch_of_a_run_is_confirmed", false);
+    let input = sb.dir.join("fresh.ndjson");
+    write_big_input(&input, 20_000, 20_000);
+    for store in &stores.urls {
+        let ns = namespace();
+        let args = ["--key", "id", "--namespace", &ns, "--pending-timeout", "1s"];
+        let first = gate(&sb, store, &input, &args);
+        assert_eq!(first.code, 0, "{store}: {}", first.stderr);
+        assert!(
+            !first.stderr.contains("could not be confirmed"),
+            "{store}: {}",
+            first.stderr
+        );
+        assert_eq!(counts(&verdicts(&first.records)).get("new"), Some(&20_000));
+        // Past the pending timeout: an unconfirmed mark would be taken over as new.
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        let second = gate(&sb, store, &input, &args);
+        assert_eq!(second.code, 0, "{store}: {}", second.stderr);
+        let c = counts(&verdicts(&second.records));
+        assert_eq!(
+            (c.get("new"), c.get("replay")),
+            (None, Some(&20_000)),
+            "{store}: {}",
+            second.stderr
+        );
+    }
+}

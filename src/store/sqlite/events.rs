@@ -214,6 +214,81 @@ ON CONFLICT (namespace, name) DO UPDATE SET
   position = excluded.position, value = excluded.value, updated_at = excluded.updated_at
 WHERE event_cursors.position < excluded.position";
 
+/// A whole-batch confirmation waiting for a write transaction to ride in.
+#[derive(Debug)]
+pub(super) struct Rider {
+    namespace: String,
+    marker: String,
+    /// Whether the batch's row was deleted, once the transaction committed; or why not.
+    done: tokio::sync::oneshot::Sender<std::result::Result<bool, String>>,
+}
+
+/// The confirmations a writer took from the queue into its transaction: each answered
+/// once it committed ([`answer`](Self::answer)), put back when the transaction was undone
+/// for a reason of the writer's own ([`put_back`](Self::put_back)), or told the error
+/// when dropped unanswered (the transaction failed).
+pub(super) struct Riders {
+    riders: Vec<Rider>,
+    deleted: Vec<bool>,
+    error: String,
+}
+
+impl Riders {
+    /// Every confirmation waiting now.
+    fn take(writer: &EventWriter) -> Self {
+        let riders = std::mem::take(&mut *lock(&writer.confirms));
+        Riders {
+            riders,
+            deleted: Vec::new(),
+            error: "the write transaction it was confirmed in failed".to_string(),
+        }
+    }
+
+    /// Deletes their batches' rows, in the caller's transaction.
+    async fn delete(
+        &mut self,
+        conn: &mut SqliteConnection,
+    ) -> std::result::Result<(), sqlx::Error> {
+        for r in &self.riders {
+            let done =
+                sqlx::query("DELETE FROM event_pending WHERE namespace = ?1 AND marker = ?2")
+                    .bind(&r.namespace)
+                    .bind(&r.marker)
+                    .execute(&mut *conn)
+                    .await?;
+            self.deleted.push(done.rows_affected() > 0);
+        }
+        Ok(())
+    }
+
+    /// The transaction committed: each hears whether its row was deleted.
+    fn answer(mut self) {
+        let deleted = std::mem::take(&mut self.deleted);
+        for (r, deleted) in self.riders.drain(..).zip(deleted) {
+            let _ = r.done.send(Ok(deleted));
+        }
+    }
+
+    /// The transaction was undone for its writer's own reason: back in the queue, for the
+    /// next writer (they wait for the turn this writer still holds).
+    fn put_back(mut self, writer: &EventWriter) {
+        lock(&writer.confirms).extend(self.riders.drain(..));
+    }
+}
+
+impl Drop for Riders {
+    fn drop(&mut self) {
+        for r in self.riders.drain(..) {
+            let _ = r.done.send(Err(self.error.clone()));
+        }
+    }
+}
+
+/// The queue's lock (a panic elsewhere does not make it unusable: it holds no invariant).
+fn lock(m: &std::sync::Mutex<Vec<Rider>>) -> std::sync::MutexGuard<'_, Vec<Rider>> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 impl SqliteStore {
     pub(super) async fn advance_in(
         &self,
@@ -292,6 +367,7 @@ impl SqliteStore {
             let queries = mark_queries(&sqls, &firsts, namespace, now, marker);
             let turn = self.events.turn.lock().await;
             let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+            let mut riders = None;
             let tried = async {
                 if let (None, [_]) = (pending, queries.as_slice()) {
                     // One statement is atomic alone: no BEGIN, no COMMIT.
@@ -302,6 +378,9 @@ impl SqliteStore {
                 }
                 let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
                 if let Some(batch) = pending {
+                    // Earlier batches' confirmations ride in this transaction.
+                    let riders = riders.insert(Riders::take(&self.events));
+                    riders.delete(&mut tx).await?;
                     insert_pending(&mut tx, namespace, batch, now).await?;
                 }
                 for query in queries {
@@ -310,6 +389,11 @@ impl SqliteStore {
                 tx.commit().await
             }
             .await;
+            match (&tried, riders) {
+                (Ok(()), Some(riders)) => riders.answer(),
+                (Err(e), Some(riders)) if refused(e) => riders.put_back(&self.events),
+                _ => {}
+            }
             drop(conn);
             drop(turn);
             match tried {
@@ -575,22 +659,56 @@ impl EventKeyStore for SqliteStore {
         if keys.is_empty() {
             return Ok(0);
         }
+        if whole {
+            // Queued for the next writer's transaction; when none has taken it by the time
+            // this call has the turn, it writes the queue itself.
+            let (done, mut answer) = tokio::sync::oneshot::channel();
+            lock(&self.events.confirms).push(Rider {
+                namespace: namespace.to_string(),
+                marker: marker.to_string(),
+                done,
+            });
+            let turn = self.events.turn.lock().await;
+            // Answered already: a writer before this call took it into its transaction.
+            let answered = answer.try_recv().ok();
+            if answered.is_none() {
+                let mut riders = Riders::take(&self.events);
+                let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+                let written = async {
+                    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+                    riders.delete(&mut tx).await?;
+                    tx.commit().await
+                }
+                .await;
+                drop(conn);
+                match written {
+                    Ok(()) => riders.answer(),
+                    Err(e) => {
+                        riders.error = e.to_string();
+                        drop(riders);
+                        drop(turn);
+                        return Err(self.err(e));
+                    }
+                }
+            }
+            drop(turn);
+            let answered = match answered {
+                Some(answered) => Ok(answered),
+                None => answer.try_recv(),
+            };
+            return match answered {
+                Ok(Ok(true)) => Ok(keys.len() as u64),
+                Ok(Ok(false)) => Ok(0),
+                Ok(Err(why)) => Err(Error::store(self.location(), why)),
+                Err(_) => Err(Error::store(
+                    self.location(),
+                    "a pending batch's confirmation was never written",
+                )),
+            };
+        }
         let turn = self.events.turn.lock().await;
         let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
-        let done = if whole {
-            let done =
-                sqlx::query("DELETE FROM event_pending WHERE namespace = ?1 AND marker = ?2")
-                    .bind(namespace)
-                    .bind(marker)
-                    .execute(&mut *conn)
-                    .await
-                    .map_err(|e| self.err(e))?;
-            if done.rows_affected() > 0 {
-                keys.len() as u64
-            } else {
-                0
-            }
-        } else {
+        let done = {
             let names: Vec<&str> = keys.iter().map(|(k, _)| k.as_str()).collect();
             sqlx::query(
                 "UPDATE event_keys SET pending = NULL WHERE namespace = ?1 \

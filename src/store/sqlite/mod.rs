@@ -55,6 +55,10 @@ struct EventWriter {
     /// The last batch found none of its keys stored: the next one is tried as one
     /// all-or-nothing insert of every key (fresh keys come in runs), not read first.
     fresh: std::sync::atomic::AtomicBool,
+    /// Whole-batch confirmations waiting for a write transaction to ride in
+    /// ([`events::Riders`]): the next writer to take the turn deletes their rows in its own
+    /// transaction, so a confirmation costs no commit of its own while batches are marked.
+    confirms: std::sync::Mutex<Vec<events::Rider>>,
 }
 
 fn ts(t: DateTime<Utc>) -> i64 {
