@@ -207,25 +207,32 @@ fn kill(signal: &str, child: &std::process::Child) {
         .success());
 }
 
+/// What a run waiting for a held lease says when its wait begins (at `info`, which
+/// [`WAITING_LOG`] turns on).
+const WAITING: &str = "waiting up to";
+const WAITING_LOG: &str = "warn,idem::guard::lease=info";
+
 #[test]
 fn a_signal_stops_a_run_waiting_for_the_lease_at_once_and_claims_nothing() {
     let s = Sandbox::new("idem-cli");
     let guards = "lease = \"1h\"\non_in_progress = \"wait\"\nwait = \"8s\"";
     let mut holder = start_slow_run(&s, guards, &["--run-id", "the-holder"]);
     for signal in ["TERM", "INT"] {
-        let waiter = s
+        let mut waiter = s
             .command(&["run", "slow", "--date", "2025-11-18", "--format", "json"])
+            .env("RUST_LOG", WAITING_LOG)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        // Well into its wait (the claim polls back off from 250 ms).
-        std::thread::sleep(Duration::from_millis(1500));
+        // In its wait: it said so (not a guess of how long starting takes).
+        let mut watch = common::StderrWatch::of(&mut waiter);
+        watch.until(WAITING);
         let signalled = Instant::now();
         kill(signal, &waiter);
         let out = waiter.wait_with_output().unwrap();
         let took = signalled.elapsed();
-        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stderr = watch.rest();
         assert!(
             took < Duration::from_secs(2),
             "SIG{signal} stops the wait at once, not after the 8s wait: took {took:?}\n{stderr}"
@@ -253,7 +260,7 @@ fn a_signal_stops_a_run_waiting_for_the_lease_at_once_and_claims_nothing() {
         );
     }
     // A backfill's dates wait through the same runner: Ctrl-C stops them as promptly.
-    let backfill = s
+    let mut backfill = s
         .command(&[
             "run",
             "slow",
@@ -264,15 +271,17 @@ fn a_signal_stops_a_run_waiting_for_the_lease_at_once_and_claims_nothing() {
             "--format",
             "json",
         ])
+        .env("RUST_LOG", WAITING_LOG)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
+    let mut watch = common::StderrWatch::of(&mut backfill);
+    watch.until(WAITING);
     let signalled = Instant::now();
     kill("INT", &backfill);
     let out = backfill.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = watch.rest();
     assert!(
         signalled.elapsed() < Duration::from_secs(2),
         "{:?}\n{stderr}",

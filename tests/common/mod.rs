@@ -287,6 +287,65 @@ pub fn wait(child: Child) -> (i32, Value, String) {
     parse(child.wait_with_output().expect("wait for idem"))
 }
 
+/// A child's stderr, read line by line on a thread of its own: a test waits for the line
+/// that says the child reached a state ([`until`](Self::until)) instead of guessing how
+/// long that takes, and reads the rest once the child ended ([`rest`](Self::rest)).
+#[allow(dead_code)]
+pub struct StderrWatch {
+    lines: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+#[allow(dead_code)]
+impl StderrWatch {
+    /// Takes `child`'s stderr (spawned with `Stdio::piped()`).
+    pub fn of(child: &mut Child) -> Self {
+        use std::io::BufRead;
+        let stderr = child.stderr.take().expect("stderr piped");
+        let (send, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if send.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        StderrWatch {
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits for a line holding `needle`; panics with what was seen when the stream ends
+    /// first, or after two minutes (a hang, not a slow machine).
+    pub fn until(&mut self, needle: &str) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    let found = line.contains(needle);
+                    self.seen.push(line);
+                    if found {
+                        return;
+                    }
+                }
+                Err(e) => panic!(
+                    "no line with {needle:?} ({e}); stderr: {}",
+                    self.seen.join("\n")
+                ),
+            }
+        }
+    }
+
+    /// Everything the child wrote to stderr, once it has ended.
+    pub fn rest(mut self) -> String {
+        self.seen.extend(self.lines.iter());
+        self.seen.join("\n")
+    }
+}
+
 /// A TOML basic string (JSON string escapes are valid TOML).
 #[allow(dead_code)]
 pub fn toml_str(s: &str) -> String {
