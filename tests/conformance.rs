@@ -323,8 +323,11 @@ macro_rules! conformance_tests {
 conformance_tests!(memory, Some("memory://".to_string()));
 
 conformance_tests!(sqlite, {
-    // A fresh file per test: the tests of one backend run in parallel.
-    let dir = std::env::temp_dir().join(format!("idem-conformance-{}", idem::new_run_id()));
+    // A fresh file per test: the tests of one backend run in parallel. Under the target
+    // folder's own tmp (Cargo's CARGO_TARGET_TMPDIR), not /tmp: one folder per test and
+    // run would pile up there, with nothing to remove them.
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("idem-conformance-{}", idem::new_run_id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     Some(format!("sqlite://{}", dir.join("store.db").display()))
 });
