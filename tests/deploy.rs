@@ -352,6 +352,40 @@ fn cloud_run_jobs_get_a_task_timeout_retries_and_a_script_that_runs_again() {
         "{script}"
     );
     assert!(!script.contains("jobs create http"), "{script}");
+    // A retry works out its date when it starts: a job with a timeout whose last retry
+    // can start on another date than its fire is named. The command job's cannot (two
+    // 2 h attempts after 06:30); the SQL jobs have no timeout (said in the docs rather
+    // than warned of for every job).
+    let err = text(&out.stderr);
+    let crossing = "a Cloud Run retry can process another date than its fire's";
+    assert!(!err.contains(crossing), "{err}");
+    // A command job at 23:30 in Paris with a 3 h timeout: its first retry is after
+    // midnight, on the next date.
+    s.write_job(
+        "nightly",
+        r#"
+name = "nightly"
+processor = "command"
+schedule = "30 23 * * *"
+timezone = "Europe/Paris"
+date = "today"
+[guards]
+lease = "30m"
+[command]
+run = ["true"]
+timeout = "3h"
+"#,
+    );
+    let out = export(&s.dir, STORE, &["--cloud-scheduler", "p/europe-west1"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let err = text(&out.stderr);
+    let line = err
+        .lines()
+        .find(|l| l.contains("job nightly: "))
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(line.contains(crossing), "{line}");
+    assert!(line.contains(" 23:30 CE"), "the fire, in its zone: {line}");
+    assert!(line.contains("--max-retries=2"), "{line}");
 }
 
 #[test]

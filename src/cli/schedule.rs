@@ -87,6 +87,48 @@ fn warn_single_runner_gaps(jobs: &[ScheduledJob]) {
     }
 }
 
+/// Cloud Run cannot hand a fire's slot to the retries of its task: a retry works out its
+/// date (`date = "today"`, …) when it starts. Warns of each job whose retries can start
+/// on another date than their fire's: a failed attempt may run to its `--task-timeout`
+/// before the next starts, so the last retry can start `timeout × --max-retries` after
+/// the fire (among the job's next 1,000 fires, the first that crosses is named). Only jobs
+/// with a `timeout`: one without gets a day-long task, which would warn of every job;
+/// docs/scheduling.md says what that means instead.
+fn warn_retries_crossing_dates(jobs: &[ScheduledJob]) -> Result<()> {
+    let now = chrono::Utc::now();
+    for job in jobs.iter().filter(|j| j.timeout.is_some()) {
+        let (tz, cron, date) = (job.tz()?, job.cron()?, job.date_expr()?);
+        let timeout = export::run_deadline(job, std::time::Duration::from_secs(30));
+        let Ok(span) = chrono::Duration::from_std(timeout * export::CLOUD_RUN_RETRIES) else {
+            continue;
+        };
+        for fire in cron.upcoming(tz, now, 1000) {
+            let fire = fire.with_timezone(&chrono::Utc);
+            let Some(last) = fire.checked_add_signed(span) else {
+                break;
+            };
+            let (first_date, last_date) = (date.resolve(tz, fire)?, date.resolve(tz, last)?);
+            if first_date != last_date {
+                tracing::warn!(
+                    "job {}: a Cloud Run retry can process another date than its fire's: the \
+                     fire at {} is for {first_date}, and with --task-timeout={}s and \
+                     --max-retries={} its last retry can start at {}, for {last_date} (a \
+                     retry works out its date when it starts). Fire it earlier, shorten its \
+                     timeout, or run it from `idem scheduler` or a Kubernetes CronJob, which \
+                     pass the slot",
+                    job.name,
+                    fire.with_timezone(&tz).format("%Y-%m-%d %H:%M %Z"),
+                    timeout.as_secs(),
+                    export::CLOUD_RUN_RETRIES,
+                    last.with_timezone(&tz).format("%Y-%m-%d %H:%M %Z"),
+                );
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Writes an export on stdout: a file users install, so a failed write (a full disk) is an
 /// error, not a truncated file and exit 0. A closed pipe (`| head`) is not.
 fn print_export(text: &str) -> Result<()> {
@@ -136,6 +178,7 @@ pub(super) fn schedule(args: ScheduleArgs, g: &GlobalOptions) -> Result<u8> {
                 kubernetes::scheduler_deployment(&jobs, replicas, &kubernetes()?)?,
             )
         } else if let Some(target) = &e.cloud_scheduler {
+            warn_retries_crossing_dates(&jobs)?;
             let mut o = export::CloudSchedulerOptions::new(
                 target,
                 &g.store,
