@@ -47,6 +47,13 @@ macro_rules! all_event_key_checks {
         );
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn event_pending_batches_are_whole() {
+            if let Some((a, b, _cleanup)) = event_store_pair().await {
+                conformance::event_pending_batches_are_whole(&*a, &*b).await
+            }
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn result_cache() {
             if let Some((s, _cleanup)) = event_store().await {
                 crate::result_cache_check(s).await
@@ -222,6 +229,23 @@ macro_rules! conformance_tests {
                 Some((store, ()))
             }
 
+            /// Two handles on one store (two connections); one handle twice for a store
+            /// that lives in its process only (memory).
+            async fn event_store_pair(
+            ) -> Option<(Arc<dyn EventKeyStore>, Arc<dyn EventKeyStore>, ())> {
+                let url = url().await?;
+                let a = idem::store::open_event_keys(&url)
+                    .await
+                    .expect("open the event-key store");
+                let b = match a.kind() {
+                    "memory" => a.clone(),
+                    _ => idem::store::open_event_keys(&url)
+                        .await
+                        .expect("open the event-key store again"),
+                };
+                Some((a, b, ()))
+            }
+
             all_event_key_checks!();
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -239,6 +263,18 @@ macro_rules! conformance_tests {
 
                 async fn event_store() -> Option<(Arc<dyn EventKeyStore>, ())> {
                     Some((crate::wrapped_open(&url().await?).await, ()))
+                }
+
+                async fn event_store_pair(
+                ) -> Option<(Arc<dyn EventKeyStore>, Arc<dyn EventKeyStore>, ())> {
+                    let (a, b, ()) = super::event_store_pair().await?;
+                    let wrap = |s: Arc<dyn EventKeyStore>| -> Arc<dyn EventKeyStore> {
+                        Arc::new(idem::store::CircuitBreakerStore::new(
+                            s,
+                            idem::store::BreakerConfig::default(),
+                        ))
+                    };
+                    Some((wrap(a), wrap(b), ()))
                 }
 
                 all_event_key_checks!();
@@ -375,6 +411,21 @@ mod redis {
         Some((store, cleanup))
     }
 
+    /// Two handles (two connections) under one fresh prefix.
+    async fn event_store_pair() -> Option<(
+        Arc<dyn EventKeyStore>,
+        Arc<dyn EventKeyStore>,
+        PrefixCleanup,
+    )> {
+        let (url, cleanup) = fresh_prefix_url(&url()?);
+        let open = || idem::store::open_event_keys(&url);
+        let (a, b) = (
+            open().await.expect("open the redis store"),
+            open().await.expect("open the redis store again"),
+        );
+        Some((a, b, cleanup))
+    }
+
     all_event_key_checks!();
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -392,6 +443,19 @@ mod redis {
         async fn event_store() -> Option<(Arc<dyn EventKeyStore>, PrefixCleanup)> {
             let (url, cleanup) = fresh_prefix_url(&super::url()?);
             Some((crate::wrapped_open(&url).await, cleanup))
+        }
+
+        async fn event_store_pair() -> Option<(
+            Arc<dyn EventKeyStore>,
+            Arc<dyn EventKeyStore>,
+            PrefixCleanup,
+        )> {
+            let (url, cleanup) = fresh_prefix_url(&super::url()?);
+            Some((
+                crate::wrapped_open(&url).await,
+                crate::wrapped_open(&url).await,
+                cleanup,
+            ))
         }
 
         all_event_key_checks!();

@@ -475,3 +475,53 @@ pub async fn event_unmark(store: &dyn EventKeyStore) {
     );
     assert_eq!(store.unmark_event_keys(&ns, &[], t).await.unwrap(), 0);
 }
+
+/// Two gates' batches of the same keys, marked pending at the same time through two
+/// handles on one store (two connections): one batch marks every key and the other finds
+/// every key pending for it, never some of each. A batch split between two gates would
+/// have each wait for the other to confirm (each confirms only once its records are out,
+/// after its wait): neither would ever go on. `a` and `b` may be one handle (a store
+/// only one process can open).
+pub async fn event_pending_batches_are_whole(a: &dyn EventKeyStore, b: &dyn EventKeyStore) {
+    if !a.capabilities().confirms_pending {
+        return;
+    }
+    let batch = |marker: &'static str| crate::store::PendingBatch {
+        marker,
+        timeout: Duration::from_secs(30),
+    };
+    let (ma, mb) = (
+        r#"{"idem_pending":"whole-a/0"}"#,
+        r#"{"idem_pending":"whole-b/0"}"#,
+    );
+    // Enough keys that two calls' statements would interleave if the store let them.
+    let marks: Vec<EventMark> = (0..400)
+        .map(|i| EventMark::key(format!("key-{i:04}")).fingerprint("x"))
+        .collect();
+    // The other gate's batch has them in the opposite order (its input came otherwise):
+    // marked one by one, the two would meet in the middle.
+    let reversed: Vec<EventMark> = marks.iter().rev().cloned().collect();
+    for round in 0..12 {
+        let ns = unique("whole");
+        let t = now();
+        let (va, vb) = tokio::join!(
+            a.check_and_mark_pending(&ns, &marks, t, batch(ma), None),
+            b.check_and_mark_pending(&ns, &reversed, t, batch(mb), None),
+        );
+        let (va, vb) = (va.unwrap(), vb.unwrap());
+        let new = |v: &[EventVerdict]| v.iter().filter(|v| v.is_new()).count();
+        let (na, nb) = (new(&va), new(&vb));
+        assert!(
+            (na, nb) == (marks.len(), 0) || (na, nb) == (0, marks.len()),
+            "round {round}: the batches split the keys ({na} new for a, {nb} for b)"
+        );
+        let (loser, winner) = if na > 0 { (&vb, ma) } else { (&va, mb) };
+        let winner: serde_json::Value = serde_json::from_str(winner).unwrap();
+        assert!(
+            loser.iter().all(
+                |v| matches!(v, EventVerdict::Replay { decision: Some(d), .. } if *d == winner)
+            ),
+            "round {round}: every key pending for the batch that marked it: {loser:?}"
+        );
+    }
+}

@@ -21,6 +21,9 @@
 //! Redis (≥ 7.0) sets the key when absent and answers nil, or sets nothing and answers the
 //! stored value, atomically per key, so two processes marking the same key concurrently get
 //! exactly one nil. The stored values decide replay vs conflict, as on the SQL stores.
+//! A batch marked *pending* (`check_and_mark_pending`) is one Lua script instead, the same
+//! `SET … NX GET` per key: a pipeline is atomic per command only, and two gates' batches
+//! of the same keys, interleaved, would each hold some keys and wait for the other's.
 //! [`record_decision`](EventKeyStore::record_decision) is a short Lua script that swaps
 //! the decision part of the value and keeps the key's remaining TTL.
 //!
@@ -226,37 +229,49 @@ impl RedisStore {
             .collect();
         let mut encoder = Encoder::new(now).pending(pending.map(|b| b.marker));
         let values: Vec<Vec<u8>> = firsts.iter().map(|m| encoder.encode(m)).collect();
-        let mut pipe = redis::Pipeline::with_capacity(firsts.len() + 1);
-        if let Some(batch) = pending {
-            // The batch's key before its keys: a key never names a batch not yet stored.
-            let longest = match firsts.iter().map(|m| px(m)).collect::<Option<Vec<_>>>() {
-                Some(all) => all.into_iter().max().unwrap_or(1).to_string(),
-                None => String::new(),
-            };
-            let deadline = batch.deadline(now).timestamp_micros();
-            let timeout = batch.timeout.as_millis().clamp(1, MAX_PX_MS) as u64;
-            pipe.cmd("SET")
-                .arg(batch_key(&self.prefix, namespace, batch.marker))
-                .arg(format!("P{deadline}:{longest}"))
-                .arg("PX")
-                .arg(timeout)
-                .ignore();
-        }
-        for ((m, key), value) in firsts.iter().zip(&keys).zip(&values) {
-            // SET key value NX [PX ms] GET, sized up front (no regrowth per argument).
-            let mut cmd = redis::Cmd::with_capacity(7, key.len() + value.len() + 32);
-            cmd.arg("SET").arg(key).arg(value).arg("NX");
-            if let Some(ms) = px(m) {
-                cmd.arg("PX").arg(ms);
-            }
-            cmd.arg("GET");
-            pipe.add_command(cmd);
-        }
         let mut conn = self.conn.clone();
-        let answers: Vec<Option<Vec<u8>>> = pipe
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| self.err("check_and_mark", e))?;
+        let answers: Vec<Option<Vec<u8>>> = match pending {
+            // A pending batch is marked by one script, whole: two gates' batches of the
+            // same keys never split them (each would wait for the other to confirm).
+            Some(batch) => {
+                // The batch's key before its keys: a key never names a batch not yet
+                // stored. Set once, by the batch's first call: asked again (waiting on
+                // another gate), it keeps its deadline, so a batch never outlives it.
+                let longest = match firsts.iter().map(|m| px(m)).collect::<Option<Vec<_>>>() {
+                    Some(all) => all.into_iter().max().unwrap_or(1).to_string(),
+                    None => String::new(),
+                };
+                let deadline = batch.deadline(now).timestamp_micros();
+                let timeout = batch.timeout.as_millis().clamp(1, MAX_PX_MS) as u64;
+                let mut cmd = redis::cmd("EVAL");
+                cmd.arg(MARK_BATCH)
+                    .arg(keys.len() + 1)
+                    .arg(batch_key(&self.prefix, namespace, batch.marker))
+                    .arg(&keys)
+                    .arg(format!("P{deadline}:{longest}"))
+                    .arg(timeout);
+                for (m, value) in firsts.iter().zip(&values) {
+                    cmd.arg(value)
+                        .arg(px(m).map(|ms| ms.to_string()).unwrap_or_default());
+                }
+                cmd.query_async(&mut conn).await
+            }
+            None => {
+                let mut pipe = redis::Pipeline::with_capacity(firsts.len());
+                for ((m, key), value) in firsts.iter().zip(&keys).zip(&values) {
+                    // SET key value NX [PX ms] GET, sized up front (no regrowth per argument).
+                    let mut cmd = redis::Cmd::with_capacity(7, key.len() + value.len() + 32);
+                    cmd.arg("SET").arg(key).arg(value).arg("NX");
+                    if let Some(ms) = px(m) {
+                        cmd.arg("PX").arg(ms);
+                    }
+                    cmd.arg("GET");
+                    pipe.add_command(cmd);
+                }
+                pipe.query_async(&mut conn).await
+            }
+        }
+        .map_err(|e| self.err("check_and_mark", e))?;
         let decoded = answers
             .iter()
             .zip(&keys)

@@ -10,6 +10,25 @@ redis.call('SET', KEYS[1], string.sub(v, 1, i) .. ARGV[1], 'KEEPTTL')
 return 1
 ";
 
+/// Marks a pending batch, whole (one script: no other call runs in between): sets the
+/// batch's key KEYS[1] to ARGV[1] (`P<deadline>:<longest px>`, living PX ARGV[2]) unless it
+/// is set already (the batch asked again), then each key KEYS[i] (i ≥ 2) to ARGV[2i-1] with
+/// PX ARGV[2i] (empty: none) when absent. Answers, for each key, nil when this call set it
+/// or the value stored before.
+pub(super) const MARK_BATCH: &str = r"
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2], 'NX')
+local out = {}
+for i = 2, #KEYS do
+  local v, px = ARGV[2 * i - 1], ARGV[2 * i]
+  if px == '' then
+    out[i - 1] = redis.call('SET', KEYS[i], v, 'NX', 'GET')
+  else
+    out[i - 1] = redis.call('SET', KEYS[i], v, 'NX', 'PX', px, 'GET')
+  end
+end
+return out
+";
+
 /// Re-marks a key whose stored value (ARGV[1]) expired by the caller's clock: sets ARGV[2]
 /// (with PX ARGV[3] unless empty) when the key is gone or still holds ARGV[1] and answers
 /// nil; otherwise answers the value someone else stored meanwhile.
