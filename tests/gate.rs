@@ -8,7 +8,8 @@
 use std::collections::HashMap;
 use std::io::{BufRead, Read};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -1056,10 +1057,19 @@ fn two_gates_on_one_store_never_both_say_new() {
     let input = sb.dir.join("shared.ndjson");
     const LINES: usize = 20_000;
     write_big_input(&input, LINES, LINES);
+    // The second gate reads the same events the other way round, in batches of another
+    // size: the two meet in the middle, each batch overlapping two or three of the other's.
+    let reversed = sb.dir.join("reversed.ndjson");
+    let text = std::fs::read_to_string(&input).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines.reverse();
+    std::fs::write(&reversed, lines.join("\n") + "\n").unwrap();
     for store in &stores_with(&sb, "two_gates_on_one_store_never_both_say_new", false) {
         let ns = namespace();
-        let children: Vec<_> = (0..2)
-            .map(|n| {
+        let gates: Vec<_> = [(&input, "100"), (&reversed, "70")]
+            .into_iter()
+            .enumerate()
+            .map(|(n, (input, batch))| {
                 let out = sb.dir.join(format!("out-{n}.ndjson"));
                 let child = sb
                     .command_with_store(
@@ -1070,7 +1080,7 @@ fn two_gates_on_one_store_never_both_say_new() {
                             "--namespace",
                             &ns,
                             "--batch",
-                            "100",
+                            batch,
                             "--input",
                             input.to_str().unwrap(),
                             "--output",
@@ -1084,12 +1094,42 @@ fn two_gates_on_one_store_never_both_say_new() {
                 (child, out)
             })
             .collect();
+        // Two gates waiting on each other would never end: past a bound far beyond a
+        // run's seconds, both are killed and the test fails with what they said.
+        let pids: Vec<u32> = gates.iter().map(|(c, _)| c.id()).collect();
+        let (ended, deadline) = std::sync::mpsc::channel::<()>();
+        let watchdog = std::thread::spawn(move || {
+            // Disconnected: both ended (the sender dropped) before the bound.
+            let waited = deadline.recv_timeout(Duration::from_secs(300));
+            if waited == Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
+                for pid in pids {
+                    let _ = Command::new("kill")
+                        .args(["-KILL", &pid.to_string()])
+                        .status();
+                }
+                return true;
+            }
+            false
+        });
+        // Both waited for at once: a gate blocked on a full stderr pipe never waits on us.
+        let waits: Vec<_> = gates
+            .into_iter()
+            .map(|(child, out)| std::thread::spawn(move || (child.wait_with_output(), out)))
+            .collect();
+        let done: Vec<_> = waits.into_iter().map(|w| w.join().unwrap()).collect();
+        drop(ended);
+        let killed = watchdog.join().unwrap();
         let mut new_by_key: HashMap<String, usize> = HashMap::new();
-        for (child, out) in children {
-            let done = child.wait_with_output().unwrap();
+        for (done, out) in done {
+            let done = done.unwrap();
             assert!(
-                done.status.success(),
-                "{}",
+                done.status.success() && !killed,
+                "{store}: {}{}",
+                if killed {
+                    "the gates never ended (killed after 300 s): "
+                } else {
+                    ""
+                },
                 String::from_utf8_lossy(&done.stderr)
             );
             let records = complete_records(&out);

@@ -173,6 +173,59 @@ pub struct EventGate {
     pending: Option<Arc<PendingMarks>>,
 }
 
+/// Where a batch's pending marks go in the order of its gate's batches: after the batch
+/// before it has marked its keys (`after` answers, or is dropped: that batch ended
+/// without marking), and before the next one (`done`, sent or dropped).
+///
+/// A batch that finds keys pending for another gate waits for that gate to confirm them,
+/// which it does once their records are out, after every earlier batch of its own: were a
+/// gate's batches marked in another order than their records are written, two gates
+/// could each wait for the other for good. Marked in order, every wait is for a batch
+/// marked earlier, and no wait goes round.
+#[derive(Debug, Default)]
+pub struct MarkTurn {
+    after: Option<tokio::sync::oneshot::Receiver<()>>,
+    done: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl MarkTurn {
+    /// The turns of a row of batches, each after the one before: give [`next_turn`](MarkTurns::next_turn)
+    /// to each batch in order.
+    pub fn row() -> MarkTurns {
+        MarkTurns { last: None }
+    }
+
+    async fn wait(&mut self) {
+        if let Some(after) = self.after.take() {
+            // Dropped unsent (the batch before failed or was cancelled): go on all the same.
+            let _ = after.await;
+        }
+    }
+
+    fn done(&mut self) {
+        if let Some(done) = self.done.take() {
+            let _ = done.send(());
+        }
+    }
+}
+
+/// A row of [`MarkTurn`]s (see [`MarkTurn::row`]).
+#[derive(Debug)]
+pub struct MarkTurns {
+    last: Option<tokio::sync::oneshot::Receiver<()>>,
+}
+
+impl MarkTurns {
+    /// The turn of the next batch: after the one handed out before.
+    pub fn next_turn(&mut self) -> MarkTurn {
+        let (done, after) = tokio::sync::oneshot::channel();
+        MarkTurn {
+            after: self.last.replace(after),
+            done: Some(done),
+        }
+    }
+}
+
 /// How a gate marks keys pending (see [`EventGate::pending`]).
 #[derive(Debug)]
 struct PendingMarks {
@@ -547,9 +600,25 @@ impl EventGate {
         now: DateTime<Utc>,
         advance: Option<(&str, &Cursor)>,
     ) -> Result<Vec<std::result::Result<Admission, InvalidEvent>>> {
+        self.admit_in_turn(batch, now, advance, MarkTurn::default())
+            .await
+    }
+
+    /// [`admit`](Self::admit), its keys marked in `turn`: with pending marks, after the
+    /// batch before it has marked its own (see [`MarkTurn`]).
+    pub async fn admit_in_turn(
+        &self,
+        batch: PreparedBatch,
+        now: DateTime<Utc>,
+        advance: Option<(&str, &Cursor)>,
+        mut turn: MarkTurn,
+    ) -> Result<Vec<std::result::Result<Admission, InvalidEvent>>> {
         let PreparedBatch { mut marks, slots } = batch;
         let invalid = slots.len() - marks.len();
         let namespace = self.dedup.namespace();
+        if self.pending.is_some() {
+            turn.wait().await;
+        }
         // Pending marks: the batch gets a marker of its own, and each key's real expiry is
         // kept for its confirmation.
         let pending = self
@@ -574,11 +643,13 @@ impl EventGate {
                         marker,
                         timeout: p.timeout,
                     };
-                    match self
+                    let marked = self
                         .breaker
                         .check_and_mark_pending(namespace, &marks, now, batch, advance)
-                        .await
-                    {
+                        .await;
+                    // Marked (or refused): the next batch may mark its keys.
+                    turn.done();
+                    match marked {
                         Ok(verdicts) => {
                             self.settle_pending(p, batch, &marks, verdicts, &mut marked_at)
                                 .await

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use serde::Serialize;
 
-use super::strategy::{EventGate, Strategy};
+use super::strategy::{EventGate, MarkTurn, Strategy};
 use crate::cancel::Cancel;
 use crate::error::{Error, Result};
 use crate::store::Cursor;
@@ -249,6 +249,8 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
     // key (a key's verdicts come in input order); records are written oldest first.
     let concurrency = gate.batch_concurrency();
     let mut in_flight: VecDeque<InFlight> = VecDeque::new();
+    // Batches in flight mark their keys in input order (see `MarkTurn`).
+    let mut turns = MarkTurn::row();
     let mut read_error: Option<Error> = None;
     let outcome: Result<()> = async {
         loop {
@@ -286,7 +288,10 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
                     return Ok(());
                 }
                 let (store_gate, now) = (gate.clone(), Utc::now());
-                let call = tokio::spawn(async move { store_gate.admit(prepared, now, None).await });
+                let turn = turns.next_turn();
+                let call = tokio::spawn(async move {
+                    store_gate.admit_in_turn(prepared, now, None, turn).await
+                });
                 (Call::Running(call), keys, Some(now), None)
             };
             in_flight.push_back(InFlight {

@@ -132,6 +132,8 @@ struct Overtaking {
     most: std::sync::atomic::AtomicU64,
     /// The first call fails (after its 40 ms), as a store outage would.
     fail_first: bool,
+    /// The markers of the pending batches, in the order they were marked.
+    marked: std::sync::Mutex<Vec<String>>,
 }
 
 #[async_trait::async_trait]
@@ -177,16 +179,42 @@ impl Overtaking {
         self.running.fetch_sub(1, SeqCst);
         verdicts
     }
+
+    /// The memory store's pending batch, marked after the same delays (see
+    /// [`Overtaking`]); its marker is written down when it marks.
+    async fn overtaking_pending(
+        &self,
+        namespace: &str,
+        marks: &[crate::store::EventMark],
+        now: chrono::DateTime<Utc>,
+        batch: crate::store::PendingBatch<'_>,
+        cursor: Option<(&str, &crate::store::Cursor)>,
+    ) -> Result<Vec<EventVerdict>> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let call = self.calls.fetch_add(1, SeqCst);
+        tokio::time::sleep(Duration::from_millis(40 - 10 * (call % 4))).await;
+        self.marked.lock().unwrap().push(batch.marker.to_string());
+        crate::store::EventKeyStore::check_and_mark_pending(
+            &self.inner,
+            namespace,
+            marks,
+            now,
+            batch,
+            cursor,
+        )
+        .await
+    }
 }
 
 /// Batch calls overtake each other ([`Overtaking::overtaking_check_and_mark`]), pending
-/// batches too (marked per key through it); every other call goes to the memory store.
+/// batches too ([`Overtaking::overtaking_pending`]); every other call goes to the memory
+/// store.
 macro_rules! overtaking {
     ($s:ident, check_and_mark($($arg:expr),*)) => {
         $s.overtaking_check_and_mark($($arg),*).await
     };
     ($s:ident, check_and_mark_pending($($arg:expr),*)) => {
-        crate::store::fallback::pending_per_key($s, $($arg),*).await
+        $s.overtaking_pending($($arg),*).await
     };
     ($s:ident, $method:ident($($arg:expr),*)) => {
         $s.inner.$method($($arg),*).await
@@ -250,6 +278,49 @@ async fn batches_sharing_no_key_run_at_once_and_a_shared_key_waits() {
     assert_eq!(
         verdicts,
         ["new", "new", "new", "conflict", "new", "new", "replay", "new"]
+    );
+}
+
+/// With pending marks, a gate's batches mark their keys in input order however their
+/// calls would overtake: a later batch marked first could hold keys another gate waits
+/// for while this gate waits for that gate (see `MarkTurn`).
+#[tokio::test]
+async fn pending_batches_mark_in_input_order() {
+    let store = Arc::new(Overtaking::default());
+    let dedup = Deduplicator::new(store.clone(), "t", ["id"]).unwrap();
+    let gate = EventGate::new(dedup, Strategy::Strict, BreakerConfig::default())
+        .pending(Duration::from_secs(30));
+    assert!(gate.marks_pending());
+    let input: String = (0..16).map(|i| format!("{{\"id\":\"k{i}\"}}\n")).collect();
+    let mut out = Vec::new();
+    let stream = Stream {
+        input: input.as_bytes(),
+        input_name: "input",
+        output: &mut out,
+        output_name: "output",
+        stop: None,
+        ready: None,
+        max_line_bytes: DEFAULT_MAX_LINE_BYTES,
+    };
+    let summary = run(&gate, stream, OutputFormat::Ndjson, 2, |_| {})
+        .await
+        .unwrap();
+    assert_eq!(summary.new, 16);
+    let numbers: Vec<u64> = store
+        .marked
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            let m: Value = serde_json::from_str(m).unwrap();
+            let tag = m["idem_pending"].as_str().unwrap();
+            tag.rsplit('/').next().unwrap().parse().unwrap()
+        })
+        .collect();
+    assert_eq!(
+        numbers,
+        (0..8).collect::<Vec<u64>>(),
+        "marked in input order"
     );
 }
 
