@@ -226,6 +226,11 @@ crate::forward_event_key_store!([] Overtaking, overtaking);
 async fn run_on(store: &Arc<Overtaking>, input: &str) -> (Result<StreamSummary>, Vec<u8>) {
     let dedup = Deduplicator::new(store.clone(), "t", ["id"]).unwrap();
     let gate = EventGate::new(dedup, Strategy::Strict, BreakerConfig::default());
+    run_gate(&gate, input).await
+}
+
+/// `gate` over `input` in batches of 2: its outcome and output.
+async fn run_gate(gate: &EventGate, input: &str) -> (Result<StreamSummary>, Vec<u8>) {
     let mut out = Vec::new();
     let stream = Stream {
         input: input.as_bytes(),
@@ -236,7 +241,7 @@ async fn run_on(store: &Arc<Overtaking>, input: &str) -> (Result<StreamSummary>,
         ready: None,
         max_line_bytes: DEFAULT_MAX_LINE_BYTES,
     };
-    let outcome = run(&gate, stream, OutputFormat::Ndjson, 2, |_| {}).await;
+    let outcome = run(gate, stream, OutputFormat::Ndjson, 2, |_| {}).await;
     (outcome, out)
 }
 
@@ -292,20 +297,8 @@ async fn pending_batches_mark_in_input_order() {
         .pending(Duration::from_secs(30));
     assert!(gate.marks_pending());
     let input: String = (0..16).map(|i| format!("{{\"id\":\"k{i}\"}}\n")).collect();
-    let mut out = Vec::new();
-    let stream = Stream {
-        input: input.as_bytes(),
-        input_name: "input",
-        output: &mut out,
-        output_name: "output",
-        stop: None,
-        ready: None,
-        max_line_bytes: DEFAULT_MAX_LINE_BYTES,
-    };
-    let summary = run(&gate, stream, OutputFormat::Ndjson, 2, |_| {})
-        .await
-        .unwrap();
-    assert_eq!(summary.new, 16);
+    let (summary, _) = run_gate(&gate, &input).await;
+    assert_eq!(summary.unwrap().new, 16);
     let numbers: Vec<u64> = store
         .marked
         .lock()
