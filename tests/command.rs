@@ -929,13 +929,9 @@ fn as_pid_1_sigterm_stops_the_run_without_waiting_out_the_grace_period() {
 // signals, the program's tree (issue 34).
 // ---------------------------------------------------------------------------------------
 
-/// Waits (up to `limit`, a bound for a stuck test, not a measure) until `done` holds.
-fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < limit, "{what} never happened");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// [`common::wait_until`], looking every 20 ms.
+fn wait_until(what: &str, limit: Duration, done: impl FnMut() -> bool) {
+    common::wait_until(what, limit, Duration::from_millis(20), done)
 }
 
 /// The pid a script wrote to `jobs/NAME` (waits for it).

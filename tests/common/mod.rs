@@ -387,3 +387,19 @@ pub fn golden(name: &str, actual: &str) {
         path.display()
     );
 }
+
+/// Waits (up to `limit`, a bound for a stuck test, not a measure) until `done` holds,
+/// looking `every` so long.
+#[allow(dead_code)]
+pub fn wait_until(
+    what: &str,
+    limit: std::time::Duration,
+    every: std::time::Duration,
+    mut done: impl FnMut() -> bool,
+) {
+    let start = std::time::Instant::now();
+    while !done() {
+        assert!(start.elapsed() < limit, "{what} never happened");
+        std::thread::sleep(every);
+    }
+}
