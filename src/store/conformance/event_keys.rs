@@ -480,8 +480,8 @@ pub async fn event_unmark(store: &dyn EventKeyStore) {
 /// handles on one store (two connections): one batch marks every key and the other finds
 /// every key pending for it, never some of each. A batch split between two gates would
 /// have each wait for the other to confirm (each confirms only once its records are out,
-/// after its wait): neither would ever go on. `a` and `b` may be one handle (a store
-/// only one process can open).
+/// after its wait): neither would ever go on. The same when both take over the keys of a
+/// batch that died. `a` and `b` may be one handle (a store only one process can open).
 pub async fn event_pending_batches_are_whole(a: &dyn EventKeyStore, b: &dyn EventKeyStore) {
     if !a.capabilities().confirms_pending {
         return;
@@ -504,6 +504,21 @@ pub async fn event_pending_batches_are_whole(a: &dyn EventKeyStore, b: &dyn Even
     for round in 0..12 {
         let ns = unique("whole");
         let t = now();
+        if round % 2 == 1 {
+            // The keys are pending for a gate that died an hour ago: both take them over
+            // at once, and one takes them all.
+            let dead = a
+                .check_and_mark_pending(
+                    &ns,
+                    &marks,
+                    t - chrono::Duration::hours(1),
+                    batch(r#"{"idem_pending":"whole-dead/0"}"#),
+                    None,
+                )
+                .await
+                .unwrap();
+            assert!(dead.iter().all(EventVerdict::is_new), "{dead:?}");
+        }
         let (va, vb) = tokio::join!(
             a.check_and_mark_pending(&ns, &marks, t, batch(ma), None),
             b.check_and_mark_pending(&ns, &reversed, t, batch(mb), None),

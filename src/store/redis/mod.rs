@@ -329,18 +329,16 @@ impl RedisStore {
             if retry.is_empty() {
                 break;
             }
-            let mut pipe = redis::pipe();
+            let mut cmd = redis::cmd("EVAL");
+            cmd.arg(REMARK_EXPIRED).arg(retry.len());
+            for (i, _) in &retry {
+                cmd.arg(&keys[*i]);
+            }
             for (i, value) in &retry {
                 let ms = px(firsts[*i]).map(|ms| ms.to_string()).unwrap_or_default();
-                pipe.cmd("EVAL")
-                    .arg(REMARK_EXPIRED)
-                    .arg(1)
-                    .arg(&keys[*i])
-                    .arg(value)
-                    .arg(&values[*i])
-                    .arg(ms);
+                cmd.arg(value).arg(&values[*i]).arg(ms);
             }
-            let answers: Vec<Option<Vec<u8>>> = pipe
+            let answers: Vec<Option<Vec<u8>>> = cmd
                 .query_async(&mut conn)
                 .await
                 .map_err(|e| self.err("check_and_mark", e))?;

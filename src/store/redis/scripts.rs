@@ -29,18 +29,27 @@ end
 return out
 ";
 
-/// Re-marks a key whose stored value (ARGV[1]) expired by the caller's clock: sets ARGV[2]
-/// (with PX ARGV[3] unless empty) when the key is gone or still holds ARGV[1] and answers
-/// nil; otherwise answers the value someone else stored meanwhile.
+/// Re-marks keys whose stored values expired by the caller's clock, all in one script
+/// (two gates taking over the same dead keys never split them): for each KEYS[i], sets
+/// ARGV[3i-1] (with PX ARGV[3i] unless empty) when the key is gone or still holds
+/// ARGV[3i-2], answering nil; otherwise answers the value someone else stored meanwhile.
 pub(super) const REMARK_EXPIRED: &str = r"
-local v = redis.call('GET', KEYS[1])
-if v and v ~= ARGV[1] then return v end
-if ARGV[3] == '' then
-  redis.call('SET', KEYS[1], ARGV[2])
-else
-  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+local out = {}
+for i = 1, #KEYS do
+  local v = redis.call('GET', KEYS[i])
+  if v and v ~= ARGV[3 * i - 2] then
+    out[i] = v
+  else
+    local px = ARGV[3 * i]
+    if px == '' then
+      redis.call('SET', KEYS[i], ARGV[3 * i - 1])
+    else
+      redis.call('SET', KEYS[i], ARGV[3 * i - 1], 'PX', px)
+    end
+    out[i] = false
+  end
 end
-return false
+return out
 ";
 
 /// Deletes a key whose stored value begins with ARGV[1] (`FIRST_SEEN:`): 1 when deleted.
