@@ -1,0 +1,99 @@
+//! A gate's pending marks: its batches' markers ([`PendingMarks`]) and the order they
+//! mark their keys in ([`MarkTurn`]).
+
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// Where a batch's pending marks go in the order of its gate's batches: after the batch
+/// before it has marked its keys (`after` answers, or is dropped: that batch ended
+/// without marking), and before the next one (`done`, sent or dropped).
+///
+/// A batch that finds keys pending for another gate waits for that gate to confirm them,
+/// which it does once their records are out, after every earlier batch of its own: were a
+/// gate's batches marked in another order than their records are written, two gates
+/// could each wait for the other for good. Marked in order, every wait is for a batch
+/// marked earlier, and no wait goes round.
+#[derive(Debug, Default)]
+pub struct MarkTurn {
+    after: Option<tokio::sync::oneshot::Receiver<()>>,
+    done: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl MarkTurn {
+    /// The turns of a row of batches, each after the one before: give [`next_turn`](MarkTurns::next_turn)
+    /// to each batch in order.
+    pub fn row() -> MarkTurns {
+        MarkTurns { last: None }
+    }
+
+    pub(super) async fn wait(&mut self) {
+        if let Some(after) = self.after.take() {
+            // Dropped unsent (the batch before failed or was cancelled): go on all the same.
+            let _ = after.await;
+        }
+    }
+
+    pub(super) fn done(&mut self) {
+        if let Some(done) = self.done.take() {
+            let _ = done.send(());
+        }
+    }
+}
+
+/// A row of [`MarkTurn`]s (see [`MarkTurn::row`]).
+#[derive(Debug)]
+pub struct MarkTurns {
+    last: Option<tokio::sync::oneshot::Receiver<()>>,
+}
+
+impl MarkTurns {
+    /// The turn of the next batch: after the one handed out before.
+    pub fn next_turn(&mut self) -> MarkTurn {
+        let (done, after) = tokio::sync::oneshot::channel();
+        MarkTurn {
+            after: self.last.replace(after),
+            done: Some(done),
+        }
+    }
+}
+
+/// How a gate marks keys pending (see [`EventGate::pending`]).
+#[derive(Debug)]
+pub(super) struct PendingMarks {
+    /// The gate's token: a batch's marker is `{"idem_pending": "TOKEN/N"}`, N the batch's
+    /// number, so a key pending for an earlier batch of this gate is told from one pending
+    /// for another gate.
+    pub(super) token: String,
+    /// The number of the next batch.
+    pub(super) batches: AtomicU64,
+    /// How long a pending mark lives unconfirmed.
+    pub(super) timeout: Duration,
+}
+
+impl PendingMarks {
+    /// Batch `n`'s marker, as the stores keep it (compact JSON).
+    pub(super) fn marker(&self, n: u64) -> String {
+        serde_json::json!({ PENDING_FIELD: format!("{}/{n}", self.token) }).to_string()
+    }
+
+    /// Whether a stored decision is the marker of a batch of this gate.
+    pub(super) fn is_mine(&self, decision: &Value) -> bool {
+        decision
+            .get(PENDING_FIELD)
+            .and_then(Value::as_str)
+            .and_then(|t| t.strip_prefix(self.token.as_str()))
+            .is_some_and(|rest| rest.starts_with('/'))
+    }
+}
+
+/// The name of the pending marker's one field.
+pub(super) const PENDING_FIELD: &str = "idem_pending";
+
+/// Whether a stored decision is some gate's pending marker.
+pub(super) fn is_pending_marker(decision: &Value) -> bool {
+    decision
+        .as_object()
+        .is_some_and(|o| o.len() == 1 && o.get(PENDING_FIELD).is_some_and(Value::is_string))
+}
