@@ -201,7 +201,12 @@ fn rewrite_exact_numbers(text: &str) -> Option<String> {
         let c = b[i];
         if in_string {
             if c == b'\\' {
-                let end = (i + 2).min(b.len());
+                // The backslash and the whole character it escapes.
+                let end = if i + 1 < b.len() {
+                    char_end(text, i + 1)
+                } else {
+                    b.len()
+                };
                 out.push_str(&text[i..end]);
                 i = end;
                 continue;
@@ -209,13 +214,9 @@ fn rewrite_exact_numbers(text: &str) -> Option<String> {
             if c == b'"' {
                 in_string = false;
             }
-            out.push(c as char);
-            i += 1;
-            // Multi-byte UTF-8: copy the whole character.
-            while i < b.len() && (b[i] & 0xC0) == 0x80 {
-                out.push_str(&text[i..i + 1]);
-                i += 1;
-            }
+            let end = char_end(text, i);
+            out.push_str(&text[i..end]);
+            i = end;
             continue;
         }
         if c == b'"' {
@@ -254,14 +255,17 @@ fn rewrite_exact_numbers(text: &str) -> Option<String> {
             i = j;
             continue;
         }
-        out.push(c as char);
-        i += 1;
-        while i < b.len() && (b[i] & 0xC0) == 0x80 {
-            out.push_str(&text[i..i + 1]);
-            i += 1;
-        }
+        let end = char_end(text, i);
+        out.push_str(&text[i..end]);
+        i = end;
     }
     changed.then_some(out)
+}
+
+/// Where the character starting at byte `i` of `text` ends (`i` is on a character
+/// boundary: the scan above always steps over whole characters).
+fn char_end(text: &str, i: usize) -> usize {
+    i + text[i..].chars().next().map_or(1, char::len_utf8)
 }
 
 /// How a JSON value's kind is named in error messages.
@@ -278,5 +282,26 @@ pub(crate) fn json_kind_of_raw(raw: &str) -> &'static str {
         Some(b'n') => "null",
         Some(b'-' | b'0'..=b'9') => "a number",
         _ => "not a value",
+    }
+}
+
+#[cfg(test)]
+mod number_tests {
+    use super::parse_event_line;
+    use serde_json::json;
+
+    /// A line with a number to rewrite and characters of every UTF-8 length, inside and
+    /// outside strings and after a backslash, parses to what it says (or is refused as not
+    /// JSON), never a panic and never a changed character.
+    #[test]
+    fn rewriting_numbers_keeps_every_character_whole() {
+        let line = r#"{"é":"ü\\𞀠 హ","v":-0,"big":123456789012345678901234567890,"k":"\u00e9"}"#;
+        let v = parse_event_line(line).unwrap();
+        assert_eq!(v["é"], json!("ü\\𞀠 హ"));
+        assert_eq!(v["v"], json!(0));
+        assert_eq!(v["k"], json!("é"));
+        for bad in [r#"V&-0\హᦛ"¥L𞀠:"#, "-0\\", "-0 é", "\"-0\\హ", "-0\"\\"] {
+            assert!(parse_event_line(bad).is_err(), "{bad}");
+        }
     }
 }
