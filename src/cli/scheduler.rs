@@ -3,6 +3,7 @@
 
 use clap::Args;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use super::{cancel_on_signals, scheduled_jobs, GlobalOptions, EXIT_OK};
@@ -15,9 +16,14 @@ use crate::runner::Cancel;
 use crate::schedule;
 use crate::store::{PoolSize, RunFilter};
 
-/// `idem scheduler [JOB...] [--grace 30s]`: fires each job's slots through the runner
-/// `idem run` uses (trigger scheduler, the date derived from the slot in the job's zone);
-/// stops on SIGTERM/SIGINT after the grace period; exit 0.
+mod listen;
+
+use listen::{FireOutcome, Metrics};
+
+/// `idem scheduler [JOB...] [--grace 30s] [--listen ADDR]`: fires each job's slots through
+/// the runner `idem run` uses (trigger scheduler, the date derived from the slot in the
+/// job's zone); serves its health and metrics on ADDR; stops on SIGTERM/SIGINT after the
+/// grace period; exit 0.
 pub(super) async fn scheduler(
     args: SchedulerArgs,
     g: &GlobalOptions,
@@ -39,6 +45,27 @@ pub(super) async fn scheduler(
     // Listen before anything fires, so a signal is never the default (fatal) one.
     let cancel = cancel_on_signals()?;
     let signalled = cancel.clone();
+    let metrics = Arc::new(Metrics::new(scheduled.iter().map(|j| j.name.as_str())));
+    let heartbeat = sched::Heartbeat::default();
+    let connections = Connections::new(PoolSize::SHARED);
+    // Bound before the jobs are planned (a port in use exits here, before any fire), and
+    // served until the scheduler is signalled.
+    let health = match args.listen {
+        Some(addr) => {
+            let listener = listen::bind(addr).await?;
+            let health = Arc::new(listen::Health {
+                metrics: metrics.clone(),
+                heartbeat: heartbeat.clone(),
+                started: Default::default(),
+                connections: connections.clone(),
+                store_url: g.store.clone(),
+                probe_job: scheduled[0].name.clone(),
+            });
+            listen::serve(listener, health.clone(), signalled.clone());
+            Some(health)
+        }
+        None => None,
+    };
     let shutdown = async move { cancel.cancelled().await };
     let clock: Arc<dyn Clock> = Arc::new(sched::SystemClock);
     let mut planner = sched::Planner::new(&scheduled, clock.now())?;
@@ -65,7 +92,7 @@ pub(super) async fn scheduler(
         trigger: Some(Trigger::Scheduler),
         cancel: Some(stop_runs.clone()),
         spool: true,
-        connections: Some(Connections::new(PoolSize::SHARED)),
+        connections: Some(connections),
         ..Overrides::default()
     };
     // Every job is planned at once (the store is opened once, by the first; the others
@@ -77,6 +104,11 @@ pub(super) async fn scheduler(
             return Ok(EXIT_OK);
         }
     };
+    if let Some(health) = &health {
+        health
+            .started
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
     let mut targets = std::collections::HashMap::new();
     for (job, planned) in started {
         let name = job.name.clone();
@@ -112,10 +144,19 @@ pub(super) async fn scheduler(
     tracing::info!(target: "idem::scheduler", "scheduler started with {} job(s): {}", names.len(), names.join(", "));
     let targets = Arc::new(targets);
     let fire = move |f: sched::Fire| {
-        let targets = targets.clone();
-        async move { fire_one(&targets, f).await }
+        let (targets, metrics) = (targets.clone(), metrics.clone());
+        async move { fire_one(&targets, &metrics, f).await }
     };
-    let summary = sched::run_loop(&mut planner, clock, fire, shutdown, grace, stop_tx).await?;
+    let summary = sched::run_loop(
+        &mut planner,
+        clock,
+        fire,
+        shutdown,
+        grace,
+        stop_tx,
+        &heartbeat,
+    )
+    .await?;
     tracing::info!(
         target: "idem::scheduler",
         "scheduler stopped: {} fire(s), {} missed slot(s) dropped, {} interrupted",
@@ -252,13 +293,29 @@ fn retry_wait(expires_at: Option<chrono::DateTime<chrono::Utc>>) -> std::time::D
 /// line for it. A fire that meets another run's lease (`skipped (in_progress)`) has not
 /// settled its slot: the holder may be a run whose scheduler was killed. It tries again
 /// when the lease expires or is released, until it runs or is skipped for another reason
-/// (the holder completed it: `time_window`), or the scheduler stops.
+/// (the holder completed it: `time_window`), or the scheduler stops. Each run's outcome
+/// is counted in `metrics`.
 async fn fire_one(
     targets: &std::collections::HashMap<String, Target>,
+    metrics: &Metrics,
     f: schedule::scheduler::Fire,
 ) {
     let Some(t) = targets.get(&f.job) else {
         return;
+    };
+    metrics.fired(
+        &f.job,
+        (chrono::Utc::now() - f.slot).to_std().unwrap_or_default(),
+    );
+    let mut stop = t.stop.clone();
+    // A run that failed or could not run once the grace period ended was stopped by it.
+    let failed = |stop: &tokio::sync::watch::Receiver<Option<String>>| {
+        let outcome = if stop.borrow().is_some() {
+            FireOutcome::Interrupted
+        } else {
+            FireOutcome::Failed
+        };
+        metrics.outcome(&f.job, outcome);
     };
     let slot = if f.catch_up {
         format!("{} (catch-up)", f.local)
@@ -276,15 +333,16 @@ async fn fire_one(
     let p = match planned {
         Ok(p) => p,
         Err(e) => {
+            failed(&stop);
             tracing::error!(target: "idem::scheduler", "fire {} slot {slot} date {}: not run: {e}", f.job, f.date);
             return;
         }
     };
-    let mut stop = t.stop.clone();
     loop {
         let request = match p.request(f.date) {
             Ok(r) => r,
             Err(e) => {
+                failed(&stop);
                 tracing::error!(target: "idem::scheduler", "fire {} slot {slot} date {}: {e}", f.job, f.date);
                 return;
             }
@@ -292,6 +350,7 @@ async fn fire_one(
         let report = match p.runner.run(&*p.processor, request).await {
             Ok(report) => report,
             Err(e) => {
+                failed(&stop);
                 tracing::error!(
                     target: "idem::scheduler",
                     "fire {} slot {slot} date {}: not run: {e}",
@@ -319,6 +378,19 @@ async fn fire_one(
                 report.error.as_deref().unwrap_or("unknown error")
             ),
         };
+        match report.status {
+            RunStatus::Completed => {
+                metrics.outcome(&f.job, FireOutcome::Completed(report.finished_at))
+            }
+            RunStatus::Skipped => {
+                let reason = report
+                    .skip_reason
+                    .as_ref()
+                    .map_or("unknown", |r| r.as_str());
+                metrics.outcome(&f.job, FireOutcome::Skipped(reason.to_string()))
+            }
+            RunStatus::Failed => failed(&stop),
+        }
         let in_progress = report.skip_reason == Some(SkipReason::InProgress);
         let line = format!(
             "fire {} slot {slot} date {}: {outcome}; run {}{}",
@@ -363,4 +435,17 @@ pub(crate) struct SchedulerArgs {
     /// stopped and recorded as interrupted (their leases released).
     #[arg(long, default_value = "30s")]
     pub(super) grace: String,
+    /// Serve the scheduler's health and metrics over HTTP on ADDR (IP:PORT, e.g.
+    /// 0.0.0.0:9090; port 0 picks a free one, logged as "listening on ..."): GET /healthz
+    /// (200 while the loop ticks), /readyz (200 once the jobs are planned and the store
+    /// answers) and /metrics (Prometheus text format). Not served by default.
+    #[arg(long, env = "IDEM_SCHEDULER_LISTEN", value_name = "ADDR", value_parser = parse_listen)]
+    pub(super) listen: Option<SocketAddr>,
+}
+
+/// `--listen`: an IP address and a port.
+fn parse_listen(s: &str) -> std::result::Result<SocketAddr, String> {
+    s.trim().parse().map_err(|_| {
+        format!("expected IP:PORT, such as 127.0.0.1:9090, 0.0.0.0:9090 or [::]:9090 (got {s:?})")
+    })
 }

@@ -346,6 +346,49 @@ impl Planner {
     }
 }
 
+/// The longest the loop sleeps between ticks, even when no slot falls due sooner: each
+/// tick beats its [`Heartbeat`], so a loop that stopped ticking is seen within
+/// [`Heartbeat::stale_after`] (a tick with nothing due only asks the planner).
+pub const MAX_TICK: Duration = Duration::from_secs(10);
+
+/// When the scheduler loop last ticked, and how soon it meant to tick again: what
+/// `idem scheduler --listen`'s `/healthz` reads. Monotonic time, not the [`Clock`].
+#[derive(Debug, Clone, Default)]
+pub struct Heartbeat(Arc<std::sync::Mutex<Option<Beat>>>);
+
+/// One tick of the loop.
+#[derive(Debug, Clone, Copy)]
+pub struct Beat {
+    /// When it ticked.
+    pub at: std::time::Instant,
+    /// How long it then meant to sleep (at most [`MAX_TICK`]).
+    pub sleep: Duration,
+}
+
+impl Heartbeat {
+    /// The loop ticked now and sleeps at most `sleep`.
+    pub fn beat(&self, sleep: Duration) {
+        let beat = Beat {
+            at: std::time::Instant::now(),
+            sleep,
+        };
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(beat);
+    }
+
+    /// The last tick; `None` before the loop began.
+    pub fn last(&self) -> Option<Beat> {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Beat {
+    /// How long after this tick the loop counts as stalled: twice the sleep it meant, and
+    /// at least 30 s (a busy machine, a slow planner pass).
+    pub fn stale_after(&self) -> Duration {
+        (self.sleep * 2).max(Duration::from_secs(30))
+    }
+}
+
 /// What a scheduler loop did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct LoopSummary {
@@ -364,6 +407,7 @@ pub struct LoopSummary {
 ///
 /// `fire` starts one fire; it is spawned on the runtime, so fires of different jobs (and
 /// of the same job, when one outlasts the interval: the lease decides) run side by side.
+/// Each tick (at least every [`MAX_TICK`]) beats `heartbeat`.
 pub async fn run_loop<F, Fut>(
     planner: &mut Planner,
     clock: Arc<dyn Clock>,
@@ -371,6 +415,7 @@ pub async fn run_loop<F, Fut>(
     shutdown: impl Future<Output = &'static str>,
     grace: Duration,
     stop: tokio::sync::watch::Sender<Option<String>>,
+    heartbeat: &Heartbeat,
 ) -> Result<LoopSummary>
 where
     F: Fn(Fire) -> Fut,
@@ -414,8 +459,10 @@ where
         let sleep = planner
             .next_wake()
             .map(|t| (t - clock.now()).to_std().unwrap_or_default())
-            // Nothing fires again: idle until stopped.
-            .unwrap_or(Duration::from_secs(3600));
+            // Nothing fires again: idle until stopped (still ticking).
+            .unwrap_or(MAX_TICK)
+            .min(MAX_TICK);
+        heartbeat.beat(sleep);
         tokio::select! {
             signal = &mut shutdown => break signal,
             _ = tokio::time::sleep(sleep) => {}

@@ -418,6 +418,7 @@ async fn catch_up_fires_of_a_job_complete_oldest_first_one_at_a_time() {
         shutdown,
         Duration::from_secs(5),
         stop_tx,
+        &Heartbeat::default(),
     )
     .await
     .unwrap();
@@ -471,6 +472,7 @@ async fn the_loop_fires_due_slots_and_stops_running_fires_after_the_grace_period
         shutdown,
         Duration::from_millis(50),
         stop_tx,
+        &Heartbeat::default(),
     )
     .await
     .unwrap();
