@@ -811,3 +811,355 @@ fn runs_stopped_at_once_in_one_scheduler_are_each_recorded_after_their_own_progr
         );
     }
 }
+
+// `idem scheduler --listen ADDR`: /healthz, /readyz and /metrics over a real socket.
+
+/// The address the scheduler logged as `listening on ADDR` (it binds port 0).
+fn listening_on(scheduler: &mut Watched) -> std::net::SocketAddr {
+    scheduler.wait_for_line("the listening address", |l| l.contains("listening on "));
+    let log = scheduler.log.lock().unwrap().clone();
+    let line = log.lines().find(|l| l.contains("listening on ")).unwrap();
+    let addr = line.split("listening on ").nth(1).unwrap();
+    addr.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+/// One HTTP/1.1 request on a fresh connection: (status, content type, body).
+fn http(addr: std::net::SocketAddr, method: &str, path: &str) -> (u16, String, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no end of headers: {response:?}"));
+    let mut lines = head.lines();
+    let status = lines.next().unwrap();
+    assert!(status.starts_with("HTTP/1.1 "), "{status}");
+    let code = status[9..12].parse().unwrap();
+    let content_type = lines
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+        .map(|(_, v)| v.trim().to_string())
+        .unwrap_or_default();
+    (code, content_type, body.to_string())
+}
+
+/// A sample of the text exposition format: name, labels, value.
+type Sample = (String, BTreeMap<String, String>, f64);
+
+/// Reads the Prometheus text format strictly (no parser crate is in the tree): every
+/// sample is `name{label="value",...} value` with a value that parses as f64, escapes in
+/// label values are only `\\`, `\"` and `\n`, each family has one HELP and one TYPE line
+/// (a known type) before its samples, and its samples follow its own TYPE line.
+fn parse_metrics(text: &str) -> Vec<Sample> {
+    fn is_name(s: &str) -> bool {
+        let mut chars = s.chars();
+        chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+    }
+    let mut samples = Vec::new();
+    let (mut helped, mut typed) = (
+        std::collections::BTreeSet::new(),
+        std::collections::BTreeSet::new(),
+    );
+    let mut family = String::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let name = rest.split(' ').next().unwrap();
+            assert!(is_name(name), "{line}");
+            assert!(helped.insert(name.to_string()), "a second HELP: {line}");
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap();
+            assert!(is_name(name), "{line}");
+            assert!(
+                ["counter", "gauge", "histogram", "summary", "untyped"].contains(&kind),
+                "{line}"
+            );
+            assert!(helped.contains(name), "TYPE before HELP: {line}");
+            assert!(typed.insert(name.to_string()), "a second TYPE: {line}");
+            family = name.to_string();
+            continue;
+        }
+        assert!(
+            !line.starts_with('#') && !line.trim().is_empty(),
+            "{line:?}"
+        );
+        let name_end = line.find(['{', ' ']).unwrap_or_else(|| panic!("{line}"));
+        let name = &line[..name_end];
+        assert!(is_name(name), "{line}");
+        assert_eq!(name, family, "a sample not after its own TYPE line: {line}");
+        let mut labels = BTreeMap::new();
+        let mut rest = &line[name_end..];
+        if let Some(inner) = rest.strip_prefix('{') {
+            let mut chars = inner.char_indices().peekable();
+            loop {
+                let (start, c) = chars.next().unwrap_or_else(|| panic!("{line}"));
+                if c == '}' {
+                    rest = &inner[start + 1..];
+                    break;
+                }
+                let eq = inner[start..].find('=').unwrap() + start;
+                let key = &inner[start..eq];
+                assert!(is_name(key), "label {key:?}: {line}");
+                while chars.peek().is_some_and(|(i, _)| *i <= eq) {
+                    chars.next();
+                }
+                assert_eq!(chars.next().map(|(_, c)| c), Some('"'), "{line}");
+                let mut value = String::new();
+                loop {
+                    match chars.next().unwrap_or_else(|| panic!("{line}")).1 {
+                        '"' => break,
+                        '\\' => match chars.next().unwrap().1 {
+                            '\\' => value.push('\\'),
+                            '"' => value.push('"'),
+                            'n' => value.push('\n'),
+                            other => panic!("escape \\{other}: {line}"),
+                        },
+                        c => value.push(c),
+                    }
+                }
+                assert!(labels.insert(key.to_string(), value).is_none(), "{line}");
+                if chars.peek().map(|(_, c)| *c) == Some(',') {
+                    chars.next();
+                }
+            }
+        }
+        let value = rest.strip_prefix(' ').unwrap_or_else(|| panic!("{line}"));
+        let value: f64 = value
+            .parse()
+            .unwrap_or_else(|e| panic!("value {value:?} ({e}): {line}"));
+        samples.push((name.to_string(), labels, value));
+    }
+    samples
+}
+
+/// The value of the sample `name` with these labels (0 when there is none).
+fn metric(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
+    samples
+        .iter()
+        .find(|(n, l, _)| {
+            n == name
+                && l.len() == labels.len()
+                && labels
+                    .iter()
+                    .all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
+        })
+        .map_or(0.0, |s| s.2)
+}
+
+fn scrape(addr: std::net::SocketAddr) -> Vec<Sample> {
+    let (code, content_type, body) = http(addr, "GET", "/metrics");
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        content_type.starts_with("text/plain; version=0.0.4"),
+        "{content_type}"
+    );
+    parse_metrics(&body)
+}
+
+/// An every-second job on a SQLite store, `--listen 127.0.0.1:0`: /healthz answers 200,
+/// /metrics counts the fires as they happen and its completed count is the ledger's,
+/// unknown paths are 404 and other methods 405; SIGTERM exits 0 and closes the port.
+#[test]
+fn listen_serves_health_and_metrics_fed_by_the_fires() {
+    let s = Sandbox::new("idem-scheduler-listen");
+    s.write_job("tick", &ticking_job("tick", "", "SELECT 1"));
+    let mut scheduler = Watched::start(s.command(&["scheduler", "--listen", "127.0.0.1:0"]));
+    let addr = listening_on(&mut scheduler);
+    let (code, _, body) = http(addr, "GET", "/healthz");
+    assert_eq!((code, body.as_str()), (200, "ok\n"));
+    // Before any fire the job's series are there, at zero.
+    let first = scrape(addr);
+    assert_eq!(
+        metric(
+            &first,
+            "idem_build_info",
+            &[("version", env!("CARGO_PKG_VERSION"))]
+        ),
+        1.0
+    );
+    let mut samples = first;
+    common::wait_until(
+        "two fires counted in /metrics",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || {
+            samples = scrape(addr);
+            metric(&samples, "idem_scheduler_fires_total", &[("job", "tick")]) >= 2.0
+        },
+    );
+    // The first fire completes the day; later ones skip it (time_window): the completed
+    // count is settled, and must be the ledger's.
+    common::wait_until(
+        "the first fire's run counted",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || {
+            samples = scrape(addr);
+            metric(
+                &samples,
+                "idem_scheduler_completed_total",
+                &[("job", "tick")],
+            ) >= 1.0
+        },
+    );
+    let ledger = runs(&s, "tick");
+    let completed = ledger.iter().filter(|r| r["status"] == "completed").count();
+    let skipped = ledger
+        .iter()
+        .filter(|r| r["status"] == "skipped" && r["skip_reason"] == "time_window")
+        .count();
+    assert_eq!(
+        metric(
+            &samples,
+            "idem_scheduler_completed_total",
+            &[("job", "tick")]
+        ),
+        completed as f64,
+        "{ledger:?}"
+    );
+    assert_eq!(completed, 1, "{ledger:?}");
+    // Skips counted by then are in the ledger (a run is recorded before it is counted).
+    let counted_skips = metric(
+        &samples,
+        "idem_scheduler_skipped_total",
+        &[("job", "tick"), ("reason", "time_window")],
+    );
+    assert!(
+        counted_skips <= skipped as f64,
+        "{counted_skips} > {skipped}"
+    );
+    assert_eq!(
+        metric(&samples, "idem_scheduler_failed_total", &[("job", "tick")]),
+        0.0
+    );
+    let last = metric(
+        &samples,
+        "idem_scheduler_last_completed_timestamp_seconds",
+        &[("job", "tick")],
+    );
+    let now = chrono::Utc::now().timestamp() as f64;
+    assert!(last > now - 120.0 && last <= now + 1.0, "{last} vs {now}");
+    let lag = metric(
+        &samples,
+        "idem_scheduler_fire_lag_seconds",
+        &[("job", "tick")],
+    );
+    assert!((0.0..60.0).contains(&lag), "{lag}");
+    let (code, _, body) = http(addr, "GET", "/readyz");
+    assert_eq!((code, body.as_str()), (200, "ready\n"));
+    let probed = scrape(addr);
+    assert_eq!(
+        metric(&probed, "idem_scheduler_store_probe_success", &[]),
+        1.0
+    );
+    assert!(metric(&probed, "idem_scheduler_store_probe_seconds", &[]) > 0.0);
+    assert_eq!(http(addr, "GET", "/nope").0, 404);
+    assert_eq!(http(addr, "POST", "/metrics").0, 405);
+    let (code, err) = scheduler.stop(Duration::from_secs(60));
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let closed = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5));
+    assert!(closed.is_err(), "{addr} still accepts connections");
+}
+
+/// `--listen nonsense` exits 2 saying what an address looks like; an address in use
+/// (given through `IDEM_SCHEDULER_LISTEN`) exits non-zero naming it, before any fire.
+#[test]
+fn a_bad_or_taken_listen_address_exits_naming_it() {
+    let s = Sandbox::new("idem-scheduler-listen-bad");
+    s.write_job("tick", &ticking_job("tick", "", "SELECT 1"));
+    let out = s.idem(&["scheduler", "--listen", "nonsense"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--listen") && err.contains("nonsense") && err.contains("IP:PORT"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = s
+        .command(&["scheduler"])
+        .env("IDEM_SCHEDULER_LISTEN", &addr)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains(&format!("cannot listen on {addr}")), "{err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("fire tick"),
+        "{err}"
+    );
+    assert!(runs(&s, "tick").is_empty());
+}
+
+/// /readyz asks the store at each request: on a private PostgreSQL server it answers 503
+/// naming the store while the server is down (at start, and stopped later), and 200 once
+/// it is up again.
+#[test]
+fn readyz_follows_the_store_down_and_up() {
+    let test = "readyz_follows_the_store_down_and_up";
+    if common::postgres_url(test).is_none() {
+        return;
+    }
+    let Some(server) = common::private_pg::PrivatePostgres::start(test, &[]) else {
+        return;
+    };
+    server.stop();
+    let s = Sandbox::with_store("idem-scheduler-readyz", &server.url());
+    s.write_job("tick", &ticking_job("tick", "", "SELECT 1"));
+    let mut scheduler = Watched::start(s.command(&["scheduler", "--listen", "127.0.0.1:0"]));
+    let addr = listening_on(&mut scheduler);
+    let store = format!(
+        "store postgres://postgres@127.0.0.1:{}/postgres",
+        server.port
+    );
+    let readyz_until = |what: &str, want: u16| {
+        let mut last = String::new();
+        common::wait_until(
+            what,
+            Duration::from_secs(60),
+            Duration::from_millis(200),
+            || {
+                let (code, _, body) = http(addr, "GET", "/readyz");
+                last = body;
+                code == want && (want == 200 || last.contains(&store))
+            },
+        );
+        last
+    };
+    let down = readyz_until("/readyz 503 naming the store, down at start", 503);
+    assert!(down.starts_with("not ready: "), "{down}");
+    // The loop ticks whatever the store: alive, not ready.
+    assert_eq!(http(addr, "GET", "/healthz").0, 200);
+    server.start_again();
+    assert_eq!(
+        readyz_until("/readyz 200 once the store is up", 200),
+        "ready\n"
+    );
+    server.stop();
+    readyz_until("/readyz 503 naming the store, stopped", 503);
+    let samples = scrape(addr);
+    assert_eq!(
+        metric(&samples, "idem_scheduler_store_probe_success", &[]),
+        0.0
+    );
+    server.start_again();
+    readyz_until("/readyz 200 once the store is back", 200);
+    let (code, err) = scheduler.stop(Duration::from_secs(60));
+    assert_eq!(code, Some(0), "{err}");
+}

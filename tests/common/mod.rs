@@ -217,7 +217,8 @@ impl Sandbox {
     }
 
     /// `idem ARGS --store STORE --jobs-dir DIR/jobs`, from the folder, without the
-    /// caller's `IDEM_STORE`, `IDEM_BIGQUERY_ENDPOINT` and `RUST_LOG`.
+    /// caller's `IDEM_STORE`, `IDEM_BIGQUERY_ENDPOINT`, `IDEM_SCHEDULER_LISTEN` and
+    /// `RUST_LOG`.
     pub fn command(&self, args: &[&str]) -> Command {
         self.command_with_store(args, &self.store)
     }
@@ -233,6 +234,7 @@ impl Sandbox {
             .current_dir(&self.dir)
             .env_remove("IDEM_STORE")
             .env_remove("IDEM_BIGQUERY_ENDPOINT")
+            .env_remove("IDEM_SCHEDULER_LISTEN")
             .env_remove("RUST_LOG")
             .stdin(Stdio::null());
         c

@@ -11,6 +11,8 @@ pub struct PrivatePostgres {
     pub dir: PathBuf,
     pub port: u16,
     bin: PathBuf,
+    /// The server's options (`pg_ctl -o`), for [`PrivatePostgres::start_again`].
+    options: String,
 }
 
 fn binaries() -> Option<PathBuf> {
@@ -83,23 +85,52 @@ impl PrivatePostgres {
         for s in settings {
             options.push_str(&format!(" -c {s}"));
         }
-        let started = as_server_user(&bin.join("pg_ctl"))
+        let server = PrivatePostgres {
+            dir,
+            port,
+            bin,
+            options,
+        };
+        server.start_again();
+        Some(server)
+    }
+
+    /// Starts the (stopped) server again, on the same port and data; panics if it fails.
+    pub fn start_again(&self) {
+        let started = as_server_user(&self.bin.join("pg_ctl"))
             .arg("-D")
-            .arg(dir.join("data"))
-            .args(["-o", &options, "-l"])
-            .arg(dir.join("log"))
+            .arg(self.dir.join("data"))
+            .args(["-o", &self.options, "-l"])
+            .arg(self.dir.join("log"))
             .args(["-w", "start"])
             .stdout(Stdio::null())
             .output()
             .expect("run pg_ctl");
         if !started.status.success() {
-            let log = std::fs::read_to_string(dir.join("log")).unwrap_or_default();
+            let log = std::fs::read_to_string(self.dir.join("log")).unwrap_or_default();
             panic!(
                 "the private server did not start: {}{log}",
                 String::from_utf8_lossy(&started.stderr)
             );
         }
-        Some(PrivatePostgres { dir, port, bin })
+    }
+
+    /// Stops the server (fast: its clients are disconnected); [`start_again`] restarts it.
+    ///
+    /// [`start_again`]: PrivatePostgres::start_again
+    pub fn stop(&self) {
+        let stopped = as_server_user(&self.bin.join("pg_ctl"))
+            .arg("-D")
+            .arg(self.dir.join("data"))
+            .args(["-m", "fast", "-w", "stop"])
+            .stdout(Stdio::null())
+            .output()
+            .expect("run pg_ctl");
+        assert!(
+            stopped.status.success(),
+            "the private server did not stop: {}",
+            String::from_utf8_lossy(&stopped.stderr)
+        );
     }
 
     /// The URL of database `postgres` on it.
