@@ -1077,7 +1077,7 @@ fn listen_serves_health_and_metrics_fed_by_the_fires() {
 }
 
 /// `--listen nonsense` exits 2 saying what an address looks like; an address in use
-/// (given through `IDEM_SCHEDULER_LISTEN`) exits non-zero naming it, before any fire.
+/// (given through `IDEM_SCHEDULER_LISTEN`) exits 2 naming it, before any fire.
 #[test]
 fn a_bad_or_taken_listen_address_exits_naming_it() {
     let s = Sandbox::new("idem-scheduler-listen-bad");
@@ -1098,7 +1098,7 @@ fn a_bad_or_taken_listen_address_exits_naming_it() {
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert_ne!(out.status.code(), Some(0), "{err}");
+    assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains(&format!("cannot listen on {addr}")), "{err}");
     assert!(
         !err.contains("panicked") && !err.contains("fire tick"),

@@ -435,10 +435,19 @@ pub(crate) struct SchedulerArgs {
     /// stopped and recorded as interrupted (their leases released).
     #[arg(long, default_value = "30s")]
     pub(super) grace: String,
-    /// Serve the scheduler's health and metrics over HTTP on ADDR (IP:PORT, e.g.
-    /// 0.0.0.0:9090; port 0 picks a free one, logged as "listening on ..."): GET /healthz
-    /// (200 while the loop ticks), /readyz (200 once the jobs are planned and the store
-    /// answers) and /metrics (Prometheus text format). Not served by default.
+    /// Serve health and metrics over HTTP/1.1 on ADDR, an IP:PORT such as 0.0.0.0:9090
+    /// (port 0: any free port, logged as "listening on IP:PORT").
+    ///
+    /// GET /healthz: 200 while the scheduler loop ticks, 503 once it has stalled.
+    ///
+    /// GET /readyz: 200 once the jobs are planned and the store answers a query within 2 s
+    /// (asked at each request), 503 naming the store's error otherwise.
+    ///
+    /// GET /metrics: Prometheus text format (fires, completed, skipped, failed and
+    /// interrupted runs per job, last completion time, fire lag, store probe).
+    ///
+    /// Bound before anything fires (an address in use exits 2); closed on SIGTERM/SIGINT.
+    /// Not served by default.
     #[arg(long, env = "IDEM_SCHEDULER_LISTEN", value_name = "ADDR", value_parser = parse_listen)]
     pub(super) listen: Option<SocketAddr>,
 }

@@ -398,7 +398,7 @@ fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
 pub(super) async fn bind(addr: SocketAddr) -> Result<TcpListener> {
     let listener = TcpListener::bind(addr)
         .await
-        .map_err(|e| Error::config(format!("--listen {addr}: cannot listen on {addr}: {e}")))?;
+        .map_err(|e| Error::config(format!("--listen: cannot listen on {addr}: {e}")))?;
     let bound = listener
         .local_addr()
         .map_err(|e| Error::config(format!("--listen {addr}: {e}")))?;
