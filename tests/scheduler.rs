@@ -981,8 +981,14 @@ fn listen_serves_health_and_metrics_fed_by_the_fires() {
     let addr = listening_on(&mut scheduler);
     let (code, _, body) = http(addr, "GET", "/healthz");
     assert_eq!((code, body.as_str()), (200, "ok\n"));
-    // Before any fire the job's series are there, at zero.
+    // Every job's series are there from the start (at zero before its first fire).
     let first = scrape(addr);
+    assert!(
+        first
+            .iter()
+            .any(|(n, l, _)| n == "idem_scheduler_fires_total" && l["job"] == "tick"),
+        "{first:?}"
+    );
     assert_eq!(
         metric(
             &first,
