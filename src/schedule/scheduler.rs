@@ -348,7 +348,7 @@ impl Planner {
 
 /// The longest the loop sleeps between ticks, even when no slot falls due sooner: each
 /// tick beats its [`Heartbeat`], so a loop that stopped ticking is seen within
-/// [`Heartbeat::stale_after`] (a tick with nothing due only asks the planner).
+/// [`Beat::stale_after`] (a tick with nothing due only asks the planner).
 pub const MAX_TICK: Duration = Duration::from_secs(10);
 
 /// When the scheduler loop last ticked, and how soon it meant to tick again: what
