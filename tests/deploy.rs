@@ -798,3 +798,41 @@ fn cron_yaml_has_slot_env(yaml: &str) -> bool {
             .count()
             == cron_jobs
 }
+
+/// `idem migrate --check` on the SQLite default: exit 1 while the file has no schema (and
+/// the file is not created), 0 after `idem migrate`, a waiting check ending 0 once a
+/// migration has run beside it, and `--wait` without `--check` or with a bad duration a
+/// usage error.
+#[test]
+fn migrate_check_reads_the_schema_and_writes_nothing() {
+    let s = Sandbox::new("idem-migrate-check");
+    let file = s.dir.join("idem.db");
+    let check = |args: &[&str]| common::parse(s.json_command(args).output().unwrap());
+    let (code, doc, stderr) = check(&["migrate", "--check"]);
+    assert_eq!(code, 1, "{doc}\n{stderr}");
+    assert_eq!(doc["current"], false);
+    assert_eq!(doc["version"], 0);
+    assert!(!file.exists(), "a check creates no ledger");
+    let waiting = s
+        .json_command(&["migrate", "--check", "--wait", "2m"])
+        .spawn()
+        .unwrap();
+    let (code, doc, _) = check(&["migrate"]);
+    assert_eq!(
+        (code, doc["migrated"].clone()),
+        (0, serde_json::json!(true))
+    );
+    let (code, doc, stderr) = common::wait(waiting);
+    assert_eq!(code, 0, "{doc}\n{stderr}");
+    assert_eq!(doc["current"], true);
+    assert_eq!(doc["version"], doc["latest"]);
+    let (code, doc, _) = check(&["migrate", "--check"]);
+    assert_eq!((code, doc["current"].clone()), (0, serde_json::json!(true)));
+    for bad in [
+        &["migrate", "--wait", "1m"][..],
+        &["migrate", "--check", "--wait", "soon"],
+    ] {
+        let out = s.command(bad).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", text(&out.stderr));
+    }
+}

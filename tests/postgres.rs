@@ -878,6 +878,70 @@ fn concurrent_first_use_migrates_once() {
         .unwrap();
 }
 
+/// `idem migrate --check` on Postgres, as a Kubernetes init container runs it: exit 1
+/// while the schema is behind (creating nothing), 0 once `idem migrate` has run; with
+/// `--wait`, a check started before the migration ends 0 when the migration is done; an
+/// unreachable server is exit 3, not "behind".
+#[test]
+fn migrate_check_says_whether_the_schema_is_current() {
+    let Some(url) = pg_url("migrate_check_says_whether_the_schema_is_current") else {
+        return;
+    };
+    let rt = runtime();
+    let pool = rt.block_on(db(&url));
+    let schema = format!("idem_chk_{}", suffix());
+    rt.block_on(sqlx::query(&format!("CREATE SCHEMA {schema}")).execute(&pool))
+        .unwrap();
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let scoped = format!("{url}{sep}options[search_path]={schema}");
+    let dir = Sandbox::with_store("idem-pg", &scoped);
+    let tables = || -> i64 {
+        rt.block_on(
+            sqlx::query_scalar(
+                "SELECT count(*) FROM information_schema.tables WHERE table_schema = $1",
+            )
+            .bind(&schema)
+            .fetch_one(&pool),
+        )
+        .unwrap()
+    };
+    let latest = idem::store::migrations::POSTGRES.last().unwrap().version;
+
+    let (code, doc, stderr) =
+        common::parse(dir.json_command(&["migrate", "--check"]).output().unwrap());
+    assert_eq!(code, 1, "behind: {doc}\n{stderr}");
+    assert_eq!(
+        (doc["current"].clone(), doc["version"].clone()),
+        (json!(false), json!(0))
+    );
+    assert_eq!(doc["latest"], latest);
+    assert_eq!(tables(), 0, "a check creates nothing");
+
+    // A waiting check (an init container) started before the migrate Job: it ends 0.
+    let waiting = dir
+        .json_command(&["migrate", "--check", "--wait", "2m"])
+        .spawn()
+        .unwrap();
+    let (code, doc, stderr) = common::parse(dir.json_command(&["migrate"]).output().unwrap());
+    assert_eq!(code, 0, "{doc}\n{stderr}");
+    let (code, doc, stderr) = wait(waiting);
+    assert_eq!(code, 0, "{doc}\n{stderr}");
+    assert_eq!(
+        (doc["current"].clone(), doc["version"].clone()),
+        (json!(true), json!(latest))
+    );
+
+    let down = Sandbox::with_store("idem-pg", "postgres://postgres@127.0.0.1:1/idem");
+    let (code, doc, _) =
+        common::parse(down.json_command(&["migrate", "--check"]).output().unwrap());
+    assert_eq!(
+        code, 3,
+        "an unreachable store is not a schema behind: {doc}"
+    );
+    rt.block_on(sqlx::query(&format!("DROP SCHEMA {schema} CASCADE")).execute(&pool))
+        .unwrap();
+}
+
 /// A run interrupted by SIGTERM while its SQL runs on a Postgres warehouse cancels the
 /// statement on the server before it exits: nothing of it is left running (beside the
 /// next run of the scope), and the run is recorded as interrupted, its lease released.

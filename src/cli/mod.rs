@@ -73,6 +73,7 @@ pub(crate) use exec::ExecArgs;
 use files::{missing_ledger, no_ledger_message, refuse_to_overwrite};
 pub(crate) use fingerprint::FingerprintArgs;
 pub(crate) use gate::GateArgs;
+pub(crate) use jobs::MigrateArgs;
 pub(crate) use purge::PurgeArgs;
 pub(crate) use report::ReportArgs;
 use run::check_range;
@@ -136,8 +137,9 @@ pub(crate) enum Command {
     Exec(ExecArgs),
     /// Show what a run would decide now and why, without running or claiming anything.
     Explain(ExplainArgs),
-    /// Create or upgrade the store's tables.
-    Migrate,
+    /// Create or upgrade the store's tables; `--check` only says whether they are current
+    /// (exit 1 while behind), for a deploy step or an init container.
+    Migrate(MigrateArgs),
     /// List the jobs in the jobs folder, validating every file (exit 2 naming each bad one).
     Jobs,
     /// Show recent runs from the ledger, newest first.
@@ -306,7 +308,7 @@ async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
         Command::Run(args) => run::run(&args, &g, registry).await,
         Command::Exec(args) => exec::exec(&args, &g, registry).await,
         Command::Explain(args) => run::explain(&args, &g, registry).await,
-        Command::Migrate => jobs::migrate(&g).await,
+        Command::Migrate(args) => jobs::migrate(&g, &args).await,
         Command::Jobs => jobs::jobs(&g, registry),
         Command::Runs(args) => runs::runs(args, &g).await,
         Command::Purge(args) => purge::purge(args, &g).await,

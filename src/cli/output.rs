@@ -56,6 +56,24 @@ pub(crate) fn print_migrated(store: &str, format: Format) {
     }
 }
 
+/// `idem migrate --check`.
+pub(crate) fn print_schema_state(store: &str, state: &crate::store::SchemaState, format: Format) {
+    match format {
+        Format::Json => print_json(&serde_json::json!({
+            "store": store,
+            "version": state.current,
+            "latest": state.latest,
+            "current": !state.is_behind(),
+        })),
+        Format::Human if state.is_behind() => outln!(
+            "schema of {store}: behind, version {} of {} (run `idem migrate`)",
+            state.current,
+            state.latest
+        ),
+        Format::Human => outln!("schema of {store}: current, version {}", state.current),
+    }
+}
+
 /// `idem fingerprint`.
 pub(crate) fn print_fingerprint(fingerprint: &str, events: usize, format: Format) {
     match format {

@@ -53,8 +53,8 @@ pub use crate::backend::PoolSize;
 pub use breaker::{BreakerConfig, CircuitBreakerStore};
 pub use memory::MemoryStore;
 pub use open::{
-    open, open_event_keys, open_sized, ReopeningEventStore, Stores, UnavailableStore,
-    DEFAULT_STORE_URL,
+    open, open_event_keys, open_sized, schema_state, ReopeningEventStore, SchemaState, Stores,
+    UnavailableStore, DEFAULT_STORE_URL,
 };
 
 /// Every store trait, for calling store methods on a concrete store type:

@@ -100,6 +100,59 @@ pub async fn open_sized(url: &str, size: PoolSize) -> Result<Arc<DynStore>> {
     Ok(store)
 }
 
+/// Where a store's schema stands against the migrations of this build (`idem migrate
+/// --check`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SchemaState {
+    /// The version the store records: 0 when it has no schema yet.
+    pub current: i64,
+    /// The newest version this build knows: what `idem migrate` brings the store to.
+    pub latest: i64,
+}
+
+impl SchemaState {
+    /// Whether `idem migrate` has something to do. A store ahead of this build (migrated
+    /// by a newer idem) is not behind.
+    pub fn is_behind(&self) -> bool {
+        self.current < self.latest
+    }
+}
+
+/// Reads the schema version the store `url` records, creating, migrating and writing
+/// nothing (a SQLite file that does not exist is at version 0 and stays absent).
+/// `memory://` has no schema to fall behind.
+pub async fn schema_state(url: &str) -> Result<SchemaState> {
+    use super::migrations::{self, Schema};
+    async fn of(schema: &(impl Schema + ?Sized)) -> Result<SchemaState> {
+        Ok(SchemaState {
+            current: schema.version().await?,
+            latest: migrations::latest(schema.migrations()),
+        })
+    }
+    match Backend::of(url) {
+        Some(Backend::Memory) => Ok(SchemaState {
+            current: 0,
+            latest: 0,
+        }),
+        #[cfg(feature = "sqlite")]
+        Some(Backend::Sqlite) => Ok(SchemaState {
+            current: super::sqlite::SqliteStore::recorded_version(url).await?,
+            latest: migrations::latest(&migrations::SQLITE),
+        }),
+        #[cfg(feature = "bigquery")]
+        Some(Backend::BigQuery) => {
+            of(&super::bigquery::BigQueryStore::connect_lazy(url).await?).await
+        }
+        #[cfg(feature = "postgres")]
+        Some(Backend::Postgres) => of(&super::postgres::PostgresStore::connect_lazy(url)?).await,
+        // Every other URL: the error opening it gives.
+        _ => open(url).await.map(|_| SchemaState {
+            current: 0,
+            latest: 0,
+        }),
+    }
+}
+
 /// One store per URL for every run of a process: a scheduler's jobs, a parallel backfill's
 /// dates, a Python program's processors share one pool (see [`crate::backend::shared`]:
 /// concurrent first opens wait for one, and a failed open is shared by those who waited).

@@ -196,6 +196,29 @@ impl SqliteStore {
         Ok(pool)
     }
 
+    /// The schema version the file at `url` records (`PRAGMA user_version`), read without
+    /// creating, migrating or writing anything: 0 when the file does not exist yet (`idem
+    /// migrate --check`).
+    pub(crate) async fn recorded_version(url: &str) -> Result<i64> {
+        let (driver_url, _) = crate::backend::take_max_connections(url)
+            .map_err(|e| Error::config(format!("{url}: {e}")))?;
+        let options = crate::backend::sqlite::connect_options(&driver_url)?;
+        let path = options.get_filename();
+        if !path.exists() {
+            return Ok(0);
+        }
+        crate::backend::sqlite::check_database_file(url, path)?;
+        let pool = Self::read_only_pool(path, 1)
+            .await
+            .map_err(|e| Error::store(url, format!("cannot read sqlite database: {e}")))?;
+        let version = sqlx::query_scalar("PRAGMA user_version")
+            .fetch_one(&pool)
+            .await
+            .map_err(|e| Error::store(url, format!("cannot read the schema version: {e}")));
+        pool.close().await;
+        version
+    }
+
     /// The underlying pool (for the SQL processor when the warehouse is the store).
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
