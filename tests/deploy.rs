@@ -191,20 +191,63 @@ fn every_export_names_the_same_image_and_jobs_folder() {
             yaml.contains("- name: \"IDEM_LOG_FORMAT\"\n") && yaml.contains("value: \"json\""),
             "the pods log JSON lines: {yaml}"
         );
-        // Every pod: no API token, the image's user and group, a read-only root with the
-        // working folder (the spool) and /tmp on volumes of its own.
-        let pods = yaml.matches("containers:").count();
+        // Every pod: no API token, the image's user and group; every container: a
+        // read-only root with the working folder (the spool) and /tmp on volumes of its
+        // own, requests and a memory limit.
+        let pods = yaml.matches("\n      containers:").count()
+            + yaml.matches("\n          containers:").count();
+        assert_eq!(pods, yaml.matches("restartPolicy:").count(), "{yaml}");
+        // Pod Security `restricted`, field by field: non-root with the runtime's seccomp
+        // profile per pod; per container no privilege escalation and every capability
+        // dropped; volumes of the allowed kinds only (emptyDir, configMap).
         for line in [
+            "runAsNonRoot: true",
+            "type: \"RuntimeDefault\"",
             "automountServiceAccountToken: false",
             "runAsUser: 10001",
             "runAsGroup: 10001",
             "fsGroup: 10001",
-            "readOnlyRootFilesystem: true",
-            "mountPath: \"/var/lib/idem\"",
-            "mountPath: \"/tmp\"",
         ] {
             assert_eq!(yaml.matches(line).count(), pods, "{line}: {yaml}");
         }
+        // One migrate Job, named after the image; every other pod waits for the schema.
+        assert_eq!(yaml.matches("kind: \"Job\"").count(), 1, "{yaml}");
+        let waits = yaml.matches("- name: \"wait-for-schema\"").count();
+        assert_eq!(waits, pods - 1, "{yaml}");
+        assert_eq!(
+            yaml.matches("- \"migrate\"\n").count(),
+            pods,
+            "a migrate Job and a check before every other pod: {yaml}"
+        );
+        assert_eq!(yaml.matches("- \"--check\"\n").count(), waits, "{yaml}");
+        let containers = pods + waits;
+        assert_eq!(yaml.matches("emptyDir: {}").count(), 2 * pods, "{yaml}");
+        assert_eq!(yaml.matches("volumes:").count(), pods, "{yaml}");
+        assert!(!yaml.contains("hostPath") && !yaml.contains("privileged: true"));
+        for line in [
+            "allowPrivilegeEscalation: false",
+            "- \"ALL\"",
+            "readOnlyRootFilesystem: true",
+            "mountPath: \"/var/lib/idem\"",
+            "mountPath: \"/tmp\"",
+            "requests:",
+            "limits:",
+        ] {
+            assert_eq!(yaml.matches(line).count(), containers, "{line}: {yaml}");
+        }
+    }
+    // The scheduler's replicas are probed on the paths `--listen` serves, roll one at a
+    // time, spread over nodes, and a budget keeps drains to one at a time.
+    let deployment = text(&deployment.stdout);
+    for line in [
+        "- \"--listen\"\n        - \"0.0.0.0:8080\"",
+        "path: \"/healthz\"",
+        "path: \"/readyz\"",
+        "maxUnavailable: 0",
+        "topologyKey: \"kubernetes.io/hostname\"",
+        "kind: \"PodDisruptionBudget\"",
+    ] {
+        assert_eq!(deployment.matches(line).count(), 1, "{line}: {deployment}");
     }
     // A CronJob's pod dates its run by its Job's slot (the Job name's minute), not by when
     // a retry starts.
@@ -599,10 +642,11 @@ fn exported_manifests_validate_against_the_kubernetes_schema() {
             .expect("run kubernetes-validate");
         let report = format!("{}{}", text(&out.stdout), text(&out.stderr));
         assert_eq!(out.status.code(), Some(0), "{version}: {report}");
-        // 3 CronJobs + 3 CronJobs + 1 Deployment, each named as passing.
+        // (A migrate Job + 3 CronJobs) twice, then a migrate Job, the Deployment and its
+        // disruption budget, each named as passing.
         assert_eq!(
             report.matches(" passed for resource ").count(),
-            7,
+            11,
             "{report}"
         );
     }
@@ -625,13 +669,18 @@ fn exported_manifests_validate_against_the_kubernetes_schema() {
     );
 }
 
-/// The args of the exported Deployment's container.
+/// The args of the exported Deployment's `idem` container.
 fn deployment_args(yaml: &str) -> Vec<String> {
-    let mut lines = yaml.lines().skip_while(|l| l.trim() != "args:").skip(1);
+    let mut lines = yaml
+        .lines()
+        .skip_while(|l| *l != "kind: \"Deployment\"")
+        .skip_while(|l| l.trim() != "- name: \"idem\"")
+        .skip_while(|l| l.trim() != "args:")
+        .skip(1);
     let mut args = Vec::new();
     for line in lines.by_ref() {
         match line.trim().strip_prefix("- ") {
-            Some(v) if !v.contains(':') => args.push(serde_json::from_str(v).unwrap()),
+            Some(v) if v.starts_with('"') => args.push(serde_json::from_str(v).unwrap()),
             _ => break,
         }
     }
@@ -703,12 +752,19 @@ run = ["sh", "-c", "sleep 0.3; echo {{scope}} >> done.txt"]
     );
     let args = deployment_args(&text(&exported.stdout));
     // The pods fire the jobs the export checked, by name.
-    let mut named = args[3..].to_vec();
+    let mut named = args[5..].to_vec();
     named.sort();
     let mut expected = vec![command.clone(), today.clone(), yesterday.clone()];
     expected.sort();
-    assert_eq!(&args[..3], ["scheduler", "--grace", "30s"], "{args:?}");
+    assert_eq!(
+        &args[..5],
+        ["scheduler", "--grace", "30s", "--listen", "0.0.0.0:8080"],
+        "{args:?}"
+    );
     assert_eq!(named, expected, "{args:?}");
+    // Two replicas on one machine: each its own free port (in a pod, each its own IP).
+    let mut args = args;
+    args[4] = "127.0.0.1:0".to_string();
     assert_eq!(s.idem(&["migrate"]).status.code(), Some(0));
     let replica = || {
         Command::new(IDEM)
@@ -752,6 +808,7 @@ run = ["sh", "-c", "sleep 0.3; echo {{scope}} >> done.txt"]
         assert_eq!(out.status.code(), Some(0), "{err}");
         assert!(started.elapsed() < Duration::from_secs(60), "{err}");
         assert!(err.contains("fire "), "each replica fired: {err}");
+        assert!(err.contains("listening on 127.0.0.1:"), "{err}");
     }
     let mut completions: BTreeMap<(String, String), usize> = BTreeMap::new();
     let mut fires = 0;

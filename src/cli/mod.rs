@@ -137,8 +137,10 @@ pub(crate) enum Command {
     Exec(ExecArgs),
     /// Show what a run would decide now and why, without running or claiming anything.
     Explain(ExplainArgs),
-    /// Create or upgrade the store's tables; `--check` only says whether they are current
-    /// (exit 1 while behind), for a deploy step or an init container.
+    /// Create or upgrade the store's tables (`--check`: only say whether they are current).
+    ///
+    /// `idem migrate --check` changes nothing and exits 1 while the schema is behind this
+    /// idem: a deploy step or an init container waits on it (`--wait 10m`).
     Migrate(MigrateArgs),
     /// List the jobs in the jobs folder, validating every file (exit 2 naming each bad one).
     Jobs,

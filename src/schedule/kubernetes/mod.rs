@@ -10,6 +10,11 @@
 //!
 //! Both read the store URL from a Secret (never printed) and the jobs folder from the image
 //! or a ConfigMap, and both name the same image and jobs folder as the Cloud Run export.
+//! Both begin with a migrate Job (`idem migrate`, one per image), and every other pod waits
+//! for the schema in an init container (`idem migrate --check --wait`). The Deployment's
+//! replicas serve `--listen` on port 8080 (liveness `/healthz`, readiness `/readyz`,
+//! `/metrics` for Prometheus), roll one at a time (`maxUnavailable: 0`), spread over nodes,
+//! and a PodDisruptionBudget lets drains take one at a time. Pods: see [`pod`].
 //!
 //! How the settings follow from the job (see [`CronJobTiming`]):
 //! * `concurrencyPolicy: Allow`: each fire is its own scope, and the lease already keeps
@@ -33,6 +38,13 @@ use super::export::{
     crontab_fields, kubernetes_name, plain_value, run_deadline, shared_store_scheme,
 };
 use super::ScheduledJob;
+
+mod pod;
+mod yaml;
+
+use pod::{fail_on_usage_errors, labels, metadata, migrate_job, pod_spec, Pod};
+pub use pod::{migrate_job_name, IDEM_RESOURCES, SCHEDULER_PORT, SCHEMA_RESOURCES, SCHEMA_WAIT};
+use yaml::{s, secs, Yaml};
 
 /// Where and how the manifests run idem.
 #[derive(Debug, Clone)]
@@ -154,219 +166,6 @@ impl CronJobTiming {
     }
 }
 
-/// A YAML value, printed in the order built (Kubernetes readers expect `apiVersion`,
-/// `kind`, `metadata`, `spec` first). Strings are JSON-quoted, which YAML reads as the same
-/// string whatever they hold.
-enum Yaml {
-    Map(Vec<(&'static str, Yaml)>),
-    List(Vec<Yaml>),
-    Str(String),
-    Int(u64),
-    Bool(bool),
-}
-
-fn s(v: &str) -> Yaml {
-    Yaml::Str(v.to_string())
-}
-
-fn secs(d: Duration) -> Yaml {
-    Yaml::Int(d.as_secs())
-}
-
-impl Yaml {
-    fn write(&self, indent: usize, out: &mut String) {
-        let pad = " ".repeat(indent);
-        match self {
-            Yaml::Map(entries) => {
-                for (key, value) in entries {
-                    out.push_str(&pad);
-                    out.push_str(key);
-                    out.push(':');
-                    value.write_after_key(indent, out);
-                }
-            }
-            Yaml::List(items) => {
-                for item in items {
-                    out.push_str(&pad);
-                    out.push('-');
-                    match item {
-                        Yaml::Map(_) => {
-                            // The first entry on the dash's line, the rest under it.
-                            let mut text = String::new();
-                            item.write(indent + 2, &mut text);
-                            out.push(' ');
-                            out.push_str(text.trim_start());
-                        }
-                        scalar => {
-                            out.push(' ');
-                            scalar.write_scalar(out);
-                            out.push('\n');
-                        }
-                    }
-                }
-            }
-            scalar => {
-                out.push_str(&pad);
-                scalar.write_scalar(out);
-                out.push('\n');
-            }
-        }
-    }
-
-    fn write_after_key(&self, indent: usize, out: &mut String) {
-        match self {
-            Yaml::Map(entries) if entries.is_empty() => out.push_str(" {}\n"),
-            Yaml::List(items) if items.is_empty() => out.push_str(" []\n"),
-            Yaml::Map(_) => {
-                out.push('\n');
-                self.write(indent + 2, out);
-            }
-            Yaml::List(_) => {
-                out.push('\n');
-                self.write(indent, out);
-            }
-            scalar => {
-                out.push(' ');
-                scalar.write_scalar(out);
-                out.push('\n');
-            }
-        }
-    }
-
-    fn write_scalar(&self, out: &mut String) {
-        match self {
-            Yaml::Str(v) => out.push_str(&serde_json::Value::from(v.as_str()).to_string()),
-            Yaml::Int(n) => out.push_str(&n.to_string()),
-            Yaml::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-            Yaml::Map(_) | Yaml::List(_) => unreachable!("only scalars"),
-        }
-    }
-}
-
-fn labels(component: &str, name: &str) -> Yaml {
-    Yaml::Map(vec![
-        ("app.kubernetes.io/name", s("idem")),
-        ("app.kubernetes.io/component", s(component)),
-        ("app.kubernetes.io/instance", s(name)),
-    ])
-}
-
-fn metadata(name: &str, component: &str, o: &KubernetesOptions, job: Option<&str>) -> Yaml {
-    let mut m = vec![("name", s(name))];
-    if let Some(ns) = &o.namespace {
-        m.push(("namespace", s(ns)));
-    }
-    m.push(("labels", labels(component, name)));
-    if let Some(job) = job {
-        m.push(("annotations", Yaml::Map(vec![("idem/job", s(job))])));
-    }
-    Yaml::Map(m)
-}
-
-/// The pod spec both exports share: one `idem` container with `args`, the store from the
-/// Secret, the jobs folder from the image or the ConfigMap.
-fn pod_spec(
-    args: Vec<String>,
-    extra_env: Vec<Yaml>,
-    grace: Duration,
-    restart: &str,
-    o: &KubernetesOptions,
-) -> Yaml {
-    let mut container = vec![
-        ("name", s("idem")),
-        ("image", s(&o.image)),
-        ("args", Yaml::List(args.iter().map(|a| s(a)).collect())),
-        (
-            "env",
-            Yaml::List(
-                vec![
-                    Yaml::Map(vec![
-                        ("name", s("IDEM_STORE")),
-                        (
-                            "valueFrom",
-                            Yaml::Map(vec![(
-                                "secretKeyRef",
-                                Yaml::Map(vec![("name", s(&o.store_secret)), ("key", s("url"))]),
-                            )]),
-                        ),
-                    ]),
-                    Yaml::Map(vec![
-                        ("name", s("IDEM_JOBS_DIR")),
-                        ("value", s(&o.jobs_dir)),
-                    ]),
-                    // One JSON object per line, each at its severity (Cloud Logging on GKE
-                    // files plain stderr as ERROR whatever it says).
-                    Yaml::Map(vec![("name", s("IDEM_LOG_FORMAT")), ("value", s("json"))]),
-                ]
-                .into_iter()
-                .chain(extra_env)
-                .collect(),
-            ),
-        ),
-    ];
-    let mut spec = vec![("restartPolicy", s(restart))];
-    if let Some(sa) = &o.service_account {
-        spec.push(("serviceAccountName", s(sa)));
-    }
-    spec.push(("terminationGracePeriodSeconds", secs(grace)));
-    // idem never calls the Kubernetes API: no token in the pod.
-    spec.push(("automountServiceAccountToken", Yaml::Bool(false)));
-    // What Pod Security's `restricted` level asks, with the image's user and group
-    // (10001) said outright, also for the volumes (fsGroup).
-    spec.push((
-        "securityContext",
-        Yaml::Map(vec![
-            ("runAsNonRoot", Yaml::Bool(true)),
-            ("runAsUser", Yaml::Int(10001)),
-            ("runAsGroup", Yaml::Int(10001)),
-            ("fsGroup", Yaml::Int(10001)),
-            (
-                "seccompProfile",
-                Yaml::Map(vec![("type", s("RuntimeDefault"))]),
-            ),
-        ]),
-    ));
-    container.push((
-        "securityContext",
-        Yaml::Map(vec![
-            ("allowPrivilegeEscalation", Yaml::Bool(false)),
-            ("readOnlyRootFilesystem", Yaml::Bool(true)),
-            (
-                "capabilities",
-                Yaml::Map(vec![("drop", Yaml::List(vec![s("ALL")]))]),
-            ),
-        ]),
-    ));
-    // The root filesystem is read-only: what idem writes (the spool of results the store
-    // could not take, under the working folder; temporary files) goes to volumes of the
-    // pod's own.
-    let mount = |name: &str, path: &str, read_only: bool| {
-        let mut m = vec![("name", s(name)), ("mountPath", s(path))];
-        if read_only {
-            m.push(("readOnly", Yaml::Bool(true)));
-        }
-        Yaml::Map(m)
-    };
-    let empty_dir =
-        |name: &str| Yaml::Map(vec![("name", s(name)), ("emptyDir", Yaml::Map(Vec::new()))]);
-    let mut mounts = vec![
-        mount("work", "/var/lib/idem", false),
-        mount("tmp", "/tmp", false),
-    ];
-    let mut volumes = vec![empty_dir("work"), empty_dir("tmp")];
-    if let Some(cm) = &o.jobs_configmap {
-        mounts.push(mount("jobs", &o.jobs_dir, true));
-        volumes.push(Yaml::Map(vec![
-            ("name", s("jobs")),
-            ("configMap", Yaml::Map(vec![("name", s(cm))])),
-        ]));
-    }
-    container.push(("volumeMounts", Yaml::List(mounts)));
-    spec.push(("containers", Yaml::List(vec![Yaml::Map(container)])));
-    spec.push(("volumes", Yaml::List(volumes)));
-    Yaml::Map(spec)
-}
-
 fn header(out: &mut String, what: &str, o: &KubernetesOptions) {
     let example = if crate::backend::Backend::named(&o.store.to_ascii_lowercase())
         == Some(crate::backend::Backend::BigQuery)
@@ -399,6 +198,11 @@ fn header(out: &mut String, what: &str, o: &KubernetesOptions) {
             o.jobs_dir
         ));
     }
+    out.push_str(&format!(
+        "# The Job {} runs `idem migrate` for this image; every other pod waits for the schema\n\
+         # first (init container `idem migrate --check --wait {SCHEMA_WAIT}`).\n",
+        migrate_job_name(&o.image)
+    ));
 }
 
 fn document(out: &mut String, comment: &str, object: Yaml) {
@@ -437,6 +241,8 @@ pub fn cron_jobs(jobs: &[ScheduledJob], o: &KubernetesOptions) -> Result<String>
     let names = names(jobs)?;
     let mut out = String::new();
     header(&mut out, "--kubernetes", o);
+    let (comment, migrate) = migrate_job(o);
+    document(&mut out, &comment, migrate);
     for (job, name) in jobs.iter().zip(&names) {
         let tz = job.tz()?;
         let fields = crontab_fields(job, "a Kubernetes CronJob")?;
@@ -472,35 +278,23 @@ pub fn cron_jobs(jobs: &[ScheduledJob], o: &KubernetesOptions) -> Result<String>
                 )]),
             ),
         ]);
+        let pod = Pod {
+            args,
+            extra_env: vec![job_name],
+            grace: t.termination_grace,
+            restart: "Never",
+            probes: None,
+            wait_for_schema: true,
+            resources: IDEM_RESOURCES,
+        };
         let pod = Yaml::Map(vec![
             ("metadata", Yaml::Map(vec![("labels", labels("job", name))])),
-            (
-                "spec",
-                pod_spec(args, vec![job_name], t.termination_grace, "Never", o),
-            ),
+            ("spec", pod_spec(&pod, o, Vec::new())),
         ]);
         let job_spec = Yaml::Map(vec![
             ("backoffLimit", Yaml::Int(u64::from(t.backoff_limit))),
             ("activeDeadlineSeconds", secs(t.active_deadline)),
-            (
-                "podFailurePolicy",
-                Yaml::Map(vec![(
-                    "rules",
-                    Yaml::List(vec![Yaml::Map(vec![
-                        ("action", s("FailJob")),
-                        (
-                            "onExitCodes",
-                            Yaml::Map(vec![
-                                ("containerName", s("idem")),
-                                ("operator", s("In")),
-                                ("values", Yaml::List(vec![Yaml::Int(2)])),
-                            ]),
-                        ),
-                        // Required (empty) by the 1.26–1.27 schema; later ones omit it.
-                        ("onPodConditions", Yaml::List(Vec::new())),
-                    ])]),
-                )]),
-            ),
+            ("podFailurePolicy", fail_on_usage_errors()),
             ("template", pod),
         ]);
         let cron_job = Yaml::Map(vec![
@@ -589,16 +383,43 @@ pub fn scheduler_deployment(
         "scheduler".to_string(),
         "--grace".to_string(),
         format!("{}s", SCHEDULER_GRACE.as_secs()),
+        "--listen".to_string(),
+        format!("0.0.0.0:{SCHEDULER_PORT}"),
     ];
     args.extend(jobs.iter().map(|j| j.name.clone()));
     let name = "idem-scheduler";
     let mut out = String::new();
     header(&mut out, &format!("--kubernetes-scheduler {replicas}"), o);
-    let selector = Yaml::Map(vec![
-        ("app.kubernetes.io/name", s("idem")),
-        ("app.kubernetes.io/component", s("scheduler")),
-        ("app.kubernetes.io/instance", s(name)),
-    ]);
+    let (comment, migrate) = migrate_job(o);
+    document(&mut out, &comment, migrate);
+    let selector = || {
+        Yaml::Map(vec![(
+            "matchLabels",
+            Yaml::Map(vec![
+                ("app.kubernetes.io/name", s("idem")),
+                ("app.kubernetes.io/component", s("scheduler")),
+                ("app.kubernetes.io/instance", s(name)),
+            ]),
+        )])
+    };
+    let pod = Pod {
+        args,
+        extra_env: Vec::new(),
+        grace,
+        restart: "Always",
+        probes: Some(SCHEDULER_PORT),
+        wait_for_schema: true,
+        resources: IDEM_RESOURCES,
+    };
+    // Replicas on different nodes where the cluster has them (a node's loss leaves the
+    // others firing), without refusing to schedule where it has not.
+    let spread = Yaml::List(vec![Yaml::Map(vec![
+        ("maxSkew", Yaml::Int(1)),
+        ("topologyKey", s("kubernetes.io/hostname")),
+        ("whenUnsatisfiable", s("ScheduleAnyway")),
+        ("labelSelector", selector()),
+    ])]);
+    let port = SCHEDULER_PORT.to_string();
     let deployment = Yaml::Map(vec![
         ("apiVersion", s("apps/v1")),
         ("kind", s("Deployment")),
@@ -607,15 +428,43 @@ pub fn scheduler_deployment(
             "spec",
             Yaml::Map(vec![
                 ("replicas", Yaml::Int(u64::from(replicas))),
-                ("selector", Yaml::Map(vec![("matchLabels", selector)])),
+                ("selector", selector()),
+                // A rollout starts a new replica and waits for it to be ready (its store
+                // reachable) before stopping an old one: never fewer replicas firing.
+                (
+                    "strategy",
+                    Yaml::Map(vec![
+                        ("type", s("RollingUpdate")),
+                        (
+                            "rollingUpdate",
+                            Yaml::Map(vec![
+                                ("maxUnavailable", Yaml::Int(0)),
+                                ("maxSurge", Yaml::Int(1)),
+                            ]),
+                        ),
+                    ]),
+                ),
                 (
                     "template",
                     Yaml::Map(vec![
                         (
                             "metadata",
-                            Yaml::Map(vec![("labels", labels("scheduler", name))]),
+                            Yaml::Map(vec![
+                                ("labels", labels("scheduler", name)),
+                                (
+                                    "annotations",
+                                    Yaml::Map(vec![
+                                        ("prometheus.io/scrape", s("true")),
+                                        ("prometheus.io/port", s(&port)),
+                                        ("prometheus.io/path", s("/metrics")),
+                                    ]),
+                                ),
+                            ]),
                         ),
-                        ("spec", pod_spec(args, Vec::new(), grace, "Always", o)),
+                        (
+                            "spec",
+                            pod_spec(&pod, o, vec![("topologySpreadConstraints", spread)]),
+                        ),
                     ]),
                 ),
             ]),
@@ -628,5 +477,23 @@ pub fn scheduler_deployment(
         listed.join(", ")
     );
     document(&mut out, &comment, deployment);
+    // A voluntary disruption (a node drain, an upgrade) takes one replica at a time.
+    let budget = Yaml::Map(vec![
+        ("apiVersion", s("policy/v1")),
+        ("kind", s("PodDisruptionBudget")),
+        ("metadata", metadata(name, "scheduler", o, None)),
+        (
+            "spec",
+            Yaml::Map(vec![
+                ("maxUnavailable", Yaml::Int(1)),
+                ("selector", selector()),
+            ]),
+        ),
+    ]);
+    document(
+        &mut out,
+        "# Drains and upgrades stop one replica at a time\n",
+        budget,
+    );
     Ok(out)
 }
