@@ -164,16 +164,22 @@ fn every_export_names_the_same_image_and_jobs_folder() {
         assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     }
     let cloud = text(&cloud.stdout);
+    // The migrate step and three jobs.
     assert_eq!(
         cloud.matches(&format!("--image={IMAGE}")).count(),
-        3,
+        4,
         "{cloud}"
     );
     assert_eq!(
         cloud.matches("IDEM_JOBS_DIR=/app/jobs").count(),
-        3,
+        4,
         "{cloud}"
     );
+    let migrate = cloud.find("--args=migrate").expect("a migrate step");
+    let executed = cloud.find("gcloud run jobs execute idem-migrate").unwrap();
+    let first_job = cloud.find("--args='run,").unwrap();
+    assert!(migrate < executed && executed < first_job, "{cloud}");
+    assert!(cloud[executed..first_job].contains("--wait"), "{cloud}");
     for yaml in [text(&cron_jobs.stdout), text(&deployment.stdout)] {
         let images = values(&yaml, "image");
         assert!(
@@ -301,7 +307,7 @@ fn every_export_names_the_same_image_and_jobs_folder() {
         secret
             .matches("--set-secrets='IDEM_STORE=idem-store:latest'")
             .count(),
-        3,
+        4,
         "{secret}"
     );
     assert!(

@@ -373,7 +373,16 @@ fn exports_refuse_what_their_target_cannot_do() {
         "secs",
         &recording_job("secs", "schedule = \"*/10 * * * * *\""),
     );
+    s.write_job(
+        "migrate",
+        &recording_job("migrate", "schedule = \"0 6 * * *\""),
+    );
     for (args, store, expect) in [
+        (
+            vec!["migrate", "--cloud-scheduler", "p/r"],
+            "postgres://h/db",
+            "the script's own `idem migrate` step",
+        ),
         (
             vec!["nolease", "--cloud-scheduler", "p/r"],
             "postgres://h/db",

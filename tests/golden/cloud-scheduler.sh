@@ -8,6 +8,23 @@
 #   roles/run.invoker on the project (Cloud Scheduler starts the Cloud Run jobs as it)
 set -e
 
+# The store's schema, brought up to date by this image before any job is deployed
+gcloud run jobs deploy idem-migrate \
+  --project=my-project \
+  --region=us-central1 \
+  --image=us-central1-docker.pkg.dev/my-project/idem/idem:latest \
+  --service-account=idem@my-project.iam.gserviceaccount.com \
+  --command=idem \
+  --args=migrate \
+  --set-env-vars='IDEM_STORE=postgres://idem@10.0.0.5/idem,IDEM_JOBS_DIR=/app/jobs,IDEM_LOG_FORMAT=json' \
+  --task-timeout=1800s \
+  --tasks=1 \
+  --max-retries=3
+gcloud run jobs execute idem-migrate \
+  --project=my-project \
+  --region=us-central1 \
+  --wait
+
 # daily_sales: "@daily" in UTC, date yesterday, lease 600s
 gcloud run jobs deploy idem-daily-sales \
   --project=my-project \

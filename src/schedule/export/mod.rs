@@ -484,7 +484,11 @@ fn flag(name: &str, value: &str) -> Result<String> {
     Ok(format!("--{name}={}", sh(value)?))
 }
 
-/// The `gcloud` commands for `jobs` (those with a schedule).
+/// The Cloud Run job running `idem migrate` in the exported script.
+pub const MIGRATE_JOB: &str = "idem-migrate";
+
+/// The `gcloud` commands for `jobs` (those with a schedule): `idem migrate` run and waited
+/// for, then each job's Cloud Run job and Cloud Scheduler trigger.
 pub fn cloud_scheduler(jobs: &[ScheduledJob], o: &CloudSchedulerOptions) -> Result<String> {
     let mut out = format!(
         "#!/bin/sh\n\
@@ -532,38 +536,18 @@ pub fn cloud_scheduler(jobs: &[ScheduledJob], o: &CloudSchedulerOptions) -> Resu
         ));
     }
     out.push_str("set -e\n");
-    let mut names: std::collections::HashMap<String, &str> = std::collections::HashMap::new();
-    for job in jobs {
-        let run_name = cloud_run_name(&job.name)?;
-        if let Some(other) = names.insert(run_name.clone(), &job.name) {
-            return Err(Error::config(format!(
-                "jobs {other:?} and {:?} both export as Cloud Run job and Cloud Scheduler job \
-                 {run_name:?} (names are lowercased, `_` becomes `-`): the second would replace \
-                 the first; rename one of them",
-                job.name
-            )));
-        }
-    }
-    for job in jobs {
-        let tz = job.tz()?;
-        let fields = crontab_fields(job, "Cloud Scheduler")?;
-        let date = job.date_expr()?.to_string();
-        let retry = CloudRetry::for_job(job)?;
-        let run_name = cloud_run_name(&job.name)?;
-        let s = |d: Duration| format!("{}s", d.as_secs());
-        let deploy = [
+    // What every Cloud Run job of the script shares: the image, its account, the store and
+    // the jobs folder (the store's URL or secret, the password's secret).
+    let run_job = |run_name: &str, args: &[&str]| -> Result<Vec<String>> {
+        let mut deploy = vec![
             format!("gcloud run jobs deploy {run_name}"),
             flag("project", &o.project)?,
             flag("region", &o.region)?,
             flag("image", &o.image)?,
             flag("service-account", &o.service_account)?,
             flag("command", "idem")?,
-            flag(
-                "args",
-                &gcloud_list(&["run", &job.name, "--date", &date, "--trigger", "scheduler"]),
-            )?,
+            flag("args", &gcloud_list(args))?,
         ];
-        let mut deploy = deploy.to_vec();
         match &o.store_secret {
             None => {
                 let url = store.as_ref().map_or(o.store.as_str(), |s| s.url.as_str());
@@ -590,6 +574,57 @@ pub fn cloud_scheduler(jobs: &[ScheduledJob], o: &CloudSchedulerOptions) -> Resu
                 deploy.push(flag("set-secrets", &format!("IDEM_STORE={secret}:latest"))?);
             }
         }
+        Ok(deploy)
+    };
+    // Migrations are a step of the release: run once and waited for before any job is
+    // deployed (the script stops if it fails), not on a job's first use.
+    let mut migrate = run_job(MIGRATE_JOB, &["migrate"])?;
+    migrate.extend([
+        "--task-timeout=1800s".to_string(),
+        "--tasks=1".to_string(),
+        "--max-retries=3".to_string(),
+    ]);
+    out.push_str(&format!(
+        "\n# The store's schema, brought up to date by this image before any job is deployed\n{}\n{}\n",
+        migrate.join(" \\\n  "),
+        [
+            format!("gcloud run jobs execute {MIGRATE_JOB}"),
+            flag("project", &o.project)?,
+            flag("region", &o.region)?,
+            "--wait".to_string(),
+        ]
+        .join(" \\\n  ")
+    ));
+    let mut names: std::collections::HashMap<String, &str> = std::collections::HashMap::new();
+    for job in jobs {
+        let run_name = cloud_run_name(&job.name)?;
+        if run_name == MIGRATE_JOB {
+            return Err(Error::config(format!(
+                "job {:?} would export as Cloud Run job {run_name:?}, the script's own `idem \
+                 migrate` step: rename the job",
+                job.name
+            )));
+        }
+        if let Some(other) = names.insert(run_name.clone(), &job.name) {
+            return Err(Error::config(format!(
+                "jobs {other:?} and {:?} both export as Cloud Run job and Cloud Scheduler job \
+                 {run_name:?} (names are lowercased, `_` becomes `-`): the second would replace \
+                 the first; rename one of them",
+                job.name
+            )));
+        }
+    }
+    for job in jobs {
+        let tz = job.tz()?;
+        let fields = crontab_fields(job, "Cloud Scheduler")?;
+        let date = job.date_expr()?.to_string();
+        let retry = CloudRetry::for_job(job)?;
+        let run_name = cloud_run_name(&job.name)?;
+        let s = |d: Duration| format!("{}s", d.as_secs());
+        let mut deploy = run_job(
+            &run_name,
+            &["run", &job.name, "--date", &date, "--trigger", "scheduler"],
+        )?;
         let task_timeout = run_deadline(job, Duration::from_secs(30));
         if task_timeout > MAX_TASK_TIMEOUT {
             return Err(Error::config(format!(
@@ -647,153 +682,4 @@ pub fn cloud_scheduler(jobs: &[ScheduledJob], o: &CloudSchedulerOptions) -> Resu
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn job(lease: Option<u64>) -> ScheduledJob {
-        ScheduledJob {
-            name: "daily_sales".into(),
-            schedule: "0 6 * * *".into(),
-            lease: lease.map(Duration::from_secs),
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn retries_fit_inside_the_lease() {
-        let r = CloudRetry::for_job(&job(Some(3600))).unwrap();
-        assert_eq!(r.attempt_deadline, Duration::from_secs(900));
-        assert_eq!(r.max_retry_duration, Duration::from_secs(1800));
-        assert!(r.max_retry_duration + r.attempt_deadline < Duration::from_secs(3600));
-        let long = CloudRetry::for_job(&job(Some(86_400))).unwrap();
-        assert_eq!(long.attempt_deadline, Duration::from_secs(1800));
-        assert!(CloudRetry::for_job(&job(Some(60))).is_ok());
-        let e = CloudRetry::for_job(&job(Some(59))).unwrap_err().to_string();
-        assert!(e.contains("guards.lease = 59s is too short"), "{e}");
-        let e = CloudRetry::for_job(&job(None)).unwrap_err().to_string();
-        assert!(e.contains("has no lease"), "{e}");
-    }
-
-    /// Cloud Scheduler retries until both the attempt count and the retry duration are
-    /// reached: with every attempt timing out, the last retry starts after the count's
-    /// attempts (each a deadline and a backoff) or one backoff after the duration, whichever
-    /// is later. Either way within three quarters of the lease (the old policy, 3 attempts
-    /// backing off up to the deadline, reached 1.5 leases).
-    #[test]
-    fn the_last_retry_starts_within_three_quarters_of_the_lease_by_either_limit() {
-        for lease in [60, 61, 119, 600, 3600, 7200, 86_400, 7 * 86_400] {
-            let r = CloudRetry::for_job(&job(Some(lease))).unwrap();
-            let lease = Duration::from_secs(lease);
-            let by_count = (r.attempt_deadline + r.max_backoff) * r.max_retry_attempts;
-            let by_duration = r.max_retry_duration + r.max_backoff;
-            let latest = by_count.max(by_duration);
-            assert!(
-                latest <= lease * 3 / 4,
-                "lease {lease:?}: a retry may start at {latest:?} ({r:?})"
-            );
-            assert!((1..=5).contains(&r.max_retry_attempts), "{r:?}");
-            assert!(r.min_backoff <= r.max_backoff && r.max_backoff <= r.attempt_deadline);
-        }
-        assert_eq!(
-            CloudRetry::for_job(&job(Some(3600)))
-                .unwrap()
-                .max_retry_attempts,
-            2
-        );
-    }
-
-    #[test]
-    fn names_and_lists() {
-        assert_eq!(cloud_run_name("Daily_Sales").unwrap(), "idem-daily-sales");
-        assert!(cloud_run_name("sales/eu").is_err());
-        assert_eq!(gcloud_list(&["a", "b"]), "a,b");
-        assert_eq!(gcloud_list(&["a,b", "c"]), "^|^a,b|c");
-        assert_eq!(
-            parse_project_region("my-proj/us-central1").unwrap(),
-            ("my-proj".to_string(), "us-central1".to_string())
-        );
-        for bad in ["my-proj", "/us", "p/", "p/r/x", "P q/r"] {
-            assert!(parse_project_region(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn seconds_cannot_be_exported() {
-        let mut j = job(Some(3600));
-        j.schedule = "*/10 * * * * *".into();
-        let o = CrontabOptions {
-            bin: "idem".into(),
-            store: "sqlite://idem.db".into(),
-            jobs_dir: "jobs".into(),
-            workdir: "/srv".into(),
-            log_dir: "/var/log/idem".into(),
-        };
-        let e = crontab(&[j], &o).unwrap_err().to_string();
-        assert!(
-            e.contains(
-                "uses seconds, years or extensions (L, W, #, ?, +), which crontab cannot express"
-            ),
-            "{e}"
-        );
-    }
-
-    fn cloud_options() -> CloudSchedulerOptions {
-        CloudSchedulerOptions {
-            project: "p".into(),
-            region: "europe-west1".into(),
-            image: "img".into(),
-            service_account: "sa@p.iam.gserviceaccount.com".into(),
-            store: "bigquery://p/idem".into(),
-            jobs_dir: "/app/jobs".into(),
-            store_secret: None,
-        }
-    }
-
-    /// `daily-sales` and `daily_sales` would both be `idem-daily-sales` (issue 21.9).
-    #[test]
-    fn colliding_cloud_names_are_refused_naming_both_jobs() {
-        let mut a = job(Some(3600));
-        a.name = "daily-sales".into();
-        let b = job(Some(3600));
-        let e = cloud_scheduler(&[a.clone(), b], &cloud_options())
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("\"daily-sales\" and \"daily_sales\"") && e.contains("idem-daily-sales"),
-            "{e}"
-        );
-        assert!(cloud_scheduler(&[a], &cloud_options()).is_ok());
-    }
-
-    /// An export schedules what idem lists, or refuses (issue 21.8).
-    #[test]
-    fn day_fields_other_crons_read_differently_are_refused_outside_crontab() {
-        let mut j = job(Some(3600));
-        j.schedule = "0 9 */2 * MON".into();
-        let e = cloud_scheduler(std::slice::from_ref(&j), &cloud_options())
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("day-of-month \"*/2\" and day-of-week \"MON\""),
-            "{e}"
-        );
-        let o = CrontabOptions {
-            bin: "idem".into(),
-            store: "sqlite://idem.db".into(),
-            jobs_dir: "jobs".into(),
-            workdir: "/srv".into(),
-            log_dir: "/var/log/idem".into(),
-        };
-        // cronie reads them as idem does.
-        assert!(crontab(std::slice::from_ref(&j), &o)
-            .unwrap()
-            .contains("0 9 */2 * MON"));
-        for fine in ["0 9 * * MON", "0 9 1,15 * MON", "0 9 */2 * *"] {
-            j.schedule = fine.into();
-            assert!(
-                cloud_scheduler(std::slice::from_ref(&j), &cloud_options()).is_ok(),
-                "{fine}"
-            );
-        }
-    }
-}
+mod tests;
