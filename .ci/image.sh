@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the idem image through the Containerfile's runtime stage from local parts and runs
-# it (issue 23). No Docker engine and no registry here: buildah (Debian's package) as root,
+# it (issue 23), then the command-job recipe (examples/command-image, issue 38). No Docker engine and no registry here: buildah (Debian's package) as root,
 # vfs storage, chroot isolation. The `build` stage is replaced by a folder made from a
 # binary already built (.ci/rootfs.sh, the script that stage runs), so nothing is pulled.
 #
@@ -127,4 +127,55 @@ if pgrep -f "^sleep $secs\$" >/dev/null; then echo "the job's program outlived i
 # The lease is free: the same date runs again at once (no in_progress skip).
 in_image run "$job" --date 2025-01-02 | tee "$root/rerun"
 grep -q "^completed $job for 2025-01-02" "$root/rerun"
+# --- The command-job recipe (examples/command-image/Containerfile): idem copied out of the
+# image just built into a user's own image. A registry's python:*-slim cannot be pulled
+# here, so the user's base is this machine's Python (the interpreter, its standard library
+# and the libraries they load) with /bin/sh, sleep, grep and sed: what a Debian-based slim
+# image holds for a command job. Built through the recipe unchanged (only its two build
+# arguments point at local images), then run: a Python job completes, then skips.
+say "the command-job recipe: idem copied into a user's Python image"
+base="$root/pybase"
+mkdir -p "$base/bin" "$base/usr/bin" "$base/tmp"
+chmod 1777 "$base/tmp"
+# Debian's own interpreter (a pyenv shim on PATH is a script, not the binary).
+python=$(readlink -f /usr/bin/python3)
+cp "$(command -v dash)" "$base/bin/sh"
+for tool in sleep grep sed; do cp "$(command -v "$tool")" "$base/bin/$tool"; done
+cp "$python" "$base/usr/bin/python3"
+stdlib=$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["stdlib"])')
+mkdir -p "$base$(dirname "$stdlib")"
+cp -a "$stdlib" "$base$stdlib"
+rm -rf "$base$stdlib/test" "$base$stdlib"/site-packages "$base$stdlib"/dist-packages
+# ... and libgcc_s, which Debian's required package libgcc-s1 puts in every Debian image
+# (idem loads it; the recipe's base must have it).
+gcc_s=$(ldd "$bin" | grep -o '/[^ ]*/libgcc_s[^ ]*')
+for lib in $gcc_s $(ldd "$python" "$(command -v dash)" "$(command -v sleep)" "$(command -v grep)" "$(command -v sed)" | grep -o '/[^ ]*' | sort -u); do
+    case "$lib" in *:) continue ;; esac
+    mkdir -p "$base$(dirname "$lib")"
+    cp -L "$lib" "$base$lib"
+done
+printf 'FROM scratch\nCOPY . /\nENV PATH=/usr/local/bin:/usr/bin:/bin\n' > "$root/pybase.Containerfile"
+"${B[@]}" build --quiet --isolation chroot -t localhost/pybase:ci -f "$root/pybase.Containerfile" "$base" >/dev/null
+"${B[@]}" build --quiet --isolation chroot \
+    --build-arg IDEM_IMAGE=localhost/idem:ci --build-arg BASE_IMAGE=localhost/pybase:ci \
+    -t localhost/my-jobs:ci -f examples/command-image/Containerfile examples/command-image >/dev/null
+"${B[@]}" inspect --format '{{.OCIv1.Config.Entrypoint}} user={{.OCIv1.Config.User}} workdir={{.OCIv1.Config.WorkingDir}}' localhost/my-jobs:ci
+echo
+jobs_image=$("${B[@]}" from localhost/my-jobs:ci)
+in_jobs_image() {
+    "${B[@]}" run --isolation chroot --network host \
+        --env IDEM_STORE="$store" --env RUST_LOG=warn \
+        "$jobs_image" -- idem "$@"
+}
+in_jobs_image jobs
+# The store is shared with earlier runs of this script: the day's keys are forgotten first.
+day=2025-02-03
+in_jobs_image purge daily_rollup --date "$day" --yes >/dev/null
+in_jobs_image run daily_rollup --date "$day" | tee "$root/py-first"
+grep -q "^rolled up $day with Python 3" "$root/py-first"
+grep -q "^completed daily_rollup for $day" "$root/py-first"
+in_jobs_image run daily_rollup --date "$day" | tee "$root/py-second"
+grep -q "^skipped daily_rollup for $day (time_window)" "$root/py-second"
+"${B[@]}" rm "$jobs_image" >/dev/null
+
 say "image checks passed"
