@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the idem image through the Containerfile's runtime stage from local parts and runs
-# it (issue 23), then the command-job recipe (examples/command-image, issue 38). No Docker engine and no registry here: buildah (Debian's package) as root,
-# vfs storage, chroot isolation. The `build` stage is replaced by a folder made from a
+# it (issue 23), then the command-job recipe (examples/command-image, issue 38). No Docker
+# engine and no registry here: buildah (Debian's package) as root, vfs storage, chroot
+# isolation. The `build` stage is replaced by a folder made from a
 # binary already built (.ci/rootfs.sh, the script that stage runs), so nothing is pulled.
 #
 #   bash .ci/image.sh BINARY POSTGRES_URL
