@@ -1559,3 +1559,210 @@ fn a_ledger_made_before_the_sql_moved_to_sql_opens_and_its_keys_still_count() {
         String::from_utf8_lossy(&out.stdout)
     );
 }
+
+/// A daily job whose slot is twelve hours from now (so no slot comes or goes while the test
+/// runs), whose command fails until the file `ok` exists in the sandbox (a command job
+/// runs in its job file's folder: the paths are absolute).
+fn status_job(s: &Sandbox, name: &str) {
+    let hour = (chrono::Utc::now() + chrono::Duration::hours(12)).format("%H");
+    s.write_job(
+        name,
+        &format!(
+            r#"
+name = "{name}"
+processor = "command"
+schedule = "0 {hour} * * *"
+date = "yesterday"
+[guards]
+lease = "10m"
+time_window = "20h"
+[command]
+run = ["sh", "-c", "test -f {dir}/ok && echo {{scope}} >> {dir}/done-{name}.txt"]
+"#,
+            dir = s.dir.display()
+        ),
+    );
+}
+
+fn scopes_in(doc: &Value, job: &str, state: &str) -> Vec<String> {
+    let jobs = doc["jobs"].as_array().expect("jobs");
+    let job = jobs.iter().find(|j| j["job"] == job).expect("the job");
+    job["scopes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["state"] == state)
+        .map(|s| s["scope"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// `idem status` puts the schedule and the ledger side by side: a date never run is
+/// missing and a failed one failed (exit 1, both named); `run --missing --dry-run` lists
+/// exactly those, `run --missing` runs exactly those (no other date again), and then
+/// `status` exits 0. An `idem exec` job is listed from the ledger with its last run.
+#[test]
+fn status_names_missing_and_failed_dates_and_run_missing_runs_exactly_those() {
+    let s = Sandbox::new("idem-status");
+    status_job(&s, "nightly");
+    let since = ["--since", "4d"];
+    let (code, doc, err) = s.json(&["status", "nightly", since[0], since[1]]);
+    assert_eq!(code, 1, "nothing ran yet: {doc}\n{err}");
+    let expected = scopes_in(&doc, "nightly", "missing");
+    assert_eq!(expected.len(), 4, "four daily slots in four days: {doc}");
+    // The newest ran, the second failed (no `ok` file yet), the rest never ran.
+    std::fs::write(s.dir.join("ok"), "").unwrap();
+    let run_date = |d: &str| s.idem(&["run", "nightly", "--date", d]).status.code();
+    assert_eq!(run_date(&expected[3]), Some(0));
+    std::fs::remove_file(s.dir.join("ok")).unwrap();
+    assert_eq!(run_date(&expected[1]), Some(1));
+    let exec = s.idem(&["exec", "adhoc", "--time-window", "1h", "--", "true"]);
+    assert_eq!(exec.status.code(), Some(0), "{}", stderr(&exec));
+
+    let (code, doc, err) = s.json(&["status", since[0], since[1]]);
+    assert_eq!(code, 1, "{doc}\n{err}");
+    assert_eq!(doc["ok"], false);
+    assert_eq!(
+        scopes_in(&doc, "nightly", "completed"),
+        [expected[3].clone()]
+    );
+    assert_eq!(scopes_in(&doc, "nightly", "failed"), [expected[1].clone()]);
+    assert_eq!(
+        scopes_in(&doc, "nightly", "missing"),
+        [expected[0].clone(), expected[2].clone()]
+    );
+    let adhoc = doc["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["job"] == "adhoc");
+    let adhoc = adhoc.expect("the exec job, known from the ledger");
+    assert_eq!(
+        (adhoc["kind"].as_str(), adhoc["last_run"]["status"].as_str()),
+        (Some("ledger"), Some("completed"))
+    );
+    // The human view: one line per job, the grid oldest first, what needs attention named.
+    let out = s.idem(&["status", "nightly", since[0], since[1]]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(text.starts_with("nightly  !✗!✓ "), "{text}");
+    assert!(text.contains(&format!("failed {}", expected[1])), "{text}");
+    assert!(
+        text.contains(&format!("2 missing: {}, {}", expected[0], expected[2])),
+        "{text}"
+    );
+
+    // Metrics for an alert rule.
+    let prom = s.dir.join("status.prom");
+    let out = s.idem(&[
+        "status",
+        since[0],
+        since[1],
+        "--metrics-file",
+        prom.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let metrics = std::fs::read_to_string(&prom).unwrap();
+    for line in [
+        "idem_job_missing_scopes{job=\"nightly\"} 2\n",
+        "idem_job_failed_scopes{job=\"nightly\"} 1\n",
+        "idem_job_running{job=\"nightly\"} 0\n",
+        "# TYPE idem_job_last_success_timestamp_seconds gauge\n",
+    ] {
+        assert!(metrics.contains(line), "{line}: {metrics}");
+    }
+
+    let (code, doc, err) = s.json(&["run", "nightly", "--missing", "--since", "4d", "--dry-run"]);
+    assert_eq!(code, 0, "{err}");
+    let listed: Vec<&str> = doc["would_run"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["scope"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        listed,
+        [&expected[0], &expected[1], &expected[2]],
+        "oldest first"
+    );
+    let done = std::fs::read_to_string(s.dir.join("done-nightly.txt")).unwrap();
+    assert_eq!(done, format!("{}\n", expected[3]), "a dry run runs nothing");
+
+    std::fs::write(s.dir.join("ok"), "").unwrap();
+    let out = s.idem(&[
+        "run",
+        "nightly",
+        "--missing",
+        "--since",
+        "4d",
+        "--parallel",
+        "2",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let mut done: Vec<String> = std::fs::read_to_string(s.dir.join("done-nightly.txt"))
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    done.sort();
+    assert_eq!(
+        done, expected,
+        "each date ran once: the three needed, and the first run's"
+    );
+    let (code, doc, err) = s.json(&["status", "nightly", since[0], since[1]]);
+    assert_eq!(code, 0, "{doc}\n{err}");
+    assert_eq!(scopes_in(&doc, "nightly", "completed"), expected);
+    let (code, _, _) = s.json(&["run", "nightly", "--missing", "--since", "4d"]);
+    assert_eq!(code, 0, "nothing missing: nothing run");
+}
+
+/// A scope whose lease is held now is `running`, not missing, and `run --missing` leaves
+/// it alone.
+#[test]
+fn status_shows_a_running_scope_as_running() {
+    let s = Sandbox::new("idem-status-running");
+    let hour = (chrono::Utc::now() + chrono::Duration::hours(12)).format("%H");
+    s.write_job(
+        "slow",
+        &format!(
+            r#"
+name = "slow"
+processor = "command"
+schedule = "0 {hour} * * *"
+date = "yesterday"
+[guards]
+lease = "10m"
+[command]
+run = ["sh", "-c", "echo started >&2; while [ ! -f {dir}/go ]; do sleep 0.05; done"]
+"#,
+            dir = s.dir.display()
+        ),
+    );
+    let (_, doc, _) = s.json(&["status", "slow", "--since", "2d"]);
+    let scopes = scopes_in(&doc, "slow", "missing");
+    let newest = scopes.last().expect("a scope").clone();
+    let mut child = s
+        .command(&["run", "slow", "--date", &newest])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The program printed: it runs, so the lease is held.
+    common::StderrWatch::of(&mut child).until("started");
+    let (code, doc, err) = s.json(&["status", "slow", "--since", "2d"]);
+    assert_eq!(
+        scopes_in(&doc, "slow", "running"),
+        std::slice::from_ref(&newest),
+        "{doc}\n{err}"
+    );
+    assert_eq!(code, 1, "the older scope is still missing");
+    let (_, doc, _) = s.json(&["run", "slow", "--missing", "--since", "2d", "--dry-run"]);
+    let listed: Vec<&str> = doc["would_run"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["scope"].as_str().unwrap())
+        .collect();
+    assert!(!listed.contains(&newest.as_str()), "{doc}");
+    std::fs::write(s.dir.join("go"), "").unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+}

@@ -219,6 +219,44 @@ pub(super) fn gate_metrics(s: &StreamSummary, gate: &EventGate, finished: bool) 
     m.text
 }
 
+/// `idem status --metrics-file`: per job, the scopes missing and failed in the period,
+/// whether one is running, and the last success.
+pub(super) fn status_metrics(jobs: &[super::status::JobStatus]) -> String {
+    let mut m = Exposition::default();
+    type Value = fn(&super::status::JobStatus) -> Option<f64>;
+    let metrics: [(&str, &str, Value); 4] = [
+        (
+            "idem_job_last_success_timestamp_seconds",
+            "When the job last completed a run (Unix seconds), in the period looked at",
+            |j| j.last_success.map(|t| t.timestamp() as f64),
+        ),
+        (
+            "idem_job_missing_scopes",
+            "Scopes the schedule expected in the period that nothing ran",
+            |j| (j.kind == "scheduled").then_some(j.missing.len() as f64),
+        ),
+        (
+            "idem_job_failed_scopes",
+            "Scopes expected in the period whose latest run failed, none completed",
+            |j| (j.kind == "scheduled").then_some(j.failed.len() as f64),
+        ),
+        (
+            "idem_job_running",
+            "Scopes expected in the period whose lease is held now",
+            |j| (j.kind == "scheduled").then_some(j.running.len() as f64),
+        ),
+    ];
+    for (name, help, value) in metrics {
+        m.metric(name, "gauge", help);
+        for job in jobs {
+            if let Some(v) = value(job) {
+                m.sample(name, &[("job", &job.job)], v);
+            }
+        }
+    }
+    m.text
+}
+
 /// One run's metrics: its status, skip reason and trigger as labels, its duration and
 /// the records it processed.
 pub(super) fn run_metrics(r: &RunReport, exit_code: u8) -> String {

@@ -61,6 +61,7 @@ mod run;
 mod runs;
 mod schedule;
 mod scheduler;
+mod status;
 
 pub use crate::model::exit::{
     OK as EXIT_OK, RUN_FAILED as EXIT_RUN_FAILED, STORE_UNAVAILABLE as EXIT_STORE_UNAVAILABLE,
@@ -81,6 +82,7 @@ pub(crate) use run::{ExplainArgs, RunArgs};
 pub(crate) use runs::RunsArgs;
 pub(crate) use schedule::ScheduleArgs;
 pub(crate) use scheduler::SchedulerArgs;
+pub(crate) use status::StatusArgs;
 
 /// Idempotent scheduled batch jobs: leases, time windows, content hashes and a run ledger.
 ///
@@ -146,6 +148,11 @@ pub(crate) enum Command {
     Jobs,
     /// Show recent runs from the ledger, newest first.
     Runs(RunsArgs),
+    /// Which dates each schedule expected lately, and which completed, failed or are missing
+    ///
+    /// Exit 1 when any expected date failed or is missing; `idem run JOB --missing` runs
+    /// exactly those.
+    Status(StatusArgs),
     /// Forget the processing keys of a job (one scope, or all) so the next run is not skipped.
     Purge(PurgeArgs),
     /// Delete keys, ledger rows and expired leases older than the retention.
@@ -202,7 +209,7 @@ pub fn main_with(registry: Registry) -> ExitCode {
     });
     // A wrapper passes its standard input on to the program it runs.
     if matches!(&cli.command, Command::Exec(_))
-        || matches!(&cli.command, Command::Run(args) if args.from.is_none())
+        || matches!(&cli.command, Command::Run(args) if args.from.is_none() && !args.missing)
     {
         crate::command::inherit_stdin();
     }
@@ -307,12 +314,14 @@ async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
     let g = cli.global;
     match cli.command {
         Command::Run(args) if args.from.is_some() => run::backfill(&args, &g, registry).await,
+        Command::Run(args) if args.missing => run::missing(&args, &g, registry).await,
         Command::Run(args) => run::run(&args, &g, registry).await,
         Command::Exec(args) => exec::exec(&args, &g, registry).await,
         Command::Explain(args) => run::explain(&args, &g, registry).await,
         Command::Migrate(args) => jobs::migrate(&g, &args).await,
         Command::Jobs => jobs::jobs(&g, registry),
         Command::Runs(args) => runs::runs(args, &g).await,
+        Command::Status(args) => status::status(&args, &g).await,
         Command::Purge(args) => purge::purge(args, &g).await,
         Command::Schedule(args) => schedule::schedule(args, &g),
         Command::Fingerprint(args) => fingerprint::fingerprint(&args, &g),

@@ -74,6 +74,33 @@ pub(crate) fn print_schema_state(store: &str, state: &crate::store::SchemaState,
     }
 }
 
+/// `idem run JOB --missing` with nothing to run, or with `--dry-run`.
+pub(crate) fn print_missing(
+    job: &str,
+    since: &str,
+    scopes: &[crate::schedule::status::ExpectedScope],
+    dry_run: bool,
+    format: Format,
+) {
+    if format == Format::Json {
+        let list: Vec<_> = scopes
+            .iter()
+            .map(|s| serde_json::json!({"scope": s.scope, "state": s.state.as_str(), "due": s.due}))
+            .collect();
+        print_json(
+            &serde_json::json!({"job": job, "since": since, "dry_run": dry_run, "would_run": list}),
+        );
+        return;
+    }
+    if scopes.is_empty() {
+        outln!("nothing missing: every scope {job}'s schedule expected in the last {since} completed, is running or is not yet due");
+        return;
+    }
+    for s in scopes {
+        outln!("would run {job} for {} ({})", s.scope, s.state.as_str());
+    }
+}
+
 /// `idem fingerprint`.
 pub(crate) fn print_fingerprint(fingerprint: &str, events: usize, format: Format) {
     match format {

@@ -57,6 +57,11 @@ fn prepare(args: &RunArgs, g: &GlobalOptions, overrides: &Overrides) -> Result<(
 /// `idem exec` does (the program's status; [`command_exit_code`]).
 pub(super) async fn run(args: &RunArgs, g: &GlobalOptions, registry: &Registry) -> Result<u8> {
     super::check_range(&args.from, &args.to)?;
+    if args.parallel > 1 {
+        return Err(Error::input(
+            "--parallel runs several dates at once: it goes with --from/--to or --missing",
+        ));
+    }
     let cancel = stop_on_signals()?;
     let overrides = args.overrides(Trigger::Manual, Some(cancel.clone()));
     let (job, request) = prepare(args, g, &overrides)?;
@@ -124,6 +129,45 @@ pub(super) async fn backfill(args: &RunArgs, g: &GlobalOptions, registry: &Regis
         args.to.as_deref().unwrap_or_default(),
         chrono::Utc::now(),
     )?;
+    run_dates(job, dates, args, g, registry).await
+}
+
+/// `idem run JOB --missing [--since D] [--parallel N] [--dry-run]`: the scopes `idem
+/// status` calls missing or failed, oldest first, as a backfill runs its dates.
+pub(super) async fn missing(args: &RunArgs, g: &GlobalOptions, registry: &Registry) -> Result<u8> {
+    let job = find_job(&args.job, &g.jobs_dir, &g.store)?;
+    if job.schedule.is_none() {
+        return Err(Error::config(format!(
+            "job {} has no schedule: nothing is expected of it, so nothing is missing (run \
+             dates with --date or --from/--to)",
+            job.name
+        )));
+    }
+    let since = args.since.as_deref().unwrap_or("7d");
+    let (statuses, _) =
+        super::status::statuses(std::slice::from_ref(&job.name), since, "1h", g).await?;
+    let scopes: Vec<_> = statuses
+        .into_iter()
+        .flat_map(|s| s.scopes)
+        .filter(|s| s.state.needs_attention())
+        .collect();
+    if args.dry_run || scopes.is_empty() {
+        output::print_missing(&job.name, since, &scopes, args.dry_run, g.format);
+        return Ok(EXIT_OK);
+    }
+    let dates = scopes.iter().map(|s| s.date).collect();
+    run_dates(job, dates, args, g, registry).await
+}
+
+/// Runs `dates` (at least one, in order) through the job's runner, up to `--parallel` at
+/// once.
+async fn run_dates(
+    job: crate::job::Job,
+    dates: Vec<chrono::NaiveDate>,
+    args: &RunArgs,
+    g: &GlobalOptions,
+    registry: &Registry,
+) -> Result<u8> {
     // One token stops the running dates (the runner) and the dates after them (here).
     let cancel = stop_on_signals()?;
     let mut overrides = args.overrides(Trigger::Backfill, Some(cancel.clone()));
@@ -217,10 +261,20 @@ pub(crate) struct RunArgs {
     /// ... to this one, inclusive, each through the guards (trigger backfill).
     #[arg(long, requires = "from", allow_hyphen_values = true)]
     pub(super) to: Option<String>,
-    /// Backfill: run up to this many dates at once (1 to 32).
-    #[arg(long, default_value_t = 1, requires = "from",
+    /// Backfill or --missing: run up to this many dates at once (1 to 32).
+    #[arg(long, default_value_t = 1,
           value_parser = clap::value_parser!(u8).range(1..=32))]
     pub(super) parallel: u8,
+    /// Run the scopes `idem status` calls missing or failed for this job in the period
+    /// (--since), oldest first, each through the guards (trigger backfill).
+    #[arg(long, conflicts_with_all = ["date", "scheduled_at", "scope", "run_id", "from"])]
+    pub(super) missing: bool,
+    /// With --missing: the period to look back over, as `idem status --since` (default 7d).
+    #[arg(long, value_name = "DURATION", requires = "missing")]
+    pub(super) since: Option<String>,
+    /// With --missing: list the scopes it would run, and run nothing.
+    #[arg(long, requires = "missing")]
+    pub(super) dry_run: bool,
     /// Scope, when it is not just the date (default: the date).
     #[arg(long)]
     pub(super) scope: Option<String>,
@@ -239,11 +293,11 @@ pub(crate) struct RunArgs {
     #[arg(long)]
     pub(super) run_id: Option<String>,
     /// Exit with this status when the run is skipped (default 0).
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8), conflicts_with = "from")]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8), conflicts_with_all = ["from", "missing"])]
     pub(super) skip_exit_code: Option<u8>,
     /// Write the run's metrics to FILE in Prometheus text format (for node_exporter's
     /// textfile collector), atomically, when the run ends (not with --from/--to).
-    #[arg(long, value_name = "FILE", conflicts_with = "from")]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["from", "missing"])]
     pub(super) metrics_file: Option<PathBuf>,
     /// A parameter over the job's `[params]` of that name (repeatable): what
     /// `{param.NAME}` is in a command job's arguments, `RunRequest::params` in Rust.
@@ -294,6 +348,9 @@ impl ExplainArgs {
             from: self.from.clone(),
             to: self.to.clone(),
             parallel: 1,
+            missing: false,
+            since: None,
+            dry_run: false,
             scope: self.scope.clone(),
             trigger: None,
             mode: self.mode,

@@ -40,6 +40,7 @@ mod date;
 pub mod export;
 pub mod kubernetes;
 pub mod scheduler;
+pub mod status;
 
 use std::path::PathBuf;
 use std::str::FromStr;
