@@ -1766,3 +1766,83 @@ run = ["sh", "-c", "echo started >&2; while [ ! -f {dir}/go ]; do sleep 0.05; do
     std::fs::write(s.dir.join("go"), "").unwrap();
     assert_eq!(child.wait().unwrap().code(), Some(0));
 }
+
+/// A run SIGKILLed while it holds its scope leaves only its lease (no row, no key): `idem
+/// release` frees it for a job without a job file (an `idem exec` job), only when asked
+/// with --yes (no terminal here), and records it; the next run of the scope then runs at
+/// once instead of waiting out the lease. `purge` takes an exec job's name too.
+#[test]
+fn release_frees_a_dead_runs_lease_and_purge_takes_an_exec_jobs_name() {
+    let s = Sandbox::new("idem-release");
+    let date = "2025-11-18";
+    let exec = |name: &str, program: &[&str]| {
+        let mut args = vec!["exec", name, "--date", date, "--time-window", "20h"];
+        args.extend(["--lease", "1h", "--"]);
+        args.extend(program);
+        s.command(&args)
+    };
+    let mut held = exec(
+        "nightly_export",
+        &["sh", "-c", "echo started >&2; exec sleep 120"],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    common::StderrWatch::of(&mut held).until("started");
+    kill("KILL", &held);
+    let _ = held.wait();
+    let out = exec("nightly_export", &["true"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        text.starts_with("skipped nightly_export for 2025-11-18 (in_progress)"),
+        "{text}"
+    );
+
+    // No terminal to ask on: refused, nothing freed.
+    let release = ["release", "nightly_export", "--date", date];
+    let out = s.idem(&release);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("add --yes"), "{}", stderr(&out));
+    let (code, doc, err) = s.json(&[&release[..], &["--yes"]].concat());
+    assert_eq!(code, 0, "{doc}\n{err}");
+    let freed = doc["released"]["run_id"]
+        .as_str()
+        .expect("the dead run's lease")
+        .to_string();
+    // Recorded: a skipped run of the scope, reason `released`, pointing at the dead run.
+    let (_, runs, _) = s.json(&["runs", "--job", "nightly_export"]);
+    let row = runs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["skip_reason"]["custom"] == "released");
+    let row = row.expect("the release in the ledger");
+    assert_eq!(row["previous_run_id"], freed.as_str());
+    assert_eq!(row["run_id"], doc["run_id"]);
+    // Nothing held any more: said, exit 0.
+    let (code, doc, _) = s.json(&[&release[..], &["--yes"]].concat());
+    assert_eq!((code, doc["released"].clone()), (0, Value::Null));
+    let out = exec("nightly_export", &["true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        text.starts_with("completed nightly_export for 2025-11-18"),
+        "{text}"
+    );
+
+    // purge by the exec job's name: the next run is not skipped.
+    let out = s.idem(&["purge", "nightly_export", "--date", date, "--yes"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = exec("nightly_export", &["true"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(text.starts_with("completed nightly_export"), "{text}");
+    // A name neither a job file nor the ledger knows, holding nothing: a usage error.
+    let out = s.idem(&["release", "nosuch", "--scope", "x", "--yes"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("nor has the ledger any run of \"nosuch\""),
+        "{}",
+        stderr(&out)
+    );
+}

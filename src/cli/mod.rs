@@ -56,6 +56,7 @@ mod logs;
 mod metrics;
 pub mod output;
 mod purge;
+mod release;
 mod report;
 mod run;
 mod runs;
@@ -76,6 +77,7 @@ pub(crate) use fingerprint::FingerprintArgs;
 pub(crate) use gate::GateArgs;
 pub(crate) use jobs::MigrateArgs;
 pub(crate) use purge::PurgeArgs;
+pub(crate) use release::ReleaseArgs;
 pub(crate) use report::ReportArgs;
 use run::check_range;
 pub(crate) use run::{ExplainArgs, RunArgs};
@@ -155,6 +157,9 @@ pub(crate) enum Command {
     Status(StatusArgs),
     /// Forget the processing keys of a job (one scope, or all) so the next run is not skipped.
     Purge(PurgeArgs),
+    /// Free the lease on a job's scope whose run is gone (killed, its machine lost), and
+    /// record it.
+    Release(ReleaseArgs),
     /// Delete keys, ledger rows and expired leases older than the retention.
     Cleanup(CleanupArgs),
     /// List the scheduled jobs and their next fire times; `schedule export` writes them
@@ -323,6 +328,7 @@ async fn dispatch(cli: Cli, registry: &Registry) -> Result<u8> {
         Command::Runs(args) => runs::runs(args, &g).await,
         Command::Status(args) => status::status(&args, &g).await,
         Command::Purge(args) => purge::purge(args, &g).await,
+        Command::Release(args) => release::release(&args, &g).await,
         Command::Schedule(args) => schedule::schedule(args, &g),
         Command::Fingerprint(args) => fingerprint::fingerprint(&args, &g),
         Command::Scheduler(args) => scheduler::scheduler(args, &g, registry).await,

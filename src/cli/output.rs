@@ -292,12 +292,38 @@ pub(crate) fn print_purged(p: &Purged<'_>, format: Format) {
     }
 }
 
-/// The question `idem purge` asks on a terminal.
-pub(crate) fn ask_purge(what: &str, store: &str) {
-    errln!(
-        "purge the processing keys of {what} in {store}? The next runs of those scopes will \
-         not be skipped and will redo the work. [y/N] "
-    );
+/// `idem release`: the freed holder, or that no lease was held.
+pub(crate) fn print_released(
+    job: &str,
+    scope: &str,
+    holder: Option<&crate::store::LeaseHolder>,
+    run_id: Option<&str>,
+    format: Format,
+) {
+    match (format, holder) {
+        (Format::Json, _) => print_json(&serde_json::json!({
+            "job": job,
+            "scope": scope,
+            "released": holder.map(|h| serde_json::json!({
+                "run_id": h.run_id,
+                "token": h.token,
+                "acquired_at": h.acquired_at,
+                "expires_at": h.expires_at,
+            })),
+            "run_id": run_id,
+        })),
+        (Format::Human, None) => outln!("no lease held on {job} for {scope}: nothing to release"),
+        (Format::Human, Some(h)) => {
+            outln!(
+                "released the lease on {job} for {scope} held by run {} (token {})",
+                h.run_id,
+                h.token
+            );
+            if let Some(id) = run_id {
+                outln!("  run id: {id}");
+            }
+        }
+    }
 }
 
 /// A line on stderr (`wrote FILE`, `purge cancelled: nothing deleted`).

@@ -5,7 +5,6 @@ use clap::Args;
 use super::output;
 use super::{GlobalOptions, EXIT_OK, EXIT_RUN_FAILED};
 use crate::error::{Error, Result};
-use crate::job::find_job;
 use crate::model::{Mode, RunRequest, RunStatus, Trigger};
 use crate::{schedule, store};
 
@@ -15,10 +14,10 @@ use crate::{schedule, store};
 /// `purged`, mode `off`, scope the purged scope (`D1..D2` for a range, `*` for `--all`),
 /// `output.purge` = what was purged and how many keys.
 pub(super) async fn purge(args: PurgeArgs, g: &GlobalOptions) -> Result<u8> {
-    use std::io::IsTerminal;
     super::check_range(&args.from, &args.to)?;
-    let job = find_job(&args.job, &g.jobs_dir, &g.store)?;
-    let tz = job.scheduled()?.tz()?;
+    let store = store::open(&g.store).await?;
+    let job = super::release::managed_job(&args.job, g, &*store).await?;
+    let tz = job.tz;
     let now = chrono::Utc::now();
     let today = schedule::DateExpr::DaysAgo(0).resolve(tz, now)?;
     // (the ledger scope, its date, the key scopes to purge: None = all)
@@ -59,22 +58,16 @@ pub(super) async fn purge(args: PurgeArgs, g: &GlobalOptions) -> Result<u8> {
         Some(s) if s.len() == 1 => format!("{} for {}", job.name, s[0]),
         Some(s) => format!("{} for {} date(s) {label}", job.name, s.len()),
     };
-    if !args.yes {
-        if !std::io::stdin().is_terminal() {
-            return Err(Error::input(format!(
-                "purge deletes the processing keys of {what}, and stdin is not a terminal to \
-                 ask on: add --yes to purge without asking"
-            )));
-        }
-        output::ask_purge(&what, &g.store);
-        let mut answer = String::new();
-        let _ = std::io::stdin().read_line(&mut answer);
-        if !matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes") {
-            output::note("purge cancelled: nothing deleted");
-            return Ok(EXIT_RUN_FAILED);
-        }
+    let question = format!(
+        "purge the processing keys of {what} in {}? The next runs of those scopes will not be \
+         skipped and will redo the work. [y/N] ",
+        store.location()
+    );
+    let action = format!("purge deletes the processing keys of {what}");
+    if !super::release::confirm(&question, &action, "purge", args.yes)? {
+        output::note("purge cancelled: nothing deleted");
+        return Ok(EXIT_RUN_FAILED);
     }
-    let store = store::open(&g.store).await?;
     let started_at = chrono::Utc::now();
     let mut deleted = 0;
     match &scopes {
