@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Renders the HTML report of the synthetic history (tests/report.rs) in headless Chromium
-# and writes a PNG, to look at by eye: .ci/report-screenshot.sh [OUT_DIR]
-# Needs chromium (Debian: apt-get install -y chromium). Writes OUT_DIR/report.html and
-# OUT_DIR/report.png (default target/report-screenshot).
+# Renders the HTML report of the synthetic history (tests/report.rs), then `idem status
+# --format html` (tests/cli.rs), in headless Chromium and writes PNGs, to look at by eye:
+#   .ci/report-screenshot.sh [OUT_DIR]
+# Needs chromium (Debian: apt-get install -y chromium). Writes OUT_DIR/report.html,
+# report.png, status.html and status.png (default target/report-screenshot).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-target/report-screenshot}"
@@ -36,3 +37,20 @@ for verdict in enable consider keep not_needed not_enough_data; do
     grep -q "$verdict" "$out/report.dom.html" || fail "verdict $verdict missing"
 done
 echo "wrote $out/report.png ($bytes bytes, $charts charts)"
+
+# The same for `idem status --format html` (tests/cli.rs: a job with dates completed,
+# failed and missing, and an `idem exec` job known from the ledger).
+IDEM_STATUS_HTML_OUT="$out/status.html" \
+    cargo test --test cli status_names_missing_and_failed_dates_and_run_missing_runs_exactly_those -- --exact --quiet
+"$browser" "${flags[@]}" --window-size=900,400 --screenshot="$out/status.png" \
+    "file://$out/status.html" 2>>"$out/chromium.log"
+"$browser" "${flags[@]}" --dump-dom "file://$out/status.html" >"$out/status.dom.html" \
+    2>>"$out/chromium.log"
+test -s "$out/status.png" || fail "no screenshot of the status page (see $out/chromium.log)"
+sbytes=$(wc -c <"$out/status.png")
+[ "$sbytes" -gt 8000 ] || fail "the status screenshot is nearly blank ($sbytes bytes)"
+for state in completed failed missing; do
+    grep -q "data-state=\"$state\"" "$out/status.dom.html" || fail "no $state cell in the rendered status page"
+done
+grep -q '<th class="job">adhoc</th>' "$out/status.dom.html" || fail "the exec job's row is missing"
+echo "wrote $out/status.png ($sbytes bytes)"

@@ -1651,6 +1651,25 @@ fn status_names_missing_and_failed_dates_and_run_missing_runs_exactly_those() {
         "{text}"
     );
 
+    // The same grid as a page: a cell per expected date, its state and run on hover
+    // (.ci/report-screenshot.sh renders it in Chromium: IDEM_STATUS_HTML_OUT).
+    let out = s.idem(&["status", since[0], since[1], "--format", "html"]);
+    assert_eq!(out.status.code(), Some(1));
+    let html = String::from_utf8_lossy(&out.stdout).to_string();
+    if let Some(path) = std::env::var_os("IDEM_STATUS_HTML_OUT") {
+        std::fs::write(path, &html).unwrap();
+    }
+    for (state, n) in [("completed", 1), ("failed", 1), ("missing", 2)] {
+        let cell = format!("data-state=\"{state}\"");
+        assert_eq!(html.matches(&cell).count(), n, "{state}: {html}");
+    }
+    assert!(
+        html.contains(&format!("nightly {}: failed, due ", expected[1])),
+        "{html}"
+    );
+    assert!(html.contains("<th class=\"job\">adhoc</th>"), "{html}");
+    assert_eq!(s.idem(&["runs", "--format", "html"]).status.code(), Some(2));
+
     // Metrics for an alert rule.
     let prom = s.dir.join("status.prom");
     let out = s.idem(&[

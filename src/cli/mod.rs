@@ -63,6 +63,7 @@ mod runs;
 mod schedule;
 mod scheduler;
 mod status;
+mod status_html;
 
 pub use crate::model::exit::{
     OK as EXIT_OK, RUN_FAILED as EXIT_RUN_FAILED, STORE_UNAVAILABLE as EXIT_STORE_UNAVAILABLE,
@@ -108,7 +109,8 @@ pub(crate) struct GlobalOptions {
     /// Folder with the job files (*.toml).
     #[arg(long, global = true, env = "IDEM_JOBS_DIR", default_value = "jobs")]
     jobs_dir: PathBuf,
-    /// Output format (markdown and html: idem report only; ndjson and csv: idem gate only).
+    /// Output format (markdown: idem report only; html: idem report and idem status; ndjson
+    /// and csv: idem gate only).
     #[arg(long = "format", global = true, value_enum, default_value_t = FormatArg::Human)]
     format_arg: FormatArg,
     /// `--format` for the commands other than report (set by `execute`).
@@ -288,12 +290,18 @@ pub async fn execute(mut cli: Cli, registry: &Registry) -> u8 {
         FormatArg::Json if !matches!(cli.command, Command::Gate(_)) => Format::Json,
         _ => Format::Human,
     };
-    if let (FormatArg::Markdown | FormatArg::Html, false) = (
-        cli.global.format_arg,
-        matches!(cli.command, Command::Report(_)),
-    ) {
-        output::print_error_line("--format markdown and --format html are for idem report only");
-        return EXIT_USAGE;
+    let report = matches!(cli.command, Command::Report(_));
+    let status = matches!(cli.command, Command::Status(_));
+    match (cli.global.format_arg, report, status) {
+        (FormatArg::Markdown, false, _) => {
+            output::print_error_line("--format markdown is for idem report only");
+            return EXIT_USAGE;
+        }
+        (FormatArg::Html, false, false) => {
+            output::print_error_line("--format html is for idem report and idem status only");
+            return EXIT_USAGE;
+        }
+        _ => {}
     }
     if let (FormatArg::Ndjson | FormatArg::Csv, false) = (
         cli.global.format_arg,

@@ -236,6 +236,11 @@ pub(super) async fn status(args: &StatusArgs, g: &GlobalOptions) -> Result<u8> {
         super::metrics::write_atomically(path, &super::metrics::status_metrics(&jobs))?;
     }
     let attention = jobs.iter().any(JobStatus::needs_attention);
+    if g.format_arg == super::FormatArg::Html {
+        let store = crate::backend::redact_url(&g.store);
+        output::print_text(&super::status_html::page(&jobs, &store, &args.since, now));
+        return Ok(if attention { EXIT_RUN_FAILED } else { EXIT_OK });
+    }
     match g.format {
         Format::Json => output::print_json(&serde_json::json!({
             "now": now,

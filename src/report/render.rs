@@ -240,7 +240,7 @@ fn markdown(report: &Report) -> String {
     out
 }
 
-fn esc(s: &str) -> String {
+pub(crate) fn esc(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {
