@@ -5,7 +5,7 @@ use clap::Args;
 use super::output;
 use super::{GlobalOptions, EXIT_OK, EXIT_RUN_FAILED};
 use crate::error::{Error, Result};
-use crate::model::{Mode, RunRequest, RunStatus, Trigger};
+use crate::model::{RunRequest, Trigger};
 use crate::{schedule, store};
 
 /// `idem purge JOB (--date D | --scope S | --from D1 --to D2 | --all) [--yes]`: deletes the
@@ -78,38 +78,13 @@ pub(super) async fn purge(args: PurgeArgs, g: &GlobalOptions) -> Result<u8> {
             }
         }
     }
-    let finished_at = chrono::Utc::now();
-    let run = crate::model::RunRecord {
-        run_id: request.run_id.clone(),
-        processor: job.name.clone(),
-        scope: label.clone(),
-        scope_date,
-        trigger: Trigger::Manual,
-        mode: Mode::Off,
-        started_at,
-        finished_at,
-        duration_ms: (finished_at - started_at).num_milliseconds(),
-        status: RunStatus::Skipped,
-        skip_reason: Some(crate::model::SkipReason::Custom("purged".into())),
-        would_skip_reason: None,
-        previous_run_id: None,
-        records_processed: None,
-        processing_key: None,
-        error: None,
-        output: Some(serde_json::json!({"purge": {
-            "scope": label,
-            "scopes": scopes.as_ref().map_or(0, Vec::len),
-            "all": scopes.is_none(),
-            "keys_deleted": deleted,
-        }})),
-    };
-    store
-        .finish(&store::Finish {
-            run,
-            keys: Vec::new(),
-            lease: None,
-        })
-        .await?;
+    let output = serde_json::json!({"purge": {
+        "scope": label,
+        "scopes": scopes.as_ref().map_or(0, Vec::len),
+        "all": scopes.is_none(),
+        "keys_deleted": deleted,
+    }});
+    super::release::record_manual(&*store, &request, "purged", None, output, started_at).await?;
     output::print_purged(
         &output::Purged {
             job: &job.name,

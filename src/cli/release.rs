@@ -181,7 +181,14 @@ pub(super) async fn release(args: &ReleaseArgs, g: &GlobalOptions) -> Result<u8>
             "{what} changed hands or expired meanwhile: nothing released"
         )));
     }
-    record(&*store, &request, &holder, now).await?;
+    let freed = serde_json::json!({"release": {
+        "run_id": holder.run_id,
+        "token": holder.token,
+        "acquired_at": holder.acquired_at,
+        "expires_at": holder.expires_at,
+    }});
+    let previous = Some(holder.run_id.clone());
+    record_manual(&*store, &request, "released", previous, freed, now).await?;
     output::print_released(
         &job.name,
         &scope,
@@ -192,11 +199,14 @@ pub(super) async fn release(args: &ReleaseArgs, g: &GlobalOptions) -> Result<u8>
     Ok(EXIT_OK)
 }
 
-/// The ledger row of a release.
-async fn record(
+/// Records what `purge` or `release` did as one run of the job: trigger `manual`, mode
+/// `off`, status `skipped` with the custom reason `reason`, `output` saying what was done.
+pub(super) async fn record_manual(
     store: &DynStore,
     request: &RunRequest,
-    holder: &store::LeaseHolder,
+    reason: &str,
+    previous_run_id: Option<String>,
+    output: serde_json::Value,
     started_at: DateTime<Utc>,
 ) -> Result<()> {
     let finished_at = Utc::now();
@@ -211,18 +221,13 @@ async fn record(
         finished_at,
         duration_ms: (finished_at - started_at).num_milliseconds(),
         status: RunStatus::Skipped,
-        skip_reason: Some(SkipReason::Custom("released".into())),
+        skip_reason: Some(SkipReason::Custom(reason.into())),
         would_skip_reason: None,
-        previous_run_id: Some(holder.run_id.clone()),
+        previous_run_id,
         records_processed: None,
         processing_key: None,
         error: None,
-        output: Some(serde_json::json!({"release": {
-            "run_id": holder.run_id,
-            "token": holder.token,
-            "acquired_at": holder.acquired_at,
-            "expires_at": holder.expires_at,
-        }})),
+        output: Some(output),
     };
     store
         .finish(&store::Finish {
