@@ -14,7 +14,7 @@
 //! for the schema in an init container (`idem migrate --check --wait`). The Deployment's
 //! replicas serve `--listen` on port 8080 (liveness `/healthz`, readiness `/readyz`,
 //! `/metrics` for Prometheus), roll one at a time (`maxUnavailable: 0`), spread over nodes,
-//! and a PodDisruptionBudget lets drains take one at a time. Pods: see [`pod`].
+//! and a PodDisruptionBudget lets drains take one at a time. The pods: `pod.rs`.
 //!
 //! How the settings follow from the job (see [`CronJobTiming`]):
 //! * `concurrencyPolicy: Allow`: each fire is its own scope, and the lease already keeps
