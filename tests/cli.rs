@@ -1670,6 +1670,15 @@ fn status_names_missing_and_failed_dates_and_run_missing_runs_exactly_those() {
     assert!(html.contains("<th class=\"job\">adhoc</th>"), "{html}");
     assert_eq!(s.idem(&["runs", "--format", "html"]).status.code(), Some(2));
 
+    // A name no job file has and the ledger never saw: a usage error naming it.
+    let out = s.idem(&["status", "nightly_typo"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("unknown job \"nightly_typo\""),
+        "{}",
+        stderr(&out)
+    );
+
     // Metrics for an alert rule.
     let prom = s.dir.join("status.prom");
     let out = s.idem(&[

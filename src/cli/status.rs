@@ -185,6 +185,23 @@ pub(super) async fn statuses(
     }
     for name in ledger_only {
         let theirs = by_job.get(name.as_str()).cloned().unwrap_or_default();
+        // A name asked for that no job file has and the ledger never saw: a typo, said.
+        if theirs.is_empty() && all_named.is_none() {
+            let ever = store
+                .runs(&RunFilter {
+                    processor: Some(name.clone()),
+                    limit: 1,
+                    ..RunFilter::default()
+                })
+                .await?;
+            if ever.is_empty() && find_job(&name, &g.jobs_dir, &g.store).is_err() {
+                return Err(Error::config(format!(
+                    "unknown job {name:?}: no job file in {} has it, and the ledger has no run \
+                     of it",
+                    g.jobs_dir.display()
+                )));
+            }
+        }
         out.push(JobStatus {
             job: name,
             kind: "ledger",
