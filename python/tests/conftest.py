@@ -54,14 +54,69 @@ def redis_url():
     return _service("IDEM_TEST_REDIS_URL")
 
 
+def _resp(sock, *args: str):
+    """Sends one Redis command and reads its reply (the few reply types SCAN and UNLINK
+    give), over a bare socket: the tests need no Redis client package."""
+    out = f"*{len(args)}\r\n".encode()
+    for a in args:
+        b = a.encode()
+        out += b"$%d\r\n%s\r\n" % (len(b), b)
+    sock.sendall(out)
+    reader = sock.makefile("rb")
+
+    def read():
+        line = reader.readline().rstrip(b"\r\n")
+        kind, rest = line[:1], line[1:]
+        if kind == b"-":
+            raise RuntimeError(rest.decode())
+        if kind == b":":
+            return int(rest)
+        if kind == b"$":
+            n = int(rest)
+            return None if n < 0 else reader.read(n + 2)[:-2].decode()
+        if kind == b"*":
+            return [read() for _ in range(int(rest))]
+        return rest.decode()
+
+    return read()
+
+
+def delete_redis_prefix(url: str, prefix: str) -> int:
+    """Deletes every key of `url`'s database that starts with `prefix`."""
+    import socket
+    import urllib.parse
+
+    u = urllib.parse.urlparse(url)
+    deleted = 0
+    with socket.create_connection((u.hostname or "127.0.0.1", u.port or 6379), timeout=10) as sock:
+        db = u.path.strip("/")
+        if db:
+            _resp(sock, "SELECT", db)
+        cursor = "0"
+        while True:
+            cursor, keys = _resp(sock, "SCAN", cursor, "MATCH", prefix + "*", "COUNT", "1000")
+            if keys:
+                deleted += _resp(sock, "UNLINK", *keys)
+            if cursor == "0":
+                return deleted
+
+
+@pytest.fixture
+def redis_prefix_url(redis_url):
+    """The CI's Redis under a fresh key prefix, whose keys are deleted after the test."""
+    prefix = f"idem-py-{uuid.uuid4().hex[:8]}"
+    yield f"{redis_url}?prefix={prefix}"
+    delete_redis_prefix(redis_url, prefix)
+
+
 @pytest.fixture(params=["sqlite", "postgres", "redis"])
 def event_store_url(request, sqlite_url):
-    """An event-key store of each kind (Redis under a fresh key prefix)."""
+    """An event-key store of each kind (Redis under a fresh key prefix, deleted after)."""
     if request.param == "sqlite":
         return sqlite_url
     if request.param == "postgres":
         return request.getfixturevalue("postgres_url")
-    return f"{request.getfixturevalue('redis_url')}?prefix=idem-py-{uuid.uuid4().hex[:8]}"
+    return request.getfixturevalue("redis_prefix_url")
 
 
 @pytest.fixture(scope="session")

@@ -70,8 +70,8 @@ def test_gate_verdicts_equal_idem_gate_on_postgres(idem_bin, postgres_url, peer_
     _gate_parity(idem_bin, postgres_url, peer_data)
 
 
-def test_gate_verdicts_equal_idem_gate_on_redis(idem_bin, redis_url, peer_data):
-    _gate_parity(idem_bin, f"{redis_url}?prefix=idem-py-{uuid.uuid4().hex[:8]}", peer_data)
+def test_gate_verdicts_equal_idem_gate_on_redis(idem_bin, redis_prefix_url, peer_data):
+    _gate_parity(idem_bin, redis_prefix_url, peer_data)
 
 
 def test_gate_ttl_strategy_invalid_and_filter(store):
@@ -94,14 +94,14 @@ def test_redis_is_for_event_keys_only(redis_url, name):
         pyidem.processor(name, store=store)(lambda run: None)
 
 
-def test_pending_marks_expire_unless_confirmed(sqlite_url, postgres_url, redis_url):
+def test_pending_marks_expire_unless_confirmed(sqlite_url, postgres_url, redis_prefix_url):
     """With pending_timeout, a new key stays pending until confirm: unconfirmed, its
     event is new again after the timeout (a restarted gate handles it again); confirmed,
     it is a replay. One sleep for the three stores."""
     stores = {
         "sqlite": sqlite_url,
         "postgres": postgres_url,
-        "redis": f"{redis_url}?prefix=idem-py-{uuid.uuid4().hex[:8]}",
+        "redis": redis_prefix_url,
     }
     dropped = [{"id": f"d{i}", "a": i} for i in range(3)]
     handled = [{"id": f"h{i}", "a": i} for i in range(3)]
