@@ -1169,3 +1169,121 @@ fn readyz_follows_the_store_down_and_up() {
     let (code, err) = scheduler.stop(Duration::from_secs(60));
     assert_eq!(code, Some(0), "{err}");
 }
+
+/// A daily command job at `at` (UTC, to the second, date `today`, `missed = "catch_up"`)
+/// whose program writes `{scope}` to `started.txt`, waits for the file `go-{scope}`, then
+/// writes `{scope}` to `done.txt` (in `dir`; paths absolute: a command job runs in its job
+/// file's folder).
+fn rollout_job(name: &str, at: chrono::DateTime<chrono::Utc>, dir: &std::path::Path) -> String {
+    use chrono::Timelike;
+    let d = dir.display();
+    format!(
+        r#"
+name = "{name}"
+processor = "command"
+schedule = "{} {} {} * * *"
+timezone = "UTC"
+date = "today"
+missed = "catch_up"
+[guards]
+lease = "1m"
+time_window = "20h"
+[command]
+run = ["sh", "-c", "echo {{scope}} >> {d}/started.txt; while [ ! -f {d}/go-{{scope}} ]; do sleep 0.05; done; echo {{scope}} >> {d}/done.txt"]
+grace = "1s"
+"#,
+        at.second(),
+        at.minute(),
+        at.hour()
+    )
+}
+
+fn lines_of(path: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// A rollout stops both scheduler replicas while a daily slot's fire runs: the fire is
+/// recorded interrupted, and no later slot will process that date. Two new replicas read
+/// the ledger on start, fire that date again, and complete it once (issue 37).
+#[test]
+fn new_scheduler_replicas_fire_again_a_date_whose_fire_a_rollout_interrupted() {
+    let Some(url) = common::service_url(
+        "IDEM_TEST_POSTGRES_URL",
+        "new_scheduler_replicas_fire_again_a_date_whose_fire_a_rollout_interrupted",
+        common::POSTGRES_HOW,
+    ) else {
+        return;
+    };
+    let s = Sandbox::with_store("idem-scheduler-rollout", &url);
+    let job = format!("rollout_{}", &idem::new_run_id()[..8]);
+    let now = chrono::Utc::now();
+    // A settled scheduler fire before the slot (yesterday's date, completed), so the slot
+    // is one the replicas owe whenever they start: a missed slot they catch up, or an
+    // on-time one (no race with their start-up).
+    let yesterday = (now - chrono::Duration::days(1)).date_naive().to_string();
+    std::fs::write(s.dir.join(format!("go-{yesterday}")), "").unwrap();
+    s.write_job(
+        &job,
+        &rollout_job(&job, now + chrono::Duration::days(2), &s.dir),
+    );
+    let (code, _, err) = s.json(&["run", &job, "--date", &yesterday, "--trigger", "scheduler"]);
+    assert_eq!(code, 0, "{err}");
+    let slot = chrono::Utc::now() + chrono::Duration::seconds(1);
+    let slot = slot - chrono::Duration::nanoseconds(i64::from(chrono::Timelike::nanosecond(&slot)));
+    let today = slot.date_naive().to_string();
+    s.write_job(&job, &rollout_job(&job, slot, &s.dir));
+    while chrono::Utc::now() <= slot {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let replica = || Watched::start(s.command(&["scheduler", &job, "--grace", "1s"]));
+    let (a, b) = (replica(), replica());
+    common::wait_until(
+        "the slot's fire running",
+        Duration::from_secs(60),
+        Duration::from_millis(20),
+        || lines_of(&s.dir.join("started.txt")).contains(&today),
+    );
+    for (name, r) in [("a", a), ("b", b)] {
+        let (code, log) = r.stop(Duration::from_secs(30));
+        assert_eq!(code, Some(0), "replica {name}: {log}");
+    }
+    let ledger = runs(&s, &job);
+    let of_today: Vec<&Value> = ledger
+        .iter()
+        .filter(|r| r["scope"] == today.as_str())
+        .collect();
+    assert!(
+        of_today.iter().any(|r| r["status"] == "failed")
+            && of_today.iter().all(|r| r["status"] != "completed"),
+        "interrupted, not completed: {of_today:?}"
+    );
+
+    // The new replicas: the date is fired again and completes once.
+    std::fs::write(s.dir.join(format!("go-{today}")), "").unwrap();
+    let (c, d) = (replica(), replica());
+    wait_for_runs(&s, &job, "the date completed", |r| {
+        completed_per_scope(r).get(&today) == Some(&1)
+    });
+    for (name, r) in [("c", c), ("d", d)] {
+        let (code, log) = r.stop(Duration::from_secs(30));
+        assert_eq!(code, Some(0), "replica {name}: {log}");
+    }
+    assert_eq!(completed_per_scope(&runs(&s, &job)).get(&today), Some(&1));
+    assert_eq!(
+        lines_of(&s.dir.join("done.txt")),
+        [yesterday, today.clone()],
+        "the date's work done once"
+    );
+    assert_eq!(
+        lines_of(&s.dir.join("started.txt"))
+            .iter()
+            .filter(|l| **l == today)
+            .count(),
+        2,
+        "interrupted once, then run once"
+    );
+}

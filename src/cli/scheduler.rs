@@ -119,6 +119,10 @@ pub(super) async fn scheduler(
         {
             planner.resume_after(&name, *last);
         }
+        for r in planned.iter().flat_map(|p| &p.refires) {
+            tracing::info!(target: "idem::scheduler", "job {name}: the last fire of {} ended failed or interrupted ({} failed so far): firing it again", r.date, r.failed);
+            planner.refire(&name, r.slot, r.date);
+        }
         let stop_rx = stop_rx.clone();
         targets.insert(
             name,
@@ -167,10 +171,70 @@ pub(super) async fn scheduler(
     Ok(EXIT_OK)
 }
 
-/// A job planned at start, and its last fire that settled a slot.
+/// A job planned at start, its last fire that settled a slot, and the dates to fire
+/// again (their fires ended failed or interrupted).
 struct Started {
     plan: Plan,
     last_fire: Option<chrono::DateTime<chrono::Utc>>,
+    refires: Vec<Refire>,
+}
+
+/// How many failed scheduler fires of one date the scheduler fires again after: past
+/// that, the date stays failed for `idem status`, `idem run --missing` and a person.
+pub(crate) const MAX_FIRE_ATTEMPTS: usize = 3;
+
+/// A date to fire again, its first slot, and how many scheduler fires of it failed.
+struct Refire {
+    date: chrono::NaiveDate,
+    slot: chrono::DateTime<chrono::Utc>,
+    failed: usize,
+}
+
+/// The dates of `job` in its catch-up window (the last `catch_up_limit` days; none for a
+/// `skip` job, whose failed dates are only logged) that the ledger says failed: the latest
+/// run of the date failed (an interrupted fire is recorded failed) and none completed,
+/// whichever replica ran it. Those with [`MAX_FIRE_ATTEMPTS`] failed scheduler fires stay
+/// failed, with a warning.
+async fn failed_dates(job: &Job, store: &crate::store::DynStore) -> Result<Vec<Refire>> {
+    use crate::schedule::status::{expected_scopes, scope_state, ScopeState};
+    let scheduled = job.scheduled()?;
+    let days = match scheduled.missed {
+        schedule::Missed::CatchUp { limit } => i64::from(limit),
+        schedule::Missed::Skip => 1,
+    };
+    let now = chrono::Utc::now();
+    let from = now - chrono::Duration::days(days);
+    let runs = store
+        .runs(&RunFilter {
+            processor: Some(job.name.clone()),
+            since: Some(from - chrono::Duration::days(1)),
+            limit: 0,
+            ..RunFilter::default()
+        })
+        .await?;
+    let mut out = Vec::new();
+    for (date, slot) in expected_scopes(&scheduled, from, now)? {
+        let scope = crate::model::time::day_text(date);
+        let of: Vec<&crate::model::RunRecord> = runs.iter().filter(|r| r.scope == scope).collect();
+        let (state, _) = scope_state(&of, false, slot, std::time::Duration::MAX, now);
+        if state != ScopeState::Failed {
+            continue;
+        }
+        let failed = of
+            .iter()
+            .filter(|r| {
+                r.trigger == Trigger::Scheduler && r.status == crate::model::RunStatus::Failed
+            })
+            .count();
+        if scheduled.missed == schedule::Missed::Skip {
+            tracing::warn!(target: "idem::scheduler", "job {}: the fire of {date} ended failed or interrupted; missed = \"skip\": not fired again (idem run {} --missing)", job.name, job.name);
+        } else if failed >= MAX_FIRE_ATTEMPTS {
+            tracing::warn!(target: "idem::scheduler", "job {}: {date} failed in {failed} scheduler fires: not fired again (idem status; idem run {} --missing)", job.name, job.name);
+        } else {
+            out.push(Refire { date, slot, failed });
+        }
+    }
+    Ok(out)
 }
 
 /// Plans every job side by side (on the shared store of `overrides`), and reads where each
@@ -254,7 +318,18 @@ async fn start_job(
             None
         }
     };
-    Ok(Started { plan, last_fire })
+    let refires = match failed_dates(job, &**plan.runner.store()).await {
+        Ok(dates) => dates,
+        Err(e) => {
+            tracing::warn!(target: "idem::scheduler", "job {}: cannot read its failed dates ({e}): none fired again", job.name);
+            Vec::new()
+        }
+    };
+    Ok(Started {
+        plan,
+        last_fire,
+        refires,
+    })
 }
 
 /// A job the scheduler fires: its plan (made at start, or at its first fire when its store

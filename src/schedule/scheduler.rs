@@ -168,6 +168,8 @@ pub struct Planner {
     created: DateTime<Utc>,
     /// Set by [`Planner::begin`]: (created, loop began), read by the first [`Planner::due`].
     starting: Option<(DateTime<Utc>, DateTime<Utc>)>,
+    /// Dates to fire again ([`Planner::refire`]), at the next [`Planner::due`].
+    refires: Vec<Fire>,
 }
 
 impl Planner {
@@ -191,7 +193,29 @@ impl Planner {
             entries,
             created: now,
             starting: None,
+            refires: Vec::new(),
         })
+    }
+
+    /// Fires `job`'s `slot` again for `date` at the next [`Planner::due`], as a catch-up
+    /// fire before the job's others: a date whose fire the ledger says ended failed or
+    /// interrupted (a scheduler stopped mid-fire). Only for a `catch_up` job (a `skip`
+    /// job's failed dates are reported, not fired again), once per date, and not when the
+    /// same tick fires that date anyway.
+    pub fn refire(&mut self, job: &str, slot: DateTime<Utc>, date: NaiveDate) {
+        let Some(e) = self.entries.iter().find(|e| e.name == job) else {
+            return;
+        };
+        if e.missed == Missed::Skip || self.refires.iter().any(|f| f.job == job && f.date == date) {
+            return;
+        }
+        self.refires.push(Fire {
+            job: job.to_string(),
+            slot,
+            local: slot.with_timezone(&e.tz).to_rfc3339(),
+            date,
+            catch_up: true,
+        });
     }
 
     /// The job names, in order, with their missed-fire policy.
@@ -228,6 +252,8 @@ impl Planner {
     pub fn due(&mut self, now: DateTime<Utc>) -> Result<Due> {
         let mut due = Due::default();
         let starting = self.starting.take();
+        let mut refires = std::mem::take(&mut self.refires);
+        refires.sort_by_key(|f| f.date);
         for e in &mut self.entries {
             if now <= e.after {
                 continue;
@@ -329,6 +355,10 @@ impl Planner {
                 });
             }
         }
+        // Dates fired again go first (they are older), unless this tick fires them anyway.
+        refires.retain(|r| !due.fires.iter().any(|f| f.job == r.job && f.date == r.date));
+        refires.append(&mut due.fires);
+        due.fires = refires;
         Ok(due)
     }
 

@@ -487,3 +487,44 @@ async fn the_loop_fires_due_slots_and_stops_running_fires_after_the_grace_period
         }
     );
 }
+
+#[test]
+fn a_date_fired_again_goes_first_once_and_only_for_catch_up_jobs() {
+    let now = utc("2026-01-05T10:00:00Z");
+    let jobs = [
+        ScheduledJob {
+            date: Some("yesterday".into()),
+            ..job(
+                "c",
+                "0 6 * * *",
+                "Europe/Paris",
+                Missed::CatchUp { limit: 3 },
+            )
+        },
+        job("s", "0 6 * * *", "UTC", Missed::Skip),
+    ];
+    let mut p = Planner::new(&jobs, now).unwrap();
+    let day = |s: &str| s.parse::<NaiveDate>().unwrap();
+    // The 3rd's fire was interrupted; asked twice, fired once.
+    p.refire("c", utc("2026-01-04T05:00:00Z"), day("2026-01-03"));
+    p.refire("c", utc("2026-01-04T05:00:00Z"), day("2026-01-03"));
+    p.refire("s", utc("2026-01-04T06:00:00Z"), day("2026-01-03"));
+    p.refire("nosuch", utc("2026-01-04T06:00:00Z"), day("2026-01-03"));
+    let due = p.due(now).unwrap();
+    assert_eq!(due.fires.len(), 1, "{due:?}");
+    let f = &due.fires[0];
+    assert_eq!(
+        (f.job.as_str(), f.date.to_string(), f.catch_up),
+        ("c", "2026-01-03".into(), true)
+    );
+    assert_eq!(f.local, "2026-01-04T06:00:00+01:00");
+    assert!(p.due(now).unwrap().fires.is_empty(), "not again");
+    // A date this tick fires anyway is not fired twice, and older refires go first.
+    let mut p = Planner::new(&jobs, utc("2026-01-05T04:59:59Z")).unwrap();
+    p.refire("c", utc("2026-01-05T05:00:00Z"), day("2026-01-04"));
+    p.refire("c", utc("2026-01-03T05:00:00Z"), day("2026-01-02"));
+    let due = p.due(utc("2026-01-05T05:00:01Z")).unwrap();
+    let dates: Vec<String> = due.fires.iter().map(|f| f.date.to_string()).collect();
+    assert_eq!(dates, ["2026-01-02", "2026-01-04"]);
+    assert!(!due.fires[1].catch_up, "the 4th is the on-time fire");
+}
