@@ -1584,6 +1584,16 @@ run = ["sh", "-c", "test -f {dir}/ok && echo {{scope}} >> {dir}/done-{name}.txt"
     );
 }
 
+/// The scopes `run --missing --dry-run --format json` lists.
+fn would_run(doc: &Value) -> Vec<&str> {
+    doc["would_run"]
+        .as_array()
+        .expect("would_run")
+        .iter()
+        .map(|s| s["scope"].as_str().unwrap())
+        .collect()
+}
+
 fn scopes_in(doc: &Value, job: &str, state: &str) -> Vec<String> {
     let jobs = doc["jobs"].as_array().expect("jobs");
     let job = jobs.iter().find(|j| j["job"] == job).expect("the job");
@@ -1701,12 +1711,7 @@ fn status_names_missing_and_failed_dates_and_run_missing_runs_exactly_those() {
 
     let (code, doc, err) = s.json(&["run", "nightly", "--missing", "--since", "4d", "--dry-run"]);
     assert_eq!(code, 0, "{err}");
-    let listed: Vec<&str> = doc["would_run"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["scope"].as_str().unwrap())
-        .collect();
+    let listed = would_run(&doc);
     assert_eq!(
         listed,
         [&expected[0], &expected[1], &expected[2]],
@@ -1784,12 +1789,7 @@ run = ["sh", "-c", "echo started >&2; while [ ! -f {dir}/go ]; do sleep 0.05; do
     );
     assert_eq!(code, 1, "the older scope is still missing");
     let (_, doc, _) = s.json(&["run", "slow", "--missing", "--since", "2d", "--dry-run"]);
-    let listed: Vec<&str> = doc["would_run"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["scope"].as_str().unwrap())
-        .collect();
+    let listed = would_run(&doc);
     assert!(!listed.contains(&newest.as_str()), "{doc}");
     std::fs::write(s.dir.join("go"), "").unwrap();
     assert_eq!(child.wait().unwrap().code(), Some(0));

@@ -13,9 +13,10 @@ use crate::model::RunStatus;
 use crate::runner::RunReport;
 use crate::store::breaker::BreakerPhase;
 
-/// Metrics text being built: `# HELP`, `# TYPE`, then the samples of each metric.
+/// Metrics text being built: `# HELP`, `# TYPE`, then the samples of each metric (the
+/// metrics files here, and `idem scheduler --listen`'s `/metrics`).
 #[derive(Default)]
-struct Exposition {
+pub(in crate::cli) struct Exposition {
     text: String,
 }
 
@@ -49,13 +50,21 @@ fn number(v: f64) -> String {
 }
 
 impl Exposition {
-    fn metric(&mut self, name: &str, kind: &str, help: &str) {
+    /// A metric's `# HELP` (backslashes and line feeds escaped) and `# TYPE` lines.
+    pub(in crate::cli) fn metric(&mut self, name: &str, kind: &str, help: &str) {
+        let help = help.replace('\\', "\\\\").replace('\n', "\\n");
         let _ = writeln!(self.text, "# HELP {name} {help}");
         let _ = writeln!(self.text, "# TYPE {name} {kind}");
     }
 
-    fn sample(&mut self, name: &str, labels_: &[(&str, &str)], value: f64) {
+    /// One sample of the metric named last.
+    pub(in crate::cli) fn sample(&mut self, name: &str, labels_: &[(&str, &str)], value: f64) {
         let _ = writeln!(self.text, "{name}{} {}", labels(labels_), number(value));
+    }
+
+    /// The text built.
+    pub(in crate::cli) fn finish(self) -> String {
+        self.text
     }
 
     /// One metric with one sample.
@@ -353,4 +362,26 @@ pub(super) fn write_atomically(path: &Path, text: &str) -> Result<()> {
         let _ = std::fs::remove_file(&tmp);
         Error::write(path, e)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Label values and help texts as the text format writes them: `\`, `"` (labels) and
+    /// line feeds escaped; numbers with +Inf, -Inf and NaN spelled as Prometheus reads them.
+    #[test]
+    fn labels_help_and_numbers_are_written_as_the_format_says() {
+        assert_eq!(escape(r#"a\b"c"#), r#"a\\b\"c"#);
+        assert_eq!(escape("one\ntwo"), "one\\ntwo");
+        let mut m = Exposition::default();
+        m.metric("x", "gauge", "two\nlines \\ here");
+        m.sample("x", &[("job", "we\"ird")], f64::INFINITY);
+        m.sample("x", &[], f64::NAN);
+        m.sample("x", &[], 1.0);
+        assert_eq!(
+            m.finish(),
+            "# HELP x two\\nlines \\\\ here\n# TYPE x gauge\nx{job=\"we\\\"ird\"} +Inf\nx NaN\nx 1\n"
+        );
+    }
 }

@@ -16,7 +16,6 @@
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -26,6 +25,7 @@ use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
 use tokio::net::TcpListener;
 
+use super::super::metrics::Exposition;
 use crate::error::{Error, Result};
 use crate::job::Connections;
 use crate::runner::Cancel;
@@ -119,16 +119,16 @@ impl Metrics {
     /// The Prometheus text exposition (format 0.0.4).
     pub(super) fn render(&self) -> String {
         let jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
-        let mut out = String::new();
-        let per_job = |out: &mut String,
+        let mut out = Exposition::default();
+        let per_job = |out: &mut Exposition,
                        name: &str,
                        kind: &str,
                        help: &str,
                        value: &dyn Fn(&JobMetrics) -> Option<f64>| {
-            header(out, name, kind, help);
+            out.metric(name, kind, help);
             for (job, m) in jobs.iter() {
                 if let Some(v) = value(m) {
-                    sample(out, name, &[("job", job)], v);
+                    out.sample(name, &[("job", job)], v);
                 }
             }
         };
@@ -146,8 +146,7 @@ impl Metrics {
             "Runs of scheduler fires that completed.",
             &|m| Some(m.completed as f64),
         );
-        header(
-            &mut out,
+        out.metric(
             "idem_scheduler_skipped_total",
             "counter",
             "Runs of scheduler fires that a guard skipped, by reason (a fire that meets \
@@ -156,7 +155,7 @@ impl Metrics {
         for (job, m) in jobs.iter() {
             for (reason, n) in &m.skipped {
                 let labels = [("job", job.as_str()), ("reason", reason.as_str())];
-                sample(&mut out, "idem_scheduler_skipped_total", &labels, *n as f64);
+                out.sample("idem_scheduler_skipped_total", &labels, *n as f64);
             }
         }
         per_job(
@@ -202,60 +201,27 @@ impl Metrics {
             ),
         ];
         for (name, help, value) in probes {
-            header(&mut out, name, "gauge", help);
+            out.metric(name, "gauge", help);
             if let Some(v) = value {
-                sample(&mut out, name, &[], v);
+                out.sample(name, &[], v);
             }
         }
-        header(
-            &mut out,
+        out.metric(
             "idem_build_info",
             "gauge",
             "The idem version that serves these metrics.",
         );
-        sample(
-            &mut out,
+        out.sample(
             "idem_build_info",
             &[("version", env!("CARGO_PKG_VERSION"))],
             1.0,
         );
-        out
+        out.finish()
     }
 }
 
 fn unix_seconds(t: chrono::DateTime<chrono::Utc>) -> f64 {
     t.timestamp_millis() as f64 / 1000.0
-}
-
-fn header(out: &mut String, name: &str, kind: &str, help: &str) {
-    let help = help.replace('\\', "\\\\").replace('\n', "\\n");
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-}
-
-fn sample(out: &mut String, name: &str, labels: &[(&str, &str)], value: f64) {
-    out.push_str(name);
-    if !labels.is_empty() {
-        let labels: Vec<String> = labels
-            .iter()
-            .map(|(k, v)| format!("{k}=\"{}\"", escape_label(v)))
-            .collect();
-        let _ = write!(out, "{{{}}}", labels.join(","));
-    }
-    let _ = writeln!(out, " {value}");
-}
-
-/// A label value as the text format writes it: `\`, `"` and newlines escaped.
-fn escape_label(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    for c in value.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 /// What the endpoints read: the loop's heartbeat, whether the jobs are planned, the store
@@ -454,12 +420,6 @@ pub(super) fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn label_values_are_escaped() {
-        assert_eq!(escape_label(r#"a\b"c"#), r#"a\\b\"c"#);
-        assert_eq!(escape_label("one\ntwo"), "one\\ntwo");
-    }
 
     #[test]
     fn every_series_has_help_and_type_before_its_samples() {
