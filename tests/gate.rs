@@ -714,7 +714,7 @@ fn bad_arguments_exit_2_naming_the_problem() {
         ),
         (
             vec!["gate", "--key", "id", "--format", "html", "--input", input],
-            "idem report only",
+            "--format html is for idem report",
         ),
         (
             vec![
