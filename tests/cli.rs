@@ -1874,3 +1874,18 @@ fn release_frees_a_dead_runs_lease_and_purge_takes_an_exec_jobs_name() {
         stderr(&out)
     );
 }
+
+/// `purge` and `release` of a name no job file has, where no ledger exists yet: a usage
+/// error, and no ledger file made by asking.
+#[test]
+fn purge_and_release_of_an_unknown_name_create_no_ledger() {
+    let s = Sandbox::new("idem-release-none");
+    for args in [
+        &["purge", "nosuch", "--date", "2025-01-01", "--yes"][..],
+        &["release", "nosuch", "--scope", "x", "--yes"],
+    ] {
+        let out = s.idem(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(!s.dir.join("idem.db").exists(), "{args:?} made a ledger");
+    }
+}

@@ -15,8 +15,7 @@ use crate::{schedule, store};
 /// `output.purge` = what was purged and how many keys.
 pub(super) async fn purge(args: PurgeArgs, g: &GlobalOptions) -> Result<u8> {
     super::check_range(&args.from, &args.to)?;
-    let store = store::open(&g.store).await?;
-    let job = super::release::managed_job(&args.job, g, &*store).await?;
+    let job = super::release::managed_job(&args.job, g).await?;
     let tz = job.tz;
     let now = chrono::Utc::now();
     let today = schedule::DateExpr::DaysAgo(0).resolve(tz, now)?;
@@ -61,13 +60,14 @@ pub(super) async fn purge(args: PurgeArgs, g: &GlobalOptions) -> Result<u8> {
     let question = format!(
         "purge the processing keys of {what} in {}? The next runs of those scopes will not be \
          skipped and will redo the work. [y/N] ",
-        store.location()
+        crate::backend::redact_url(&g.store)
     );
     let action = format!("purge deletes the processing keys of {what}");
     if !super::release::confirm(&question, &action, "purge", args.yes)? {
         output::note("purge cancelled: nothing deleted");
         return Ok(EXIT_RUN_FAILED);
     }
+    let store = store::open(&g.store).await?;
     let started_at = chrono::Utc::now();
     let mut deleted = 0;
     match &scopes {

@@ -19,13 +19,10 @@ pub(super) struct ManagedJob {
     pub tz: Tz,
 }
 
-/// The job `name` names: its job file, else a job the ledger of `store` has runs of (its
-/// zone: the one its latest run's dates were in, UTC when unsaid).
-pub(super) async fn managed_job(
-    name: &str,
-    g: &GlobalOptions,
-    store: &DynStore,
-) -> Result<ManagedJob> {
+/// The job `name` names: its job file, else a job the ledger has runs of (its zone: the
+/// one its latest run's dates were in, UTC when unsaid). The store is opened only for the
+/// latter, and never created: a SQLite ledger that does not exist knows no job.
+pub(super) async fn managed_job(name: &str, g: &GlobalOptions) -> Result<ManagedJob> {
     let missing = match find_job(name, &g.jobs_dir, &g.store) {
         Ok(job) => {
             return Ok(ManagedJob {
@@ -36,8 +33,9 @@ pub(super) async fn managed_job(
         Err(e) => e,
     };
     let plain = !name.ends_with(".toml") && !name.contains('/');
-    let latest = match plain {
-        true => store
+    let latest = match plain && super::missing_ledger(&g.store)?.is_none() {
+        true => store::open(&g.store)
+            .await?
             .runs(&RunFilter {
                 processor: Some(name.to_string()),
                 limit: 1,
@@ -111,11 +109,17 @@ pub(crate) struct ReleaseArgs {
 /// freed, never one taken over meanwhile. Recorded in the ledger as one run of the job:
 /// status `skipped`, reason `released`, mode `off`, `output.release` the freed holder.
 pub(super) async fn release(args: &ReleaseArgs, g: &GlobalOptions) -> Result<u8> {
+    if let Some(path) = super::missing_ledger(&g.store)? {
+        return Err(Error::config(format!(
+            "no lease to release: {}",
+            super::no_ledger_message(&path)
+        )));
+    }
     let store = store::open(&g.store).await?;
     // A run killed before it recorded anything leaves only its lease: a job without a job
     // file or a run is still looked for there (in UTC dates), and unknown only if it holds
     // none.
-    let (job, unknown) = match managed_job(&args.job, g, &*store).await {
+    let (job, unknown) = match managed_job(&args.job, g).await {
         Ok(job) => (job, None),
         Err(e) if !args.job.ends_with(".toml") && !args.job.contains('/') => (
             ManagedJob {
