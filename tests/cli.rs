@@ -1827,6 +1827,11 @@ fn release_frees_a_dead_runs_lease_and_purge_takes_an_exec_jobs_name() {
         "{text}"
     );
 
+    // explain takes the exec job's name: the ledger's view (the dead run's lease).
+    let (code, doc, err) = s.json(&["explain", "nightly_export", "--date", date]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(doc["job_file"], false, "{doc}");
+    let holder = doc["lease"]["run_id"].as_str().expect("held").to_string();
     // No terminal to ask on: refused, nothing freed.
     let release = ["release", "nightly_export", "--date", date];
     let out = s.idem(&release);
@@ -1838,6 +1843,7 @@ fn release_frees_a_dead_runs_lease_and_purge_takes_an_exec_jobs_name() {
         .as_str()
         .expect("the dead run's lease")
         .to_string();
+    assert_eq!(freed, holder);
     // Recorded: a skipped run of the scope, reason `released`, pointing at the dead run.
     let (_, runs, _) = s.json(&["runs", "--job", "nightly_export"]);
     let row = runs
@@ -1848,6 +1854,8 @@ fn release_frees_a_dead_runs_lease_and_purge_takes_an_exec_jobs_name() {
     let row = row.expect("the release in the ledger");
     assert_eq!(row["previous_run_id"], freed.as_str());
     assert_eq!(row["run_id"], doc["run_id"]);
+    let (_, doc, _) = s.json(&["explain", "nightly_export", "--date", date]);
+    assert_eq!(doc["lease"], Value::Null, "{doc}");
     // Nothing held any more: said, exit 0.
     let (code, doc, _) = s.json(&[&release[..], &["--yes"]].concat());
     assert_eq!((code, doc["released"].clone()), (0, Value::Null));

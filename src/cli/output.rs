@@ -292,6 +292,59 @@ pub(crate) fn print_purged(p: &Purged<'_>, format: Format) {
     }
 }
 
+/// `idem explain NAME` of a job known only from the ledger.
+pub(crate) fn print_ledger_explanation(
+    job: &str,
+    scope: &str,
+    holder: Option<&crate::store::LeaseHolder>,
+    completed: Option<&RunRecord>,
+    now: chrono::DateTime<chrono::Utc>,
+    format: Format,
+) {
+    let at = |t: chrono::DateTime<chrono::Utc>| t.format("%Y-%m-%d %H:%M:%S UTC").to_string();
+    if format == Format::Json {
+        print_json(&serde_json::json!({
+            "job": job,
+            "scope": scope,
+            "job_file": false,
+            "lease": holder.map(|h| serde_json::json!({
+                "run_id": h.run_id, "acquired_at": h.acquired_at, "expires_at": h.expires_at,
+            })),
+            "last_completed": completed.map(|r| serde_json::json!({
+                "run_id": r.run_id, "finished_at": r.finished_at,
+            })),
+        }));
+        return;
+    }
+    outln!(
+        "{job} for {scope}: a job without a job file (an `idem exec` job); its guards are given on \
+         each command line, so this is what the ledger says, not a decision"
+    );
+    match holder {
+        Some(h) => outln!(
+            "  lease           held by run {} since {}, until {} (idem release frees it if that run is gone)",
+            h.run_id,
+            at(h.acquired_at),
+            at(h.expires_at)
+        ),
+        None => outln!("  lease           free"),
+    }
+    match completed {
+        Some(r) => outln!(
+            "  last completed  run {} at {} ({} ago)",
+            r.run_id,
+            at(r.finished_at),
+            humantime::format_duration(
+                (now - r.finished_at)
+                    .to_std()
+                    .map(|d| std::time::Duration::from_secs(d.as_secs()))
+                    .unwrap_or_default()
+            )
+        ),
+        None => outln!("  last completed  never"),
+    }
+}
+
 /// `idem release`: the freed holder, or that no lease was held.
 pub(crate) fn print_released(
     job: &str,

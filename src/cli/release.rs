@@ -64,6 +64,51 @@ pub(super) async fn managed_job(name: &str, g: &GlobalOptions) -> Result<Managed
     })
 }
 
+/// `idem explain NAME` for a job without a job file (an `idem exec` job): its guards are
+/// given on each command line, so what the ledger and the lease say of the scope, not a
+/// decision. `unknown`: the error to give when the ledger does not know the name either.
+pub(super) async fn explain_ledger_job(
+    args: &super::ExplainArgs,
+    g: &GlobalOptions,
+    unknown: Error,
+) -> Result<u8> {
+    let Ok(job) = managed_job(&args.job, g).await else {
+        return Err(unknown);
+    };
+    let now = Utc::now();
+    let date = match &args.date {
+        Some(d) => crate::schedule::DateExpr::parse(d)
+            .and_then(|e| e.resolve(job.tz, now).map_err(|e| e.to_string()))
+            .map_err(|e| Error::input(format!("--date: {e}")))?,
+        None => crate::schedule::DateExpr::DaysAgo(0).resolve(job.tz, now)?,
+    };
+    let scope = args
+        .scope
+        .clone()
+        .unwrap_or_else(|| crate::model::time::day_text(date));
+    let store = store::open(&g.store).await?;
+    let holder = store.lease_holder(&job.name, &scope, now).await?;
+    let completed = store
+        .runs(&RunFilter {
+            processor: Some(job.name.clone()),
+            scope: Some(scope.clone()),
+            status: Some(RunStatus::Completed),
+            limit: 1,
+            ..RunFilter::default()
+        })
+        .await?
+        .pop();
+    output::print_ledger_explanation(
+        &job.name,
+        &scope,
+        holder.as_ref(),
+        completed.as_ref(),
+        now,
+        g.format,
+    );
+    Ok(EXIT_OK)
+}
+
 /// Asks `question` on the terminal before the `action`, unless `--yes`; refuses without a
 /// terminal.
 /// `Ok(false)`: the user said no.

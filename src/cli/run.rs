@@ -96,7 +96,14 @@ pub(super) async fn explain(
     // Explain needs the store as it is: never an unavailable stand-in, and no spool.
     overrides.store_failure = Some(StoreFailurePolicy::Strict);
     overrides.spool = false;
-    let (job, request) = prepare(&run, g, &overrides)?;
+    let (job, request) = match prepare(&run, g, &overrides) {
+        Ok(prepared) => prepared,
+        // A job without a job file (an `idem exec` job): what the ledger knows of it.
+        Err(e) if find_job(&args.job, &g.jobs_dir, &g.store).is_err() => {
+            return super::release::explain_ledger_job(args, g, e).await;
+        }
+        Err(e) => return Err(e),
+    };
     // Explain changes nothing: on a SQLite ledger not made yet, it judges against an empty
     // one in memory rather than create the file.
     let store = match super::missing_ledger(&g.store)? {
