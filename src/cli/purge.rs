@@ -4,7 +4,7 @@ use clap::Args;
 
 use super::output;
 use super::{GlobalOptions, EXIT_OK, EXIT_RUN_FAILED};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::model::{RunRequest, Trigger};
 use crate::{schedule, store};
 
@@ -23,9 +23,7 @@ pub(super) async fn purge(args: PurgeArgs, g: &GlobalOptions) -> Result<u8> {
     let (label, scope_date, scopes): (String, chrono::NaiveDate, Option<Vec<String>>) =
         match (&args.date, &args.scope, &args.from, &args.to) {
             (Some(d), _, _, _) => {
-                let date = schedule::DateExpr::parse(d)
-                    .and_then(|e| e.resolve(tz, now).map_err(|e| e.to_string()))
-                    .map_err(|e| Error::input(format!("--date: {e}")))?;
+                let date = schedule::DateExpr::resolve_flag("--date", d, tz, now)?;
                 let scope = crate::model::time::day_text(date);
                 (scope.clone(), date, Some(vec![scope]))
             }

@@ -77,9 +77,7 @@ pub(super) async fn explain_ledger_job(
     };
     let now = Utc::now();
     let date = match &args.date {
-        Some(d) => crate::schedule::DateExpr::parse(d)
-            .and_then(|e| e.resolve(job.tz, now).map_err(|e| e.to_string()))
-            .map_err(|e| Error::input(format!("--date: {e}")))?,
+        Some(d) => crate::schedule::DateExpr::resolve_flag("--date", d, job.tz, now)?,
         None => crate::schedule::DateExpr::DaysAgo(0).resolve(job.tz, now)?,
     };
     let scope = args
@@ -182,9 +180,7 @@ pub(super) async fn release(args: &ReleaseArgs, g: &GlobalOptions) -> Result<u8>
             crate::schedule::DateExpr::DaysAgo(0).resolve(job.tz, now)?,
         ),
         (None, Some(d)) => {
-            let date = crate::schedule::DateExpr::parse(d)
-                .and_then(|e| e.resolve(job.tz, now).map_err(|e| e.to_string()))
-                .map_err(|e| Error::input(format!("--date: {e}")))?;
+            let date = crate::schedule::DateExpr::resolve_flag("--date", d, job.tz, now)?;
             (crate::model::time::day_text(date), date)
         }
         (None, None) => unreachable!("clap requires --scope or --date"),

@@ -196,7 +196,7 @@ struct Refire {
 /// whichever replica ran it. Those with [`MAX_FIRE_ATTEMPTS`] failed scheduler fires stay
 /// failed, with a warning.
 async fn failed_dates(job: &Job, store: &crate::store::DynStore) -> Result<Vec<Refire>> {
-    use crate::schedule::status::{expected_scopes, scope_state, ScopeState};
+    use crate::schedule::status::{expected_states, ScopeState};
     let scheduled = job.scheduled()?;
     let days = match scheduled.missed {
         schedule::Missed::CatchUp { limit } => i64::from(limit),
@@ -212,14 +212,14 @@ async fn failed_dates(job: &Job, store: &crate::store::DynStore) -> Result<Vec<R
             ..RunFilter::default()
         })
         .await?;
+    let runs: Vec<&crate::model::RunRecord> = runs.iter().collect();
     let mut out = Vec::new();
-    for (date, slot) in expected_scopes(&scheduled, from, now)? {
-        let scope = crate::model::time::day_text(date);
-        let of: Vec<&crate::model::RunRecord> = runs.iter().filter(|r| r.scope == scope).collect();
-        let (state, _) = scope_state(&of, false, slot, std::time::Duration::MAX, now);
-        if state != ScopeState::Failed {
+    let states = expected_states(&scheduled, from, now, &runs, std::time::Duration::MAX)?;
+    for (scope, of) in states {
+        if scope.state != ScopeState::Failed {
             continue;
         }
+        let (date, slot) = (scope.date, scope.due);
         let failed = of
             .iter()
             .filter(|r| {

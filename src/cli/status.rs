@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::job::{find_job, load_jobs, replay_spool, Job};
 use crate::model::duration::parse_duration_field;
 use crate::model::{RunRecord, RunStatus};
-use crate::schedule::status::{expected_scopes, scope_state, ExpectedScope, ScopeState};
+use crate::schedule::status::{expected_states, ExpectedScope, ScopeState};
 use crate::store::{self, spool::Spool, DynStore, RunFilter};
 
 #[derive(Debug, Args)]
@@ -140,23 +140,18 @@ pub(super) async fn statuses(
         let sj = job.scheduled()?;
         let theirs = by_job.get(job.name.as_str()).cloned().unwrap_or_default();
         let mut scopes = Vec::new();
-        for (date, due) in expected_scopes(&sj, from, now)? {
-            let scope = date.to_string();
-            let of_scope: Vec<&RunRecord> = theirs
-                .iter()
-                .copied()
-                .filter(|r| r.scope == scope)
-                .collect();
-            let done = of_scope.iter().any(|r| r.status == RunStatus::Completed);
-            let leased = !done && store.lease_holder(&job.name, &scope, now).await?.is_some();
-            let (state, run_id) = scope_state(&of_scope, leased, due, tolerance, now);
-            scopes.push(ExpectedScope {
-                scope,
-                date,
-                due,
-                state,
-                run_id,
-            });
+        for (mut s, _) in expected_states(&sj, from, now, &theirs, tolerance)? {
+            // A held lease: a run of the scope is under way (a retry of a failed one too).
+            if s.state != ScopeState::Completed
+                && store
+                    .lease_holder(&job.name, &s.scope, now)
+                    .await?
+                    .is_some()
+            {
+                s.state = ScopeState::Running;
+                s.run_id = None;
+            }
+            scopes.push(s);
         }
         let of = |state: ScopeState| -> Vec<String> {
             scopes
@@ -301,7 +296,7 @@ fn print_human(jobs: &[JobStatus]) {
         .max(1);
     for j in jobs {
         let grid: String = if j.kind == "ledger" {
-            "-".repeat(cells.min(1))
+            "-".to_string()
         } else {
             j.scopes
                 .iter()
@@ -333,18 +328,6 @@ fn print_human(jobs: &[JobStatus]) {
                 ),
                 None => "no schedule; no run in the period".to_string(),
             });
-            if j.last_run
-                .as_ref()
-                .is_some_and(|r| r.status == RunStatus::Completed)
-            {
-                outln!(
-                    "{:<width$}  {grid}{}{}",
-                    j.job,
-                    " ".repeat(pad),
-                    said.join("; ")
-                );
-                continue;
-            }
         } else if said.is_empty() {
             let done = j
                 .scopes
@@ -356,7 +339,12 @@ fn print_human(jobs: &[JobStatus]) {
                 n => format!("ok ({done} of {n} completed)"),
             });
         }
-        if let Some(at) = j.last_success {
+        // (A ledger job whose last run completed said when already.)
+        let said_already = j.kind == "ledger"
+            && j.last_run
+                .as_ref()
+                .is_some_and(|r| r.status == RunStatus::Completed);
+        if let Some(at) = j.last_success.filter(|_| !said_already) {
             said.push(format!("last success {}", at.format("%Y-%m-%d %H:%M UTC")));
         }
         outln!(

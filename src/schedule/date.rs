@@ -33,6 +33,14 @@ fn out_of_range(s: &str) -> String {
 }
 
 impl DateExpr {
+    /// The date the value of `flag` (`--date today-2`) names in `tz` at `now`; a usage
+    /// error naming the flag when it names none.
+    pub fn resolve_flag(flag: &str, value: &str, tz: Tz, now: DateTime<Utc>) -> Result<NaiveDate> {
+        DateExpr::parse(value)
+            .and_then(|e| e.resolve(tz, now).map_err(|e| e.to_string()))
+            .map_err(|e| Error::input(format!("{flag}: {e}")))
+    }
+
     /// Parses a date expression; the error says what is expected (the caller names the
     /// flag or field).
     pub fn parse(s: &str) -> std::result::Result<DateExpr, String> {

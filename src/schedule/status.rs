@@ -123,6 +123,34 @@ fn next_midnight(tz: Tz, day: NaiveDate) -> DateTime<Tz> {
         .unwrap_or_else(|| tz.from_utc_datetime(&next))
 }
 
+/// The scopes `job`'s schedule expected in `[from, now]` ([`expected_scopes`]), each with
+/// its state from `runs` (the job's runs, any order) and those of its runs. Leases are not
+/// asked: a caller that wants `running` asks for the scopes not completed and calls them
+/// [`ScopeState::Running`] when held (the lease comes before everything but completion).
+pub fn expected_states<'a>(
+    job: &ScheduledJob,
+    from: DateTime<Utc>,
+    now: DateTime<Utc>,
+    runs: &[&'a RunRecord],
+    tolerance: std::time::Duration,
+) -> Result<Vec<(ExpectedScope, Vec<&'a RunRecord>)>> {
+    let mut out = Vec::new();
+    for (date, due) in expected_scopes(job, from, now)? {
+        let scope = crate::model::time::day_text(date);
+        let of_scope: Vec<&RunRecord> = runs.iter().copied().filter(|r| r.scope == scope).collect();
+        let (state, run_id) = scope_state(&of_scope, false, due, tolerance, now);
+        let expected = ExpectedScope {
+            scope,
+            date,
+            due,
+            state,
+            run_id,
+        };
+        out.push((expected, of_scope));
+    }
+    Ok(out)
+}
+
 /// The state of `scope` from its runs (any order) and whether its lease is held now.
 pub fn scope_state(
     runs: &[&RunRecord],
