@@ -315,9 +315,10 @@ mod bigquery {
         )
     }
 
-    /// `event_keys` with the columns of the latest migration (what the schema check reads).
+    /// A table with the marker columns of the latest migration (what the schema check reads:
+    /// `event_keys.expires_at`, `processing_keys.keep_until`), answered for every table.
     fn event_keys_table() -> String {
-        r#"{"kind":"bigquery#table","tableReference":{"projectId":"p","datasetId":"d","tableId":"event_keys"},"schema":{"fields":[{"name":"namespace","type":"STRING"},{"name":"event_key","type":"STRING"},{"name":"first_seen","type":"TIMESTAMP"},{"name":"batch_id","type":"STRING"},{"name":"fingerprint","type":"STRING"},{"name":"decision","type":"STRING"},{"name":"expires_at","type":"TIMESTAMP"}]}}"#.to_string()
+        r#"{"kind":"bigquery#table","tableReference":{"projectId":"p","datasetId":"d","tableId":"event_keys"},"schema":{"fields":[{"name":"namespace","type":"STRING"},{"name":"event_key","type":"STRING"},{"name":"first_seen","type":"TIMESTAMP"},{"name":"batch_id","type":"STRING"},{"name":"fingerprint","type":"STRING"},{"name":"decision","type":"STRING"},{"name":"expires_at","type":"TIMESTAMP"},{"name":"keep_until","type":"TIMESTAMP"}]}}"#.to_string()
     }
 
     fn google_error(code: u16, reason: &str, message: &str) -> String {
@@ -850,6 +851,98 @@ mod bigquery {
         for t in tables.iter().filter(|t| *t != "event_keys") {
             assert_eq!(count(t.clone()).await, 0, "{t}");
         }
+    }
+
+    /// A dataset at schema 10 (today's `processing_keys`, without `keep_until`) holding a key
+    /// the older build wrote: `idem migrate --check` calls it behind (exit 1), `idem migrate`
+    /// adds the column and keeps the key (its `keep_until` empty, so cleanup treats it as it
+    /// did) and its date still skips; a key written after the upgrade carries its window, and
+    /// a claim on the upgraded lease shards records its holder.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dataset_at_schema_10_upgrades_and_keys_then_carry_their_window() {
+        let url =
+            require_bigquery!("a_dataset_at_schema_10_upgrades_and_keys_then_carry_their_window");
+        let url = with_dataset(&url, &unique("idem_v10"));
+        let sandbox = Sandbox::with_store("idem-bq-v10", &url);
+        let (code, out, stderr) = sandbox.json(&["migrate"]);
+        assert_eq!(code, 0, "{out}\n{stderr}");
+        // Back to schema 10: processing_keys as 0001 made it and the lease shards as 0009
+        // made them (no migration before 0011 changed either).
+        let keys = table(&url, "processing_keys");
+        let parsed = BigQueryUrl::parse(&url).unwrap();
+        let render = |sql: &str| {
+            sql.replace("{project}", &parsed.project)
+                .replace("{dataset}", &parsed.dataset)
+        };
+        let ddl = MIGRATIONS[0].sql;
+        let create = &ddl[ddl
+            .find("CREATE TABLE IF NOT EXISTS `{project}.{dataset}.processing_keys`")
+            .unwrap()..];
+        let create = &create[..create.find(';').unwrap()];
+        exec(&url, &format!("DROP TABLE {keys}")).await;
+        exec(&url, &render(create)).await;
+        let shards = MIGRATIONS.iter().find(|m| m.version == 9).unwrap().sql;
+        for i in 0..16 {
+            exec(
+                &url,
+                &format!(
+                    "DROP TABLE {}",
+                    table(&url, &format!("processing_leases_{i:02}"))
+                ),
+            )
+            .await;
+        }
+        exec(&url, &render(shards)).await;
+        let name = unique("old_job");
+        let job = format!(
+            "name = \"{name}\"\nprocessor = \"command\"\n[guards]\ntime_window = \"40d\"\n\
+             [command]\nrun = [\"true\"]\n"
+        );
+        sandbox.write_job("old", &job);
+        let old_key = scope_key(&name, "2025-11-18");
+        exec(
+            &url,
+            &format!(
+                "INSERT INTO {keys} (processing_key, kind, processor_name, scope, scope_date, \
+                 processed_at, entity_count, metadata, run_id) VALUES ('{old_key}', 'scope', \
+                 '{name}', '2025-11-18', DATE '2025-11-18', CURRENT_TIMESTAMP(), NULL, NULL, 'old-run')"
+            ),
+        )
+        .await;
+        let (code, out, stderr) = sandbox.json(&["migrate", "--check"]);
+        assert_eq!(code, 1, "behind: {out}\n{stderr}");
+        let (code, out, stderr) = sandbox.json(&["migrate"]);
+        assert_eq!(code, 0, "{out}\n{stderr}");
+        let (code, out, stderr) = sandbox.json(&["migrate", "--check"]);
+        assert_eq!(code, 0, "current: {out}\n{stderr}");
+        let (code, v, err) = sandbox.json(&["run", &name, "--date", "2025-11-18"]);
+        assert_eq!(
+            (code, v["skip_reason"].as_str()),
+            (0, Some("time_window")),
+            "the old key still skips its date: {v} {err}"
+        );
+        let (code, v, err) = sandbox.json(&["run", &name, "--date", "2025-11-19"]);
+        assert_eq!(
+            (code, v["status"].as_str()),
+            (0, Some("completed")),
+            "{v} {err}"
+        );
+        let found = rows(
+            &url,
+            &format!(
+                "SELECT scope, CAST(TIMESTAMP_DIFF(keep_until, processed_at, HOUR) AS STRING) AS h \
+                 FROM {keys} ORDER BY scope"
+            ),
+        )
+        .await;
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert_eq!(found[0]["h"], Value::Null, "the old key: {found:?}");
+        assert_eq!(found[1]["h"], "960", "the new key, kept 40 days: {found:?}");
+        let store = BigQueryStore::connect(&url).await.unwrap();
+        hold(&store, &name, "2025-11-20").await;
+        let open = store.open_leases(Some(&name)).await.unwrap();
+        assert_eq!(open.len(), 1, "{open:?}");
+        assert_eq!(open[0].host.as_deref(), Some(idem::model::host_name()));
     }
 
     /// Statements per run (each is one API round trip and, on demand, bills at least 10 MB):

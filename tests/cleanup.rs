@@ -96,12 +96,7 @@ fn cleanup_counts_per_table_the_dry_run_deletes_nothing_and_kept_keys_keep_their
     // window cleanup keeps them whatever --keep says.
     for scope in ["2026-01-01", "2026-01-02"] {
         let two_hours_ago = (chrono::Utc::now() - chrono::Duration::hours(2)).timestamp_micros();
-        store_sql(
-            &s,
-            "UPDATE processing_keys SET processed_at = ?1 WHERE scope = ?2",
-            two_hours_ago,
-            scope,
-        );
+        store_sql(&s, AGE_KEYS, two_hours_ago, scope);
     }
     let dry = cleanup(
         &s,
@@ -182,6 +177,12 @@ fn bad_cleanup_flags_exit_2_and_delete_nothing() {
 
 /// Runs one statement on the SQLite store file, binding `micros` and `scope`; returns the
 /// rows changed (or counted, for a SELECT count).
+/// Makes the keys of scope `?2` as old as if processed at `?1`: their processing instant
+/// and their own retention (`keep_until`, written as processing instant + window) move
+/// back together.
+const AGE_KEYS: &str = "UPDATE processing_keys SET keep_until = keep_until - (processed_at - ?1), \
+     processed_at = ?1 WHERE scope = ?2";
+
 fn store_sql(s: &Sandbox, sql: &str, micros: i64, scope: &str) -> i64 {
     let url = format!("{}?mode=rw", s.store);
     let sql = sql.to_string();
@@ -231,8 +232,8 @@ fn the_shipped_cleanup_job_deletes_exactly_what_is_past_retention_and_runs_once_
     let old = (chrono::Utc::now() - chrono::Duration::days(40)).timestamp_micros();
     let mut aged = [0i64; 3];
     for scope in ["2026-01-01", "2026-01-02"] {
+        aged[0] += store_sql(&s, AGE_KEYS, old, scope);
         for (i, table, column) in [
-            (0, "processing_keys", "processed_at"),
             (1, "processing_runs", "started_at"),
             (2, "processing_leases", "expires_at"),
         ] {
@@ -517,12 +518,7 @@ fn cleanup_keeps_gate_keys_without_ttl_and_keys_inside_a_longer_guard_window() {
     // Everything becomes 35 days old (the gate key 35 days since first seen).
     let old = (chrono::Utc::now() - chrono::Duration::days(35)).timestamp_micros();
     for scope in ["2026-01-01", "2026-01-02"] {
-        store_sql(
-            &s,
-            "UPDATE processing_keys SET processed_at = ?1 WHERE scope = ?2",
-            old,
-            scope,
-        );
+        store_sql(&s, AGE_KEYS, old, scope);
     }
     assert_eq!(
         store_sql(
@@ -570,4 +566,56 @@ fn cleanup_keeps_gate_keys_without_ttl_and_keys_inside_a_longer_guard_window() {
         ["\"replay\""],
         "a 35-day-old payment is still a replay"
     );
+}
+
+/// A key carries its own retention (issue 37.2): an `idem exec` job has no job file for
+/// cleanup to read its window from, yet `cleanup --keep 1s` keeps its key for the 40 days
+/// of its `--time-window`, and the date is skipped again afterwards; a key past its window
+/// goes. The jobs folder holds no job file.
+#[test]
+fn cleanup_keeps_an_exec_jobs_key_for_its_own_window_without_a_job_file() {
+    let s = Sandbox::new("idem-cleanup-exec");
+    let exec = |name: &str, date: &str, window: &str| {
+        let out = s.idem(&[
+            "exec",
+            name,
+            "--date",
+            date,
+            "--time-window",
+            window,
+            "--",
+            "true",
+        ]);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (code, _, err) = exec("monthly_export", "2026-01-01", "40d");
+    assert_eq!(code, Some(0), "{err}");
+    let (code, _, err) = exec("hourly_export", "2026-01-01", "1h");
+    assert_eq!(code, Some(0), "{err}");
+    // Both keys become 35 days old: inside the 40-day window, past the hour.
+    let old = (chrono::Utc::now() - chrono::Duration::days(35)).timestamp_micros();
+    assert_eq!(store_sql(&s, AGE_KEYS, old, "2026-01-01"), 2);
+    let out = s
+        .json_command(&["cleanup", "--keep", "1s"])
+        .output()
+        .unwrap();
+    let (code, report, err) = common::parse(out);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        report["keys_deleted"], 1,
+        "only hourly's key: {report}\n{err}"
+    );
+    let (code, text, err) = exec("monthly_export", "2026-01-01", "40d");
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        text.starts_with("skipped monthly_export for 2026-01-01 (time_window"),
+        "the 40-day window still holds after cleanup: {text}{err}"
+    );
+    let (code, text, err) = exec("hourly_export", "2026-01-01", "1h");
+    assert_eq!(code, Some(0), "{err}");
+    assert!(text.starts_with("completed hourly_export"), "{text}{err}");
 }

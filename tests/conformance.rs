@@ -347,6 +347,18 @@ macro_rules! conformance_tests {
                 }
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn open_leases_are_the_runs_not_recorded_yet() {
+                if let Some(s) = store().await {
+                    conformance::open_leases_are_the_runs_not_recorded_yet(&*s).await
+                }
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn cleanup_keeps_a_key_until_its_own_retention() {
+                if let Some(s) = store().await {
+                    conformance::cleanup_keeps_a_key_until_its_own_retention(&*s).await
+                }
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn capabilities_hold_across_instances() {
                 if let Some(url) = url().await {
                     conformance::capabilities_hold_across_instances(&url).await

@@ -683,6 +683,66 @@ async fn a_ledger_at_the_old_last_version_is_upgraded_and_kept() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A ledger at version 10 (keys without their own retention) upgrades to 11: the key the
+/// older build wrote is kept, reads back with no `keep_until`, and cleanup treats it as it
+/// did (by the cut-off alone here: no job file); keys written after the upgrade carry and
+/// keep their retention (the conformance check, on the upgraded file).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_at_version_10_keeps_its_keys_and_then_keys_carry_their_retention() {
+    use idem::store::migrations::SQLITE;
+    use idem::store::{CleanupPolicy, KeyLookup};
+    let dir = temp_dir("upgrade-10");
+    let db = dir.join("old.db");
+    let url = format!("sqlite://{}", db.display());
+    let old = (chrono::Utc::now() - chrono::Duration::days(40)).timestamp_micros();
+    {
+        let mut conn = sqlx::SqliteConnection::connect(&format!("{url}?mode=rwc"))
+            .await
+            .unwrap();
+        for m in SQLITE.iter().filter(|m| m.version <= 10) {
+            sqlx::raw_sql(m.sql).execute(&mut conn).await.unwrap();
+        }
+        sqlx::raw_sql("PRAGMA user_version = 10")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        sqlx::query(
+            "INSERT INTO processing_keys (processing_key, kind, processor_name, scope, \
+             scope_date, processed_at, entity_count, metadata, run_id) \
+             VALUES ('old-key', 'scope', 'old_job', 's', '2025-11-18', ?1, NULL, '{}', 'old-run')",
+        )
+        .bind(old)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        conn.close().await.unwrap();
+    }
+    let store = idem::store::open(&url).await.expect("open the old ledger");
+    let lookup = [KeyLookup {
+        key: "old-key".into(),
+        kind: idem::KeyKind::Scope,
+        since: chrono::Utc::now() - chrono::Duration::days(60),
+    }];
+    let found = store.find_keys(&lookup).await.unwrap();
+    let key = found[0].as_ref().expect("the old key is kept");
+    assert_eq!((key.run_id.as_str(), key.keep_until), ("old-run", None));
+    let policy = CleanupPolicy {
+        processor: Some("old_job".into()),
+        ..CleanupPolicy::before(chrono::Utc::now() - chrono::Duration::days(30))
+    };
+    assert_eq!(store.cleanup(&policy).await.unwrap().keys_deleted, 1);
+    idem::store::conformance::cleanup_keeps_a_key_until_its_own_retention(&*store).await;
+    let mut conn = sqlx::SqliteConnection::connect(&url).await.unwrap();
+    let version: i64 = sqlx::query_scalar("PRAGMA user_version")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(version, idem::store::migrations::latest(&SQLITE));
+    conn.close().await.unwrap();
+    drop(store);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// A ledger at version 9 (pending marks kept on each key: the marker as the decision, the
 /// shorter expiry) upgrades to the batch's own rows (migration 0010) without losing what a
 /// gate of the old build left: its pending mark still reads pending and is confirmed by

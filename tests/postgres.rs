@@ -1146,7 +1146,12 @@ fn a_store_at_schema_version_6_upgrades_and_keeps_its_runs_and_keys() {
     // is the same row without it).
     for (table, columns) in [
         ("processing_runs", "*"),
-        ("processing_keys", "*"),
+        // 0011 added `keep_until`: the old rows have none.
+        (
+            "processing_keys",
+            "processing_key, kind, processor_name, scope, scope_date, processed_at, \
+             entity_count, metadata, run_id",
+        ),
         (
             "event_keys",
             "namespace, event_key, first_seen, fingerprint, decision, expires_at",
@@ -1193,6 +1198,30 @@ fn a_store_at_schema_version_6_upgrades_and_keeps_its_runs_and_keys() {
         "{v} {err}"
     );
     assert!(gate(&dir).contains("\"verdict\":\"replay\""));
+    // The old key has no retention of its own (cleanup treats it as before); a key written
+    // after the upgrade carries its job's 1 h window.
+    let (code, v, err) = dir.json(&["run", &name, "--date", "2025-11-19"]);
+    assert_eq!(
+        (code, v["status"].as_str()),
+        (0, Some("completed")),
+        "{v} {err}"
+    );
+    let windows: Vec<(String, Option<f64>)> = rt
+        .block_on(
+            sqlx::query_as(&format!(
+                "SELECT scope, EXTRACT(EPOCH FROM keep_until - processed_at)::float8 \
+                 FROM {old}.processing_keys ORDER BY scope"
+            ))
+            .fetch_all(&pool),
+        )
+        .unwrap();
+    assert_eq!(
+        windows,
+        [
+            ("2025-11-18".to_string(), None),
+            ("2025-11-19".to_string(), Some(3600.0))
+        ]
+    );
     for schema in [&old, &donor] {
         rt.block_on(sqlx::query(&format!("DROP SCHEMA {schema} CASCADE")).execute(&pool))
             .unwrap();

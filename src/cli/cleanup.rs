@@ -110,6 +110,7 @@ pub(super) async fn cleanup(args: &CleanupArgs, g: &GlobalOptions) -> Result<u8>
         runs_before,
         batch: args.batch as usize,
         dry_run: args.dry_run,
+        now,
         ..store::CleanupPolicy::before(before)
     };
     // A SQLite ledger not made yet holds nothing to clean: say so, and create nothing.

@@ -41,6 +41,10 @@ impl Guard for ContentHashGuard {
         Some(self.algorithm)
     }
 
+    fn reads_keys(&self) -> Option<(KeyKind, Duration)> {
+        Some((KeyKind::Content, self.window))
+    }
+
     fn lookups(&self, ctx: &GuardContext<'_>) -> Vec<KeyLookup> {
         ctx.content_key
             .as_ref()

@@ -146,6 +146,15 @@ pub trait Guard: Send + Sync + Debug {
         false
     }
 
+    /// The kind of key this guard reads and how far back it looks (its window): a key the
+    /// run writes is kept at least that long ([`KeyRecord::keep_until`]). `None` (the
+    /// default) for a guard that reads no key.
+    ///
+    /// [`KeyRecord::keep_until`]: crate::model::KeyRecord::keep_until
+    fn reads_keys(&self) -> Option<(KeyKind, std::time::Duration)> {
+        None
+    }
+
     /// The lookup whose hit alone decides this guard, and the reason it then skips with:
     /// the guard skips with `reason` (its previous run: the key's run) exactly when the
     /// key is found, and proceeds when it is not. In enforce mode a store may then record
@@ -275,6 +284,17 @@ impl GuardStack {
     /// The content digest the stack needs, if any guard needs one.
     pub fn content_hash(&self) -> Option<HashAlgorithm> {
         self.guards.iter().find_map(|g| g.content_hash())
+    }
+
+    /// How long the stack's guards need a key of `kind` ([`Guard::reads_keys`]): the
+    /// longest window of those that read it, `None` when none does.
+    pub fn window_of(&self, kind: KeyKind) -> Option<std::time::Duration> {
+        self.guards
+            .iter()
+            .filter_map(|g| g.reads_keys())
+            .filter(|(k, _)| *k == kind)
+            .map(|(_, window)| window)
+            .max()
     }
 
     /// Runs the guards in order and decides.

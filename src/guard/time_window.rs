@@ -79,6 +79,10 @@ impl Guard for TimeWindowGuard {
         "time_window"
     }
 
+    fn reads_keys(&self) -> Option<(KeyKind, Duration)> {
+        Some((KeyKind::Scope, self.window))
+    }
+
     fn lookups(&self, ctx: &GuardContext<'_>) -> Vec<KeyLookup> {
         vec![KeyLookup {
             key: scope_key(&ctx.request.processor, &ctx.request.scope),

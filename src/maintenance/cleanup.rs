@@ -106,6 +106,7 @@ impl CleanupSettings {
             runs_before: cutoff(self.keep_runs, "keep_runs")?,
             batch: self.batch,
             dry_run: self.dry_run,
+            now,
             ..CleanupPolicy::before(cutoff(self.keep, "keep")?)
         })
     }

@@ -271,6 +271,23 @@ fn check_date_range(date: NaiveDate) -> Result<()> {
     Ok(())
 }
 
+/// This machine's host name, as runs record who holds a lease (read once; `?` when it
+/// cannot be read).
+pub fn host_name() -> &'static str {
+    static HOST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    HOST.get_or_init(|| {
+        let mut buf = [0u8; 256];
+        // SAFETY: the buffer is valid for its whole length; gethostname writes at most
+        // that many bytes, NUL-terminated when it fits.
+        let done = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+        let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+        match std::str::from_utf8(&buf[..end]) {
+            Ok(name) if done == 0 && !name.is_empty() => name.to_string(),
+            _ => "?".to_string(),
+        }
+    })
+}
+
 /// A fresh run id (UUID v4).
 pub fn new_run_id() -> String {
     uuid::Uuid::new_v4().to_string()
@@ -515,6 +532,38 @@ pub struct KeyRecord {
     pub metadata: serde_json::Value,
     /// The run that wrote it.
     pub run_id: String,
+    /// Until when a guard may need it: when it was processed plus the longest window of
+    /// the writing job's guards that read keys of its kind ([`KEEP_FOREVER`] for a window
+    /// too long to add), its processing instant when no guard reads it. A cleanup deletes
+    /// a key only once this has passed *and* the key is older than its `keep`, so a key
+    /// carries its own retention and cleanup needs no job file to know it. `None`: written
+    /// before keys carried it (schema 11); cleanup then keeps it as the job files say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_until: Option<DateTime<Utc>>,
+}
+
+/// The `keep_until` of a key no guard may ever stop needing: the last second of year
+/// 9999, the latest instant every store keeps (BigQuery's `TIMESTAMP` ends there).
+pub const KEEP_FOREVER: DateTime<Utc> = match DateTime::from_timestamp(253_402_300_799, 0) {
+    Some(t) => t,
+    None => DateTime::<Utc>::MIN_UTC,
+};
+
+/// A key's `keep_until` ([`KeyRecord::keep_until`]): `processed_at` plus `window`,
+/// [`KEEP_FOREVER`] when that is past it; `processed_at` itself without a window.
+pub fn keep_until(
+    processed_at: DateTime<Utc>,
+    window: Option<std::time::Duration>,
+) -> DateTime<Utc> {
+    let Some(window) = window else {
+        return micros(processed_at);
+    };
+    chrono::Duration::from_std(window)
+        .ok()
+        .and_then(|w| processed_at.checked_add_signed(w))
+        .map(micros)
+        .filter(|t| *t < KEEP_FOREVER)
+        .unwrap_or(KEEP_FOREVER)
 }
 
 /// Truncates a timestamp to whole microseconds, the precision every store keeps, so a

@@ -242,9 +242,9 @@ impl Runner {
                 &request,
                 &report,
                 self.mode,
-                processed_at,
-                entity_count,
+                (processed_at, entity_count),
                 &processor.version(),
+                &self.guards,
             )
         } else {
             Vec::new()

@@ -201,14 +201,15 @@ impl Runner {
 
 /// The keys a completed run writes: its scope key, and its content key when it has one.
 /// Their metadata holds the processor's version when it has one, so a later skip can tell
-/// that the code (a command job's command, a SQL job's SQL) changed since.
+/// that the code (a command job's command, a SQL job's SQL) changed since; each is kept
+/// as long as `guards` read its kind ([`KeyRecord::keep_until`]).
 pub(super) fn completed_keys(
     request: &RunRequest,
     report: &RunReport,
     mode: Mode,
-    processed_at: DateTime<Utc>,
-    entity_count: Option<i64>,
+    (processed_at, entity_count): (DateTime<Utc>, Option<i64>),
     version: &str,
+    guards: &GuardStack,
 ) -> Vec<KeyRecord> {
     let mut metadata = serde_json::json!({
         "trigger": request.trigger,
@@ -228,6 +229,10 @@ pub(super) fn completed_keys(
         entity_count,
         metadata: metadata.clone(),
         run_id: request.run_id.clone(),
+        keep_until: Some(crate::model::keep_until(
+            processed_at,
+            guards.window_of(kind),
+        )),
     };
     let mut keys = vec![key(
         scope_key(&request.processor, &request.scope),

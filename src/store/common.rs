@@ -172,9 +172,16 @@ pub(crate) mod statements {
     pub(crate) const READ: &str = "SELECT holder_run_id, token, acquired_at, expires_at \
         FROM processing_leases WHERE processor_name = $1 AND scope = $2";
 
-    /// Extends the lease to `$1`.
-    pub(crate) const RENEW: &str = "UPDATE processing_leases SET expires_at = $1 \
+    /// Extends the lease to `$1`, its heartbeat at `$6` (bound after [`update`]'s).
+    pub(crate) const RENEW: &str = "UPDATE processing_leases SET expires_at = $1, renewed_at = $6 \
         WHERE processor_name = $2 AND scope = $3 AND token = $4 AND holder_run_id = $5";
+
+    /// The leases not released ([`OPEN_LEASE_COLUMNS`](crate::store::rows::OPEN_LEASE_COLUMNS)),
+    /// of processor `$1` (NULL: all), newest claim first.
+    pub(crate) const OPEN_LEASES: &str = "SELECT processor_name, scope, holder_run_id, token, \
+        acquired_at, expires_at, renewed_at, holder_host, holder_pid FROM processing_leases \
+        WHERE holder_run_id IS NOT NULL AND ($1 IS NULL OR processor_name = $1) \
+        ORDER BY acquired_at DESC, processor_name, scope";
 
     /// Releases the lease at `$1`.
     pub(crate) const RELEASE: &str =
@@ -182,13 +189,14 @@ pub(crate) mod statements {
         WHERE processor_name = $2 AND scope = $3 AND token = $4 AND holder_run_id = $5";
 
     /// A cleanup statement over one table ([`super::cleanup_tables`]): `$1` the table's
-    /// cut-off, `$2` the processor (or NULL = all), `$3` the keys' cut-off (instants as the
-    /// store keeps them); a delete binds its batch size as `$4` after these.
+    /// cut-off, `$2` the processor (or NULL = all), `$3` the keys' cut-off, `$4` the
+    /// cleanup's now (a key kept until then or later stays; instants as the store keeps
+    /// them); a delete binds its batch size as `$5` after these.
     pub(crate) fn cleanup<'q, DB, T>(
         sql: &'q str,
         cutoff: T,
         processor: Option<&'q str>,
-        keys_before: T,
+        (keys_before, now): (T, T),
     ) -> Query<'q, DB, <DB as Database>::Arguments<'q>>
     where
         DB: Database,
@@ -200,6 +208,7 @@ pub(crate) mod statements {
             .bind(cutoff)
             .bind(processor)
             .bind(keys_before)
+            .bind(now)
     }
 
     /// `sql` ([`RENEW`] or [`RELEASE`]) for `lease` at `at` (as the store keeps instants):

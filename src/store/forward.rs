@@ -212,6 +212,13 @@ macro_rules! forward_lease_store {
                 $via!(self, release(lease, now))
             }
 
+            async fn open_leases(
+                &self,
+                processor: ::std::option::Option<&str>,
+            ) -> $crate::Result<::std::vec::Vec<$crate::store::OpenLease>> {
+                $via!(self, open_leases(processor))
+            }
+
             async fn claim_and_find(
                 &self,
                 request: &$crate::store::ClaimRequest<'_>,

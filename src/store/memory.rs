@@ -20,10 +20,13 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::model::{micros, KeyKind, KeyRecord, RunRecord, RunStatus};
+use crate::store::OpenLease;
 
 #[derive(Debug, Default)]
 struct State {
     leases: HashMap<(String, String), LeaseRow>,
+    /// Of each lease: its last heartbeat (claim or renewal), the claiming host and pid.
+    holders: HashMap<(String, String), (DateTime<Utc>, String, i64)>,
     keys: HashMap<(KeyKind, String), Vec<KeyRecord>>,
     runs: Vec<RunRecord>,
     events: HashMap<String, HashMap<String, DateTime<Utc>>>,
@@ -160,6 +163,14 @@ impl LeaseStore for MemoryStore {
         }
         let token = row.map(|r| r.token + 1).unwrap_or(1);
         let expires_at = lease_expiry(now, request.ttl);
+        state.holders.insert(
+            id.clone(),
+            (
+                now,
+                crate::model::host_name().to_string(),
+                i64::from(std::process::id()),
+            ),
+        );
         state.leases.insert(
             id,
             LeaseRow {
@@ -192,10 +203,14 @@ impl LeaseStore for MemoryStore {
         match row {
             Some(r) if r.token == lease.token && r.holder.as_deref() == Some(&lease.run_id) => {
                 r.expires_at = lease_expiry(now, ttl);
-                Ok(Lease {
+                let renewed = Lease {
                     expires_at: r.expires_at,
                     ..lease.clone()
-                })
+                };
+                if let Some(h) = state.holders.get_mut(&id) {
+                    h.0 = micros(now);
+                }
+                Ok(renewed)
             }
             other => Err(lease_lost(lease, other.map(|r| &*r))),
         }
@@ -211,6 +226,33 @@ impl LeaseStore for MemoryStore {
         r.holder = None;
         r.expires_at = micros(now);
         Ok(true)
+    }
+
+    async fn open_leases(&self, processor: Option<&str>) -> Result<Vec<OpenLease>> {
+        let state = self.lock();
+        let mut open: Vec<OpenLease> = state
+            .leases
+            .iter()
+            .filter(|((p, _), _)| processor.is_none_or(|want| want == p))
+            .filter_map(|(id, r)| {
+                let holder = state.holders.get(id);
+                Some(OpenLease {
+                    processor: id.0.clone(),
+                    scope: id.1.clone(),
+                    run_id: r.holder.clone()?,
+                    token: r.token,
+                    acquired_at: r.acquired_at,
+                    expires_at: r.expires_at,
+                    heartbeat_at: holder.map(|h| h.0),
+                    host: holder.map(|h| h.1.clone()),
+                    pid: holder.map(|h| h.2),
+                })
+            })
+            .collect();
+        open.sort_by(|a, b| {
+            (b.acquired_at, &a.processor, &a.scope).cmp(&(a.acquired_at, &b.processor, &b.scope))
+        });
+        Ok(open)
     }
 
     async fn claim_and_find(
@@ -362,12 +404,14 @@ impl MaintenanceStore for MemoryStore {
         // One lock: the batch size has no meaning in memory.
         let mut state = self.lock();
         let mine = |processor: &str| policy.processor.as_deref().is_none_or(|p| p == processor);
-        let old_key = |k: &KeyRecord| mine(&k.processor) && k.processed_at < policy.keys_before;
+        let expired = |k: &KeyRecord| k.keep_until.is_none_or(|until| until < policy.now);
+        let old_key =
+            |k: &KeyRecord| mine(&k.processor) && k.processed_at < policy.keys_before && expired(k);
         let kept_runs: std::collections::HashSet<String> = state
             .keys
             .values()
             .flatten()
-            .filter(|k| k.processed_at >= policy.keys_before)
+            .filter(|k| k.processed_at >= policy.keys_before || !expired(k))
             .map(|k| k.run_id.clone())
             .collect();
         let old_run = |r: &RunRecord| {

@@ -126,6 +126,39 @@ pub enum Claim {
     Held(LeaseHolder),
 }
 
+/// A lease its holder has not released: a run in progress (until `expires_at`), or, once
+/// that has passed, a run that ended without a result (killed, or its host lost) —
+/// *abandoned*. What `idem runs` and `idem status` show of runs not yet in the ledger.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OpenLease {
+    /// Processor (job) name.
+    pub processor: String,
+    /// Scope.
+    pub scope: String,
+    /// The holding run.
+    pub run_id: String,
+    /// The fencing token.
+    pub token: i64,
+    /// When the run claimed it (the run's start).
+    pub acquired_at: DateTime<Utc>,
+    /// When it expires unless renewed.
+    pub expires_at: DateTime<Utc>,
+    /// Its last renewal (the run's heartbeat), or its claim; `None` for a lease claimed
+    /// by a build before schema 11.
+    pub heartbeat_at: Option<DateTime<Utc>>,
+    /// The claiming process's host (`None` before schema 11).
+    pub host: Option<String>,
+    /// The claiming process's id (`None` before schema 11).
+    pub pid: Option<i64>,
+}
+
+impl OpenLease {
+    /// Whether its run is still in progress at `now` (else abandoned).
+    pub fn running_at(&self, now: DateTime<Utc>) -> bool {
+        self.expires_at > now
+    }
+}
+
 /// A lease request.
 #[derive(Debug, Clone)]
 pub struct ClaimRequest<'a> {
@@ -270,12 +303,15 @@ impl PartialEq for CleanupProgressFn {
 /// What [`MaintenanceStore::cleanup`] deletes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CleanupPolicy {
-    /// Processing keys processed before this instant are deleted, and event keys whose
+    /// Processing keys processed before this instant are deleted once their own
+    /// retention has passed too ([`KeyRecord::keep_until`](crate::model::KeyRecord::keep_until)
+    /// before `now`; a key without one goes by this cut-off alone), and event keys whose
     /// expiry passed before it. An event key that never expires (a gate's default TTL) is
     /// never deleted, and event cursors never are: a guard or a gate still answers by them.
     pub keys_before: DateTime<Utc>,
     /// Ledger rows started before this instant are deleted, except a row that a kept key
-    /// (one processed at or after `keys_before`) points at through its run id.
+    /// (one processed at or after `keys_before`, or kept until `now` or later) points at
+    /// through its run id.
     pub runs_before: DateTime<Utc>,
     /// Leases (released or not) that expired before this instant are deleted.
     pub leases_before: DateTime<Utc>,
@@ -290,10 +326,14 @@ pub struct CleanupPolicy {
     pub dry_run: bool,
     /// Told after each batch how far the cleanup has got (none by default).
     pub progress: Option<CleanupProgressFn>,
+    /// When the cleanup runs: a processing key kept until this instant or later stays,
+    /// whatever `keys_before` says.
+    pub now: DateTime<Utc>,
 }
 
 impl CleanupPolicy {
-    /// Everything older than `before`, in batches of [`DEFAULT_CLEANUP_BATCH`].
+    /// Everything older than `before` (keys also past their own retention at the current
+    /// instant), in batches of [`DEFAULT_CLEANUP_BATCH`].
     pub fn before(before: DateTime<Utc>) -> Self {
         CleanupPolicy {
             keys_before: before,
@@ -303,6 +343,7 @@ impl CleanupPolicy {
             batch: DEFAULT_CLEANUP_BATCH,
             dry_run: false,
             progress: None,
+            now: Utc::now(),
         }
     }
 
@@ -429,6 +470,11 @@ pub trait LeaseStore: StoreBase {
     /// Releases a lease without recording anything. Returns false when the lease was no
     /// longer held with this token (expired and taken over): nothing is changed then.
     async fn release(&self, lease: &Lease, now: DateTime<Utc>) -> Result<bool>;
+
+    /// The leases not released, of `processor` or of all, newest claim first: runs in
+    /// progress and runs abandoned ([`OpenLease`]). A claim records the claiming host and
+    /// process and a renewal its time, so these say who runs what and its last heartbeat.
+    async fn open_leases(&self, processor: Option<&str>) -> Result<Vec<OpenLease>>;
 
     /// [`claim`](Self::claim), and, when the lease is acquired, the latest key record per
     /// lookup *read after the claim* (as [`LedgerStore::find_keys`] answers), in one round

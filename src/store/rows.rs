@@ -14,7 +14,7 @@ previous_run_id, records_processed, processing_key, error, output";
 
 /// The keys' columns (`processing_keys`), in the order every store writes them.
 pub const KEY_COLUMNS: &str = "processing_key, kind, processor_name, scope, scope_date, \
-processed_at, entity_count, metadata, run_id";
+processed_at, entity_count, metadata, run_id, keep_until";
 
 /// The lease columns a store reads (`processing_leases`).
 pub const LEASE_COLUMNS: &str = "holder_run_id, token, acquired_at, expires_at";
@@ -47,8 +47,12 @@ impl LeaseRow {
     }
 }
 
+/// The columns of an open lease ([`crate::store::OpenLease`]), as every store reads them.
+pub const OPEN_LEASE_COLUMNS: &str = "processor_name, scope, holder_run_id, token, acquired_at, \
+expires_at, renewed_at, holder_host, holder_pid";
+
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) use self::sql::{KeyRow, LeaseColumns, RunRow};
+pub(crate) use self::sql::{KeyRow, LeaseColumns, OpenLeaseRow, RunRow};
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod sql {
@@ -59,6 +63,7 @@ mod sql {
 
     use super::LeaseRow;
     use crate::model::{KeyKind, KeyRecord, Mode, RunRecord, RunStatus, SkipReason, Trigger};
+    use crate::store::OpenLease;
 
     /// A column as one SQL family stores it, turned into the model's value `T`: instants
     /// are microseconds (`i64`) in SQLite and `TIMESTAMPTZ` in Postgres, days `TEXT` or
@@ -211,6 +216,7 @@ mod sql {
         Option<i64>: Column<'r, R>,
         KeyKind: Column<'r, R>,
         T: Column<'r, R> + Stored<DateTime<Utc>>,
+        Option<T>: Column<'r, R>,
         D: Column<'r, R> + Stored<NaiveDate>,
         Option<J>: Column<'r, R>,
         J: Stored<Option<Value>>,
@@ -229,8 +235,44 @@ mod sql {
                     .and_then(<J as Stored<Option<Value>>>::restore)
                     .unwrap_or(Value::Null),
                 run_id: r.try_get("run_id")?,
+                keep_until: r
+                    .try_get::<Option<T>, _>("keep_until")?
+                    .map(Stored::restore),
             };
             Ok(KeyRow(key, std::marker::PhantomData))
+        }
+    }
+
+    /// An open lease row ([`super::OPEN_LEASE_COLUMNS`]); `T` as for [`RunRow`].
+    #[derive(Debug)]
+    pub(crate) struct OpenLeaseRow<T>(pub OpenLease, std::marker::PhantomData<T>);
+
+    impl<'r, R, T> FromRow<'r, R> for OpenLeaseRow<T>
+    where
+        R: Row,
+        &'static str: ColumnIndex<R>,
+        String: Column<'r, R>,
+        Option<String>: Column<'r, R>,
+        i64: Column<'r, R>,
+        Option<i64>: Column<'r, R>,
+        T: Column<'r, R> + Stored<DateTime<Utc>>,
+        Option<T>: Column<'r, R>,
+    {
+        fn from_row(r: &'r R) -> sqlx::Result<Self> {
+            let lease = OpenLease {
+                processor: r.try_get("processor_name")?,
+                scope: r.try_get("scope")?,
+                run_id: r.try_get("holder_run_id")?,
+                token: r.try_get("token")?,
+                acquired_at: r.try_get::<T, _>("acquired_at")?.restore(),
+                expires_at: r.try_get::<T, _>("expires_at")?.restore(),
+                heartbeat_at: r
+                    .try_get::<Option<T>, _>("renewed_at")?
+                    .map(Stored::restore),
+                host: r.try_get("holder_host")?,
+                pid: r.try_get("holder_pid")?,
+            };
+            Ok(OpenLeaseRow(lease, std::marker::PhantomData))
         }
     }
 
@@ -255,7 +297,9 @@ mod sql {
 }
 
 #[cfg(feature = "bigquery")]
-pub(crate) use self::bigquery::{key_from_record, lease_from_record, run_from_record};
+pub(crate) use self::bigquery::{
+    key_from_record, lease_from_record, open_lease_from_record, run_from_record,
+};
 
 #[cfg(feature = "bigquery")]
 mod bigquery {
@@ -276,6 +320,7 @@ mod bigquery {
             entity_count: r.opt_i64("entity_count")?,
             metadata: r.opt_json("metadata")?.unwrap_or(serde_json::Value::Null),
             run_id: r.str("run_id")?,
+            keep_until: r.opt_timestamp("keep_until")?,
         })
     }
 
@@ -302,6 +347,23 @@ mod bigquery {
             processing_key: r.opt_str("processing_key")?,
             error: r.opt_str("error")?,
             output: r.opt_json("output")?,
+        })
+    }
+
+    /// An open lease row ([`super::OPEN_LEASE_COLUMNS`]) of a BigQuery result.
+    pub(crate) fn open_lease_from_record(
+        r: &Record<'_>,
+    ) -> Result<crate::store::OpenLease, String> {
+        Ok(crate::store::OpenLease {
+            processor: r.str("processor_name")?,
+            scope: r.str("scope")?,
+            run_id: r.str("holder_run_id")?,
+            token: r.i64("token")?,
+            acquired_at: r.timestamp("acquired_at")?,
+            expires_at: r.timestamp("expires_at")?,
+            heartbeat_at: r.opt_timestamp("renewed_at")?,
+            host: r.opt_str("holder_host")?,
+            pid: r.opt_i64("holder_pid")?,
         })
     }
 

@@ -97,8 +97,18 @@ impl Record<'_> {
 
     /// A TIMESTAMP that must not be NULL.
     pub fn timestamp(&self, name: &str) -> std::result::Result<DateTime<Utc>, String> {
-        let s = self.str(name)?;
-        parse_timestamp_cell(&s).ok_or_else(|| format!("column {name:?}: {s:?} is not a TIMESTAMP"))
+        self.opt_timestamp(name)?
+            .ok_or_else(|| format!("column {name:?} is NULL"))
+    }
+
+    /// A nullable TIMESTAMP.
+    pub fn opt_timestamp(&self, name: &str) -> std::result::Result<Option<DateTime<Utc>>, String> {
+        self.opt_str(name)?
+            .map(|s| {
+                parse_timestamp_cell(&s)
+                    .ok_or_else(|| format!("column {name:?}: {s:?} is not a TIMESTAMP"))
+            })
+            .transpose()
     }
 
     /// A DATE that must not be NULL.

@@ -9,8 +9,12 @@ use chrono::{DateTime, Utc};
 use crate::error::{Error, Result};
 use crate::model::micros;
 use crate::model::KeyRecord;
-use crate::store::rows::{key_from_record, lease_from_record, LeaseRow};
-use crate::store::{lease_expiry, Claim, ClaimRequest, KeyLookup, Lease, LeaseHolder, LeaseStore};
+use crate::store::rows::{
+    key_from_record, lease_from_record, open_lease_from_record, LeaseRow, OPEN_LEASE_COLUMNS,
+};
+use crate::store::{
+    lease_expiry, Claim, ClaimRequest, KeyLookup, Lease, LeaseHolder, LeaseStore, OpenLease,
+};
 
 use crate::backend::bigquery::{int64, string, timestamp, Param, QueryOutput};
 
@@ -208,6 +212,7 @@ impl LeaseStore for BigQueryStore {
         let expires_at = lease_expiry(micros(now), ttl);
         let mut params = Self::fenced_params(lease);
         params.push(timestamp("expires_at", expires_at));
+        params.push(timestamp("now", micros(now)));
         let sql = &self.leases(&lease.processor, &lease.scope).renew;
         if self.mutate("renew", sql, params).await? >= 1 {
             return Ok(Lease {
@@ -229,6 +234,34 @@ impl LeaseStore for BigQueryStore {
             )
             .await?
             >= 1)
+    }
+
+    /// One query over the lease tables (the sixteen shards; the schema-1 table is no
+    /// longer written).
+    async fn open_leases(&self, processor: Option<&str>) -> Result<Vec<OpenLease>> {
+        let sql = LEASE_TABLES
+            .iter()
+            .map(|t| {
+                format!(
+                    "SELECT {OPEN_LEASE_COLUMNS} FROM {} WHERE holder_run_id IS NOT NULL \
+                     AND (@processor IS NULL OR processor_name = @processor)",
+                    self.config.table(t)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\nUNION ALL\n");
+        let sql = format!("{sql}\nORDER BY acquired_at DESC, processor_name, scope");
+        let out = self
+            .query(
+                "open_leases",
+                &sql,
+                vec![crate::backend::bigquery::opt_string("processor", processor)],
+            )
+            .await?;
+        out.records()
+            .map(|r| open_lease_from_record(&r))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| self.bad_row("open_leases", e))
     }
 }
 

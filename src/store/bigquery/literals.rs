@@ -55,6 +55,11 @@ pub(super) fn timestamp(value: DateTime<Utc>) -> String {
     format!("TIMESTAMP '{}'", crate::model::time::micros_text(value))
 }
 
+/// A TIMESTAMP literal or a typed NULL.
+pub(super) fn opt_timestamp(value: Option<DateTime<Utc>>) -> String {
+    value.map_or_else(|| "CAST(NULL AS TIMESTAMP)".to_string(), timestamp)
+}
+
 /// A DATE literal.
 pub(super) fn date(value: NaiveDate) -> String {
     format!("DATE '{}'", crate::model::time::day_text(value))

@@ -51,6 +51,7 @@ impl MaintenanceStore for BigQueryStore {
                 timestamp("before", micros(cutoff)),
                 opt_string("processor", policy.processor.as_deref()),
                 timestamp("keys_before", micros(policy.keys_before)),
+                timestamp("now", micros(policy.now)),
             ]
         };
         let params = &params;

@@ -146,22 +146,23 @@ impl BigQueryStore {
         Ok(tables().all(|t| found.iter().any(|f| f == t)))
     }
 
-    /// Whether `event_keys` has the columns of migration 0003 (event dedup).
-    async fn event_dedup_columns_exist(&self) -> Result<bool> {
+    /// Whether `table` has the column `column` (one `tables.get`, not billed): the marker
+    /// of a migration that only adds columns.
+    async fn has_column(&self, table: &str, column: &str) -> Result<bool> {
         let table = self
             .conn
             .rest("migrate.check", || {
                 self.conn.client().table().get(
                     &self.config.project,
                     &self.config.dataset,
-                    "event_keys",
+                    table,
                     None,
                 )
             })
             .await
             .map_err(|e| self.err(e))?;
         let fields = table.schema.fields.unwrap_or_default();
-        Ok(fields.iter().any(|f| f.name == "expires_at"))
+        Ok(fields.iter().any(|f| f.name == column))
     }
 
     async fn ensure_dataset(&self) -> Result<()> {
@@ -204,11 +205,15 @@ impl Schema for BigQueryStore {
         &migrations::BIGQUERY
     }
 
+    /// The markers, newest first (one `tables.get` when current): `processing_keys.
+    /// keep_until` (0011), `event_keys.expires_at` (0003).
     async fn version(&self) -> Result<i64> {
         Ok(if !self.tables_exist().await? {
             0
-        } else if self.event_dedup_columns_exist().await? {
+        } else if self.has_column("processing_keys", "keep_until").await? {
             migrations::latest(&migrations::BIGQUERY)
+        } else if self.has_column("event_keys", "expires_at").await? {
+            10
         } else {
             1
         })

@@ -20,7 +20,8 @@ SELECT 'lease' AS row_kind, holder_run_id, token, acquired_at, expires_at, \
 CAST(NULL AS INT64) AS pos, CAST(NULL AS STRING) AS processing_key, CAST(NULL AS STRING) AS kind, \
 CAST(NULL AS STRING) AS processor_name, CAST(NULL AS STRING) AS scope, \
 CAST(NULL AS DATE) AS scope_date, CAST(NULL AS TIMESTAMP) AS processed_at, \
-CAST(NULL AS INT64) AS entity_count, CAST(NULL AS JSON) AS metadata, CAST(NULL AS STRING) AS run_id
+CAST(NULL AS INT64) AS entity_count, CAST(NULL AS JSON) AS metadata, CAST(NULL AS STRING) AS run_id, \
+CAST(NULL AS TIMESTAMP) AS keep_until
 FROM (SELECT holder_run_id, token, acquired_at, expires_at FROM {leases}
   WHERE processor_name = {processor} AND scope = {scope} ORDER BY token DESC LIMIT 1)";
 
@@ -121,13 +122,16 @@ AND held.holder_run_id IS NOT NULL AND held.expires_at > {now}"
   SELECT {p}, {s}, CAST(NULL AS STRING), 0, {now}, {now} FROM UNNEST([1])
   WHERE NOT EXISTS (SELECT 1 FROM {leases} WHERE {this_scope});
   UPDATE {leases}
-  SET holder_run_id = {r}, acquired_at = {now}, expires_at = {exp},
+  SET holder_run_id = {r}, acquired_at = {now}, expires_at = {exp}, renewed_at = {now},
+    holder_host = {host}, holder_pid = {pid},
     token = (SELECT MAX(t.token) FROM {leases} AS t WHERE t.processor_name = {p} AND t.scope = {s}) + 1
   WHERE {this_scope} AND NOT EXISTS ({held});
 END IF;
 {lease}",
         r = lit::string(run_id),
         exp = lit::timestamp(expires_at),
+        host = lit::string(crate::model::host_name()),
+        pid = lit::int64(i64::from(std::process::id())),
         lease = LEASE_BRANCH
             .replace("{leases}", leases)
             .replace("{processor}", &p)
@@ -271,7 +275,7 @@ FROM {runs} WHERE run_id = {id};"
 /// [`FIND_KEYS_SQL`].
 const FOUND_TYPE: &str = "ARRAY<STRUCT<pos INT64, processing_key STRING, kind STRING, \
 processor_name STRING, scope STRING, scope_date DATE, processed_at TIMESTAMP, \
-entity_count INT64, metadata JSON, run_id STRING>>";
+entity_count INT64, metadata JSON, run_id STRING, keep_until TIMESTAMP>>";
 
 /// The row of a [`find_recording_skip`] answer that says the skip is recorded: its
 /// `row_kind`; its `run_id` column holds the recorded row's `previous_run_id`.
@@ -300,7 +304,7 @@ pub(super) fn find_recording_skip(
     let found = "SELECT ARRAY_AGG(STRUCT(f.pos AS pos, f.processing_key AS processing_key, \
 f.kind AS kind, f.processor_name AS processor_name, f.scope AS scope, \
 f.scope_date AS scope_date, f.processed_at AS processed_at, f.entity_count AS entity_count, \
-f.metadata AS metadata, f.run_id AS run_id))";
+f.metadata AS metadata, f.run_id AS run_id, f.keep_until AS keep_until))";
     format!(
         "DECLARE found {FOUND_TYPE} DEFAULT ({found} FROM ({find_keys}) AS f);
 DECLARE recorded_previous STRING DEFAULT NULL;
@@ -320,7 +324,7 @@ UNION ALL
 SELECT '{RECORDED_ROW}', CAST(NULL AS STRING), CAST(NULL AS INT64), CAST(NULL AS TIMESTAMP), \
 CAST(NULL AS TIMESTAMP), CAST(NULL AS INT64), CAST(NULL AS STRING), CAST(NULL AS STRING), \
 CAST(NULL AS STRING), CAST(NULL AS STRING), CAST(NULL AS DATE), CAST(NULL AS TIMESTAMP), \
-CAST(NULL AS INT64), CAST(NULL AS JSON), recorded_previous
+CAST(NULL AS INT64), CAST(NULL AS JSON), recorded_previous, CAST(NULL AS TIMESTAMP)
 FROM UNNEST([1]) WHERE recorded;",
         find_keys = find_keys_literal(keys, lookups),
         values = run_values_with(run, "f.run_id".to_string()),
@@ -379,6 +383,7 @@ fn key_struct(k: &KeyRecord) -> String {
         lit::opt_int64(k.entity_count),
         lit::json(Some(&k.metadata.to_string())),
         lit::string(&k.run_id),
+        lit::opt_timestamp(k.keep_until.map(micros)),
     ];
     let fields: Vec<String> = values
         .into_iter()

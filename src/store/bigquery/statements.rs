@@ -16,7 +16,7 @@ use super::schema::LEASE_TABLES;
 /// `{keys}` is the fully qualified `processing_keys` table.
 pub const FIND_KEYS_SQL: &str = "\
 SELECT l.pos AS pos, k.processing_key, k.kind, k.processor_name, k.scope, k.scope_date, \
-k.processed_at, k.entity_count, k.metadata, k.run_id
+k.processed_at, k.entity_count, k.metadata, k.run_id, k.keep_until
 FROM {keys} AS k
 JOIN UNNEST(@lookups) AS l
   ON k.processing_key = l.key AND k.kind = l.kind AND k.processed_at >= l.since
@@ -30,7 +30,7 @@ WHERE processor_name = @processor AND scope = @scope
 ORDER BY token DESC LIMIT 1";
 
 const LEASE_RENEW_SQL: &str = "\
-UPDATE {leases} SET expires_at = @expires_at
+UPDATE {leases} SET expires_at = @expires_at, renewed_at = @now
 WHERE processor_name = @processor AND scope = @scope AND token = @token AND holder_run_id = @run_id";
 
 const LEASE_RELEASE_SQL: &str = "\
@@ -66,14 +66,17 @@ DELETE FROM {keys} WHERE processor_name = @processor AND (@scope IS NULL OR scop
 
 // The rows past retention, per table: @before the table's cut-off, @processor the only
 // processor (NULL = all; event keys are then kept), @keys_before the keys' cut-off (a
-// ledger row a kept key points at stays). Deleted with `DELETE FROM t WHERE ...`, counted
-// with `SELECT COUNT(*) AS n FROM t WHERE ...`.
+// ledger row a kept key points at stays), @now the cleanup's now (a key kept until then or
+// later stays; NULL: written before keys carried their retention). Deleted with `DELETE
+// FROM t WHERE ...`, counted with `SELECT COUNT(*) AS n FROM t WHERE ...`.
 const CLEANUP_KEYS_SQL: &str = "{keys} WHERE processed_at < @before \
-AND (@processor IS NULL OR processor_name = @processor)";
+AND (@processor IS NULL OR processor_name = @processor) \
+AND (keep_until IS NULL OR keep_until < @now)";
 
 const CLEANUP_RUNS_SQL: &str = "{runs} WHERE started_at < @before \
 AND (@processor IS NULL OR processor_name = @processor) \
-AND run_id NOT IN (SELECT run_id FROM {keys} WHERE processed_at >= @keys_before)";
+AND run_id NOT IN (SELECT run_id FROM {keys} WHERE processed_at >= @keys_before \
+OR keep_until >= @now)";
 
 const CLEANUP_LEASES_SQL: &str = "{leases} WHERE expires_at < @before \
 AND (@processor IS NULL OR processor_name = @processor)";

@@ -260,3 +260,68 @@ pub async fn renew_extends_lease(store: &dyn LeaseStore) {
         other => panic!("renewing a lost lease must fail with LeaseLost, got {other:?}"),
     }
 }
+
+/// The leases not released are the runs not recorded yet: a claim is listed with this
+/// process's host and pid and its claim as heartbeat; a renewal moves the heartbeat and
+/// the expiry; past its expiry the lease is still listed (the run is abandoned, not gone)
+/// until another run takes it over; a released lease is not listed. Filtered by
+/// processor, newest claim first.
+pub async fn open_leases_are_the_runs_not_recorded_yet(store: &dyn LeaseStore) {
+    let p = unique("open");
+    let t0 = now();
+    let (a, b) = (new_run_id(), new_run_id());
+    let lease_a = acquired(store.claim(&request(&p, "a", &a, 10, t0)).await.unwrap());
+    let t1 = t0 + chrono::Duration::seconds(1);
+    let lease_b = acquired(store.claim(&request(&p, "b", &b, 10, t1)).await.unwrap());
+    let open = store.open_leases(Some(&p)).await.unwrap();
+    let runs: Vec<(&str, &str)> = open
+        .iter()
+        .map(|l| (l.scope.as_str(), l.run_id.as_str()))
+        .collect();
+    assert_eq!(runs, [("b", b.as_str()), ("a", a.as_str())], "newest first");
+    let first = &open[1];
+    assert_eq!(first.host.as_deref(), Some(crate::model::host_name()));
+    assert_eq!(first.pid, Some(i64::from(std::process::id())));
+    assert_eq!(
+        (
+            first.acquired_at,
+            first.heartbeat_at,
+            first.expires_at,
+            first.token
+        ),
+        (
+            micros(t0),
+            Some(micros(t0)),
+            lease_a.expires_at,
+            lease_a.token
+        )
+    );
+    assert!(first.running_at(t0) && !first.running_at(lease_a.expires_at));
+    // A renewal is a heartbeat.
+    let t2 = t0 + chrono::Duration::seconds(5);
+    let renewed = store
+        .renew(&lease_a, Duration::from_secs(10), t2)
+        .await
+        .unwrap();
+    let open = store.open_leases(Some(&p)).await.unwrap();
+    let first = open.iter().find(|l| l.scope == "a").expect("still open");
+    assert_eq!(
+        (first.heartbeat_at, first.expires_at),
+        (Some(micros(t2)), renewed.expires_at)
+    );
+    // Released: not open. Expired without a release: open (abandoned).
+    assert!(store.release(&lease_b, t2).await.unwrap());
+    let open = store.open_leases(Some(&p)).await.unwrap();
+    assert_eq!(open.len(), 1, "{open:?}");
+    assert!(!open[0].running_at(renewed.expires_at + chrono::Duration::seconds(1)));
+    assert!(
+        store
+            .open_leases(Some(&unique("other")))
+            .await
+            .unwrap()
+            .is_empty(),
+        "filtered by processor"
+    );
+    let all = store.open_leases(None).await.unwrap();
+    assert!(all.iter().any(|l| l.run_id == a), "unfiltered: every job's");
+}

@@ -111,6 +111,7 @@ pub async fn cleanup_deletes_exactly_what_is_past_retention(store: &dyn Store) {
         batch: 2,
         dry_run: true,
         progress: None,
+        now: rows.t,
     };
     let expected = CleanupReport {
         keys_deleted: 4,
@@ -449,6 +450,89 @@ async fn only_event_keys_expired_before_the_cut_off_go(store: &dyn Store) {
             seen,
             [false, true, true],
             "the dead batch's key goes, the confirmed and the still pending stay"
+        );
+    }
+}
+
+/// A key carries its own retention: cleanup deletes a key only once it is older than the
+/// cut-off *and* past its `keep_until`. Four keys processed 40 days ago under a 30-day
+/// cut-off: one its guard still needs (kept until tomorrow) stays with its ledger row, one
+/// kept until 5 days ago goes, one written before keys carried a retention (`None`) goes by
+/// the cut-off alone, one kept [`KEEP_FOREVER`](crate::model::KEEP_FOREVER) stays; a recent
+/// key past its own retention stays (younger than the cut-off). The dry run counts the same.
+pub async fn cleanup_keeps_a_key_until_its_own_retention(store: &dyn Store) {
+    let p = unique("keep-until");
+    let t = now();
+    let ago = |days: i64| t - chrono::Duration::days(days);
+    let cases = [
+        ("needed", ago(40), Some(t + chrono::Duration::days(1)), true),
+        ("done", ago(40), Some(ago(5)), false),
+        ("legacy", ago(40), None, false),
+        ("forever", ago(40), Some(crate::model::KEEP_FOREVER), true),
+        ("recent", ago(2), Some(ago(1)), true),
+    ];
+    let mut written = Vec::new();
+    for (name, at, keep_until, _) in &cases {
+        let run = new_run_id();
+        let key = unique(name);
+        let mut record = key_record(&key, KeyKind::Scope, &p, name, &run, *at);
+        record.keep_until = keep_until.map(crate::model::micros);
+        store
+            .finish(&Finish {
+                run: run_record(&p, name, &run, RunStatus::Completed, *at),
+                keys: vec![record.clone()],
+                lease: None,
+            })
+            .await
+            .unwrap();
+        written.push((record, run));
+    }
+    let policy = CleanupPolicy {
+        processor: Some(p.clone()),
+        now: t,
+        ..CleanupPolicy::before(ago(30))
+    };
+    let expected = cases.iter().filter(|c| !c.3).count() as u64;
+    let counted = store
+        .cleanup(&CleanupPolicy {
+            dry_run: true,
+            ..policy.clone()
+        })
+        .await
+        .unwrap();
+    assert_eq!(counted.keys_deleted, expected, "dry run: {counted:?}");
+    let done = store.cleanup(&policy).await.unwrap();
+    assert_eq!(done.keys_deleted, expected, "{done:?}");
+    let lookups: Vec<KeyLookup> = written
+        .iter()
+        .map(|(k, _)| KeyLookup {
+            key: k.key.clone(),
+            kind: KeyKind::Scope,
+            since: ago(60),
+        })
+        .collect();
+    let found = store.find_keys(&lookups).await.unwrap();
+    let runs: Vec<String> = store
+        .runs(&RunFilter {
+            processor: Some(p.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.run_id)
+        .collect();
+    for ((name, _, _, kept), (found, (written, run))) in
+        cases.iter().zip(found.iter().zip(&written))
+    {
+        assert_eq!(found.is_some(), *kept, "key {name}: {found:?}");
+        if let Some(found) = found {
+            assert_eq!(found, written, "key {name} reads back as written");
+        }
+        assert_eq!(
+            runs.contains(run),
+            *kept,
+            "ledger row of key {name}: {runs:?}"
         );
     }
 }

@@ -40,13 +40,17 @@ pub use event_keys::{
 };
 pub use lease::{
     claim_excludes_and_release_frees, concurrent_claims_have_one_winner,
-    expired_lease_is_taken_over_and_fenced, renew_extends_lease,
+    expired_lease_is_taken_over_and_fenced, open_leases_are_the_runs_not_recorded_yet,
+    renew_extends_lease,
 };
 pub use ledger::{
     key_windows_and_latest_row, keys_only_on_success, ledger_queries, strings_round_trip,
     taken_run_id_is_refused_and_changes_nothing,
 };
-pub use maintenance::{cleanup_deletes_exactly_what_is_past_retention, purge_and_cleanup};
+pub use maintenance::{
+    cleanup_deletes_exactly_what_is_past_retention, cleanup_keeps_a_key_until_its_own_retention,
+    purge_and_cleanup,
+};
 
 fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", &new_run_id()[..8])
@@ -124,6 +128,7 @@ pub fn key_record(
         entity_count: Some(450),
         metadata: json!({"source": "test", "entities": 450}),
         run_id: run_id.to_string(),
+        keep_until: Some(micros(at)),
     }
 }
 

@@ -41,11 +41,11 @@ use sqlx::{Arguments, Connection, Executor, FromRow, Row};
 use super::common::{cleanup_tables, statements, upsert_claim, CLEANUP_TABLES};
 use super::event_keys::{self, Cursor, Found};
 use super::migrations::{self, Migration, Schema};
-use super::rows::{KeyRow, LeaseColumns, LeaseRow, RunRow, KEY_COLUMNS, RUN_COLUMNS};
+use super::rows::{KeyRow, LeaseColumns, LeaseRow, OpenLeaseRow, RunRow, KEY_COLUMNS, RUN_COLUMNS};
 use super::{
     lease_expiry, redact_url, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport,
     EventKeyStore, EventMark, EventVerdict, Finish, KeyLookup, Lease, LeaseHolder, LeaseStore,
-    LedgerStore, MaintenanceStore, PendingBatch, RunFilter, StoreBase,
+    LedgerStore, MaintenanceStore, OpenLease, PendingBatch, RunFilter, StoreBase,
 };
 use crate::backend::postgres::{connect_options, sqlx_message, ACQUIRE_TIMEOUT};
 use crate::error::{Error, Result};

@@ -15,13 +15,17 @@ impl LeaseStore for PostgresStore {
             || async {
                 sqlx::query_scalar(
                     "INSERT INTO processing_leases AS l \
-               (processor_name, scope, holder_run_id, token, acquired_at, expires_at) \
-             VALUES ($1, $2, $3, 1, $4, $5) \
+               (processor_name, scope, holder_run_id, token, acquired_at, expires_at, \
+                renewed_at, holder_host, holder_pid) \
+             VALUES ($1, $2, $3, 1, $4, $5, $4, $6, $7) \
              ON CONFLICT (processor_name, scope) DO UPDATE SET \
                holder_run_id = EXCLUDED.holder_run_id, \
                token = l.token + 1, \
                acquired_at = EXCLUDED.acquired_at, \
-               expires_at = EXCLUDED.expires_at \
+               expires_at = EXCLUDED.expires_at, \
+               renewed_at = EXCLUDED.renewed_at, \
+               holder_host = EXCLUDED.holder_host, \
+               holder_pid = EXCLUDED.holder_pid \
              WHERE l.holder_run_id IS NULL OR l.expires_at <= EXCLUDED.acquired_at \
              RETURNING token",
                 )
@@ -30,6 +34,8 @@ impl LeaseStore for PostgresStore {
                 .bind(request.run_id)
                 .bind(now)
                 .bind(expires_at)
+                .bind(crate::model::host_name())
+                .bind(i64::from(std::process::id()))
                 .fetch_optional(&mut self.conn().await?)
                 .await
                 .map_err(|e| self.err(e))
@@ -52,6 +58,7 @@ impl LeaseStore for PostgresStore {
     async fn renew(&self, lease: &Lease, ttl: Duration, now: DateTime<Utc>) -> Result<Lease> {
         let expires_at = lease_expiry(micros(now), ttl);
         let done = statements::update(statements::RENEW, expires_at, lease)
+            .bind(micros(now))
             .execute(&mut self.conn().await?)
             .await
             .map_err(|e| self.err(e))?;
@@ -70,6 +77,15 @@ impl LeaseStore for PostgresStore {
             .await
             .map_err(|e| self.err(e))?;
         Ok(done.rows_affected() == 1)
+    }
+
+    async fn open_leases(&self, processor: Option<&str>) -> Result<Vec<OpenLease>> {
+        let rows: Vec<OpenLeaseRow<DateTime<Utc>>> = sqlx::query_as(statements::OPEN_LEASES)
+            .bind(processor)
+            .fetch_all(&mut self.conn().await?)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(rows.into_iter().map(|r| r.0).collect())
     }
 
     async fn claim_and_find(
@@ -166,7 +182,8 @@ impl LedgerStore for PostgresStore {
             sqlx::query(&format!(
                 "INSERT INTO processing_keys ({KEY_COLUMNS}) \
                  SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], \
-                   $5::date[], $6::timestamptz[], $7::int8[], $8::jsonb[], $9::text[])"
+                   $5::date[], $6::timestamptz[], $7::int8[], $8::jsonb[], $9::text[], \
+                   $10::timestamptz[])"
             ))
             .bind(k.iter().map(|k| k.key.as_str()).collect::<Vec<_>>())
             .bind(k.iter().map(|k| k.kind.as_str()).collect::<Vec<_>>())
@@ -177,6 +194,11 @@ impl LedgerStore for PostgresStore {
             .bind(k.iter().map(|k| k.entity_count).collect::<Vec<_>>())
             .bind(k.iter().map(|k| k.metadata.clone()).collect::<Vec<_>>())
             .bind(k.iter().map(|k| k.run_id.as_str()).collect::<Vec<_>>())
+            .bind(
+                k.iter()
+                    .map(|k| k.keep_until.map(micros))
+                    .collect::<Vec<_>>(),
+            )
             .execute(&mut *tx)
             .await
             .map_err(|e| self.err(e))?;

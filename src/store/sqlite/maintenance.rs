@@ -17,18 +17,22 @@ impl MaintenanceStore for SqliteStore {
     }
 
     async fn cleanup(&self, policy: &CleanupPolicy) -> Result<CleanupReport> {
-        // ?1 the table's cut-off, ?2 the processor (or NULL = all), ?3 the keys' cut-off
-        // (a ledger row a kept key points at stays: a NOT IN over the kept keys' run
-        // ids, evaluated once per statement rather than once per row), ?4 the batch size.
+        // ?1 the table's cut-off, ?2 the processor (or NULL = all), ?3 the keys' cut-off,
+        // ?4 the cleanup's now: a key goes once older than ?1 and past its own
+        // `keep_until` (NULL: written before keys carried one); a ledger row a kept key
+        // points at stays (a NOT IN over the kept keys' run ids, evaluated once per
+        // statement rather than once per row); ?5 the batch size.
         const CONDITIONS: [&str; 4] = [
-            "processed_at < ?1 AND (?2 IS NULL OR processor_name = ?2) AND ?3 IS NOT NULL",
+            "processed_at < ?1 AND (?2 IS NULL OR processor_name = ?2) AND ?3 IS NOT NULL \
+                 AND (keep_until IS NULL OR keep_until < ?4)",
             "started_at < ?1 AND (?2 IS NULL OR processor_name = ?2) AND run_id NOT IN \
-                 (SELECT run_id FROM processing_keys WHERE processed_at >= ?3)",
-            "expires_at < ?1 AND (?2 IS NULL OR processor_name = ?2) AND ?3 IS NOT NULL",
+                 (SELECT run_id FROM processing_keys WHERE processed_at >= ?3 OR keep_until >= ?4)",
+            "expires_at < ?1 AND (?2 IS NULL OR processor_name = ?2) AND ?3 IS NOT NULL \
+                 AND ?4 IS NOT NULL",
             // Expired, or of a pending batch whose deadline passed unconfirmed.
             "((expires_at IS NOT NULL AND expires_at < ?1) OR pending IN \
                  (SELECT id FROM event_pending WHERE deadline < ?1)) \
-                 AND ?2 IS NULL AND ?3 IS NOT NULL",
+                 AND ?2 IS NULL AND ?3 IS NOT NULL AND ?4 IS NOT NULL",
         ];
         cleanup_tables(
             policy,
@@ -38,7 +42,7 @@ impl MaintenanceStore for SqliteStore {
                     "SELECT count(*) FROM {} WHERE {}",
                     CLEANUP_TABLES[i], CONDITIONS[i]
                 );
-                let n: i64 = statements::cleanup(&sql, ts(cutoff), policy.processor.as_deref(), ts(policy.keys_before))
+                let n: i64 = statements::cleanup(&sql, ts(cutoff), policy.processor.as_deref(), (ts(policy.keys_before), ts(policy.now)))
                     .fetch_one(&self.pool)
                     .await
                     .and_then(|row| row.try_get(0))
@@ -49,9 +53,9 @@ impl MaintenanceStore for SqliteStore {
             |i, cutoff| async move {
                 let (table, condition) = (CLEANUP_TABLES[i], CONDITIONS[i]);
                 let sql = format!(
-                    "DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} WHERE {condition} LIMIT ?4)"
+                    "DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} WHERE {condition} LIMIT ?5)"
                 );
-                let deleted = statements::cleanup(&sql, ts(cutoff), policy.processor.as_deref(), ts(policy.keys_before))
+                let deleted = statements::cleanup(&sql, ts(cutoff), policy.processor.as_deref(), (ts(policy.keys_before), ts(policy.now)))
                     .bind(policy.limit())
                     .execute(&self.pool)
                     .await

@@ -18,11 +18,11 @@ use sqlx::{Connection, Row};
 use super::common::{cleanup_tables, statements, upsert_claim, CLEANUP_TABLES};
 use super::event_keys::{self, Cursor, Found};
 use super::migrations::{self, Migration, Schema};
-use super::rows::{KeyRow, LeaseColumns, LeaseRow, RunRow, KEY_COLUMNS, RUN_COLUMNS};
+use super::rows::{KeyRow, LeaseColumns, LeaseRow, OpenLeaseRow, RunRow, KEY_COLUMNS, RUN_COLUMNS};
 use super::{
     lease_expiry, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, EventKeyStore,
     EventMark, EventVerdict, Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore,
-    MaintenanceStore, RunFilter, StoreBase,
+    MaintenanceStore, OpenLease, RunFilter, StoreBase,
 };
 use crate::error::{Error, Result};
 use crate::model::{micros, time, KeyRecord, RunRecord, RunStatus};

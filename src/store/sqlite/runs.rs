@@ -15,13 +15,17 @@ impl LeaseStore for SqliteStore {
             || async {
                 sqlx::query_scalar(
                     "INSERT INTO processing_leases \
-               (processor_name, scope, holder_run_id, token, acquired_at, expires_at) \
-             VALUES (?1, ?2, ?3, 1, ?4, ?5) \
+               (processor_name, scope, holder_run_id, token, acquired_at, expires_at, \
+                renewed_at, holder_host, holder_pid) \
+             VALUES (?1, ?2, ?3, 1, ?4, ?5, ?4, ?6, ?7) \
              ON CONFLICT (processor_name, scope) DO UPDATE SET \
                holder_run_id = excluded.holder_run_id, \
                token = processing_leases.token + 1, \
                acquired_at = excluded.acquired_at, \
-               expires_at = excluded.expires_at \
+               expires_at = excluded.expires_at, \
+               renewed_at = excluded.renewed_at, \
+               holder_host = excluded.holder_host, \
+               holder_pid = excluded.holder_pid \
              WHERE processing_leases.holder_run_id IS NULL \
                 OR processing_leases.expires_at <= excluded.acquired_at \
              RETURNING token",
@@ -31,6 +35,8 @@ impl LeaseStore for SqliteStore {
                 .bind(request.run_id)
                 .bind(ts(now))
                 .bind(ts(expires_at))
+                .bind(crate::model::host_name())
+                .bind(i64::from(std::process::id()))
                 // Stepped to the end, not stopped at the returned row: the statement commits
                 // when it finishes, and a commit that fails (a full disk) must fail the
                 // claim. A row read before that is not a claim anyone else will see.
@@ -57,6 +63,7 @@ impl LeaseStore for SqliteStore {
     async fn renew(&self, lease: &Lease, ttl: Duration, now: DateTime<Utc>) -> Result<Lease> {
         let expires_at = lease_expiry(now, ttl);
         let done = statements::update(statements::RENEW, ts(expires_at), lease)
+            .bind(ts(micros(now)))
             .execute(&self.pool)
             .await
             .map_err(|e| self.err(e))?;
@@ -75,6 +82,15 @@ impl LeaseStore for SqliteStore {
             .await
             .map_err(|e| self.err(e))?;
         Ok(done.rows_affected() == 1)
+    }
+
+    async fn open_leases(&self, processor: Option<&str>) -> Result<Vec<OpenLease>> {
+        let rows: Vec<OpenLeaseRow<i64>> = sqlx::query_as(statements::OPEN_LEASES)
+            .bind(processor)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(rows.into_iter().map(|r| r.0).collect())
     }
 
     async fn claim_and_find(
@@ -159,7 +175,7 @@ impl LedgerStore for SqliteStore {
             for k in &finish.keys {
                 sqlx::query(&format!(
                     "INSERT INTO processing_keys ({KEY_COLUMNS}) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
                 ))
                 .bind(&k.key)
                 .bind(k.kind.as_str())
@@ -170,6 +186,7 @@ impl LedgerStore for SqliteStore {
                 .bind(k.entity_count)
                 .bind(k.metadata.to_string())
                 .bind(&k.run_id)
+                .bind(k.keep_until.map(ts))
                 .execute(&mut *tx)
                 .await
                 .map_err(|e| self.err(e))?;

@@ -1,0 +1,15 @@
+-- Keys carry their own retention (issue 37): `keep_until` is when the guards of the job
+-- that wrote a key stop needing it (its processing instant plus the longest window of
+-- the guards that read keys of its kind; year 9999 for a window too long to add). A
+-- cleanup deletes a key only once that has passed and the key is older than `keep`, so
+-- it needs no job file to know a window (an `idem exec` job has none). Microseconds
+-- since the epoch, as processed_at. Keys written before this version keep NULL: cleanup
+-- treats them as it did, by `keep` and the windows of the job files it is shown.
+ALTER TABLE processing_keys ADD COLUMN keep_until INTEGER;
+CREATE INDEX IF NOT EXISTS processing_keys_keep_until ON processing_keys (keep_until);
+-- Runs from their start (issue 37): a claim records the claiming host and process and a
+-- renewal its time, so a lease not released says who runs the scope and their last
+-- heartbeat (`idem runs`, `idem status`: running, or abandoned once it expired).
+ALTER TABLE processing_leases ADD COLUMN renewed_at INTEGER;
+ALTER TABLE processing_leases ADD COLUMN holder_host TEXT;
+ALTER TABLE processing_leases ADD COLUMN holder_pid INTEGER;
