@@ -345,6 +345,10 @@ fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 #[test]
 fn bad_input_names_the_problem_exits_2_and_records_nothing() {
     let s = Sandbox::new("idem-cli");
@@ -1896,4 +1900,108 @@ fn purge_and_release_of_an_unknown_name_create_no_ledger() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
         assert!(!s.dir.join("idem.db").exists(), "{args:?} made a ledger");
     }
+}
+
+/// A run is visible from the moment it holds its scope (issue 37.1): a running `idem exec`
+/// is listed `running` by `idem runs` (human and JSON) with its host, its pid and its last
+/// heartbeat; SIGKILLed, it is shown `abandoned` once its lease expired, `runs --status`
+/// selects either, and `idem status` exits 1 naming the abandoned scope. The next run
+/// takes the scope over and completes it.
+#[test]
+fn a_running_exec_is_listed_running_and_a_killed_one_abandoned_once_its_lease_expired() {
+    let s = Sandbox::new("idem-open-runs");
+    let date = "2025-11-18";
+    // The day before, completed: the job is in the report's period.
+    let out = s.idem(&["exec", "long_export", "--date", "2025-11-17", "--", "true"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let pid_file = s.dir.join("program.pid");
+    let script = format!(
+        "echo $$ > {}; echo started >&2; exec sleep 60",
+        pid_file.display()
+    );
+    let mut held = s
+        .command(&[
+            "exec",
+            "long_export",
+            "--date",
+            date,
+            "--lease",
+            "2s",
+            "--grace",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    common::StderrWatch::of(&mut held).until("started");
+    let open = |status: &str| -> Vec<Value> {
+        let (code, v, err) = s.json(&["runs", "--status", status]);
+        assert_eq!(code, 0, "{err}");
+        v.as_array().unwrap().clone()
+    };
+    let running = open("running");
+    assert_eq!(running.len(), 1, "{running:?}");
+    let run = &running[0];
+    assert_eq!(run["status"], "running", "{run}");
+    assert_eq!(run["processor"], "long_export");
+    assert_eq!(run["scope"], date);
+    assert_eq!(run["pid"], u64::from(held.id()), "{run}");
+    assert!(!run["host"].as_str().unwrap_or("").is_empty(), "{run}");
+    assert!(run["heartbeat_at"].is_string(), "{run}");
+    let run_id = run["run_id"].as_str().unwrap().to_string();
+    let text = stdout(&s.idem(&["runs"]));
+    assert!(
+        text.contains(&format!("running   long_export {date}  run {run_id}  "))
+            && text.contains(&format!(":{}", held.id())),
+        "{text}"
+    );
+    assert_eq!(open("completed").len(), 1, "the day before only");
+
+    kill("KILL", &held);
+    let _ = held.wait();
+    let program = std::fs::read_to_string(&pid_file).unwrap();
+    let _ = Command::new("kill").arg(program.trim()).status();
+    common::wait_until(
+        "the killed run's lease expires",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || !open("abandoned").is_empty(),
+    );
+    let abandoned = open("abandoned");
+    assert_eq!(abandoned[0]["run_id"], run_id.as_str(), "{abandoned:?}");
+    assert!(open("running").is_empty());
+    let out = s.idem(&["status", "long_export"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains(&format!("abandoned {date}")),
+        "{}",
+        stdout(&out)
+    );
+    let (code, report, err) = s.json(&["report"]);
+    assert_eq!(code, 0, "{err}");
+    let runs = &report["processors"][0]["runs"];
+    assert_eq!(
+        (
+            &runs["completed_runs"],
+            &runs["running_runs"],
+            &runs["abandoned_runs"]
+        ),
+        (&Value::from(1), &Value::from(0), &Value::from(1)),
+        "{report}"
+    );
+
+    // The next run takes the expired lease over and completes the date.
+    let out = s.idem(&["exec", "long_export", "--date", date, "--", "true"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(open("abandoned").is_empty());
+    let (code, v, err) = s.json(&["runs"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(v[0]["status"], "completed", "{v}");
+    let out = s.idem(&["status", "long_export"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
 }

@@ -228,12 +228,12 @@ pub(super) fn gate_metrics(s: &StreamSummary, gate: &EventGate, finished: bool) 
     m.text
 }
 
-/// `idem status --metrics-file`: per job, the scopes missing and failed in the period,
-/// whether one is running, and the last success.
+/// `idem status --metrics-file`: per job, the scopes missing, failed and abandoned in the
+/// period, whether one is running, and the last success.
 pub(super) fn status_metrics(jobs: &[super::status::JobStatus]) -> String {
     let mut m = Exposition::default();
     type Value = fn(&super::status::JobStatus) -> Option<f64>;
-    let metrics: [(&str, &str, Value); 4] = [
+    let metrics: [(&str, &str, Value); 5] = [
         (
             "idem_job_last_success_timestamp_seconds",
             "When the job last completed a run (Unix seconds), in the period looked at",
@@ -248,6 +248,11 @@ pub(super) fn status_metrics(jobs: &[super::status::JobStatus]) -> String {
             "idem_job_failed_scopes",
             "Scopes expected in the period whose latest run failed, none completed",
             |j| (j.kind == "scheduled").then_some(j.failed.len() as f64),
+        ),
+        (
+            "idem_job_abandoned_scopes",
+            "Scopes whose run's lease expired without a result (killed or host lost), none completed since",
+            |j| Some(j.abandoned.len() as f64),
         ),
         (
             "idem_job_running",

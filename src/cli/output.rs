@@ -10,7 +10,7 @@ use crate::job::{Job, JobProblem};
 use crate::model::{Mode, RunRecord, RunStatus};
 use crate::runner::{Explanation, RunReport};
 use crate::schedule::{BackfillSummary, JobPlan};
-use crate::store::{CleanupPolicy, CleanupReport, PartitionExpiration, RunFilter};
+use crate::store::{CleanupPolicy, CleanupReport, PartitionExpiration};
 
 /// Output formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -113,49 +113,29 @@ pub(crate) fn print_fingerprint(fingerprint: &str, events: usize, format: Format
     }
 }
 
-/// `idem runs`.
-pub(crate) fn print_runs(runs: &[RunRecord], store: &str, filter: &RunFilter, format: Format) {
-    if format == Format::Json {
-        print_json(&runs);
-        return;
-    }
-    if runs.is_empty() {
-        let mut which = Vec::new();
-        if let Some(job) = &filter.processor {
-            which.push(format!("of job {job:?}"));
-        }
-        if let Some(scope) = &filter.scope {
-            which.push(format!("for {scope:?}"));
-        }
-        if let Some(status) = &filter.status {
-            which.push(format!("with status {}", status.as_str()));
-        }
-        let which: String = which.iter().map(|w| format!(" {w}")).collect();
-        outln!("no runs{which} recorded in {store}");
-    }
-    for r in runs {
-        let why = r
-            .skip_reason
-            .as_ref()
-            .map(|s| s.to_string())
-            .or_else(|| {
-                r.would_skip_reason
-                    .as_ref()
-                    .map(|s| format!("would skip: {s}"))
-            })
-            .or_else(|| r.error.clone())
-            .unwrap_or_default();
-        outln!(
-            "{}  {:<9} {} {}  run {}  {} ms  {}",
-            r.started_at.format("%Y-%m-%d %H:%M:%S"),
-            r.status.as_str(),
-            r.processor,
-            r.scope,
-            r.run_id,
-            r.duration_ms,
-            why
-        );
-    }
+/// One recorded run as `idem runs` prints it (a line, newline included).
+pub(crate) fn run_line(r: &RunRecord) -> String {
+    let why = r
+        .skip_reason
+        .as_ref()
+        .map(|s| s.to_string())
+        .or_else(|| {
+            r.would_skip_reason
+                .as_ref()
+                .map(|s| format!("would skip: {s}"))
+        })
+        .or_else(|| r.error.clone())
+        .unwrap_or_default();
+    format!(
+        "{}  {:<9} {} {}  run {}  {} ms  {}\n",
+        r.started_at.format("%Y-%m-%d %H:%M:%S"),
+        r.status.as_str(),
+        r.processor,
+        r.scope,
+        r.run_id,
+        r.duration_ms,
+        why
+    )
 }
 
 /// `idem jobs` with invalid files: the valid jobs (human: only if any), every problem

@@ -1,6 +1,6 @@
 //! `idem status [JOB…] [--since 7d]`: which expected scopes completed, which are running,
-//! failed or missing (see [`crate::schedule::status`]); exit 1 when any is failed or
-//! missing. `run JOB --missing` runs exactly those.
+//! abandoned, failed or missing (see [`crate::schedule::status`]); exit 1 when any is
+//! abandoned, failed or missing. `run JOB --missing` runs exactly those.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -18,7 +18,7 @@ use crate::job::{find_job, load_jobs, replay_spool, Job};
 use crate::model::duration::parse_duration_field;
 use crate::model::{RunRecord, RunStatus};
 use crate::schedule::status::{expected_states, ExpectedScope, ScopeState};
-use crate::store::{self, spool::Spool, DynStore, RunFilter};
+use crate::store::{self, spool::Spool, DynStore, OpenLease, RunFilter};
 
 #[derive(Debug, Args)]
 pub(crate) struct StatusArgs {
@@ -53,6 +53,7 @@ pub(super) struct JobStatus {
     pub missing: Vec<String>,
     pub failed: Vec<String>,
     pub running: Vec<String>,
+    pub abandoned: Vec<String>,
     pub last_success: Option<DateTime<Utc>>,
     pub last_run: Option<LastRun>,
 }
@@ -67,7 +68,7 @@ pub(super) struct LastRun {
 
 impl JobStatus {
     fn needs_attention(&self) -> bool {
-        !self.missing.is_empty() || !self.failed.is_empty()
+        !self.missing.is_empty() || !self.failed.is_empty() || !self.abandoned.is_empty()
     }
 }
 
@@ -126,13 +127,27 @@ pub(super) async fn statuses(
     for run in &runs {
         by_job.entry(run.processor.as_str()).or_default().push(run);
     }
+    // The leases not released, all jobs in one read: a scope held now is running, one whose
+    // lease expired without a result abandoned (what comes before all but completion).
+    let mut open: BTreeMap<(String, String), OpenLease> = BTreeMap::new();
+    for lease in store.open_leases(None).await? {
+        open.insert((lease.processor.clone(), lease.scope.clone()), lease);
+    }
+    let open_of = |job: &str, state: bool| -> Vec<String> {
+        open.values()
+            .filter(|l| l.processor == job && l.running_at(now) == state)
+            .map(|l| l.scope.clone())
+            .collect()
+    };
     if let Some(known) = &all_named {
         // Every job of the ledger without a job file (an `idem exec` job).
         ledger_only.extend(
             by_job
                 .keys()
-                .filter(|name| !known.contains(**name))
-                .map(|name| name.to_string()),
+                .copied()
+                .chain(open.keys().map(|(job, _)| job.as_str()))
+                .filter(|name| !known.contains(*name))
+                .map(str::to_string),
         );
     }
     let mut out = Vec::new();
@@ -141,15 +156,17 @@ pub(super) async fn statuses(
         let theirs = by_job.get(job.name.as_str()).cloned().unwrap_or_default();
         let mut scopes = Vec::new();
         for (mut s, _) in expected_states(&sj, from, now, &theirs, tolerance)? {
-            // A held lease: a run of the scope is under way (a retry of a failed one too).
-            if s.state != ScopeState::Completed
-                && store
-                    .lease_holder(&job.name, &s.scope, now)
-                    .await?
-                    .is_some()
-            {
-                s.state = ScopeState::Running;
-                s.run_id = None;
+            // An open lease: a run of the scope is under way (a retry of a failed one too),
+            // or was abandoned.
+            if s.state != ScopeState::Completed {
+                if let Some(lease) = open.get(&(job.name.clone(), s.scope.clone())) {
+                    s.state = if lease.running_at(now) {
+                        ScopeState::Running
+                    } else {
+                        ScopeState::Abandoned
+                    };
+                    s.run_id = Some(lease.run_id.clone());
+                }
             }
             scopes.push(s);
         }
@@ -160,10 +177,11 @@ pub(super) async fn statuses(
                 .map(|s| s.scope.clone())
                 .collect()
         };
-        let (missing, failed, running) = (
+        let (missing, failed, running, abandoned) = (
             of(ScopeState::Missing),
             of(ScopeState::Failed),
             of(ScopeState::Running),
+            of(ScopeState::Abandoned),
         );
         out.push(JobStatus {
             job: job.name.clone(),
@@ -174,6 +192,7 @@ pub(super) async fn statuses(
             missing,
             failed,
             running,
+            abandoned,
             last_success: last_success(&theirs),
             last_run: last_run(&theirs),
         });
@@ -181,7 +200,8 @@ pub(super) async fn statuses(
     for name in ledger_only {
         let theirs = by_job.get(name.as_str()).cloned().unwrap_or_default();
         // A name asked for that no job file has and the ledger never saw: a typo, said.
-        if theirs.is_empty() && all_named.is_none() {
+        let leased = open.keys().any(|(job, _)| *job == name);
+        if theirs.is_empty() && !leased && all_named.is_none() {
             let ever = store
                 .runs(&RunFilter {
                     processor: Some(name.clone()),
@@ -197,6 +217,7 @@ pub(super) async fn statuses(
                 )));
             }
         }
+        let (running, abandoned) = (open_of(&name, true), open_of(&name, false));
         out.push(JobStatus {
             job: name,
             kind: "ledger",
@@ -205,7 +226,8 @@ pub(super) async fn statuses(
             scopes: Vec::new(),
             missing: Vec::new(),
             failed: Vec::new(),
-            running: Vec::new(),
+            running,
+            abandoned,
             last_success: last_success(&theirs),
             last_run: last_run(&theirs),
         });
@@ -272,6 +294,7 @@ fn cell(state: ScopeState) -> char {
     match state {
         ScopeState::Completed => '✓',
         ScopeState::Running => '▸',
+        ScopeState::Abandoned => '†',
         ScopeState::Failed => '✗',
         ScopeState::Missing => '!',
         ScopeState::NotYetDue => '·',
@@ -317,6 +340,7 @@ fn print_human(jobs: &[JobStatus]) {
         };
         said.extend(list("failed", &j.failed));
         said.extend(list("missing", &j.missing));
+        said.extend(list("abandoned", &j.abandoned));
         said.extend(list("running", &j.running));
         if j.kind == "ledger" {
             said.push(match &j.last_run {
@@ -354,5 +378,7 @@ fn print_human(jobs: &[JobStatus]) {
             said.join("; ")
         );
     }
-    outln!("(✓ completed  ▸ running  ✗ failed  ! missing  · not yet due; oldest first)");
+    outln!(
+        "(✓ completed  ▸ running  † abandoned  ✗ failed  ! missing  · not yet due; oldest first)"
+    );
 }

@@ -11,9 +11,10 @@ use super::status::JobStatus;
 use crate::report::html_escape as esc;
 use crate::schedule::status::ScopeState;
 
-const STATES: [ScopeState; 5] = [
+const STATES: [ScopeState; 6] = [
     ScopeState::Completed,
     ScopeState::Running,
+    ScopeState::Abandoned,
     ScopeState::Failed,
     ScopeState::Missing,
     ScopeState::NotYetDue,
@@ -28,6 +29,7 @@ th.job{font-weight:600;padding-right:12px}\
 td.cell{width:16px;height:16px;padding:0;border-radius:3px}\
 td.note{color:#57606a;padding-left:12px}\
 .completed{background:#2da44e}.running{background:#0969da}.failed{background:#cf222e}\
+.abandoned{background:#8250df}\
 .missing{background:#d4a72c}.not_yet_due{background:#d0d7de}.none{background:#f6f8fa}\
 .legend span{display:inline-block;width:12px;height:12px;border-radius:2px;margin:0 4px 0 12px;vertical-align:-1px}\
 .attention{color:#cf222e;font-weight:600}";
@@ -116,6 +118,9 @@ fn note(job: &JobStatus) -> String {
     }
     if !job.missing.is_empty() {
         said.push(format!("{} missing", job.missing.len()));
+    }
+    if !job.abandoned.is_empty() {
+        said.push(format!("{} abandoned", job.abandoned.len()));
     }
     if !job.running.is_empty() {
         said.push(format!("{} running", job.running.len()));

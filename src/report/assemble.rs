@@ -195,6 +195,8 @@ fn processor_figures(
             shadow_runs: int(e, "shadow_runs"),
             scheduled_runs,
             avg_completed_seconds: float(e, "avg_completed_seconds"),
+            running_runs: 0,
+            abandoned_runs: 0,
         },
         duplicates: Duplicates {
             duplicate_runs: int(d, "duplicate_runs"),

@@ -78,6 +78,10 @@ pub struct Runs {
     pub scheduled_runs: i64,
     /// Average duration of completed runs, seconds (none without completed runs).
     pub avg_completed_seconds: Option<f64>,
+    /// Runs holding their scope now, not recorded yet (from the leases not released).
+    pub running_runs: i64,
+    /// Runs whose lease expired without a result (killed, or their host lost).
+    pub abandoned_runs: i64,
 }
 
 /// Q1.

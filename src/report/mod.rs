@@ -98,8 +98,20 @@ pub async fn run(url: &str, options: &ReportOptions) -> Result<Report> {
         (QUERY_NAMES[5], all.5),
         (QUERY_NAMES[6], all.6),
     ]);
-    #[cfg_attr(not(feature = "bigquery"), allow(unused_mut))]
     let mut report = assemble(redact_url(url), options, &results);
+    // Runs not in the ledger yet: the leases not released, running or abandoned.
+    let store = crate::store::open(url).await?;
+    let open = store.open_leases(options.job.as_deref()).await?;
+    let now = chrono::Utc::now();
+    for p in &mut report.processors {
+        for lease in open.iter().filter(|l| l.processor == p.job) {
+            if lease.running_at(now) {
+                p.runs.running_runs += 1;
+            } else {
+                p.runs.abandoned_runs += 1;
+            }
+        }
+    }
     #[cfg(feature = "bigquery")]
     #[allow(irrefutable_let_patterns)]
     if let Conn::Bigquery(bq, config) = &conn {

@@ -120,6 +120,13 @@ fn human(report: &Report) -> String {
             p.runs.shadow_runs,
             seconds(p.runs.avg_completed_seconds)
         );
+        if p.runs.running_runs + p.runs.abandoned_runs > 0 {
+            let _ = writeln!(
+                out,
+                "  not recorded yet: {} running, {} abandoned (their lease expired without a result; idem runs --status abandoned)",
+                p.runs.running_runs, p.runs.abandoned_runs
+            );
+        }
         let e = &p.effectiveness;
         let _ = writeln!(
             out,

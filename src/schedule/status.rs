@@ -32,6 +32,9 @@ pub enum ScopeState {
     Completed,
     /// Its lease is held now.
     Running,
+    /// A run held its lease and the lease expired without a result (the run was killed or
+    /// its host lost), and none completed it since.
+    Abandoned,
     /// Its latest run failed, and none completed.
     Failed,
     /// Nothing ran it, and its first slot is older than the tolerance.
@@ -46,6 +49,7 @@ impl ScopeState {
         match self {
             ScopeState::Completed => "completed",
             ScopeState::Running => "running",
+            ScopeState::Abandoned => "abandoned",
             ScopeState::Failed => "failed",
             ScopeState::Missing => "missing",
             ScopeState::NotYetDue => "not_yet_due",
@@ -54,7 +58,10 @@ impl ScopeState {
 
     /// Whether this scope makes `status` exit 1 (and `run --missing` run it).
     pub fn needs_attention(self) -> bool {
-        matches!(self, ScopeState::Failed | ScopeState::Missing)
+        matches!(
+            self,
+            ScopeState::Failed | ScopeState::Missing | ScopeState::Abandoned
+        )
     }
 }
 
