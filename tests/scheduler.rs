@@ -268,6 +268,12 @@ fn two_schedulers_never_complete_a_scope_twice(s: &Sandbox, job: &str) {
             err.contains(&format!("fire {job} slot")),
             "each scheduler fired: {err}"
         );
+        // A fire waiting to try a held scope again stops waiting at SIGTERM: it neither
+        // holds the shutdown for the grace period nor is recorded interrupted.
+        assert!(
+            !err.contains("grace period ended") && err.contains(", 0 interrupted"),
+            "{err}"
+        );
     }
     let ledger = runs(s, job);
     let per_scope = completed_per_scope(&ledger);
@@ -1174,7 +1180,12 @@ fn readyz_follows_the_store_down_and_up() {
 /// whose program writes `{scope}` to `started.txt`, waits for the file `go-{scope}`, then
 /// writes `{scope}` to `done.txt` (in `dir`; paths absolute: a command job runs in its job
 /// file's folder).
-fn rollout_job(name: &str, at: chrono::DateTime<chrono::Utc>, dir: &std::path::Path) -> String {
+fn rollout_job(
+    name: &str,
+    at: chrono::DateTime<chrono::Utc>,
+    dir: &std::path::Path,
+    lease: &str,
+) -> String {
     use chrono::Timelike;
     let d = dir.display();
     format!(
@@ -1186,7 +1197,7 @@ timezone = "UTC"
 date = "today"
 missed = "catch_up"
 [guards]
-lease = "1m"
+lease = "{lease}"
 time_window = "20h"
 [command]
 run = ["sh", "-c", "echo {{scope}} >> {d}/started.txt; while [ ! -f {d}/go-{{scope}} ]; do sleep 0.05; done; echo {{scope}} >> {d}/done.txt"]
@@ -1206,6 +1217,27 @@ fn lines_of(path: &std::path::Path) -> Vec<String> {
         .collect()
 }
 
+/// A job of `job`'s whose daily slot is due now, its yesterday completed by a settled
+/// scheduler fire before the slot, so the slot is one replicas owe whenever they start (a
+/// missed slot they catch up, or an on-time one: no race with their start-up). Returns
+/// (yesterday, today) once the slot has passed.
+fn slot_due_now(s: &Sandbox, job: &str, lease: &str) -> (String, String) {
+    let now = chrono::Utc::now();
+    let yesterday = (now - chrono::Duration::days(1)).date_naive().to_string();
+    std::fs::write(s.dir.join(format!("go-{yesterday}")), "").unwrap();
+    let write = |at| s.write_job(job, &rollout_job(job, at, &s.dir, lease));
+    write(now + chrono::Duration::days(2));
+    let (code, _, err) = s.json(&["run", job, "--date", &yesterday, "--trigger", "scheduler"]);
+    assert_eq!(code, 0, "{err}");
+    let slot = chrono::Utc::now() + chrono::Duration::seconds(1);
+    let slot = slot - chrono::Duration::nanoseconds(i64::from(chrono::Timelike::nanosecond(&slot)));
+    write(slot);
+    while chrono::Utc::now() <= slot {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (yesterday, slot.date_naive().to_string())
+}
+
 /// A rollout stops both scheduler replicas while a daily slot's fire runs: the fire is
 /// recorded interrupted, and no later slot will process that date. Two new replicas read
 /// the ledger on start, fire that date again, and complete it once (issue 37).
@@ -1220,25 +1252,7 @@ fn new_scheduler_replicas_fire_again_a_date_whose_fire_a_rollout_interrupted() {
     };
     let s = Sandbox::with_store("idem-scheduler-rollout", &url);
     let job = format!("rollout_{}", &idem::new_run_id()[..8]);
-    let now = chrono::Utc::now();
-    // A settled scheduler fire before the slot (yesterday's date, completed), so the slot
-    // is one the replicas owe whenever they start: a missed slot they catch up, or an
-    // on-time one (no race with their start-up).
-    let yesterday = (now - chrono::Duration::days(1)).date_naive().to_string();
-    std::fs::write(s.dir.join(format!("go-{yesterday}")), "").unwrap();
-    s.write_job(
-        &job,
-        &rollout_job(&job, now + chrono::Duration::days(2), &s.dir),
-    );
-    let (code, _, err) = s.json(&["run", &job, "--date", &yesterday, "--trigger", "scheduler"]);
-    assert_eq!(code, 0, "{err}");
-    let slot = chrono::Utc::now() + chrono::Duration::seconds(1);
-    let slot = slot - chrono::Duration::nanoseconds(i64::from(chrono::Timelike::nanosecond(&slot)));
-    let today = slot.date_naive().to_string();
-    s.write_job(&job, &rollout_job(&job, slot, &s.dir));
-    while chrono::Utc::now() <= slot {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let (yesterday, today) = slot_due_now(&s, &job, "1m");
     let replica = || Watched::start(s.command(&["scheduler", &job, "--grace", "1s"]));
     let (a, b) = (replica(), replica());
     common::wait_until(
@@ -1285,5 +1299,75 @@ fn new_scheduler_replicas_fire_again_a_date_whose_fire_a_rollout_interrupted() {
             .count(),
         2,
         "interrupted once, then run once"
+    );
+}
+
+/// Both scheduler replicas SIGKILLed while a daily slot's fire runs: nothing records the
+/// fire, its lease expires without a result and `idem runs` shows it abandoned. Two new
+/// replicas read the leases on start, fire that date again and complete it once (issue 37).
+#[test]
+fn new_scheduler_replicas_fire_again_a_date_whose_fire_was_killed() {
+    let Some(url) = common::service_url(
+        "IDEM_TEST_POSTGRES_URL",
+        "new_scheduler_replicas_fire_again_a_date_whose_fire_was_killed",
+        common::POSTGRES_HOW,
+    ) else {
+        return;
+    };
+    let s = Sandbox::with_store("idem-scheduler-killed", &url);
+    let job = format!("killed_{}", &idem::new_run_id()[..8]);
+    let (yesterday, today) = slot_due_now(&s, &job, "3s");
+    let replica = || Watched::start(s.command(&["scheduler", &job, "--grace", "1s"]));
+    let (mut a, mut b) = (replica(), replica());
+    common::wait_until(
+        "the slot's fire running",
+        Duration::from_secs(60),
+        Duration::from_millis(20),
+        || lines_of(&s.dir.join("started.txt")).contains(&today),
+    );
+    for r in [&mut a, &mut b] {
+        let _ = r.child.kill();
+        let _ = r.child.wait();
+    }
+    let abandoned = || {
+        let (code, v, err) = s.json(&["runs", "--job", &job, "--status", "abandoned"]);
+        assert_eq!(code, 0, "{err}");
+        v.as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["scope"] == today.as_str())
+    };
+    common::wait_until(
+        "the killed fire's lease expires",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        abandoned,
+    );
+    let of_today: Vec<Value> = runs(&s, &job)
+        .into_iter()
+        .filter(|r| r["scope"] == today.as_str())
+        .collect();
+    assert!(
+        of_today
+            .iter()
+            .all(|r| r["status"] == "skipped" || r["status"] == "abandoned"),
+        "the killed fire recorded nothing, it is abandoned (the other replica's fire may have been skipped): {of_today:?}"
+    );
+
+    std::fs::write(s.dir.join(format!("go-{today}")), "").unwrap();
+    let (c, d) = (replica(), replica());
+    wait_for_runs(&s, &job, "the date completed", |r| {
+        completed_per_scope(r).get(&today) == Some(&1)
+    });
+    for (name, r) in [("c", c), ("d", d)] {
+        let (code, log) = r.stop(Duration::from_secs(30));
+        assert_eq!(code, Some(0), "replica {name}: {log}");
+    }
+    assert_eq!(completed_per_scope(&runs(&s, &job)).get(&today), Some(&1));
+    assert!(!abandoned(), "taken over and completed");
+    assert_eq!(
+        lines_of(&s.dir.join("done.txt")),
+        [yesterday, today],
+        "the date's work done once"
     );
 }

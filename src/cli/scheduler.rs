@@ -135,6 +135,7 @@ pub(super) async fn scheduler(
                     planned.map(|p| wrap(p.plan, stop_rx.clone())),
                 ),
                 stop: stop_rx,
+                draining: signalled.clone(),
             },
         );
     }
@@ -191,10 +192,11 @@ struct Refire {
 }
 
 /// The dates of `job` in its catch-up window (the last `catch_up_limit` days; none for a
-/// `skip` job, whose failed dates are only logged) that the ledger says failed: the latest
-/// run of the date failed (an interrupted fire is recorded failed) and none completed,
-/// whichever replica ran it. Those with [`MAX_FIRE_ATTEMPTS`] failed scheduler fires stay
-/// failed, with a warning.
+/// `skip` job, whose failed dates are only logged) that the ledger says failed or were
+/// abandoned: the latest run of the date failed (an interrupted fire is recorded failed),
+/// or its lease expired without a result (the process SIGKILLed, its node lost), and none
+/// completed, whichever replica ran it. Those with [`MAX_FIRE_ATTEMPTS`] failed scheduler
+/// fires stay failed, with a warning.
 async fn failed_dates(job: &Job, store: &crate::store::DynStore) -> Result<Vec<Refire>> {
     use crate::schedule::status::{expected_states, ScopeState};
     let scheduled = job.scheduled()?;
@@ -215,8 +217,11 @@ async fn failed_dates(job: &Job, store: &crate::store::DynStore) -> Result<Vec<R
     let runs: Vec<&crate::model::RunRecord> = runs.iter().collect();
     let mut out = Vec::new();
     let states = expected_states(&scheduled, from, now, &runs, std::time::Duration::MAX)?;
+    let open = store.open_leases(Some(&job.name)).await?;
+    let abandoned = |scope: &str| open.iter().any(|l| l.scope == scope && !l.running_at(now));
     for (scope, of) in states {
-        if scope.state != ScopeState::Failed {
+        let lost = scope.state != ScopeState::Completed && abandoned(&scope.scope);
+        if scope.state != ScopeState::Failed && !lost {
             continue;
         }
         let (date, slot) = (scope.date, scope.due);
@@ -227,7 +232,7 @@ async fn failed_dates(job: &Job, store: &crate::store::DynStore) -> Result<Vec<R
             })
             .count();
         if scheduled.missed == schedule::Missed::Skip {
-            tracing::warn!(target: "idem::scheduler", "job {}: the fire of {date} ended failed or interrupted; missed = \"skip\": not fired again (idem run {} --missing)", job.name, job.name);
+            tracing::warn!(target: "idem::scheduler", "job {}: the fire of {date} ended failed, interrupted or abandoned; missed = \"skip\": not fired again (idem run {} --missing)", job.name, job.name);
         } else if failed >= MAX_FIRE_ATTEMPTS {
             tracing::warn!(target: "idem::scheduler", "job {}: {date} failed in {failed} scheduler fires: not fired again (idem status; idem run {} --missing)", job.name, job.name);
         } else {
@@ -341,6 +346,9 @@ struct Target {
     overrides: Overrides,
     plan: tokio::sync::OnceCell<Plan>,
     stop: tokio::sync::watch::Receiver<Option<String>>,
+    /// Cancelled at SIGTERM/SIGINT (no new fires): a fire waiting to try a held scope
+    /// again stops waiting then, rather than holding the shutdown for the grace period.
+    draining: Cancel,
 }
 
 fn wrap(p: Plan, stop: tokio::sync::watch::Receiver<Option<String>>) -> Plan {
@@ -483,7 +491,7 @@ async fn fire_one(
         } else {
             tracing::info!(target: "idem::scheduler", "{line}");
         }
-        if !in_progress || stop.borrow().is_some() {
+        if !in_progress || stop.borrow().is_some() || t.draining.is_cancelled() {
             return;
         }
         let holder = p
@@ -497,6 +505,7 @@ async fn fire_one(
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = stop.wait_for(Option::is_some) => return,
+            _ = t.draining.cancelled() => return,
         }
     }
 }
