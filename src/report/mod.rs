@@ -39,6 +39,7 @@ mod figures;
 mod options;
 mod queries;
 mod render;
+#[cfg(feature = "cli")]
 pub(crate) use render::esc as html_escape;
 mod rows;
 mod verdict;

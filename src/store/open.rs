@@ -123,6 +123,7 @@ impl SchemaState {
 /// `memory://` has no schema to fall behind.
 pub async fn schema_state(url: &str) -> Result<SchemaState> {
     use super::migrations::{self, Schema};
+    #[cfg_attr(not(any(feature = "bigquery", feature = "postgres")), allow(dead_code))]
     async fn of(schema: &(impl Schema + ?Sized)) -> Result<SchemaState> {
         Ok(SchemaState {
             current: schema.version().await?,
