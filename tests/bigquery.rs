@@ -59,6 +59,13 @@ mod bigquery {
             .unwrap();
     }
 
+    /// The emulator is one process. Each test at the model drives a fleet of runs through
+    /// it, and several fleets side by side slow its answers past the latency the model
+    /// adds (a claim then waits out its 300 s answer timeout): what is measured would be
+    /// the emulator's load, not the modelled BigQuery. They take turns; the other tests
+    /// still run beside them.
+    static AT_THE_MODEL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
     /// The emulator URL, or `None` after saying why the test is skipped (in CI, with
     /// `IDEM_REQUIRE_SERVICES=1`, a missing URL fails the test instead).
     fn bigquery_url(test: &str) -> Option<String> {
@@ -1136,6 +1143,7 @@ mod bigquery {
     /// scope whose two creating INSERTs both committed before either UPDATE's snapshot.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn new_scopes_claimed_together_get_one_holder_at_the_model() {
+        let _turn = AT_THE_MODEL.lock().await;
         let url = require_bigquery!("new_scopes_claimed_together_get_one_holder_at_the_model");
         let url = with_dataset(&url, &unique("idem_model"));
         BigQueryStore::connect(&url).await.unwrap();
@@ -1202,6 +1210,7 @@ mod bigquery {
     /// its conflict retries — after the work was done.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn finishes_on_one_busy_lease_table_queue_and_are_never_cancelled_at_the_model() {
+        let _turn = AT_THE_MODEL.lock().await;
         let url = require_bigquery!(
             "finishes_on_one_busy_lease_table_queue_and_are_never_cancelled_at_the_model"
         );
@@ -1254,6 +1263,7 @@ mod bigquery {
     /// scope completes exactly once, and the concurrent duplicates skip.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_fleet_within_bigquery_dml_limits_completes_every_scope_once() {
+        let _turn = AT_THE_MODEL.lock().await;
         let url =
             require_bigquery!("a_fleet_within_bigquery_dml_limits_completes_every_scope_once");
         let url = with_dataset(&url, &unique("idem_fleet"));
@@ -1334,6 +1344,7 @@ mod bigquery {
     /// the default stack; see docs/bigquery.md, "What a run sends".
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn jobs_per_completed_and_skipped_run_at_the_simulator() {
+        let _turn = AT_THE_MODEL.lock().await;
         let url = require_bigquery!("jobs_per_completed_and_skipped_run_at_the_simulator");
         BigQueryStore::connect(&url).await.unwrap();
         let upstream = super::bq_limits::endpoint_of(&url).expect("an emulator endpoint");
