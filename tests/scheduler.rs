@@ -1222,10 +1222,19 @@ fn lines_of(path: &std::path::Path) -> Vec<String> {
 /// missed slot they catch up, or an on-time one: no race with their start-up). Returns
 /// (yesterday, today) once the slot has passed.
 fn slot_due_now(s: &Sandbox, job: &str, lease: &str) -> (String, String) {
+    slot_due_now_of(s, job, |at| rollout_job(job, at, &s.dir, lease))
+}
+
+/// [`slot_due_now`] for the job file `make(slot)` writes.
+fn slot_due_now_of(
+    s: &Sandbox,
+    job: &str,
+    make: impl Fn(chrono::DateTime<chrono::Utc>) -> String,
+) -> (String, String) {
     let now = chrono::Utc::now();
     let yesterday = (now - chrono::Duration::days(1)).date_naive().to_string();
     std::fs::write(s.dir.join(format!("go-{yesterday}")), "").unwrap();
-    let write = |at| s.write_job(job, &rollout_job(job, at, &s.dir, lease));
+    let write = |at| s.write_job(job, &make(at));
     write(now + chrono::Duration::days(2));
     let (code, _, err) = s.json(&["run", job, "--date", &yesterday, "--trigger", "scheduler"]);
     assert_eq!(code, 0, "{err}");
@@ -1369,5 +1378,123 @@ fn new_scheduler_replicas_fire_again_a_date_whose_fire_was_killed() {
         lines_of(&s.dir.join("done.txt")),
         [yesterday, today],
         "the date's work done once"
+    );
+}
+
+/// A daily `catch_up` job at `at` whose command fails for any date but `pass` until its
+/// `succeed_at`-th attempt at that date, counted in `started-NAME.txt`.
+fn failing_job(
+    name: &str,
+    at: chrono::DateTime<chrono::Utc>,
+    dir: &std::path::Path,
+    pass: &str,
+    succeed_at: usize,
+) -> String {
+    use chrono::Timelike;
+    let d = dir.display();
+    format!(
+        r#"
+name = "{name}"
+processor = "command"
+schedule = "{} {} {} * * *"
+timezone = "UTC"
+date = "today"
+missed = "catch_up"
+refire_after = "1s"
+[guards]
+time_window = "20h"
+[command]
+run = ["sh", "-c", "echo {{scope}} >> {d}/started-{name}.txt; [ {{scope}} = {pass} ] || [ $(grep -c {{scope}} {d}/started-{name}.txt) -ge {succeed_at} ]"]
+"#,
+        at.second(),
+        at.minute(),
+        at.hour()
+    )
+}
+
+/// A scheduler that keeps running fires a `catch_up` job's failed date again itself,
+/// `refire_after` later, until it completes; and stops at the third failed fire of a date
+/// that never completes, which stays failed for `idem status` (issue 37).
+#[test]
+fn a_running_scheduler_fires_a_failed_date_again_until_it_completes_at_most_three_times() {
+    let s = Sandbox::new("idem-scheduler-refire");
+    let yesterday = (chrono::Utc::now() - chrono::Duration::days(1))
+        .date_naive()
+        .to_string();
+    // `mends` completes at its third attempt; `breaks` never does. Both fire at one slot.
+    // Its yesterday settled by a scheduler fire too, so it owes the slot whenever the
+    // scheduler starts (see `slot_due_now`).
+    let later = chrono::Utc::now() + chrono::Duration::days(2);
+    s.write_job(
+        "breaks",
+        &failing_job("breaks", later, &s.dir, &yesterday, 99),
+    );
+    let (code, _, err) = s.json(&[
+        "run",
+        "breaks",
+        "--date",
+        &yesterday,
+        "--trigger",
+        "scheduler",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let (_, today) = slot_due_now_of(&s, "mends", |at| {
+        s.write_job("breaks", &failing_job("breaks", at, &s.dir, &yesterday, 99));
+        failing_job("mends", at, &s.dir, &yesterday, 3)
+    });
+    let mut scheduler = Watched::start(s.command(&["scheduler", "mends", "breaks"]));
+    scheduler.wait_for_line("the third failed fire of breaks", |l| {
+        l.contains("fire breaks slot")
+            && l.contains(&format!("date {today}: failed"))
+            && l.contains("not fired again: 3 failed scheduler fires")
+    });
+    wait_for_runs(&s, "mends", "mends completed", |r| {
+        completed_per_scope(r).get(&today) == Some(&1)
+    });
+    let (code, log) = scheduler.stop(Duration::from_secs(30));
+    assert_eq!(code, Some(0), "{log}");
+
+    let of_today = |job: &str| -> Vec<(String, String)> {
+        let mut runs: Vec<(String, String)> = runs(&s, job)
+            .into_iter()
+            .filter(|r| r["scope"] == today.as_str())
+            .map(|r| {
+                assert_eq!(r["trigger"], "scheduler", "{r}");
+                (
+                    r["started_at"].as_str().unwrap().to_string(),
+                    r["status"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        runs.sort();
+        runs
+    };
+    let statuses =
+        |job: &str| -> Vec<String> { of_today(job).into_iter().map(|(_, st)| st).collect() };
+    assert_eq!(
+        statuses("mends"),
+        ["failed", "failed", "completed"],
+        "{log}"
+    );
+    assert_eq!(statuses("breaks"), ["failed", "failed", "failed"], "{log}");
+    assert_eq!(
+        log.lines()
+            .filter(|l| l.contains("fire mends slot") && l.contains("; fired again in 1s"))
+            .count(),
+        2,
+        "{log}"
+    );
+    // The date that never completed is what `idem status` reports: exit 1, naming it.
+    let out = s.idem(&["status", "breaks", "--since", "2d", "--format", "json"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&today),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
     );
 }

@@ -180,8 +180,9 @@ struct Started {
     refires: Vec<Refire>,
 }
 
-/// How many failed scheduler fires of one date the scheduler fires again after: past
-/// that, the date stays failed for `idem status`, `idem run --missing` and a person.
+/// How many failed scheduler fires of one date the scheduler fires again after (at its
+/// start, or `refire_after` a fire failed): past that, the date stays failed for `idem
+/// status`, `idem run --missing` and a person.
 pub(crate) const MAX_FIRE_ATTEMPTS: usize = 3;
 
 /// A date to fire again, its first slot, and how many scheduler fires of it failed.
@@ -372,6 +373,42 @@ fn retry_wait(expires_at: Option<chrono::DateTime<chrono::Utc>>) -> std::time::D
         )
 }
 
+/// After a scheduler fire of `scope` failed: how long until this scheduler fires it again
+/// (the job's `refire_after`), or why it does not, as the end of the fire's log line: a
+/// `skip` job (nothing said), or the date failed in [`MAX_FIRE_ATTEMPTS`] scheduler fires
+/// (counted in the ledger, whichever replica fired them), or the ledger cannot say.
+async fn refire_after(
+    t: &Target,
+    p: &Plan,
+    scope: &str,
+) -> std::result::Result<std::time::Duration, String> {
+    let scheduled = t.job.scheduled().map_err(|_| String::new())?;
+    if scheduled.missed == schedule::Missed::Skip {
+        return Err(String::new());
+    }
+    let failed = p
+        .runner
+        .store()
+        .runs(&RunFilter {
+            processor: Some(t.job.name.clone()),
+            scope: Some(scope.to_string()),
+            trigger: Some(Trigger::Scheduler),
+            status: Some(RunStatus::Failed),
+            limit: 0,
+            ..RunFilter::default()
+        })
+        .await
+        .map_err(|e| format!("; not fired again: the ledger cannot say how often it failed ({e})"))?
+        .len();
+    if failed >= MAX_FIRE_ATTEMPTS {
+        return Err(format!(
+            "; not fired again: {failed} failed scheduler fires (idem status; idem run {} --missing)",
+            t.job.name
+        ));
+    }
+    Ok(scheduled.refire_after())
+}
+
 /// Runs one fire as `idem run JOB --date DATE --trigger scheduler` would, and logs one
 /// line for it. A fire that meets another run's lease (`skipped (in_progress)`) has not
 /// settled its slot: the holder may be a run whose scheduler was killed. It tries again
@@ -475,33 +512,48 @@ async fn fire_one(
             RunStatus::Failed => failed(&stop),
         }
         let in_progress = report.skip_reason == Some(SkipReason::InProgress);
-        let line = format!(
-            "fire {} slot {slot} date {}: {outcome}; run {}{}",
-            f.job,
-            f.date,
-            report.run_id,
-            if in_progress {
-                "; tries again when that lease expires or is released"
-            } else {
-                ""
+        let stopping = stop.borrow().is_some() || t.draining.is_cancelled();
+        // A fire that failed while this scheduler runs on is fired again by it (a `catch_up`
+        // job, a bounded number of times); one its shutdown stopped is left to the next
+        // replica's start.
+        let refire = match report.status {
+            RunStatus::Failed if !stopping => refire_after(t, p, &report.scope).await,
+            _ => Err(String::new()),
+        };
+        let then = if in_progress {
+            "; tries again when that lease expires or is released".to_string()
+        } else {
+            match &refire {
+                Ok(wait) => format!("; fired again in {}", humantime::format_duration(*wait)),
+                Err(why) => why.clone(),
             }
+        };
+        let line = format!(
+            "fire {} slot {slot} date {}: {outcome}; run {}{then}",
+            f.job, f.date, report.run_id,
         );
         if report.status == RunStatus::Failed {
             tracing::warn!(target: "idem::scheduler", "{line}");
         } else {
             tracing::info!(target: "idem::scheduler", "{line}");
         }
-        if !in_progress || stop.borrow().is_some() || t.draining.is_cancelled() {
+        if stopping {
             return;
         }
-        let holder = p
-            .runner
-            .store()
-            .lease_holder(&report.job, &report.scope, chrono::Utc::now())
-            .await
-            .ok()
-            .flatten();
-        let wait = retry_wait(holder.map(|h| h.expires_at));
+        let wait = if in_progress {
+            let holder = p
+                .runner
+                .store()
+                .lease_holder(&report.job, &report.scope, chrono::Utc::now())
+                .await
+                .ok()
+                .flatten();
+            retry_wait(holder.map(|h| h.expires_at))
+        } else if let Ok(wait) = refire {
+            wait
+        } else {
+            return;
+        };
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = stop.wait_for(Option::is_some) => return,

@@ -147,6 +147,10 @@ pub struct Job {
     pub missed: Option<String>,
     /// With `missed = "catch_up"`: at most this many missed slots are fired (default 3).
     pub catch_up_limit: Option<u32>,
+    /// With `missed = "catch_up"`: how long after a scheduler fire of a date failed the
+    /// scheduler fires that date again (default 5m), up to 3 failed fires of the date.
+    #[serde(default, deserialize_with = "de::refire_after")]
+    pub refire_after: Option<Duration>,
     /// `enforce` (default), `shadow` or `off`.
     #[serde(default, deserialize_with = "de::mode")]
     pub mode: Mode,
@@ -207,6 +211,19 @@ pub(super) mod de {
 
     pub fn content_hash<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
         window(d, "guards.content_hash")
+    }
+
+    /// At least a second: a failed fire is not fired again at once.
+    pub fn refire_after<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        parsed(d, |s| {
+            let after = parse_duration_field("refire_after", s)?;
+            if after < Duration::from_secs(1) {
+                return Err(Error::config(format!(
+                    "refire_after = {s:?} is too short: the minimum is 1s"
+                )));
+            }
+            Ok(Some(after))
+        })
     }
 
     pub fn wait<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
@@ -356,7 +373,11 @@ impl Job {
         if let Some(d) = &self.date {
             crate::schedule::DateExpr::parse(d).map_err(|e| Error::config(format!("date: {e}")))?;
         }
-        self.missed_policy()?;
+        if self.missed_policy()? == crate::schedule::Missed::Skip && self.refire_after.is_some() {
+            return Err(Error::config(
+                "refire_after is set but missed is not \"catch_up\" (a skip job's failed dates are not fired again)",
+            ));
+        }
         self.guard_stack()?;
         if self.processor == crate::maintenance::cleanup::CLEANUP_PROCESSOR {
             crate::maintenance::cleanup::CleanupSettings::from_params(&self.params)?;
@@ -646,6 +667,7 @@ impl Job {
             lease: self.lease_ttl(),
             path: self.path.clone(),
             missed: self.missed_policy()?,
+            refire_after: self.refire_after,
             time_window: self.guards.time_window,
             mode: self.mode,
             timeout,

@@ -23,6 +23,7 @@
 //! date = "yesterday"             # default date of `idem run JOB`
 //! missed = "skip"                # idem scheduler: skip (default) or catch_up missed slots
 //! catch_up_limit = 3             # with catch_up: at most this many missed slots fire
+//! refire_after = "5m"            # with catch_up: a failed fire's date fires again after this
 //! mode = "enforce"               # enforce | shadow | off
 //! store_failure = "strict"       # strict | best_effort
 //! [guards]

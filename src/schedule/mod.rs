@@ -296,6 +296,8 @@ pub struct ScheduledJob {
     pub path: PathBuf,
     /// What `idem scheduler` does with slots it missed.
     pub missed: Missed,
+    /// Its `refire_after` (`None`: [`DEFAULT_REFIRE_AFTER`]).
+    pub refire_after: Option<Duration>,
     /// Its `guards.time_window`, if on.
     pub time_window: Option<Duration>,
     /// Its mode (`enforce` unless the job says otherwise).
@@ -307,7 +309,16 @@ pub struct ScheduledJob {
     pub grace: Option<Duration>,
 }
 
+/// How long after a scheduler fire of a date failed a `catch_up` job's date is fired again,
+/// unless the job's `refire_after` says otherwise.
+pub const DEFAULT_REFIRE_AFTER: Duration = Duration::from_secs(300);
+
 impl ScheduledJob {
+    /// How long after a failed scheduler fire of a date it is fired again.
+    pub fn refire_after(&self) -> Duration {
+        self.refire_after.unwrap_or(DEFAULT_REFIRE_AFTER)
+    }
+
     /// The job's zone.
     pub fn tz(&self) -> Result<Tz> {
         match &self.timezone {
