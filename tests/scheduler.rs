@@ -1498,3 +1498,61 @@ fn a_running_scheduler_fires_a_failed_date_again_until_it_completes_at_most_thre
         String::from_utf8_lossy(&out.stdout)
     );
 }
+
+/// On start, a `catch_up` job's date that no run processed although a scheduler fired the
+/// job for an older date (a hole: the fire never reached the store, a replica stopped
+/// before it ran) comes from the ledger and is fired, once; dates before the job's first
+/// scheduler fire are not (issue 37).
+#[test]
+fn on_start_a_date_no_run_processed_between_scheduled_ones_is_fired_from_the_ledger() {
+    let s = Sandbox::new("idem-scheduler-hole");
+    let day = |n: i64| {
+        (chrono::Utc::now() - chrono::Duration::days(n))
+            .date_naive()
+            .to_string()
+    };
+    let d = s.dir.display();
+    s.write_job(
+        "holes",
+        &format!(
+            r#"
+name = "holes"
+processor = "command"
+schedule = "0 0 * * *"
+timezone = "UTC"
+date = "today"
+missed = "catch_up"
+catch_up_limit = 3
+[guards]
+time_window = "20h"
+[command]
+run = ["sh", "-c", "echo {{scope}} >> {d}/done.txt"]
+"#
+        ),
+    );
+    // Three days ago by hand (not a scheduler), two days ago and today by a scheduler:
+    // yesterday is the hole.
+    for (date, trigger) in [
+        (day(3), "manual"),
+        (day(2), "scheduler"),
+        (day(0), "scheduler"),
+    ] {
+        let (code, _, err) = s.json(&["run", "holes", "--date", &date, "--trigger", trigger]);
+        assert_eq!(code, 0, "{err}");
+    }
+    let mut scheduler = Watched::start(s.command(&["scheduler", "holes"]));
+    scheduler.wait_for_line("the hole fired", |l| {
+        l.contains("fire holes slot") && l.contains(&format!("date {}: completed", day(1)))
+    });
+    let (code, log) = scheduler.stop(Duration::from_secs(30));
+    assert_eq!(code, Some(0), "{log}");
+    assert!(
+        log.contains(&format!("job holes: the fire of {} was never run", day(1))),
+        "{log}"
+    );
+    assert_eq!(
+        lines_of(&s.dir.join("done.txt")),
+        [day(3), day(2), day(0), day(1)],
+        "the hole run once, nothing else again: {log}"
+    );
+}

@@ -120,7 +120,7 @@ pub(super) async fn scheduler(
             planner.resume_after(&name, *last);
         }
         for r in planned.iter().flat_map(|p| &p.refires) {
-            tracing::info!(target: "idem::scheduler", "job {name}: the last fire of {} ended failed or interrupted ({} failed so far): firing it again", r.date, r.failed);
+            tracing::info!(target: "idem::scheduler", "job {name}: the fire of {} {} ({} failed scheduler fire(s) so far): firing it again", r.date, r.why, r.failed);
             planner.refire(&name, r.slot, r.date);
         }
         let stop_rx = stop_rx.clone();
@@ -185,18 +185,21 @@ struct Started {
 /// status`, `idem run --missing` and a person.
 pub(crate) const MAX_FIRE_ATTEMPTS: usize = 3;
 
-/// A date to fire again, its first slot, and how many scheduler fires of it failed.
+/// A date to fire again, its first slot, how many scheduler fires of it failed, and why
+/// (for the log).
 struct Refire {
     date: chrono::NaiveDate,
     slot: chrono::DateTime<chrono::Utc>,
     failed: usize,
+    why: &'static str,
 }
 
 /// The dates of `job` in its catch-up window (the last `catch_up_limit` days; none for a
-/// `skip` job, whose failed dates are only logged) that the ledger says failed or were
-/// abandoned: the latest run of the date failed (an interrupted fire is recorded failed),
-/// or its lease expired without a result (the process SIGKILLed, its node lost), and none
-/// completed, whichever replica ran it. Those with [`MAX_FIRE_ATTEMPTS`] failed scheduler
+/// `skip` job, whose failed dates are only logged) that the ledger says failed, were
+/// abandoned or are missing: the latest run of the date failed (an interrupted fire is
+/// recorded failed), or its lease expired without a result (the process SIGKILLed, its
+/// node lost), and none completed, whichever replica ran it; or no run processed a slot
+/// older than a minute although a scheduler fired the job before it. Those with [`MAX_FIRE_ATTEMPTS`] failed scheduler
 /// fires stay failed, with a warning.
 async fn failed_dates(job: &Job, store: &crate::store::DynStore) -> Result<Vec<Refire>> {
     use crate::schedule::status::{expected_states, ScopeState};
@@ -217,12 +220,24 @@ async fn failed_dates(job: &Job, store: &crate::store::DynStore) -> Result<Vec<R
         .await?;
     let runs: Vec<&crate::model::RunRecord> = runs.iter().collect();
     let mut out = Vec::new();
-    let states = expected_states(&scheduled, from, now, &runs, std::time::Duration::MAX)?;
+    // Slots within a minute are the planner's to fire on time.
+    let tolerance = schedule::scheduler::LATE_TOLERANCE;
+    let states = expected_states(&scheduled, from, now, &runs, tolerance)?;
     let open = store.open_leases(Some(&job.name)).await?;
     let abandoned = |scope: &str| open.iter().any(|l| l.scope == scope && !l.running_at(now));
+    // A hole: a slot no run processed although a scheduler fired the job for an older date (a
+    // fire that could not reach the store, a replica stopped before it ran). A job
+    // that never ran under a scheduler before a slot owes no history.
+    let fired_before = |date| {
+        runs.iter()
+            .any(|r| r.trigger == Trigger::Scheduler && r.scope_date < date)
+    };
     for (scope, of) in states {
         let lost = scope.state != ScopeState::Completed && abandoned(&scope.scope);
-        if scope.state != ScopeState::Failed && !lost {
+        let hole = scope.state == ScopeState::Missing
+            && scheduled.missed != schedule::Missed::Skip
+            && fired_before(scope.date);
+        if scope.state != ScopeState::Failed && !lost && !hole {
             continue;
         }
         let (date, slot) = (scope.date, scope.due);
@@ -237,7 +252,19 @@ async fn failed_dates(job: &Job, store: &crate::store::DynStore) -> Result<Vec<R
         } else if failed >= MAX_FIRE_ATTEMPTS {
             tracing::warn!(target: "idem::scheduler", "job {}: {date} failed in {failed} scheduler fires: not fired again (idem status; idem run {} --missing)", job.name, job.name);
         } else {
-            out.push(Refire { date, slot, failed });
+            let why = if hole {
+                "was never run"
+            } else if lost {
+                "was abandoned (its lease expired without a result)"
+            } else {
+                "ended failed or interrupted"
+            };
+            out.push(Refire {
+                date,
+                slot,
+                failed,
+                why,
+            });
         }
     }
     Ok(out)
