@@ -295,6 +295,43 @@ mod tests {
     }
 
     #[test]
+    fn refire_after_is_a_catch_up_jobs_and_at_least_a_second() {
+        let p = Path::new("jobs/x.toml");
+        let job = |fields: &str| {
+            Job::parse(
+                &format!("name = \"x\"\nprocessor = \"p\"\nschedule = \"0 6 * * *\"\n{fields}"),
+                p,
+            )
+        };
+        let e = job("refire_after = \"10m\"\n").unwrap_err().to_string();
+        assert!(e.contains("refire_after is set but missed is not"), "{e}");
+        let e = job("missed = \"catch_up\"\nrefire_after = \"500ms\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("refire_after") && e.contains("minimum is 1s"),
+            "{e}"
+        );
+        let e = job("missed = \"catch_up\"\nrefire_after = \"soon\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("refire_after") && e.contains("bad duration"),
+            "{e}"
+        );
+        let set = job("missed = \"catch_up\"\nrefire_after = \"10m\"\n").unwrap();
+        assert_eq!(
+            set.scheduled().unwrap().refire_after(),
+            Duration::from_secs(600)
+        );
+        let default = job("missed = \"catch_up\"\n").unwrap();
+        assert_eq!(
+            default.scheduled().unwrap().refire_after(),
+            crate::schedule::DEFAULT_REFIRE_AFTER
+        );
+    }
+
+    #[test]
     fn default_stack_reads_first_and_claims_last() {
         let job = Job::parse(
             "name = \"x\"\nprocessor = \"p\"\n[guards]\ntime_window = \"1h\"\ncontent_hash = \"24h\"\nhash = \"md5\"\n",
