@@ -57,6 +57,9 @@ pub struct ResultCache {
     store: Arc<dyn EventKeyStore>,
     namespace: String,
     ttl: Option<Duration>,
+    /// The time a call marks its key at: now, or in tests a time the test moves.
+    #[cfg(test)]
+    now: Option<Arc<std::sync::Mutex<chrono::DateTime<Utc>>>>,
 }
 
 /// Where a [`ResultCache::cached_with_origin`] result came from.
@@ -75,7 +78,17 @@ impl ResultCache {
             store,
             namespace: namespace.into(),
             ttl: Some(Duration::from_secs(24 * 3600)),
+            #[cfg(test)]
+            now: None,
         }
+    }
+
+    fn now(&self) -> chrono::DateTime<Utc> {
+        #[cfg(test)]
+        if let Some(now) = &self.now {
+            return *now.lock().unwrap();
+        }
+        Utc::now()
     }
 
     /// How long a cached result lasts (`None`: until [`clear`](Self::clear)).
@@ -141,7 +154,7 @@ impl ResultCache {
         mark.ttl = self.ttl;
         let verdict = self
             .store
-            .check_and_mark(&self.namespace, std::slice::from_ref(&mark), Utc::now())
+            .check_and_mark(&self.namespace, std::slice::from_ref(&mark), self.now())
             .await?
             .pop()
             .ok_or_else(|| Error::store(self.store.location(), "no verdict for a cache key"))?;
@@ -202,19 +215,24 @@ mod tests {
 
     #[tokio::test]
     async fn a_result_expires_with_its_ttl() {
-        let cache = ResultCache::new(Arc::new(MemoryStore::new()), "c")
-            .ttl(Some(Duration::from_millis(30)));
+        let now = Arc::new(std::sync::Mutex::new(Utc::now()));
+        let cache = ResultCache {
+            now: Some(now.clone()),
+            ..ResultCache::new(Arc::new(MemoryStore::new()), "c")
+                .ttl(Some(Duration::from_millis(30)))
+        };
         let events = [json!({"id": 1})];
         let first = cache
             .cached("r", &events, || async { Ok(json!(1)) })
             .await
             .unwrap();
+        *now.lock().unwrap() += chrono::Duration::milliseconds(29);
         let hit = cache
             .cached_with_origin("r", &events, || async { Ok(json!(2)) })
             .await
             .unwrap();
         assert_eq!((first, hit.1), (json!(1), CacheOrigin::Hit));
-        tokio::time::sleep(Duration::from_millis(60)).await;
+        *now.lock().unwrap() += chrono::Duration::milliseconds(31);
         let later = cache
             .cached_with_origin("r", &events, || async { Ok(json!(3)) })
             .await

@@ -71,12 +71,27 @@ pub enum BreakerPhase {
     HalfOpen,
 }
 
+/// Where the breaker reads the time: the monotonic clock, or in tests one moved by hand
+/// (a test then never depends on how fast the machine runs it).
+#[derive(Debug, Clone, Default)]
+struct BreakerClock(Option<Arc<Mutex<Instant>>>);
+
+impl BreakerClock {
+    fn now(&self) -> Instant {
+        match &self.0 {
+            None => Instant::now(),
+            Some(t) => *t.lock().unwrap_or_else(|e| e.into_inner()),
+        }
+    }
+}
+
 /// A store wrapped in a circuit breaker.
 #[derive(Debug)]
 pub struct CircuitBreakerStore<S: StoreBase + ?Sized> {
     inner: Arc<S>,
     config: BreakerConfig,
     state: Mutex<BreakerState>,
+    clock: BreakerClock,
 }
 
 impl<S: StoreBase + ?Sized> CircuitBreakerStore<S> {
@@ -86,6 +101,16 @@ impl<S: StoreBase + ?Sized> CircuitBreakerStore<S> {
             inner,
             config,
             state: Mutex::new(BreakerState::default()),
+            clock: BreakerClock::default(),
+        }
+    }
+
+    /// The breaker reading the time from `clock`, which the test moves.
+    #[cfg(test)]
+    fn with_clock(self, clock: Arc<Mutex<Instant>>) -> Self {
+        CircuitBreakerStore {
+            clock: BreakerClock(Some(clock)),
+            ..self
         }
     }
 
@@ -98,7 +123,11 @@ impl<S: StoreBase + ?Sized> CircuitBreakerStore<S> {
         let s = self.lock();
         match s.opened_at {
             None => BreakerPhase::Closed,
-            Some(t) if t.elapsed() >= self.config.reset_timeout => BreakerPhase::HalfOpen,
+            Some(t)
+                if self.clock.now().saturating_duration_since(t) >= self.config.reset_timeout =>
+            {
+                BreakerPhase::HalfOpen
+            }
             Some(_) => BreakerPhase::Open,
         }
     }
@@ -111,7 +140,7 @@ impl<S: StoreBase + ?Sized> CircuitBreakerStore<S> {
         s.total_failures += 1;
         s.counted += 1;
         s.consecutive_failures += 1;
-        s.opened_at = Some(Instant::now());
+        s.opened_at = Some(self.clock.now());
     }
 
     /// Store failures seen since creation.
@@ -128,7 +157,7 @@ impl<S: StoreBase + ?Sized> CircuitBreakerStore<S> {
         let mut s = self.lock();
         let mut probe = false;
         if let Some(opened) = s.opened_at {
-            let elapsed = opened.elapsed();
+            let elapsed = self.clock.now().saturating_duration_since(opened);
             if elapsed < self.config.reset_timeout || s.probing {
                 s.rejected += 1;
                 return Err(Error::CircuitOpen {
@@ -171,7 +200,7 @@ impl<S: StoreBase + ?Sized> CircuitBreakerStore<S> {
                     s.consecutive_failures += 1;
                 }
                 if ticket.probe || s.consecutive_failures >= self.config.failure_threshold {
-                    s.opened_at = Some(Instant::now());
+                    s.opened_at = Some(self.clock.now());
                 }
             }
             _ => {
@@ -255,8 +284,18 @@ mod tests {
     use crate::store::{Cursor, EventMark, EventVerdict, Lease, PendingBatch, UnavailableStore};
     use chrono::{DateTime, Utc};
 
+    /// A clock the test moves, and the move.
+    fn hand_clock() -> Arc<Mutex<Instant>> {
+        Arc::new(Mutex::new(Instant::now()))
+    }
+
+    fn advance(clock: &Mutex<Instant>, by: Duration) {
+        *clock.lock().unwrap() += by;
+    }
+
     #[tokio::test]
     async fn opens_after_threshold_and_half_opens_after_timeout() {
+        let clock = hand_clock();
         let breaker = CircuitBreakerStore::new(
             Arc::new(UnavailableStore::new(
                 "unreachable://",
@@ -266,7 +305,8 @@ mod tests {
                 failure_threshold: 3,
                 reset_timeout: Duration::from_millis(50),
             },
-        );
+        )
+        .with_clock(clock.clone());
         for _ in 0..3 {
             let e = breaker.migrate().await.unwrap_err();
             assert!(matches!(e, Error::StoreUnavailable { .. }), "{e}");
@@ -276,7 +316,9 @@ mod tests {
         assert!(matches!(e, Error::CircuitOpen { failures: 3, .. }), "{e}");
         assert_eq!(breaker.rejected(), 1);
         assert_eq!(breaker.total_failures(), 3);
-        tokio::time::sleep(Duration::from_millis(60)).await;
+        advance(&clock, Duration::from_millis(49));
+        assert_eq!(breaker.phase(), BreakerPhase::Open);
+        advance(&clock, Duration::from_millis(1));
         assert_eq!(breaker.phase(), BreakerPhase::HalfOpen);
         // The probe reaches the store (and fails): open again.
         let e = breaker.migrate().await.unwrap_err();
@@ -314,13 +356,15 @@ mod tests {
 
     #[tokio::test]
     async fn calls_side_by_side_failing_in_one_outage_count_once_and_only_the_probe_ends_probing() {
+        let clock = hand_clock();
         let breaker = CircuitBreakerStore::new(
             Arc::new(crate::store::MemoryStore::new()),
             BreakerConfig {
                 failure_threshold: 2,
                 reset_timeout: Duration::from_millis(30),
             },
-        );
+        )
+        .with_clock(clock.clone());
         let outage = || -> Result<()> { Err(Error::store("x://", "connection refused")) };
         // Three calls under way when the store goes: one failure towards the threshold.
         let tickets: Vec<Ticket> = (0..3).map(|_| breaker.before().unwrap()).collect();
@@ -334,7 +378,7 @@ mod tests {
         let slow = breaker.ticket();
         assert!(breaker.after(outage(), t).is_err());
         assert_eq!(breaker.phase(), BreakerPhase::Open);
-        tokio::time::sleep(Duration::from_millis(40)).await;
+        advance(&clock, Duration::from_millis(30));
         // Half-open: one probe; a call from before (`slow`) ending meanwhile does not let
         // a second probe through.
         let probe = breaker.before().unwrap();
@@ -344,7 +388,7 @@ mod tests {
         // The probe fails: open again, whatever was counted meanwhile.
         assert!(breaker.after(outage(), probe).is_err());
         assert_eq!(breaker.phase(), BreakerPhase::Open);
-        tokio::time::sleep(Duration::from_millis(40)).await;
+        advance(&clock, Duration::from_millis(30));
         let probe = breaker.before().unwrap();
         assert!(breaker.after(Ok(()), probe).is_ok());
         assert_eq!(breaker.phase(), BreakerPhase::Closed);
