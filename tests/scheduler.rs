@@ -431,12 +431,15 @@ fn past_the_grace_period_a_fire_waiting_for_the_lease_stops_too() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let child = scheduler(&s, &["slow", "--grace", "1s"]);
-    std::thread::sleep(Duration::from_millis(2500));
-    sigterm(&child);
-    let out = wait_exit(child, Duration::from_secs(15));
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert_eq!(out.status.code(), Some(0), "{err}");
+    // SIGTERM once a fire waits for the holder's lease (the lease guard says so).
+    let mut command = s.command(&["scheduler", "slow", "--grace", "1s"]);
+    command.env("RUST_LOG", "info");
+    let mut scheduler = Watched::start(command);
+    scheduler.wait_for_line("a fire waiting for the holder's lease", |l| {
+        l.contains("run the-holder holds the lease on slow") && l.contains("waiting up to 1h")
+    });
+    let (code, err) = scheduler.stop(Duration::from_secs(15));
+    assert_eq!(code, Some(0), "{err}");
     let ledger = runs(&s, "slow");
     let fires: Vec<&Value> = ledger
         .iter()
@@ -509,14 +512,17 @@ fn bad_scheduler_input_exits_2_naming_what_is_wrong() {
     assert!(runs(&s, "late").is_empty(), "nothing fired");
 }
 
-/// The scheduler's stderr after running for `secs` seconds and a SIGTERM.
-fn run_for(s: &Sandbox, args: &[&str], secs: u64) -> String {
-    let child = scheduler(s, args);
-    std::thread::sleep(Duration::from_secs(secs));
-    sigterm(&child);
-    let out = wait_exit(child, Duration::from_secs(30));
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert_eq!(out.status.code(), Some(0), "{err}");
+/// The scheduler's stderr once every one of `lines` has a line of its log containing it
+/// (at most 60 s), then a SIGTERM.
+fn run_until(s: &Sandbox, args: &[&str], lines: &[&str]) -> String {
+    let mut all = vec!["scheduler"];
+    all.extend(args);
+    let mut scheduler = Watched::start(s.command(&all));
+    for want in lines {
+        scheduler.wait_for_line(want, |l| l.contains(want));
+    }
+    let (code, err) = scheduler.stop(Duration::from_secs(30));
+    assert_eq!(code, Some(0), "{err}");
     err
 }
 
@@ -534,7 +540,7 @@ fn on_restart_catch_up_fires_each_missed_date_once_and_skip_does_not() {
     s.write_job("lost", &ticking_job("lost", "", "SELECT 1"));
     assert_eq!(s.idem(&["migrate"]).status.code(), Some(0));
     // First start: no scheduler run in the ledger yet, so no history is fired.
-    let first = run_for(&s, &[], 3);
+    let first = run_until(&s, &[], &["fire late slot", "fire lost slot"]);
     assert!(!first.contains("(catch-up)"), "{first}");
     assert!(
         first.contains("scheduler started with 2 job(s): late (catch_up 2), lost"),
@@ -545,7 +551,7 @@ fn on_restart_catch_up_fires_each_missed_date_once_and_skip_does_not() {
     // process today's date, which the first fire after the restart processes anyway: no
     // catch-up fire runs the same scope again beside it.
     std::thread::sleep(Duration::from_secs(4));
-    let second = run_for(&s, &[], 2);
+    let second = run_until(&s, &[], &["fire late slot", "fire lost slot"]);
     let fires_of = |log: &str, job: &str| {
         log.lines()
             .filter(|l| l.contains(&format!("fire {job} slot")))
@@ -720,7 +726,7 @@ fn a_backfill_of_1100_dates_does_not_hide_the_last_scheduled_fire() {
     let s = Sandbox::new("idem-scheduler-long-backfill");
     s.write_job("lost", &ticking_job("lost", "", "SELECT 1"));
     assert_eq!(s.idem(&["migrate"]).status.code(), Some(0));
-    run_for(&s, &[], 2);
+    run_until(&s, &[], &["fire lost slot"]);
     wait_for_runs(&s, "lost", "a scheduled fire", |r| {
         r.iter().any(|r| r["trigger"] == "scheduler")
     });
@@ -745,7 +751,7 @@ fn a_backfill_of_1100_dates_does_not_hide_the_last_scheduled_fire() {
     assert_eq!(backfilled, 1100);
     // Down for a few seconds: slots are missed, and the restart says so.
     std::thread::sleep(Duration::from_secs(3));
-    let log = run_for(&s, &[], 2);
+    let log = run_until(&s, &[], &["not fired (missed-fire policy)"]);
     assert!(
         log.lines()
             .any(|l| l.contains("missed") && l.contains("not fired (missed-fire policy)")),
