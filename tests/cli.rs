@@ -163,19 +163,23 @@ fn a_killed_run_blocks_with_in_progress_until_its_lease_expires() {
             .contains("holds the lease"),
         "{blocked}"
     );
-    // After expiry the next run completes.
-    let wait = Duration::from_millis(3300).saturating_sub(killed_at.elapsed());
-    std::thread::sleep(wait);
-    let mut last = Value::Null;
-    for _ in 0..40 {
-        let (_, r, _) = s.json(&["run", "slow", "--date", "2025-11-18"]);
-        if status(&r) == "completed" {
-            return;
-        }
-        last = r;
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("the run never completed after the lease expired: {last}");
+    // Once the lease expired (`runs` shows the killed run abandoned), the next run
+    // completes.
+    common::wait_until(
+        "the killed run's lease expires",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || {
+            let (_, v, _) = s.json(&["runs", "--job", "slow", "--status", "abandoned"]);
+            v.as_array().is_some_and(|a| !a.is_empty())
+        },
+    );
+    assert!(
+        killed_at.elapsed() >= Duration::from_secs(2),
+        "the 3 s lease held"
+    );
+    let (code, r, err) = s.json(&["run", "slow", "--date", "2025-11-18"]);
+    assert_eq!((code, status(&r)), (0, "completed"), "{r} {err}");
 }
 
 #[test]
@@ -899,6 +903,33 @@ fn sqlite_rows(path: &std::path::Path, query: &str) -> Result<Vec<Value>, String
     })
 }
 
+/// Whether another connection holds the write lock of the SQLite file `path`: a `BEGIN
+/// IMMEDIATE` that may not wait is refused.
+fn write_locked(path: &Path) -> bool {
+    use sqlx::{ConnectOptions, Connection};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(path)
+            .busy_timeout(Duration::ZERO)
+            .connect()
+            .await
+            .unwrap();
+        let locked = sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut conn)
+            .await
+            .is_err();
+        if !locked {
+            sqlx::query("ROLLBACK").execute(&mut conn).await.unwrap();
+        }
+        let _ = conn.close().await;
+        locked
+    })
+}
+
 #[test]
 fn a_job_without_warehouse_keeps_its_data_out_of_the_store_file_so_a_slow_process_blocks_no_claim()
 {
@@ -941,8 +972,14 @@ INSERT INTO out SELECT @scope, (SELECT count(*) FROM (WITH RECURSIVE c(x) AS (SE
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    // Give it time to reach its process (the DELETE takes the write lock at once).
-    std::thread::sleep(Duration::from_millis(1500));
+    // Until it is in its process: the DELETE takes the warehouse's write lock at once.
+    let warehouse = s.dir.join("idem-warehouse.db");
+    common::wait_until(
+        "the slow run holds the warehouse's write lock",
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || write_locked(&warehouse),
+    );
     let running = |slow: &mut std::process::Child| slow.try_wait().unwrap().is_none();
 
     // Meanwhile another job completes: its lease and ledger live in the store file,
