@@ -24,6 +24,8 @@ struct Scripted {
     /// Runs that got past the delay (a cancelled run never does).
     finished: AtomicUsize,
     delay: Duration,
+    /// When set, processing waits for this instead of `delay`: the test says when it ends.
+    release: Option<Arc<tokio::sync::Notify>>,
 }
 
 #[async_trait]
@@ -38,7 +40,10 @@ impl Processor for Scripted {
     }
     async fn process(&self, _: &RunRequest) -> Result<Outcome, BoxError> {
         self.runs.fetch_add(1, Ordering::SeqCst);
-        tokio::time::sleep(self.delay).await;
+        match &self.release {
+            Some(release) => release.notified().await,
+            None => tokio::time::sleep(self.delay).await,
+        }
         self.finished.fetch_add(1, Ordering::SeqCst);
         if self.fail.load(Ordering::SeqCst) {
             return Err("warehouse said no".into());
@@ -228,21 +233,24 @@ async fn off_mode_runs_without_guards_but_records() {
 async fn concurrent_runs_one_processes_the_others_are_in_progress() {
     let store = store();
     let runner = Arc::new(Runner::new(store.clone(), full_stack()));
+    // The one that processes holds on until the other seven have ended.
+    let release = Arc::new(tokio::sync::Notify::new());
     let p = Arc::new(Scripted {
-        delay: Duration::from_millis(200),
+        release: Some(release.clone()),
         ..Default::default()
     });
-    let mut tasks = Vec::new();
+    let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..8 {
         let (runner, p) = (runner.clone(), p.clone());
-        tasks.push(tokio::spawn(async move {
-            runner.run(&*p, request("2025-11-18")).await.unwrap()
-        }));
+        tasks.spawn(async move { runner.run(&*p, request("2025-11-18")).await.unwrap() });
     }
     let mut statuses = Vec::new();
-    for t in tasks {
-        let r = t.await.unwrap();
+    while let Some(r) = tasks.join_next().await {
+        let r = r.unwrap();
         statuses.push((r.status, r.skip_reason));
+        if statuses.len() == 7 {
+            release.notify_one();
+        }
     }
     assert_eq!(
         p.runs.load(Ordering::SeqCst),
@@ -396,8 +404,9 @@ async fn a_run_whose_lease_was_taken_over_cannot_record_its_result() {
             .build(),
     )
     .heartbeat(false);
+    let release = Arc::new(tokio::sync::Notify::new());
     let slow = Arc::new(Scripted {
-        delay: Duration::from_millis(2000),
+        release: Some(release.clone()),
         ..Default::default()
     });
     let slow_task = {
@@ -410,14 +419,22 @@ async fn a_run_whose_lease_was_taken_over_cannot_record_its_result() {
         })
     };
     started(&slow).await;
-    // Past the 300 ms lease, while the slow run still works.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Past the 300 ms lease, while the slow run still works (until it is released).
+    while store
+        .lease_holder("summary", "2025-11-18", chrono::Utc::now())
+        .await
+        .unwrap()
+        .is_some()
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let fast_runner = Runner::new(store.clone(), full_stack());
     let fast = fast_runner
         .run(&Scripted::default(), request("2025-11-18"))
         .await
         .unwrap();
     assert_eq!(fast.status, RunStatus::Completed, "{fast:?}");
+    release.notify_one();
     let late = slow_task.await.unwrap();
     assert_eq!(late.status, RunStatus::Failed);
     assert!(late.lease_lost());
@@ -446,20 +463,29 @@ async fn a_run_whose_lease_was_taken_over_cannot_record_its_result() {
 #[tokio::test]
 async fn heartbeat_keeps_a_slow_run_s_lease() {
     let store = store();
+    let ttl = Duration::from_secs(3);
     let runner = Runner::new(
         store.clone(),
-        GuardStack::builder()
-            .guard(LeaseGuard::new(Duration::from_millis(300)))
-            .build(),
+        GuardStack::builder().guard(LeaseGuard::new(ttl)).build(),
     );
+    let release = Arc::new(tokio::sync::Notify::new());
     let slow = Arc::new(Scripted {
-        delay: Duration::from_millis(2000),
+        release: Some(release.clone()),
         ..Default::default()
     });
-    let task = spawn_leased_run(&store, &slow, Duration::from_millis(300), "2025-11-18");
+    let task = spawn_leased_run(&store, &slow, ttl, "2025-11-18");
     started(&slow).await;
-    // Twice the lease duration: only renewals keep it.
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // Until the lease outlived its first expiry: only renewals keep it that long (a
+    // renewal sets its expiry a lease duration after itself).
+    loop {
+        let open = store.open_leases(Some("summary")).await.unwrap();
+        let lease = &open[0];
+        assert!(lease.running_at(chrono::Utc::now()), "{lease:?}");
+        if lease.expires_at - lease.acquired_at >= chrono::Duration::from_std(ttl * 2).unwrap() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let during = runner
         .run(&Scripted::default(), request("2025-11-18"))
         .await
@@ -469,6 +495,7 @@ async fn heartbeat_keeps_a_slow_run_s_lease() {
         Some(SkipReason::InProgress),
         "renewed lease still held"
     );
+    release.notify_one();
     assert_eq!(task.await.unwrap().status, RunStatus::Completed);
 }
 
@@ -533,8 +560,9 @@ async fn on_in_progress_wait_runs_after_the_holder_finishes() {
     assert_eq!(p.runs.load(Ordering::SeqCst), 0);
 
     // A wait that runs out skips with in_progress.
+    let release = Arc::new(tokio::sync::Notify::new());
     let slow = Arc::new(Scripted {
-        delay: Duration::from_millis(1500),
+        release: Some(release.clone()),
         ..Default::default()
     });
     let holder_task = spawn_leased_run(&store, &slow, Duration::from_secs(60), "2025-11-19");
@@ -554,14 +582,16 @@ async fn on_in_progress_wait_runs_after_the_holder_finishes() {
         .await
         .unwrap();
     assert_eq!(r.skip_reason, Some(SkipReason::InProgress));
+    release.notify_one();
     holder_task.await.unwrap();
 }
 
 #[tokio::test]
 async fn a_lease_lost_while_processing_stops_the_processor() {
     let store = store();
+    // Never released: it ends only if the run stops it.
     let slow = Arc::new(Scripted {
-        delay: Duration::from_secs(5),
+        release: Some(Arc::new(tokio::sync::Notify::new())),
         ..Default::default()
     });
     let task = spawn_leased_run(&store, &slow, Duration::from_millis(300), "2025-11-18");
