@@ -604,6 +604,60 @@ fn best_effort_spools_a_result_the_store_missed_and_the_ledger_catches_up() {
     assert!(left.is_empty(), "spool emptied");
 }
 
+/// A run that would spool its result when the store fails, with a spool that cannot be
+/// written (IDEM_SPOOL_DIR names a file), is refused before any work: exit 2 naming the
+/// spool, nothing processed. Before, it ran, and a result the store missed was lost
+/// (issue 33, item 9: output paths are checked before any work). A strict run, which
+/// never spools, is not concerned.
+#[test]
+fn a_spool_that_cannot_be_written_is_refused_before_a_best_effort_run_does_any_work() {
+    let s = Sandbox::new("idem-cli");
+    s.write_job(
+        "sales",
+        &sales_job("sales", "time_window = \"1h\"", GOOD_PROCESS),
+    );
+    let not_a_folder = s.dir.join("spool-is-a-file");
+    std::fs::write(&not_a_folder, "").unwrap();
+    for spool in [not_a_folder.clone(), not_a_folder.join("below")] {
+        let out = s
+            .command(&[
+                "run",
+                "sales",
+                "--date",
+                "2025-11-18",
+                "--on-store-failure",
+                "best_effort",
+            ])
+            .env("IDEM_SPOOL_DIR", &spool)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains("IDEM_SPOOL_DIR") && err.contains("is not a folder"),
+            "{err}"
+        );
+        assert!(
+            !s.dir.join("jobs/warehouse.db").exists(),
+            "the warehouse not even opened: {err}"
+        );
+    }
+    let (code, runs, err) = s.json(&["runs"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(runs, serde_json::json!([]), "nothing ran, nothing recorded");
+    let out = s
+        .command(&["run", "sales", "--date", "2025-11-18", "--format", "json"])
+        .env("IDEM_SPOOL_DIR", &not_a_folder)
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (out.status.code(), status(&v)),
+        (Some(0), "completed"),
+        "{v}"
+    );
+}
+
 /// The rows of a query on a SQLite file, read with idem's own SQLite warehouse: each row's
 /// values as plain JSON in the order of their column names, joined by `|`; rows joined by
 /// newlines.

@@ -151,6 +151,20 @@ pub async fn plan(
         .unwrap_or_else(|| Connections::new(PoolSize::ONE_RUN));
     let store = open_store(&connections, store_url, policy).await?;
     let spool = overrides.spool.then(|| Spool::from_env(store_url));
+    // A run that would spool its result when the store fails must be able to: said now,
+    // before any work (exit 2), not when a finished run's result has nowhere to go.
+    let spools = !job
+        .strict_recording
+        .unwrap_or(policy == StoreFailurePolicy::Strict);
+    if let Some(spool) = spool.as_ref().filter(|_| spools) {
+        spool.check().map_err(|e| {
+            Error::input(format!(
+                "job {}: the spool {} (IDEM_SPOOL_DIR) cannot be written: {e}; a result the store cannot take goes there (store_failure = \"best_effort\" or strict_recording = false)",
+                job.name,
+                spool.path().display()
+            ))
+        })?;
+    }
     if let Some(spool) = spool.as_ref().filter(|s| connections.first_replay(s)) {
         replay_spool(spool, &*store).await;
     }

@@ -77,6 +77,40 @@ impl Spool {
         &self.path
     }
 
+    /// Whether an entry could be spooled: the spool's folder is a folder a file can be
+    /// created in, or does not exist yet and could be made in the nearest folder that
+    /// does. Asked before a run that may spool, so that a spool that cannot be written is
+    /// said before any work, not found out when a finished run's result has nowhere to
+    /// go. Creates nothing (a probe file is removed at once).
+    pub fn check(&self) -> io::Result<()> {
+        let dir = match self.path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let mut existing = dir.as_path();
+        while !existing.exists() {
+            match existing.parent() {
+                Some(p) if !p.as_os_str().is_empty() => existing = p,
+                _ => {
+                    existing = Path::new(".");
+                    break;
+                }
+            }
+        }
+        if !existing.is_dir() {
+            return Err(io::Error::other(format!(
+                "{} is not a folder",
+                existing.display()
+            )));
+        }
+        let probe = existing.join(format!(".idem-spool-probe-{}", std::process::id()));
+        OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&probe)?;
+        fs::remove_file(&probe)
+    }
+
     fn locked(&self) -> io::Result<File> {
         if let Some(dir) = self.lock.parent() {
             fs::create_dir_all(dir)?;
