@@ -1182,18 +1182,17 @@ fn readyz_follows_the_store_down_and_up() {
     assert_eq!(code, Some(0), "{err}");
 }
 
-/// A daily command job at `at` (UTC, to the second, date `today`, `missed = "catch_up"`)
-/// whose program writes `{scope}` to `started.txt`, waits for the file `go-{scope}`, then
-/// writes `{scope}` to `done.txt` (in `dir`; paths absolute: a command job runs in its job
-/// file's folder).
-fn rollout_job(
+/// A daily command job at `at` (UTC, to the second, date `today`, `missed = "catch_up"`),
+/// with `top` more top-level lines, `guards` its `[guards]` lines and `command` its
+/// `[command]` lines.
+fn daily_job(
     name: &str,
     at: chrono::DateTime<chrono::Utc>,
-    dir: &std::path::Path,
-    lease: &str,
+    top: &str,
+    guards: &str,
+    command: &str,
 ) -> String {
     use chrono::Timelike;
-    let d = dir.display();
     format!(
         r#"
 name = "{name}"
@@ -1202,16 +1201,37 @@ schedule = "{} {} {} * * *"
 timezone = "UTC"
 date = "today"
 missed = "catch_up"
+{top}
 [guards]
-lease = "{lease}"
-time_window = "20h"
+{guards}
 [command]
-run = ["sh", "-c", "echo {{scope}} >> {d}/started.txt; while [ ! -f {d}/go-{{scope}} ]; do sleep 0.05; done; echo {{scope}} >> {d}/done.txt"]
-grace = "1s"
+{command}
 "#,
         at.second(),
         at.minute(),
         at.hour()
+    )
+}
+
+/// A [`daily_job`] whose program writes `{scope}` to `started.txt`, waits for the file
+/// `go-{scope}`, then writes `{scope}` to `done.txt` (in `dir`; paths absolute: a command
+/// job runs in its job file's folder).
+fn rollout_job(
+    name: &str,
+    at: chrono::DateTime<chrono::Utc>,
+    dir: &std::path::Path,
+    lease: &str,
+) -> String {
+    let d = dir.display();
+    daily_job(
+        name,
+        at,
+        "",
+        &format!("lease = \"{lease}\"\ntime_window = \"20h\""),
+        &format!(
+            r#"run = ["sh", "-c", "echo {{scope}} >> {d}/started.txt; while [ ! -f {d}/go-{{scope}} ]; do sleep 0.05; done; echo {{scope}} >> {d}/done.txt"]
+grace = "1s""#
+        ),
     )
 }
 
@@ -1387,8 +1407,9 @@ fn new_scheduler_replicas_fire_again_a_date_whose_fire_was_killed() {
     );
 }
 
-/// A daily `catch_up` job at `at` whose command fails for any date but `pass` until its
-/// `succeed_at`-th attempt at that date, counted in `started-NAME.txt`.
+/// A [`daily_job`] (fired again 1 s after a failed fire) whose command fails for any date
+/// but `pass` until its `succeed_at`-th attempt at that date, counted in
+/// `started-NAME.txt`.
 fn failing_job(
     name: &str,
     at: chrono::DateTime<chrono::Utc>,
@@ -1396,25 +1417,15 @@ fn failing_job(
     pass: &str,
     succeed_at: usize,
 ) -> String {
-    use chrono::Timelike;
     let d = dir.display();
-    format!(
-        r#"
-name = "{name}"
-processor = "command"
-schedule = "{} {} {} * * *"
-timezone = "UTC"
-date = "today"
-missed = "catch_up"
-refire_after = "1s"
-[guards]
-time_window = "20h"
-[command]
-run = ["sh", "-c", "echo {{scope}} >> {d}/started-{name}.txt; [ {{scope}} = {pass} ] || [ $(grep -c {{scope}} {d}/started-{name}.txt) -ge {succeed_at} ]"]
-"#,
-        at.second(),
-        at.minute(),
-        at.hour()
+    daily_job(
+        name,
+        at,
+        "refire_after = \"1s\"",
+        "time_window = \"20h\"",
+        &format!(
+            r#"run = ["sh", "-c", "echo {{scope}} >> {d}/started-{name}.txt; [ {{scope}} = {pass} ] || [ $(grep -c {{scope}} {d}/started-{name}.txt) -ge {succeed_at} ]"]"#
+        ),
     )
 }
 
