@@ -96,7 +96,17 @@ fn wait_exit(mut child: Child, limit: Duration) -> Output {
 struct Watched {
     child: Child,
     log: std::sync::Arc<std::sync::Mutex<String>>,
-    reader: std::thread::JoinHandle<()>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+/// A test that fails while its process runs leaves no process behind.
+impl Drop for Watched {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
 }
 
 impl Watched {
@@ -121,7 +131,11 @@ impl Watched {
                 }
             })
         };
-        Watched { child, log, reader }
+        Watched {
+            child,
+            log,
+            reader: Some(reader),
+        }
     }
 
     /// Waits (at most 60 s) until a line of the log satisfies `done`.
@@ -161,7 +175,9 @@ impl Watched {
             }
             std::thread::sleep(Duration::from_millis(20));
         };
-        self.reader.join().unwrap();
+        if let Some(reader) = self.reader.take() {
+            reader.join().unwrap();
+        }
         let log = self.log.lock().unwrap().clone();
         (status.code(), log)
     }
@@ -1501,6 +1517,14 @@ fn a_running_scheduler_fires_a_failed_date_again_until_it_completes_at_most_thre
         2,
         "{log}"
     );
+    // The fires again say so.
+    assert_eq!(
+        log.lines()
+            .filter(|l| l.contains("fire mends slot") && l.contains(" (fired again) date "))
+            .count(),
+        2,
+        "{log}"
+    );
     // The date that never completed is what `idem status` reports: exit 1, naming it.
     let out = s.idem(&["status", "breaks", "--since", "2d", "--format", "json"]);
     assert_eq!(
@@ -1564,7 +1588,10 @@ run = ["sh", "-c", "echo {{scope}} >> {d}/done.txt"]
     let (code, log) = scheduler.stop(Duration::from_secs(30));
     assert_eq!(code, Some(0), "{log}");
     assert!(
-        log.contains(&format!("job holes: the fire of {} was never run", day(1))),
+        log.contains(&format!(
+            "job holes: {} was never run although a scheduler fired the job for an older date: firing it",
+            day(1)
+        )),
         "{log}"
     );
     assert_eq!(

@@ -120,7 +120,11 @@ pub(super) async fn scheduler(
             planner.resume_after(&name, *last);
         }
         for r in planned.iter().flat_map(|p| &p.refires) {
-            tracing::info!(target: "idem::scheduler", "job {name}: the fire of {} {} ({} failed scheduler fire(s) so far): firing it again", r.date, r.why, r.failed);
+            if r.failed == 0 && r.why == NEVER_RUN {
+                tracing::info!(target: "idem::scheduler", "job {name}: {} {NEVER_RUN} although a scheduler fired the job for an older date: firing it", r.date);
+            } else {
+                tracing::info!(target: "idem::scheduler", "job {name}: the fire of {} {} ({} failed scheduler fire(s) so far): firing it again", r.date, r.why, r.failed);
+            }
             planner.refire(&name, r.slot, r.date);
         }
         let stop_rx = stop_rx.clone();
@@ -136,6 +140,7 @@ pub(super) async fn scheduler(
                 ),
                 stop: stop_rx,
                 draining: signalled.clone(),
+                refiring: Default::default(),
             },
         );
     }
@@ -184,6 +189,9 @@ struct Started {
 /// start, or `refire_after` a fire failed): past that, the date stays failed for `idem
 /// status`, `idem run --missing` and a person.
 pub(crate) const MAX_FIRE_ATTEMPTS: usize = 3;
+
+/// Why a date no run processed is fired at start.
+const NEVER_RUN: &str = "was never run";
 
 /// A date to fire again, its first slot, how many scheduler fires of it failed, and why
 /// (for the log).
@@ -253,7 +261,7 @@ async fn failed_dates(job: &Job, store: &crate::store::DynStore) -> Result<Vec<R
             tracing::warn!(target: "idem::scheduler", "job {}: {date} failed in {failed} scheduler fires: not fired again (idem status; idem run {} --missing)", job.name, job.name);
         } else {
             let why = if hole {
-                "was never run"
+                NEVER_RUN
             } else if lost {
                 "was abandoned (its lease expired without a result)"
             } else {
@@ -377,6 +385,9 @@ struct Target {
     /// Cancelled at SIGTERM/SIGINT (no new fires): a fire waiting to try a held scope
     /// again stops waiting then, rather than holding the shutdown for the grace period.
     draining: Cancel,
+    /// The dates a failed fire waits to fire again: one wait per date, however many of
+    /// the job's fires of that date fail meanwhile.
+    refiring: std::sync::Mutex<std::collections::HashSet<chrono::NaiveDate>>,
 }
 
 fn wrap(p: Plan, stop: tokio::sync::watch::Receiver<Option<String>>) -> Plan {
@@ -413,8 +424,20 @@ async fn refire_after(
     if scheduled.missed == schedule::Missed::Skip {
         return Err(String::new());
     }
-    let failed = p
-        .runner
+    let failed = failed_fires(t, p, scope).await?;
+    if failed >= MAX_FIRE_ATTEMPTS {
+        return Err(format!(
+            "; not fired again: {failed} failed scheduler fires (idem status; idem run {} --missing)",
+            t.job.name
+        ));
+    }
+    Ok(scheduled.refire_after())
+}
+
+/// How many scheduler fires of `scope` the ledger records failed, or why it cannot say
+/// (as the end of a fire's log line).
+async fn failed_fires(t: &Target, p: &Plan, scope: &str) -> std::result::Result<usize, String> {
+    Ok(p.runner
         .store()
         .runs(&RunFilter {
             processor: Some(t.job.name.clone()),
@@ -426,14 +449,7 @@ async fn refire_after(
         })
         .await
         .map_err(|e| format!("; not fired again: the ledger cannot say how often it failed ({e})"))?
-        .len();
-    if failed >= MAX_FIRE_ATTEMPTS {
-        return Err(format!(
-            "; not fired again: {failed} failed scheduler fires (idem status; idem run {} --missing)",
-            t.job.name
-        ));
-    }
-    Ok(scheduled.refire_after())
+        .len())
 }
 
 /// Runs one fire as `idem run JOB --date DATE --trigger scheduler` would, and logs one
@@ -464,7 +480,7 @@ async fn fire_one(
         };
         metrics.outcome(&f.job, outcome);
     };
-    let slot = if f.catch_up {
+    let mut slot = if f.catch_up {
         format!("{} (catch-up)", f.local)
     } else {
         f.local.clone()
@@ -544,7 +560,14 @@ async fn fire_one(
         // job, a bounded number of times); one its shutdown stopped is left to the next
         // replica's start.
         let refire = match report.status {
-            RunStatus::Failed if !stopping => refire_after(t, p, &report.scope).await,
+            RunStatus::Failed if !stopping => match refire_after(t, p, &report.scope).await {
+                // One wait per date: a failed fire of a date another fire already waits
+                // to fire again leaves it to that one.
+                Ok(_) if !reserve(&t.refiring, f.date) => {
+                    Err("; fired again by the refire of this date already waiting".into())
+                }
+                other => other,
+            },
             _ => Err(String::new()),
         };
         let then = if in_progress {
@@ -567,6 +590,7 @@ async fn fire_one(
         if stopping {
             return;
         }
+        let refiring = !in_progress && refire.is_ok();
         let wait = if in_progress {
             let holder = p
                 .runner
@@ -581,12 +605,56 @@ async fn fire_one(
         } else {
             return;
         };
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = stop.wait_for(Option::is_some) => return,
-            _ = t.draining.cancelled() => return,
+        let woke = tokio::select! {
+            _ = tokio::time::sleep(wait) => true,
+            _ = stop.wait_for(Option::is_some) => false,
+            _ = t.draining.cancelled() => false,
+        };
+        if refiring {
+            release(&t.refiring, f.date);
+        }
+        if !woke {
+            return;
+        }
+        if refiring {
+            // Fired again only while the ledger still allows it: other fires of the date
+            // (its next slots, another replica) may have failed meanwhile.
+            match failed_fires(t, p, &report.scope).await {
+                Ok(n) if n < MAX_FIRE_ATTEMPTS => {}
+                Ok(n) => {
+                    tracing::warn!(target: "idem::scheduler", "fire {} date {}: not fired again: {n} failed scheduler fires (idem status; idem run {} --missing)", f.job, f.date, f.job);
+                    return;
+                }
+                Err(why) => {
+                    tracing::warn!(target: "idem::scheduler", "fire {} date {}{why}", f.job, f.date);
+                    return;
+                }
+            }
+            slot = format!("{} (fired again)", f.local);
         }
     }
+}
+
+/// Marks `date` as waiting to be fired again; false when it already was.
+fn reserve(
+    refiring: &std::sync::Mutex<std::collections::HashSet<chrono::NaiveDate>>,
+    date: chrono::NaiveDate,
+) -> bool {
+    refiring
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(date)
+}
+
+/// `date` no longer waits to be fired again.
+fn release(
+    refiring: &std::sync::Mutex<std::collections::HashSet<chrono::NaiveDate>>,
+    date: chrono::NaiveDate,
+) {
+    refiring
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&date);
 }
 
 #[derive(Debug, Args)]
