@@ -1517,7 +1517,8 @@ fn a_running_scheduler_fires_a_failed_date_again_until_it_completes_at_most_thre
         2,
         "{log}"
     );
-    // The fires again say so.
+    // The fires again say so, and the last line counts them (two of each job).
+    assert!(log.contains(", 4 fired again"), "{log}");
     assert_eq!(
         log.lines()
             .filter(|l| l.contains("fire mends slot") && l.contains(" (fired again) date "))

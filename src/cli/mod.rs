@@ -172,6 +172,13 @@ pub(crate) enum Command {
     Fingerprint(FingerprintArgs),
     /// Fire the scheduled jobs at their times, each through the guards like `idem run`
     /// (trigger scheduler), until SIGTERM or SIGINT.
+    ///
+    /// Slots missed while no scheduler ran are dropped or caught up as each job's `missed`
+    /// says. A `missed = "catch_up"` job's date whose fire failed, was abandoned (its lease
+    /// expired without a result) or was never run is fired again: at start, and
+    /// `refire_after` (a job field, default 5m) after a fire of it failed, until the ledger
+    /// counts 3 failed scheduler fires of it (then `idem status` reports it and `idem run
+    /// JOB --missing` runs it). See docs/scheduling.md.
     Scheduler(SchedulerArgs),
     /// Is the content hash worth it? Per job, from the ledger: duplicate and wasted runs,
     /// what the guards prevented (or would have, in shadow mode), and a verdict with its

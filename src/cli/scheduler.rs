@@ -141,6 +141,7 @@ pub(super) async fn scheduler(
                 stop: stop_rx,
                 draining: signalled.clone(),
                 refiring: Default::default(),
+                refired: Default::default(),
             },
         );
     }
@@ -153,6 +154,7 @@ pub(super) async fn scheduler(
         .collect();
     tracing::info!(target: "idem::scheduler", "scheduler started with {} job(s): {}", names.len(), names.join(", "));
     let targets = Arc::new(targets);
+    let all = targets.clone();
     let fire = move |f: sched::Fire| {
         let (targets, metrics) = (targets.clone(), metrics.clone());
         async move { fire_one(&targets, &metrics, f).await }
@@ -167,12 +169,17 @@ pub(super) async fn scheduler(
         &heartbeat,
     )
     .await?;
+    let refired: u64 = all
+        .values()
+        .map(|t| t.refired.load(std::sync::atomic::Ordering::Relaxed))
+        .sum();
     tracing::info!(
         target: "idem::scheduler",
-        "scheduler stopped: {} fire(s), {} missed slot(s) dropped, {} interrupted",
+        "scheduler stopped: {} fire(s), {} missed slot(s) dropped, {} interrupted{}",
         summary.fired,
         summary.dropped,
-        summary.interrupted
+        summary.interrupted,
+        if refired > 0 { format!(", {refired} fired again") } else { String::new() }
     );
     Ok(EXIT_OK)
 }
@@ -388,6 +395,8 @@ struct Target {
     /// The dates a failed fire waits to fire again: one wait per date, however many of
     /// the job's fires of that date fail meanwhile.
     refiring: std::sync::Mutex<std::collections::HashSet<chrono::NaiveDate>>,
+    /// How many times a failed fire was fired again (for the scheduler's last line).
+    refired: std::sync::atomic::AtomicU64,
 }
 
 fn wrap(p: Plan, stop: tokio::sync::watch::Receiver<Option<String>>) -> Plan {
@@ -631,6 +640,7 @@ async fn fire_one(
                 }
             }
             slot = format!("{} (fired again)", f.local);
+            t.refired.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
 }
