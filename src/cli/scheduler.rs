@@ -265,7 +265,7 @@ async fn failed_dates(job: &Job, store: &crate::store::DynStore) -> Result<Vec<R
         if scheduled.missed == schedule::Missed::Skip {
             tracing::warn!(target: "idem::scheduler", "job {}: the fire of {date} ended failed, interrupted or abandoned; missed = \"skip\": not fired again (idem run {} --missing)", job.name, job.name);
         } else if failed >= MAX_FIRE_ATTEMPTS {
-            tracing::warn!(target: "idem::scheduler", "job {}: {date} failed in {failed} scheduler fires: not fired again (idem status; idem run {} --missing)", job.name, job.name);
+            tracing::warn!(target: "idem::scheduler", "job {}: {date}: {}", job.name, not_fired_again(failed, &job.name));
         } else {
             let why = if hole {
                 NEVER_RUN
@@ -435,12 +435,16 @@ async fn refire_after(
     }
     let failed = failed_fires(t, p, scope).await?;
     if failed >= MAX_FIRE_ATTEMPTS {
-        return Err(format!(
-            "; not fired again: {failed} failed scheduler fires (idem status; idem run {} --missing)",
-            t.job.name
-        ));
+        return Err(format!("; {}", not_fired_again(failed, &t.job.name)));
     }
     Ok(scheduled.refire_after())
+}
+
+/// What the log says of a date past [`MAX_FIRE_ATTEMPTS`] failed scheduler fires.
+fn not_fired_again(failed: usize, job: &str) -> String {
+    format!(
+        "not fired again: {failed} failed scheduler fires (idem status; idem run {job} --missing)"
+    )
 }
 
 /// How many scheduler fires of `scope` the ledger records failed, or why it cannot say
@@ -631,7 +635,7 @@ async fn fire_one(
             match failed_fires(t, p, &report.scope).await {
                 Ok(n) if n < MAX_FIRE_ATTEMPTS => {}
                 Ok(n) => {
-                    tracing::warn!(target: "idem::scheduler", "fire {} date {}: not fired again: {n} failed scheduler fires (idem status; idem run {} --missing)", f.job, f.date, f.job);
+                    tracing::warn!(target: "idem::scheduler", "fire {} date {}: {}", f.job, f.date, not_fired_again(n, &f.job));
                     return;
                 }
                 Err(why) => {
