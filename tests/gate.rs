@@ -2125,3 +2125,128 @@ fn every_pending_batch_of_a_run_is_confirmed() {
         );
     }
 }
+
+/// A gate on standard input holding its first batch's marks pending: every line of
+/// `input` written in and standard input left open, its first record read. 1,000 records
+/// do not fit in the pipe, so that batch is neither written out whole nor confirmed until
+/// the caller reads on.
+struct LiveGate {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    out: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl LiveGate {
+    fn start(sb: &Sandbox, store: &str, ns: &str, input: &Path, pending: &str) -> LiveGate {
+        use std::io::Write;
+        let mut child = sb
+            .command_with_store(
+                &[
+                    "gate",
+                    "--key",
+                    "id",
+                    "--namespace",
+                    ns,
+                    "--pending-timeout",
+                    pending,
+                ],
+                store,
+            )
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(&std::fs::read(input).unwrap()).unwrap();
+        stdin.flush().unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut first = String::new();
+        out.read_line(&mut first).unwrap();
+        assert!(
+            first.contains(r#""verdict":"new""#),
+            "{store}: the live gate's first record: {first:?}"
+        );
+        LiveGate { child, stdin, out }
+    }
+}
+
+/// Issue 33 item 4: `idem cleanup --keep 0s` beside a live gate deletes none of the gate's
+/// unconfirmed (pending) marks, nor the batch state that keeps them pending. On the stores
+/// a cleanup runs on (SQLite, Postgres), a gate holds its first batch marked and
+/// unconfirmed (its output is a pipe nobody reads) while a cleanup with no retention at all
+/// runs; then
+/// - the gate goes on and ends: a second gate over the same keys finds every one a replay
+///   (a cleanup that deleted the pending keys makes them `new` again, twice reported);
+/// - or the gate is killed: once its (short) pending timeout has passed, a second gate
+///   finds the batch's keys `new` (a cleanup that deleted the batch's pending state but
+///   not its keys turns them into plain marks: events nobody was told about, lost).
+#[test]
+fn cleanup_with_no_retention_leaves_a_live_gate_s_pending_marks() {
+    let sb = Sandbox::new("gate-cleanup-pending");
+    let input = sb.dir.join("fresh.ndjson");
+    write_big_input(&input, 3_000, 3_000);
+    let first_batch = sb.dir.join("first-batch.ndjson");
+    write_big_input(&first_batch, 1_000, 1_000);
+    let stores = stores_with(
+        &sb,
+        "cleanup_with_no_retention_leaves_a_live_gate_s_pending_marks",
+        false,
+    );
+    let cleanup = |store: &str| {
+        let out = sb
+            .command_with_store(&["cleanup", "--keep", "0s", "--keep-runs", "0s"], store)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{store}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    for store in stores.urls.iter().filter(|u| !u.starts_with("redis")) {
+        // The gate goes on after the cleanup and ends.
+        let ns = namespace();
+        let mut live = LiveGate::start(&sb, store, &ns, &input, "10m");
+        let said = cleanup(store);
+        drop(live.stdin);
+        let mut rest = String::new();
+        live.out.read_to_string(&mut rest).unwrap();
+        assert!(
+            live.child.wait().unwrap().success(),
+            "{store}: the live gate"
+        );
+        assert_eq!(rest.lines().count(), 2_999, "{store}");
+        let second = gate(&sb, store, &input, &["--key", "id", "--namespace", &ns]);
+        assert_eq!(second.code, 0, "{store}: {}", second.stderr);
+        let c = counts(&verdicts(&second.records));
+        assert_eq!(
+            (c.get("new"), c.get("replay")),
+            (None, Some(&3_000)),
+            "{store}: keys a live gate had pending were found new again after \
+             `idem cleanup --keep 0s` (it said: {said})"
+        );
+
+        // The gate is killed after the cleanup: its first batch was never confirmed.
+        let ns = namespace();
+        let mut live = LiveGate::start(&sb, store, &ns, &input, "5s");
+        let said = cleanup(store);
+        live.child.kill().unwrap();
+        live.child.wait().unwrap();
+        let second = gate(
+            &sb,
+            store,
+            &first_batch,
+            &["--key", "id", "--namespace", &ns],
+        );
+        assert_eq!(second.code, 0, "{store}: {}", second.stderr);
+        let c = counts(&verdicts(&second.records));
+        assert_eq!(
+            c.get("new"),
+            Some(&1_000),
+            "{store}: a killed gate's unconfirmed batch must be reported new once its \
+             pending timeout passed; after `idem cleanup --keep 0s` (it said: {said}): {c:?}"
+        );
+    }
+}
