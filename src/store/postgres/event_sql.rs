@@ -253,7 +253,116 @@ pub(super) fn copy_rows(
     out
 }
 
-pub(super) type EventRow = (String, Option<String>, Option<String>, DateTime<Utc>);
+/// A stored event key as the reads return it ([`EVENTS_READ_SQL`], [`EVENTS_LOOKUP_SQL`],
+/// and the found rows of [`EVENTS_INSERT_SQL`] and [`EVENTS_MARK_SQL`]).
+pub(super) struct StoredEvent {
+    /// `event_key`.
+    pub(super) key: String,
+    /// `fingerprint`.
+    pub(super) fingerprint: Option<String>,
+    /// `decision`: the pending batch's marker while the key is pending.
+    pub(super) decision: Option<String>,
+    /// `first_seen`.
+    pub(super) first_seen: DateTime<Utc>,
+}
+
+impl StoredEvent {
+    fn read(row: &sqlx::postgres::PgRow) -> std::result::Result<Self, sqlx::Error> {
+        Ok(StoredEvent {
+            key: row.try_get("event_key")?,
+            fingerprint: row.try_get("fingerprint")?,
+            decision: row.try_get("decision")?,
+            first_seen: row.try_get("first_seen")?,
+        })
+    }
+
+    /// Into the batch's findings.
+    pub(super) fn into_found(self, found: &mut Found) {
+        found.stored(self.key, self.fingerprint, self.decision, self.first_seen);
+    }
+}
+
+impl FromRow<'_, sqlx::postgres::PgRow> for StoredEvent {
+    fn from_row(row: &sqlx::postgres::PgRow) -> std::result::Result<Self, sqlx::Error> {
+        StoredEvent::read(row)
+    }
+}
+
+/// A row of [`EVENTS_LOOKUP_SQL`]: the stored key, and whether its mark (or its pending
+/// batch) has expired (`None`: it never expires).
+pub(super) struct LookedUp {
+    pub(super) stored: StoredEvent,
+    pub(super) expired: Option<bool>,
+}
+
+impl FromRow<'_, sqlx::postgres::PgRow> for LookedUp {
+    fn from_row(row: &sqlx::postgres::PgRow) -> std::result::Result<Self, sqlx::Error> {
+        Ok(LookedUp {
+            stored: StoredEvent::read(row)?,
+            expired: row.try_get("expired")?,
+        })
+    }
+}
+
+/// A row of [`EVENTS_INSERT_SQL`]: how many keys it inserted (the same on every row), and a
+/// stored key it found (`None` when it found none: the one row then only counts).
+pub(super) struct Inserted {
+    pub(super) inserted: i64,
+    pub(super) found: Option<StoredEvent>,
+    pub(super) expired: Option<bool>,
+}
+
+impl FromRow<'_, sqlx::postgres::PgRow> for Inserted {
+    fn from_row(row: &sqlx::postgres::PgRow) -> std::result::Result<Self, sqlx::Error> {
+        let key: Option<String> = row.try_get("event_key")?;
+        let first_seen: Option<DateTime<Utc>> = row.try_get("first_seen")?;
+        let found = match (key, first_seen) {
+            (Some(key), Some(first_seen)) => Some(StoredEvent {
+                key,
+                fingerprint: row.try_get("fingerprint")?,
+                decision: row.try_get("decision")?,
+                first_seen,
+            }),
+            _ => None,
+        };
+        Ok(Inserted {
+            inserted: row.try_get("inserted")?,
+            found,
+            expired: row.try_get("expired")?,
+        })
+    }
+}
+
+/// A row of [`EVENTS_MARK_SQL`], one per key sent: `new` when this statement marked it;
+/// else the row it found (`None`: committed by another batch after this statement's
+/// snapshot, so neither marked nor seen).
+pub(super) struct Marked {
+    pub(super) key: String,
+    pub(super) new: bool,
+    pub(super) found: Option<StoredEvent>,
+}
+
+impl FromRow<'_, sqlx::postgres::PgRow> for Marked {
+    fn from_row(row: &sqlx::postgres::PgRow) -> std::result::Result<Self, sqlx::Error> {
+        let key: String = row.try_get("event_key")?;
+        let present: bool = row.try_get("found")?;
+        let first_seen: Option<DateTime<Utc>> = row.try_get("first_seen")?;
+        let found = match (present, first_seen) {
+            (true, Some(first_seen)) => Some(StoredEvent {
+                key: key.clone(),
+                fingerprint: row.try_get("fingerprint")?,
+                decision: row.try_get("decision")?,
+                first_seen,
+            }),
+            _ => None,
+        };
+        Ok(Marked {
+            key,
+            new: row.try_get("new")?,
+            found,
+        })
+    }
+}
 
 impl PostgresStore {
     /// [`EVENTS_FORGET_SQL`]: deletes the rows of `keys` (first seen at `first_seen`, if
@@ -282,7 +391,7 @@ impl PostgresStore {
         namespace: &str,
         keys: &[&str],
         now: DateTime<Utc>,
-    ) -> Result<Vec<EventRow>> {
+    ) -> Result<Vec<StoredEvent>> {
         sqlx::query_as(EVENTS_READ_SQL)
             .bind(namespace)
             .bind(keys)

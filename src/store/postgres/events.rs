@@ -121,24 +121,17 @@ impl PostgresStore {
                     }
                 }
                 BatchShape::Seen => {
-                    type Looked = (
-                        String,
-                        Option<String>,
-                        Option<String>,
-                        DateTime<Utc>,
-                        Option<bool>,
-                    );
-                    let rows: Vec<Looked> = sqlx::query_as(EVENTS_LOOKUP_SQL)
+                    let rows: Vec<LookedUp> = sqlx::query_as(EVENTS_LOOKUP_SQL)
                         .bind(namespace)
                         .bind(&keys)
                         .bind(micros(now))
                         .fetch_all(&mut self.conn().await?)
                         .await
                         .map_err(|e| self.err(e))?;
-                    if rows.len() == firsts.len() && !rows.iter().any(|r| r.4 == Some(true)) {
+                    if rows.len() == firsts.len() && !rows.iter().any(|r| r.expired == Some(true)) {
                         let mut found = Found::default();
-                        for (key, fingerprint, decision, first_seen, _) in rows {
-                            found.stored(key, fingerprint, decision, first_seen);
+                        for row in rows {
+                            row.stored.into_found(&mut found);
                         }
                         return Ok(found.verdicts(marks, now));
                     }
@@ -147,15 +140,7 @@ impl PostgresStore {
                 BatchShape::Mixed => {}
             }
             // A plain insert first; the upsert below when it cannot say (nothing written).
-            type Tried = (
-                i64,
-                Option<String>,
-                Option<String>,
-                Option<String>,
-                Option<DateTime<Utc>>,
-                Option<bool>,
-            );
-            let tried: std::result::Result<Vec<Tried>, sqlx::Error> =
+            let tried: std::result::Result<Vec<Inserted>, sqlx::Error> =
                 sqlx::query_as(EVENTS_INSERT_SQL)
                     .bind(namespace)
                     .bind(&keys)
@@ -168,15 +153,13 @@ impl PostgresStore {
                     .fetch_all(&mut self.conn().await?)
                     .await;
             match tried {
-                Ok(rows) if !rows.iter().any(|r| r.5 == Some(true)) => {
-                    let inserted = rows.first().map_or(0, |r| r.0);
+                Ok(rows) if !rows.iter().any(|r| r.expired == Some(true)) => {
+                    let inserted = rows.first().map_or(0, |r| r.inserted);
                     let mut found = Found::default();
                     let mut present = std::collections::HashSet::new();
-                    for (_, key, fingerprint, decision, first_seen, _) in rows {
-                        if let (Some(key), Some(first_seen)) = (key, first_seen) {
-                            present.insert(key.clone());
-                            found.stored(key, fingerprint, decision, first_seen);
-                        }
+                    for stored in rows.into_iter().filter_map(|r| r.found) {
+                        present.insert(stored.key.clone());
+                        stored.into_found(&mut found);
                     }
                     // Each key was found (at most one row: the primary key) or inserted:
                     // the plain INSERT writes every row it is given or fails whole. The
@@ -210,14 +193,6 @@ impl PostgresStore {
             .bind(micros(now))
             .bind(marker)
             .bind(deadline);
-        type Marked = (
-            String,
-            bool,
-            bool,
-            Option<String>,
-            Option<String>,
-            Option<DateTime<Utc>>,
-        );
         let rows: Vec<Marked> = match cursor {
             None => query.fetch_all(&mut self.conn().await?).await,
             Some((name, to)) => {
@@ -234,24 +209,20 @@ impl PostgresStore {
         .map_err(|e| self.err(e))?;
         let mut found = Found::default();
         let mut unseen = Vec::new();
-        for (key, is_new, present, fingerprint, decision, first_seen) in rows {
-            match (is_new, present, first_seen) {
-                (true, _, _) => found.marked(key),
-                (false, true, Some(first_seen)) => {
-                    found.stored(key, fingerprint, decision, first_seen)
-                }
-                _ => unseen.push(key),
+        for row in rows {
+            match (row.new, row.found) {
+                (true, _) => found.marked(row.key),
+                (false, Some(stored)) => stored.into_found(&mut found),
+                (false, None) => unseen.push(row.key),
             }
         }
         if !unseen.is_empty() {
             // Rare: committed by a concurrent batch after this statement's snapshot.
             let refs: Vec<&str> = unseen.iter().map(String::as_str).collect();
             let mut missing: std::collections::HashSet<String> = unseen.iter().cloned().collect();
-            for (key, fingerprint, decision, first_seen) in
-                self.read_events(namespace, &refs, now).await?
-            {
-                missing.remove(&key);
-                found.stored(key, fingerprint, decision, first_seen);
+            for stored in self.read_events(namespace, &refs, now).await? {
+                missing.remove(&stored.key);
+                stored.into_found(&mut found);
             }
             if !missing.is_empty() {
                 // Rarer: gone again before the read (the other batch took its marks back,
@@ -521,7 +492,7 @@ impl EventKeyStore for PostgresStore {
         }
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         let rows = self.read_events(namespace, &refs, now).await?;
-        Ok(event_keys::present(keys, rows.into_iter().map(|r| r.0)))
+        Ok(event_keys::present(keys, rows.into_iter().map(|r| r.key)))
     }
 
     async fn record_decision(
