@@ -1313,6 +1313,52 @@ mod bigquery {
         );
     }
 
+    /// Issue 35: a statement idem stops waiting for is cancelled, not left to commit. A
+    /// claim whose lease-table statement takes 4 s, from a store that waits 1 s for an
+    /// answer (`timeout=1s`): the claim fails, idem sends `jobs.cancel` for its job, and
+    /// the claim never takes the lease. Left running, it would have held the scope for
+    /// the lease's whole hour on behalf of a run that had given up.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_claim_idem_gave_up_on_is_cancelled_and_takes_no_lease() {
+        let url = require_bigquery!("a_claim_idem_gave_up_on_is_cancelled_and_takes_no_lease");
+        let url = with_dataset(&url, &unique("idem_cancel"));
+        let direct = BigQueryStore::connect(&url).await.unwrap();
+        let upstream = super::bq_limits::endpoint_of(&url).expect("an emulator endpoint");
+        let limits = super::bq_limits::Limits::bigquery(Duration::from_secs(4));
+        let sim = super::bq_limits::Simulator::start(&upstream, limits).await;
+        let impatient = BigQueryStore::connect_lazy(&format!("{}&timeout=1s", sim.url(&url)))
+            .await
+            .unwrap();
+        let (name, scope) = ("gave_up", "2025-11-18");
+        let claim = |store: &'static str| ClaimRequest {
+            processor: name,
+            scope,
+            run_id: store,
+            ttl: Duration::from_secs(3600),
+            now: Utc::now(),
+        };
+        let gave_up = impatient.claim(&claim("impatient")).await;
+        assert!(
+            matches!(&gave_up, Err(e) if e.is_outage()),
+            "no answer within 1 s is an outage: {gave_up:?}"
+        );
+        // The cancel goes out in the background as the claim returns.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while sim.stats().jobs_cancelled == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no jobs.cancel reached BigQuery for the claim idem gave up on"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Cancelled before its commit: the scope is free for the next run at once.
+        let next = direct.claim(&claim("next")).await.unwrap();
+        assert!(
+            matches!(&next, idem::store::Claim::Acquired(lease) if lease.run_id == "next"),
+            "{next:?}"
+        );
+    }
+
     /// Describes content (so the content hash guard has a key); succeeds.
     #[derive(Debug, Default)]
     struct Described {

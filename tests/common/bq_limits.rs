@@ -135,6 +135,8 @@ pub struct Stats {
     pub child_statements: u64,
     /// Transactions cancelled on a conflict (BigQuery does not re-run a transaction).
     pub transactions_cancelled: u64,
+    /// Jobs stopped by a `jobs.cancel` before they finished.
+    pub jobs_cancelled: u64,
 }
 
 impl Stats {
@@ -269,7 +271,7 @@ async fn apply_faults(shared: &Arc<Shared>, request: Request) -> Result<Answer, 
     let mut job = match known {
         Some(job) => job,
         None => {
-            let (tx, job) = tokio::sync::watch::channel(None);
+            let job = spawn_statement(shared, request);
             if let Some(id) = &id {
                 faults
                     .by_request
@@ -277,11 +279,6 @@ async fn apply_faults(shared: &Arc<Shared>, request: Request) -> Result<Answer, 
                     .unwrap()
                     .insert(id.clone(), job.clone());
             }
-            let shared = shared.clone();
-            tokio::spawn(async move {
-                let answer = statement(&shared, request).await;
-                let _ = tx.send(Some(answer));
-            });
             job
         }
     };
@@ -359,7 +356,27 @@ struct Shared {
     job_ids: AtomicU64,
 }
 
-type Job = tokio::sync::watch::Receiver<Option<Answer>>;
+/// A statement running in a task of its own: its answer once done, and the task, which a
+/// `jobs.cancel` aborts.
+#[derive(Debug, Clone)]
+struct Job {
+    answer: tokio::sync::watch::Receiver<Option<Answer>>,
+    task: tokio::task::AbortHandle,
+}
+
+/// Runs `request`'s statement in a task of its own.
+fn spawn_statement(shared: &Arc<Shared>, request: Request) -> Job {
+    let (tx, answer) = tokio::sync::watch::channel(None);
+    let shared = shared.clone();
+    let task = tokio::spawn(async move {
+        let answer = statement(&shared, request).await;
+        let _ = tx.send(Some(answer));
+    });
+    Job {
+        answer,
+        task: task.abort_handle(),
+    }
+}
 
 /// How long a `jobs.query` or `getQueryResults` call waits for the statement at most
 /// before answering `jobComplete: false` (the request's `timeoutMs`, BigQuery's default
@@ -699,7 +716,7 @@ fn billed(kind: &str, tables: &[String]) -> u64 {
 
 /// Waits up to `wait` for a job's answer; `None` when it is not complete yet.
 async fn wait_for(job: &mut Job, wait: Duration) -> Option<Answer> {
-    let done = tokio::time::timeout(wait, job.wait_for(|a| a.is_some())).await;
+    let done = tokio::time::timeout(wait, job.answer.wait_for(|a| a.is_some())).await;
     match done {
         Ok(Ok(answer)) => answer.clone(),
         _ => None,
@@ -729,6 +746,9 @@ async fn handle(shared: &Arc<Shared>, request: Request) -> Answer {
         Err(request) => request,
     };
     let path = request.path.split('?').next().unwrap_or("").to_string();
+    if request.method == "POST" && path.contains("/jobs/") && path.ends_with("/cancel") {
+        return cancel(shared, &path);
+    }
     if request.method == "GET" && path.contains("/queries/") {
         let job_id = path.rsplit('/').next().unwrap_or("").to_string();
         let job = shared.jobs.lock().unwrap().get(&job_id).cloned();
@@ -750,14 +770,7 @@ async fn handle(shared: &Arc<Shared>, request: Request) -> Answer {
     }
     let body = serde_json::from_slice::<serde_json::Value>(&request.body).unwrap_or_default();
     let wait = server_wait(&body);
-    let (tx, mut job) = tokio::sync::watch::channel(None);
-    {
-        let shared = shared.clone();
-        tokio::spawn(async move {
-            let answer = statement(&shared, request).await;
-            let _ = tx.send(Some(answer));
-        });
-    }
+    let mut job = spawn_statement(shared, request);
     if let Some(answer) = wait_for(&mut job, wait).await {
         return answer;
     }
@@ -765,6 +778,36 @@ async fn handle(shared: &Arc<Shared>, request: Request) -> Answer {
     shared.jobs.lock().unwrap().insert(job_id.clone(), job);
     let project = path.split('/').nth(4).unwrap_or("").to_string();
     not_complete("bigquery#queryResponse", &project, &job_id)
+}
+
+/// `jobs.cancel` (`POST …/jobs/JOB_ID/cancel`): a job still queued or running is stopped
+/// where it is, so what it had not committed is never committed ("BigQuery attempts to
+/// cancel the job … the job might still complete", jobs.cancel reference:
+/// <https://cloud.google.com/bigquery/docs/reference/rest/v2/jobs/cancel>; a script's
+/// child statements committed before stay committed). Counted in
+/// [`Stats::jobs_cancelled`]. A job that had finished, or is unknown, is left as it is.
+fn cancel(shared: &Arc<Shared>, path: &str) -> Answer {
+    let mut parts = path.rsplit('/');
+    let (_, job_id) = (parts.next(), parts.next().unwrap_or("").to_string());
+    let project = path.split('/').nth(4).unwrap_or("").to_string();
+    if let Some(job) = shared.jobs.lock().unwrap().remove(&job_id) {
+        if job.answer.borrow().is_none() {
+            job.task.abort();
+            shared.stats.lock().unwrap().jobs_cancelled += 1;
+        }
+    }
+    let body = serde_json::json!({
+        "kind": "bigquery#jobCancelResponse",
+        "job": {
+            "jobReference": {"projectId": project, "jobId": job_id},
+            "status": {"state": "DONE"},
+        },
+    });
+    (
+        200,
+        "application/json".into(),
+        body.to_string().into_bytes(),
+    )
 }
 
 /// Runs one `jobs.query` statement under the limits.
@@ -841,15 +884,36 @@ fn table(shared: &Shared, name: &str) -> Arc<Table> {
 }
 
 /// Admits a statement to `gate` (running or queued) or refuses it: BigQuery's error.
+/// A statement counted outstanding on a table's queue until dropped, also when its task
+/// is aborted (a cancelled job leaves the queue).
+struct Outstanding<'a>(&'a Gate);
+
+impl<'a> Outstanding<'a> {
+    /// Counts one more statement outstanding on `gate`: how many are now.
+    fn count(gate: &'a Gate) -> (Self, usize) {
+        let now = gate.outstanding.fetch_add(1, Ordering::SeqCst) + 1;
+        (Outstanding(gate), now)
+    }
+}
+
+impl Drop for Outstanding<'_> {
+    fn drop(&mut self) {
+        self.0.outstanding.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A statement admitted to a table's queue and running: out of it when dropped.
+type Admitted<'a> = (Outstanding<'a>, tokio::sync::SemaphorePermit<'a>);
+
 async fn admit<'a>(
     shared: &Shared,
     gate: &'a Gate,
     target: &str,
     insert: bool,
-) -> Result<tokio::sync::SemaphorePermit<'a>, Answer> {
-    let outstanding = gate.outstanding.fetch_add(1, Ordering::SeqCst) + 1;
+) -> Result<Admitted<'a>, Answer> {
+    let (counted, outstanding) = Outstanding::count(gate);
     if outstanding > gate.limit {
-        gate.outstanding.fetch_sub(1, Ordering::SeqCst);
+        drop(counted);
         shared.stats.lock().unwrap().quota_failures += 1;
         return Err(google_error(
             "resourcesExceeded",
@@ -869,7 +933,8 @@ async fn admit<'a>(
         };
         *max = (*max).max(outstanding);
     }
-    Ok(gate.slots.acquire().await.expect("semaphore open"))
+    let permit = gate.slots.acquire().await.expect("semaphore open");
+    Ok((counted, permit))
 }
 
 /// HTTP 200 without an `errors` array (the emulator answers SQL errors with 200).
@@ -922,8 +987,11 @@ async fn script(shared: &Shared, request: &Request, sql: &str) -> Answer {
     }
     let mut permits = Vec::new();
     for t in &held {
-        t.insert.outstanding.fetch_add(1, Ordering::SeqCst);
-        permits.push(t.insert.slots.acquire().await.expect("semaphore open"));
+        let (counted, _) = Outstanding::count(&t.insert);
+        permits.push((
+            counted,
+            t.insert.slots.acquire().await.expect("semaphore open"),
+        ));
     }
     let transaction = sql.to_ascii_uppercase().contains("BEGIN TRANSACTION");
     // The model: a transaction holds its snapshot for all of its DML statements.
@@ -940,9 +1008,6 @@ async fn script(shared: &Shared, request: &Request, sql: &str) -> Answer {
         }
     };
     drop(permits);
-    for t in &held {
-        t.insert.outstanding.fetch_sub(1, Ordering::SeqCst);
-    }
     answer
 }
 
@@ -1012,7 +1077,6 @@ async fn mutating_as(
         break answer;
     };
     drop(permit);
-    t.mutating.outstanding.fetch_sub(1, Ordering::SeqCst);
     answer
 }
 
@@ -1030,6 +1094,5 @@ async fn insert(shared: &Shared, request: &Request, target: &str) -> Answer {
     tokio::time::sleep(shared.limits.dml_latency).await;
     let answer = forward(shared, request).await;
     drop(permit);
-    t.insert.outstanding.fetch_sub(1, Ordering::SeqCst);
     answer
 }

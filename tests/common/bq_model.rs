@@ -420,10 +420,7 @@ async fn insert(shared: &Shared, request: &Request, sql: &str, target: &str) -> 
         None
     };
     let answer = insert_snapshot(shared, request, sql, target).await;
-    if permit.is_some() {
-        drop(permit);
-        t.insert.outstanding.fetch_sub(1, Ordering::SeqCst);
-    }
+    drop(permit);
     answer
 }
 
@@ -535,7 +532,6 @@ async fn update(shared: &Shared, request: &Request, sql: &str, target: &str) -> 
         break answer;
     };
     drop(permit);
-    t.mutating.outstanding.fetch_sub(1, Ordering::SeqCst);
     answer
 }
 

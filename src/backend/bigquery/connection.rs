@@ -41,6 +41,14 @@ use crate::backend::retry::Backoff;
 /// How long BigQuery may hold one `jobs.query` / `getQueryResults` call before answering
 /// "not complete yet" (we then poll again).
 const SERVER_WAIT_MS: i32 = 10_000;
+/// How long BigQuery may hold a call when idem waits `left` more for the statement: three
+/// quarters of it, at most [`SERVER_WAIT_MS`]. The answer then comes before idem gives up,
+/// with the job's id when the statement is not done (so idem can cancel it).
+fn server_wait(left: Duration) -> i32 {
+    i32::try_from(left.as_millis() * 3 / 4)
+        .unwrap_or(SERVER_WAIT_MS)
+        .min(SERVER_WAIT_MS)
+}
 /// Client-side limit for one HTTP call (the server answers within `SERVER_WAIT_MS`).
 const HTTP_CALL_LIMIT: Duration = Duration::from_secs(60);
 
@@ -101,14 +109,21 @@ impl Authenticator for EmulatorAuthenticator {
 }
 
 /// Cancels a query job (`jobs.cancel`) when dropped while `client` is set: the query
-/// future of an interrupted run was dropped before its job completed. The cancel is sent
-/// in the background ([`crate::backend::send_cancel`]); the runner waits for it. A future
-/// dropped during the first `jobs.query` call cannot cancel: the job id is not known yet.
+/// future of an interrupted run was dropped before its job completed, or idem gave up
+/// waiting for the job (no answer within the store's timeout, polls failing for good).
+/// Left running, such a job still commits: a claim would take the lease for a run that
+/// has given up, holding its scope for the lease's whole TTL. The cancel is sent in the
+/// background ([`crate::backend::send_cancel`]); the runner waits for it. BigQuery
+/// cancels on a best-effort basis (a job about to commit may still commit), so this only
+/// narrows the window. A future dropped during the first `jobs.query` call cannot
+/// cancel: the job id is not known yet.
 struct CancelJobOnDrop {
     client: Option<Client>,
     project: String,
     job_id: String,
     location: Option<String>,
+    /// What the log lines call the job: "interrupted", or "abandoned" once idem gave up.
+    why: &'static str,
 }
 
 impl Drop for CancelJobOnDrop {
@@ -116,22 +131,23 @@ impl Drop for CancelJobOnDrop {
         let Some(client) = self.client.take() else {
             return;
         };
-        let (project, job_id, location) = (
+        let (project, job_id, location, why) = (
             std::mem::take(&mut self.project),
             std::mem::take(&mut self.job_id),
             self.location.take(),
+            self.why,
         );
         crate::backend::send_cancel(async move {
             let cancel = client
                 .job()
                 .cancel_job(&project, &job_id, location.as_deref());
             match tokio::time::timeout(Duration::from_secs(5), cancel).await {
-                Ok(Ok(_)) => tracing::info!("cancelled the interrupted BigQuery job {job_id}"),
+                Ok(Ok(_)) => tracing::info!("cancelled the {why} BigQuery job {job_id}"),
                 Ok(Err(e)) => {
-                    tracing::warn!("could not cancel the interrupted BigQuery job {job_id}: {e}")
+                    tracing::warn!("could not cancel the {why} BigQuery job {job_id}: {e}")
                 }
                 Err(_) => tracing::warn!(
-                    "could not cancel the interrupted BigQuery job {job_id}: no answer within 5s"
+                    "could not cancel the {why} BigQuery job {job_id}: no answer within 5s"
                 ),
             }
         });
@@ -305,7 +321,6 @@ impl Connection {
         let mut request = QueryRequest::new(sql);
         request.use_legacy_sql = false;
         request.location = self.location.clone();
-        request.timeout_ms = Some(SERVER_WAIT_MS);
         request.format_options = Some(DataFormatOptions {
             use_int64_timestamp: Some(true),
         });
@@ -350,11 +365,15 @@ impl Connection {
             }
         }
         let deadline = Instant::now() + self.timeout;
+        // BigQuery answers "not complete" with the job's id before idem stops waiting, so a
+        // statement it gives up on can be cancelled.
+        let mut request = request.clone();
+        request.timeout_ms = Some(server_wait(self.timeout));
         let response = self
             .bounded(
                 operation,
                 deadline,
-                self.client.job().query(&self.project, request.clone()),
+                self.client.job().query(&self.project, request),
             )
             .await
             .map_err(Sent::Before)?;
@@ -391,12 +410,18 @@ impl Connection {
                     .and_then(|j| j.location.clone())
                     .or_else(|| self.location.clone()),
                 job_id,
+                why: "interrupted",
             });
         let polled = self
             .poll(operation, deadline, job, complete, page_token, out)
             .await;
         if let Some(cancel) = &mut cancel {
-            cancel.client = None;
+            match &polled {
+                // Given up on, its state unknown: cancelled as this returns (issue 35).
+                Err(e) if job_state_unknown(e) => cancel.why = "abandoned",
+                // Done, or failed by itself: nothing to cancel.
+                _ => cancel.client = None,
+            }
         }
         polled.map_err(Sent::After)
     }
@@ -438,7 +463,9 @@ impl Connection {
                 max_results: None,
                 page_token: if complete { page_token.clone() } else { None },
                 start_index: None,
-                timeout_ms: Some(SERVER_WAIT_MS),
+                timeout_ms: Some(server_wait(
+                    deadline.saturating_duration_since(Instant::now()),
+                )),
             };
             let page = match self
                 .bounded(
@@ -486,7 +513,7 @@ impl Connection {
                             ErrorShape::Timeout,
                             None,
                             format!(
-                                "job {job_id} not complete within {:?} (it may still be running in BigQuery)",
+                                "job {job_id} not complete within {:?} (idem asks BigQuery to cancel it)",
                                 self.timeout
                             ),
                         ));
@@ -506,6 +533,17 @@ impl Connection {
             page_token = page.page_token;
         }
         Ok(out)
+    }
+}
+
+/// Whether a poll that ended in `e` left its job's state unknown (no answer in time, the
+/// service unreachable or failing, polls refused), rather than reporting the job's own
+/// failure: such a job may still be queued or running.
+fn job_state_unknown(e: &ApiError) -> bool {
+    match e.shape {
+        ErrorShape::Timeout | ErrorShape::Transport => true,
+        ErrorShape::Http(status) => status >= 500 || status == 429,
+        _ => e.is_rate_limit(),
     }
 }
 
