@@ -184,21 +184,21 @@ pub(super) fn events_read_batch_sql(n: usize) -> String {
     sql
 }
 
-/// The live rows of the keys in the JSON array ?2 (as [`events_read_batch_sql`]).
-pub(super) const EVENTS_READ_SQL: &str = "\
-SELECT e.event_key, e.fingerprint, coalesce(p.marker, e.decision), e.first_seen
+/// The live keys among those in the JSON array ?2 (as [`events_read_batch_sql`]).
+pub(super) const EVENTS_LIVE_SQL: &str = "\
+SELECT e.event_key
 FROM event_keys e LEFT JOIN event_pending p ON p.id = e.pending
 WHERE e.namespace = ?1 AND e.event_key IN (SELECT value FROM json_each(?2))
   AND (e.expires_at IS NULL OR e.expires_at > ?3) AND (p.deadline IS NULL OR p.deadline > ?3)";
 
-/// The unexpired rows of `keys`.
-pub(super) async fn read_events(
+/// Which of `keys` are marked and unexpired at `now`.
+pub(super) async fn live_keys(
     conn: &mut SqliteConnection,
     namespace: &str,
     keys: &[impl serde::Serialize],
     now: DateTime<Utc>,
-) -> std::result::Result<Vec<(String, Option<String>, Option<String>, i64)>, sqlx::Error> {
-    sqlx::query_as(EVENTS_READ_SQL)
+) -> std::result::Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar(EVENTS_LIVE_SQL)
         .bind(namespace)
         .bind(serde_json::to_string(keys).unwrap_or_default())
         .bind(ts(now))
@@ -599,10 +599,10 @@ impl EventKeyStore for SqliteStore {
             return Ok(Vec::new());
         }
         let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
-        let rows = read_events(&mut conn, namespace, keys, now)
+        let live = live_keys(&mut conn, namespace, keys, now)
             .await
             .map_err(|e| self.err(e))?;
-        Ok(event_keys::present(keys, rows.into_iter().map(|r| r.0)))
+        Ok(event_keys::present(keys, live))
     }
 
     async fn record_decision(
