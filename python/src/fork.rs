@@ -29,8 +29,13 @@ const COUNT: usize = (LAST - FIRST + 1) as usize;
 /// not a lock: a lock held by another thread at the fork would itself be copied held.
 static HELD: [AtomicUsize; COUNT] = [const { AtomicUsize::new(0) }; COUNT];
 
-/// How long the forking thread tries before forking without them.
-const PATIENCE: Duration = Duration::from_secs(5);
+/// How long the forking thread tries before forking without them. Only a thread that
+/// keeps one of them for good would make it give up; until then it forks as soon as it
+/// holds all of them, so a long patience costs nothing. 5 s was short of what a busy
+/// 2-core machine can need (CI, 2026-11-27, under two test streams and a build: a child
+/// of `test_forking_while_another_thread_uses_sqlite` hung, and this or the runtime's lock
+/// in `runtime()` was held at its fork).
+const PATIENCE: Duration = Duration::from_secs(30);
 
 extern "C" fn before_fork() {
     crate::log::suspend(true);

@@ -8,8 +8,6 @@
 //! * [`log`]: the library's `tracing` events to Python's `logging`;
 //! * [`fork`]: SQLite's process-wide locks around `os.fork()`.
 
-use std::sync::Mutex;
-
 use pyo3::create_exception;
 use pyo3::exceptions::{PyBaseException, PyException, PyValueError};
 use pyo3::prelude::*;
@@ -45,22 +43,43 @@ create_exception!(
 
 /// The module's Tokio runtime, made again in a forked child (a runtime does not survive
 /// `fork`; the stores opened before the fork are opened again there, see [`store`]).
+///
+/// Lock-free: callers come here with the GIL released (inside `allow_threads`), so a
+/// lock taken here could be held by another thread at the instant the main thread forks,
+/// and stay held for good in the child, whose first call would then wait forever (a
+/// `std::sync::Mutex` here did that under load: `test_forking_while_another_thread_uses_sqlite`).
+/// The runtime of this process is published once with a compare-and-swap; a thread that
+/// built one and lost the race drops its own.
 pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
-    static RT: Mutex<Option<(u32, &'static tokio::runtime::Runtime)>> = Mutex::new(None);
-    let mut slot = RT.lock().unwrap_or_else(|e| e.into_inner());
+    use std::sync::atomic::{AtomicPtr, Ordering};
+    /// The runtime and the process it belongs to (leaked: a runtime is never dropped, and
+    /// the parent's, copied into a child, must not be).
+    static RT: AtomicPtr<(u32, tokio::runtime::Runtime)> = AtomicPtr::new(std::ptr::null_mut());
     let pid = std::process::id();
-    match *slot {
-        Some((p, rt)) if p == pid => rt,
-        _ => {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .thread_name("pyidem")
-                .enable_all()
-                .build()
-                .expect("a Tokio runtime");
-            let rt: &'static tokio::runtime::Runtime = Box::leak(Box::new(rt));
-            *slot = Some((pid, rt));
-            rt
+    loop {
+        let current = RT.load(Ordering::Acquire);
+        // SAFETY: a non-null pointer here came from `Box::into_raw` below and is never
+        // freed once published.
+        if let Some((p, rt)) = unsafe { current.as_ref() } {
+            if *p == pid {
+                return rt;
+            }
+        }
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("pyidem")
+            .enable_all()
+            .build()
+            .expect("a Tokio runtime");
+        let mine = Box::into_raw(Box::new((pid, rt)));
+        match RT.compare_exchange(current, mine, Ordering::AcqRel, Ordering::Acquire) {
+            // SAFETY: just published, never freed.
+            Ok(_) => return unsafe { &(*mine).1 },
+            Err(_) => {
+                // Another thread of this process published first: use that one.
+                // SAFETY: `mine` was never published; this thread owns it.
+                drop(unsafe { Box::from_raw(mine) });
+            }
         }
     }
 }

@@ -169,3 +169,30 @@ def test_forking_while_another_thread_uses_sqlite(tmp_path):
         stop.set()
         for w in workers:
             w.join(timeout=60)
+
+
+def test_forking_while_other_threads_call_into_the_runtime():
+    """Threads calling into the package as fast as they can, the GIL released, while the
+    main thread forks again and again: each child opens a store and answers. A lock these
+    calls take on their way in (the runtime's, once a `std::sync::Mutex`) held by one of
+    them at the instant of a fork would be held forever in the child, whose first call
+    would then wait for good (CI, 2026-11-27: a child of
+    `test_forking_while_another_thread_uses_sqlite` hung so under load)."""
+    gate = pyidem.Gate(pyidem.open_store("memory://"), "busy", "id")
+    stop = threading.Event()
+
+    def churn():
+        while not stop.is_set():
+            gate.check_and_mark([])
+
+    workers = [threading.Thread(target=churn) for _ in range(4)]
+    for w in workers:
+        w.start()
+    try:
+        for _ in range(100):
+            verdicts = _fork(lambda: [v.verdict for v in pyidem.Gate(pyidem.open_store("memory://"), "c", "id").check_and_mark([{"id": 1}])])
+            assert verdicts == ["new"]
+    finally:
+        stop.set()
+        for w in workers:
+            w.join(timeout=60)
