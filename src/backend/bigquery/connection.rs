@@ -536,15 +536,11 @@ impl Connection {
     }
 }
 
-/// Whether a poll that ended in `e` left its job's state unknown (no answer in time, the
-/// service unreachable or failing, polls refused), rather than reporting the job's own
-/// failure: such a job may still be queued or running.
+/// Whether a poll that ended in `e` left its job's state unknown (no answer in time, or
+/// none usable: [`ApiError::is_transient`]; polls refused for a rate limit), rather than
+/// reporting the job's own failure: such a job may still be queued or running.
 fn job_state_unknown(e: &ApiError) -> bool {
-    match e.shape {
-        ErrorShape::Timeout | ErrorShape::Transport => true,
-        ErrorShape::Http(status) => status >= 500 || status == 429,
-        _ => e.is_rate_limit(),
-    }
+    e.shape == ErrorShape::Timeout || e.is_transient() || e.is_rate_limit()
 }
 
 /// How one send of a statement failed.
