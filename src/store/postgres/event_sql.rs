@@ -276,6 +276,24 @@ impl StoredEvent {
         })
     }
 
+    /// The row's stored key, when it has one: `key` and `first_seen` read already (both
+    /// `None` on a row that found nothing), the rest read here.
+    fn found(
+        row: &sqlx::postgres::PgRow,
+        key: Option<String>,
+        first_seen: Option<DateTime<Utc>>,
+    ) -> std::result::Result<Option<Self>, sqlx::Error> {
+        let (Some(key), Some(first_seen)) = (key, first_seen) else {
+            return Ok(None);
+        };
+        Ok(Some(StoredEvent {
+            key,
+            fingerprint: row.try_get("fingerprint")?,
+            decision: row.try_get("decision")?,
+            first_seen,
+        }))
+    }
+
     /// Into the batch's findings.
     pub(super) fn into_found(self, found: &mut Found) {
         found.stored(self.key, self.fingerprint, self.decision, self.first_seen);
@@ -314,20 +332,9 @@ pub(super) struct Inserted {
 
 impl FromRow<'_, sqlx::postgres::PgRow> for Inserted {
     fn from_row(row: &sqlx::postgres::PgRow) -> std::result::Result<Self, sqlx::Error> {
-        let key: Option<String> = row.try_get("event_key")?;
-        let first_seen: Option<DateTime<Utc>> = row.try_get("first_seen")?;
-        let found = match (key, first_seen) {
-            (Some(key), Some(first_seen)) => Some(StoredEvent {
-                key,
-                fingerprint: row.try_get("fingerprint")?,
-                decision: row.try_get("decision")?,
-                first_seen,
-            }),
-            _ => None,
-        };
         Ok(Inserted {
             inserted: row.try_get("inserted")?,
-            found,
+            found: StoredEvent::found(row, row.try_get("event_key")?, row.try_get("first_seen")?)?,
             expired: row.try_get("expired")?,
         })
     }
@@ -346,16 +353,11 @@ impl FromRow<'_, sqlx::postgres::PgRow> for Marked {
     fn from_row(row: &sqlx::postgres::PgRow) -> std::result::Result<Self, sqlx::Error> {
         let key: String = row.try_get("event_key")?;
         let present: bool = row.try_get("found")?;
-        let first_seen: Option<DateTime<Utc>> = row.try_get("first_seen")?;
-        let found = match (present, first_seen) {
-            (true, Some(first_seen)) => Some(StoredEvent {
-                key: key.clone(),
-                fingerprint: row.try_get("fingerprint")?,
-                decision: row.try_get("decision")?,
-                first_seen,
-            }),
-            _ => None,
-        };
+        let found = StoredEvent::found(
+            row,
+            present.then(|| key.clone()),
+            row.try_get("first_seen")?,
+        )?;
         Ok(Marked {
             key,
             new: row.try_get("new")?,
