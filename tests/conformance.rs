@@ -44,6 +44,7 @@ macro_rules! all_event_key_checks {
             event_unmark,
             event_pending,
             event_pending_batches,
+            event_all_marked,
         );
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

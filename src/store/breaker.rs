@@ -442,6 +442,15 @@ mod tests {
             self.log("is_duplicate");
             Ok(vec![])
         }
+        async fn check_all_marked(
+            &self,
+            _: &str,
+            _: &[EventMark],
+            _: DateTime<Utc>,
+        ) -> Result<Option<Vec<EventVerdict>>> {
+            self.log("check_all_marked");
+            Ok(None)
+        }
         async fn record_decision(&self, _: &str, _: &str, _: &serde_json::Value) -> Result<bool> {
             self.log("record_decision");
             Ok(true)
@@ -531,6 +540,7 @@ mod tests {
         let confirms = vec![("k".to_string(), None)];
         b.check_and_mark(ns, &marks, now).await.unwrap();
         b.is_duplicate(ns, &keys, now).await.unwrap();
+        b.check_all_marked(ns, &marks, now).await.unwrap();
         b.record_decision(ns, "k", &serde_json::json!(1))
             .await
             .unwrap();
@@ -554,6 +564,7 @@ mod tests {
             [
                 "check_and_mark",
                 "is_duplicate",
+                "check_all_marked",
                 "record_decision",
                 "mark_event_keys",
                 "forget_event_keys",

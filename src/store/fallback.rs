@@ -16,6 +16,13 @@ use crate::model::KeyRecord;
 /// take them.
 pub type KeyExpiry = (String, Option<DateTime<Utc>>);
 
+/// [`EventKeyStore::check_all_marked`] for a store that does not read ahead: never
+/// `None`-free, so a gate sends every batch down its turn (BigQuery: a read is a billed
+/// job, and its batches of replays are not worth one more).
+pub fn never_all_marked() -> Result<Option<Vec<EventVerdict>>> {
+    Ok(None)
+}
+
 /// [`EventKeyStore::mark_event_keys`] as [`EventKeyStore::check_and_mark`] of bare keys:
 /// `true` for each key found new.
 pub async fn mark_by_check<S: EventKeyStore + ?Sized>(

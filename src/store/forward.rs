@@ -69,6 +69,17 @@ macro_rules! forward_event_key_store {
                 $via!(self, is_duplicate(namespace, keys, now))
             }
 
+            async fn check_all_marked(
+                &self,
+                namespace: &str,
+                marks: &[$crate::store::EventMark],
+                now: $crate::__private::chrono::DateTime<$crate::__private::chrono::Utc>,
+            ) -> $crate::Result<
+                ::std::option::Option<::std::vec::Vec<$crate::store::EventVerdict>>,
+            > {
+                $via!(self, check_all_marked(namespace, marks, now))
+            }
+
             async fn record_decision(
                 &self,
                 namespace: &str,

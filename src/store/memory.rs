@@ -559,6 +559,24 @@ impl EventKeyStore for MemoryStore {
             .collect())
     }
 
+    async fn check_all_marked(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+    ) -> Result<Option<Vec<EventVerdict>>> {
+        let state = self.lock();
+        let mut stored = HashMap::new();
+        for m in event_keys::firsts(marks) {
+            let Some(row) = state.event(namespace, &m.key, now) else {
+                return Ok(None);
+            };
+            stored.insert(m.key.clone(), row);
+        }
+        let new = std::collections::HashSet::new();
+        Ok(Some(event_keys::verdicts(marks, &new, &stored, now)))
+    }
+
     async fn record_decision(
         &self,
         namespace: &str,

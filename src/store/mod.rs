@@ -625,6 +625,21 @@ pub trait EventKeyStore: StoreBase {
         now: DateTime<Utc>,
     ) -> Result<Vec<bool>>;
 
+    /// The verdicts [`check_and_mark`](Self::check_and_mark) would give a batch none of
+    /// whose keys is new, read without writing anything: `Some` when every key of `marks`
+    /// is stored and alive at `now` (each a replay or a conflict; a key pending for a batch
+    /// is a replay whose decision is the batch's marker), `None` when some key is absent or
+    /// dead. One round trip where the store answers; [`fallback::never_all_marked`]
+    /// (BigQuery, where a read is a billed job) always says `None`. A gate answers a batch
+    /// of settled replays this way without waiting for its turn to mark
+    /// ([`EventGate::admit_in_turn`](crate::events::strategy::EventGate::admit_in_turn)).
+    async fn check_all_marked(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+    ) -> Result<Option<Vec<EventVerdict>>>;
+
     /// Stores the decision of a marked key's first processing (what later replays
     /// return); `false` when the key is not marked.
     async fn record_decision(

@@ -107,6 +107,15 @@ impl EventKeyStore for BigQueryStore {
         Ok(event_keys::present(keys, found))
     }
 
+    async fn check_all_marked(
+        &self,
+        _namespace: &str,
+        _marks: &[EventMark],
+        _now: DateTime<Utc>,
+    ) -> Result<Option<Vec<EventVerdict>>> {
+        crate::store::fallback::never_all_marked()
+    }
+
     async fn record_decision(
         &self,
         namespace: &str,

@@ -6,7 +6,7 @@ use serde_json::json;
 
 use super::{now, unique};
 use crate::error::Error;
-use crate::store::{Cursor, EventKeyStore, EventMark, EventVerdict};
+use crate::store::{Cursor, EventKeyStore, EventMark, EventVerdict, PendingBatch};
 
 /// Event keys: first sighting true, later (and in-batch repeats) false, per namespace.
 pub async fn event_keys_batch(store: &dyn EventKeyStore) {
@@ -539,4 +539,95 @@ pub async fn event_pending_batches_are_whole(a: &dyn EventKeyStore, b: &dyn Even
             "round {round}: every key pending for the batch that marked it: {loser:?}"
         );
     }
+}
+
+/// A batch answered by a read ([`EventKeyStore::check_all_marked`]): when every key is
+/// marked and alive, the verdicts [`EventKeyStore::check_and_mark`] gives the same batch
+/// (a replay with its decision, a conflict, an in-batch repeat, a key pending for a batch
+/// as a replay whose decision is the batch's marker); `None` when a key is absent,
+/// expired, or pending past its batch's deadline, and then nothing is written. BigQuery
+/// does not read ahead: `None` always.
+pub async fn event_all_marked(store: &dyn EventKeyStore) {
+    let ns = unique("all-marked");
+    let t = now();
+    let at = |s: i64| t + chrono::Duration::seconds(s);
+    let marks = [
+        EventMark::key("a")
+            .fingerprint("fa")
+            .decision(json!({"sent": 1})),
+        EventMark::key("b").fingerprint("fb"),
+        EventMark::key("short").ttl(Duration::from_secs(10)),
+    ];
+    store.check_and_mark(&ns, &marks, t).await.unwrap();
+    let marker = r#"{"idem_pending":"conformance/1"}"#;
+    let batch = PendingBatch {
+        marker,
+        timeout: Duration::from_secs(60),
+    };
+    store
+        .check_and_mark_pending(&ns, &[EventMark::key("p")], t, batch, None)
+        .await
+        .unwrap();
+    let ask = [
+        EventMark::key("a").fingerprint("fa"),
+        EventMark::key("b").fingerprint("another"),
+        EventMark::key("a"),
+        EventMark::key("p"),
+        EventMark::key("short"),
+    ];
+    let absent = [EventMark::key("a"), EventMark::key("x")];
+    if store.kind() == "bigquery" {
+        for batch in [&ask[..], &absent[..], &[]] {
+            assert_eq!(
+                store.check_all_marked(&ns, batch, at(1)).await.unwrap(),
+                None
+            );
+        }
+        return;
+    }
+    let read = store.check_all_marked(&ns, &ask, at(1)).await.unwrap();
+    let read = read.expect("every key is marked and alive");
+    assert!(
+        matches!(&read[0], EventVerdict::Replay { decision: Some(d), .. } if *d == json!({"sent": 1})),
+        "{read:?}"
+    );
+    assert!(
+        matches!(&read[1], EventVerdict::Conflict { stored_fingerprint, .. } if stored_fingerprint == "fb")
+    );
+    assert!(matches!(&read[2], EventVerdict::Replay { .. }), "{read:?}");
+    let pending: serde_json::Value = serde_json::from_str(marker).unwrap();
+    assert!(
+        matches!(&read[3], EventVerdict::Replay { decision: Some(d), .. } if *d == pending),
+        "a pending key reads as a replay whose decision is its batch's marker: {read:?}"
+    );
+    assert!(matches!(&read[4], EventVerdict::Replay { .. }), "{read:?}");
+    let marked = store.check_and_mark(&ns, &ask, at(1)).await.unwrap();
+    assert_eq!(read, marked, "the verdicts check_and_mark gives");
+    assert_eq!(
+        store.check_all_marked(&ns, &[], at(1)).await.unwrap(),
+        Some(Vec::new())
+    );
+    // Absent, expired, pending past its deadline: no answer, nothing written.
+    assert_eq!(
+        store.check_all_marked(&ns, &absent, at(1)).await.unwrap(),
+        None
+    );
+    assert_eq!(
+        store
+            .is_duplicate(&ns, &["x".to_string()], at(1))
+            .await
+            .unwrap(),
+        vec![false],
+        "a read that found a key absent marked nothing"
+    );
+    let expired = [EventMark::key("a"), EventMark::key("short")];
+    assert_eq!(
+        store.check_all_marked(&ns, &expired, at(11)).await.unwrap(),
+        None
+    );
+    let late = [EventMark::key("p")];
+    assert_eq!(
+        store.check_all_marked(&ns, &late, at(61)).await.unwrap(),
+        None
+    );
 }

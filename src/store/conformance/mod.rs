@@ -35,7 +35,7 @@ pub use event_dedup::{
     event_dedup_ttl,
 };
 pub use event_keys::{
-    event_cursor, event_keys_batch, event_pending, event_pending_batches,
+    event_all_marked, event_cursor, event_keys_batch, event_pending, event_pending_batches,
     event_pending_batches_are_whole, event_unmark,
 };
 pub use lease::{

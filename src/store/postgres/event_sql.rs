@@ -426,3 +426,32 @@ pub(super) async fn advance(
     .await?;
     Ok(())
 }
+
+// The statements below commit without waiting for their WAL to be flushed: each joins
+// `(SELECT set_config('synchronous_commit', 'off', true))`, a row source of one row
+// evaluated once, whose setting lasts to the end of the transaction — for a statement
+// sent alone, its own — and the commit reads `synchronous_commit` then. A statement that
+// writes nothing never evaluates it, and has no commit to wait for either.
+
+/// The row of a pending batch (namespace, marker, marked at, deadline), committed
+/// asynchronously: its id, which the batch's keys name.
+pub(super) const PENDING_ROW_SQL: &str = "\
+INSERT INTO event_pending (namespace, marker, first_seen, deadline)
+SELECT $1, $2, $3, $4 FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+RETURNING id";
+
+/// A whole pending batch confirmed (namespace, marker): its rows deleted, asynchronously.
+pub(super) const CONFIRM_BATCH_SQL: &str = "\
+DELETE FROM event_pending p
+USING (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+WHERE p.namespace = $1 AND p.marker = $2";
+
+/// Some keys of a pending batch confirmed (namespace, marker, keys): those still naming
+/// it stop naming it, asynchronously.
+pub(super) const CONFIRM_KEYS_SQL: &str = "\
+UPDATE event_keys e SET pending = NULL
+FROM UNNEST($3::text[]) AS k(event_key), event_pending p,
+     (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+WHERE p.namespace = $1 AND p.marker = $2
+  AND e.namespace = $1 AND e.event_key = k.event_key
+  AND e.pending = p.id AND e.first_seen = p.first_seen";

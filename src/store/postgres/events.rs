@@ -34,26 +34,27 @@ impl PostgresStore {
                 }
                 .await
             }
-            // The batch's row and its keys in one transaction (one commit to wait for).
+            // The batch's row first, a statement of its own committed without waiting for
+            // the WAL to reach disk ([`PENDING_ROW_SQL`]); then the keys' COPY, whose
+            // commit does wait, and that flush covers the row's commit record too (the
+            // WAL is written in order), so no key outlives a crash without its row. Three
+            // round trips where a transaction around both took five (issue 36). A copy
+            // that fails leaves the row naming no key: the batch's confirmation, or
+            // cleanup once its deadline passed, deletes it with the batch's other rows.
             Some((marker, deadline)) => {
                 async {
                     let mut conn = self.turn().await?;
-                    let mut tx = conn.begin().await?;
-                    let id: i64 = sqlx::query_scalar(
-                        "INSERT INTO event_pending (namespace, marker, first_seen, deadline) \
-                         VALUES ($1, $2, $3, $4) RETURNING id",
-                    )
-                    .bind(namespace)
-                    .bind(marker)
-                    .bind(now)
-                    .bind(micros(deadline))
-                    .fetch_one(&mut *tx)
-                    .await?;
+                    let id: i64 = sqlx::query_scalar(PENDING_ROW_SQL)
+                        .bind(namespace)
+                        .bind(marker)
+                        .bind(now)
+                        .bind(micros(deadline))
+                        .fetch_one(&mut *conn)
+                        .await?;
                     let rows = copy_rows(namespace, firsts, decisions, expiries, now, Some(id));
-                    let mut copy = tx.copy_in_raw(COPY).await?;
+                    let mut copy = conn.copy_in_raw(COPY).await?;
                     copy.send(rows.as_bytes()).await?;
-                    let n = copy.finish().await?;
-                    tx.commit().await.map(|()| n)
+                    copy.finish().await
                 }
                 .await
             }
@@ -68,6 +69,32 @@ impl PostgresStore {
             }
             Err(e) => Err(self.err(e)),
         }
+    }
+
+    /// The verdicts of `marks` when every one of `keys` (their first occurrences) is
+    /// stored and alive, looked up in one statement; `None` when one is absent or expired.
+    pub(super) async fn all_marked(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        keys: &[&str],
+        now: DateTime<Utc>,
+    ) -> Result<Option<Vec<EventVerdict>>> {
+        let rows: Vec<LookedUp> = sqlx::query_as(EVENTS_LOOKUP_SQL)
+            .bind(namespace)
+            .bind(keys)
+            .bind(micros(now))
+            .fetch_all(&mut self.conn().await?)
+            .await
+            .map_err(|e| self.err(e))?;
+        if rows.len() < keys.len() || rows.iter().any(|r| r.expired == Some(true)) {
+            return Ok(None);
+        }
+        let mut found = Found::default();
+        for row in rows {
+            row.stored.into_found(&mut found);
+        }
+        Ok(Some(found.verdicts(marks, now)))
     }
 
     /// Keeps what a batch found, for the next to choose its first statement by.
@@ -121,19 +148,8 @@ impl PostgresStore {
                     }
                 }
                 BatchShape::Seen => {
-                    let rows: Vec<LookedUp> = sqlx::query_as(EVENTS_LOOKUP_SQL)
-                        .bind(namespace)
-                        .bind(&keys)
-                        .bind(micros(now))
-                        .fetch_all(&mut self.conn().await?)
-                        .await
-                        .map_err(|e| self.err(e))?;
-                    if rows.len() == firsts.len() && !rows.iter().any(|r| r.expired == Some(true)) {
-                        let mut found = Found::default();
-                        for row in rows {
-                            row.stored.into_found(&mut found);
-                        }
-                        return Ok(found.verdicts(marks, now));
+                    if let Some(verdicts) = self.all_marked(namespace, marks, &keys, now).await? {
+                        return Ok(verdicts);
                     }
                     // A key absent or expired: marked below.
                 }
@@ -353,45 +369,33 @@ impl EventKeyStore for PostgresStore {
             return Ok(0);
         }
         let names: Vec<&str> = keys.iter().map(|(k, _)| k.as_str()).collect();
-        // One transaction with `synchronous_commit` off: a confirmation lost to a server
-        // crash leaves the batch unconfirmed, its keys expire with its timeout and are
-        // reported `new` again (at least once, never lost), so it need not wait for a WAL
-        // flush of its own. Whole: the batch's one row goes. Some of its keys only: those
-        // keys stop naming it (looked up one at a time), the others stay pending.
+        // One statement, committed with `synchronous_commit` off ([`ASYNC_COMMIT`]): a
+        // confirmation lost to a server crash leaves the batch unconfirmed, its keys
+        // expire with its timeout and are reported `new` again (at least once, never
+        // lost), so it need not wait for a WAL flush of its own. Whole: the batch's rows
+        // go. Some of its keys only: those keys stop naming it, the others stay pending.
         let confirm = || async {
             let mut conn = self.turn().await?;
-            let mut tx = conn.begin().await?;
-            sqlx::query("SET LOCAL synchronous_commit = off")
-                .execute(&mut *tx)
-                .await?;
-            let done = if whole {
-                let done =
-                    sqlx::query("DELETE FROM event_pending WHERE namespace = $1 AND marker = $2")
-                        .bind(namespace)
-                        .bind(marker)
-                        .execute(&mut *tx)
-                        .await?;
-                if done.rows_affected() > 0 {
+            if whole {
+                let done = sqlx::query(CONFIRM_BATCH_SQL)
+                    .bind(namespace)
+                    .bind(marker)
+                    .execute(&mut *conn)
+                    .await?;
+                Ok(if done.rows_affected() > 0 {
                     keys.len() as u64
                 } else {
                     0
-                }
+                })
             } else {
-                sqlx::query(
-                    "UPDATE event_keys e SET pending = NULL \
-                     FROM UNNEST($3::text[]) AS k(event_key), event_pending p \
-                     WHERE p.namespace = $1 AND p.marker = $2 \
-                       AND e.namespace = $1 AND e.event_key = k.event_key \
-                       AND e.pending = p.id AND e.first_seen = p.first_seen",
-                )
-                .bind(namespace)
-                .bind(marker)
-                .bind(&names)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected()
-            };
-            tx.commit().await.map(|()| done)
+                sqlx::query(CONFIRM_KEYS_SQL)
+                    .bind(namespace)
+                    .bind(marker)
+                    .bind(&names)
+                    .execute(&mut *conn)
+                    .await
+                    .map(|done| done.rows_affected())
+            }
         };
         // Owed for records already written: asked again (a connection lost, a pool busy
         // under load) before the keys are left to expire.
@@ -493,6 +497,17 @@ impl EventKeyStore for PostgresStore {
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
         let rows = self.read_events(namespace, &refs, now).await?;
         Ok(event_keys::present(keys, rows.into_iter().map(|r| r.key)))
+    }
+
+    async fn check_all_marked(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+    ) -> Result<Option<Vec<EventVerdict>>> {
+        let firsts = event_keys::firsts(marks);
+        let keys: Vec<&str> = firsts.iter().map(|m| m.key.as_str()).collect();
+        self.all_marked(namespace, marks, &keys, now).await
     }
 
     async fn record_decision(

@@ -164,6 +164,22 @@ impl RedisStore {
         Some(verdicts)
     }
 
+    /// The stored values of `keys` (`None`: absent), one pipeline of `GET`s.
+    async fn get_all(
+        &self,
+        conn: &mut ConnectionManager,
+        keys: &[String],
+        operation: &'static str,
+    ) -> Result<Vec<Option<Vec<u8>>>> {
+        let mut pipe = redis::pipe();
+        for key in keys {
+            pipe.cmd("GET").arg(key);
+        }
+        pipe.query_async(conn)
+            .await
+            .map_err(|e| self.err(operation, e))
+    }
+
     /// Reads, in one `MGET`, the states of the pending batches that `stored` values name
     /// and `states` does not know yet.
     async fn learn<'a>(
@@ -544,15 +560,8 @@ impl EventKeyStore for RedisStore {
             return Ok(Vec::new());
         }
         let redis_keys: Vec<String> = keys.iter().map(|k| self.redis_key(namespace, k)).collect();
-        let mut pipe = redis::pipe();
-        for key in &redis_keys {
-            pipe.cmd("GET").arg(key);
-        }
         let mut conn = self.conn.clone();
-        let values: Vec<Option<Vec<u8>>> = pipe
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| self.err("is_duplicate", e))?;
+        let values = self.get_all(&mut conn, &redis_keys, "is_duplicate").await?;
         let decoded = values
             .iter()
             .zip(&redis_keys)
@@ -565,6 +574,47 @@ impl EventKeyStore for RedisStore {
             .iter()
             .map(|d| d.as_ref().is_some_and(|s| live(s, &states, now).is_some()))
             .collect())
+    }
+
+    async fn check_all_marked(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+    ) -> Result<Option<Vec<EventVerdict>>> {
+        let firsts = crate::store::event_keys::firsts(marks);
+        if firsts.is_empty() {
+            return Ok(Some(Vec::new()));
+        }
+        let keys: Vec<String> = firsts
+            .iter()
+            .map(|m| self.redis_key(namespace, &m.key))
+            .collect();
+        let mut conn = self.conn.clone();
+        let values = self.get_all(&mut conn, &keys, "check_all_marked").await?;
+        let mut decoded = Vec::with_capacity(values.len());
+        for (value, key) in values.iter().zip(&keys) {
+            match value {
+                Some(v) => decoded.push(self.decode(key, v)?),
+                None => return Ok(None),
+            }
+        }
+        let mut states = States::new();
+        self.learn(&mut conn, namespace, decoded.iter(), &mut states)
+            .await?;
+        let mut found = Found::default();
+        for (m, stored) in firsts.iter().zip(&decoded) {
+            let Some(decision) = live(stored, &states, now) else {
+                return Ok(None);
+            };
+            found.stored(
+                m.key.clone(),
+                stored.header.fingerprint.clone(),
+                decision.map(str::to_string),
+                DateTime::from_timestamp_micros(stored.header.first_seen).unwrap_or_default(),
+            );
+        }
+        Ok(Some(found.verdicts(marks, now)))
     }
 
     async fn record_decision(

@@ -27,6 +27,7 @@ use super::{
 use crate::error::{Error, Result};
 use crate::model::{micros, time, KeyRecord, RunRecord, RunStatus};
 
+mod event_sql;
 mod events;
 mod maintenance;
 mod runs;
@@ -56,9 +57,9 @@ struct EventWriter {
     /// all-or-nothing insert of every key (fresh keys come in runs), not read first.
     fresh: std::sync::atomic::AtomicBool,
     /// Whole-batch confirmations waiting for a write transaction to ride in
-    /// ([`events::Riders`]): the next writer to take the turn deletes their rows in its own
+    /// ([`event_sql::Riders`]): the next writer to take the turn deletes their rows in its own
     /// transaction, so a confirmation costs no commit of its own while batches are marked.
-    confirms: std::sync::Mutex<Vec<events::Rider>>,
+    confirms: std::sync::Mutex<Vec<event_sql::Rider>>,
 }
 
 fn ts(t: DateTime<Utc>) -> i64 {
