@@ -1,7 +1,7 @@
 //! A gate's pending marks: its batches' markers ([`PendingMarks`]) and the order they
 //! mark their keys in ([`MarkTurn`]).
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -40,6 +40,24 @@ impl MarkTurn {
             let _ = done.send(());
         }
     }
+
+    /// Passes the turn on without marking (a batch answered by a read): the next batch
+    /// still marks after the one before this one, but this one waits for neither. A turn
+    /// dropped unsent would let the next batch go at once, out of order.
+    pub(super) fn pass_on(&mut self) {
+        match (self.after.take(), self.done.take()) {
+            (Some(after), Some(done)) => {
+                tokio::spawn(async move {
+                    let _ = after.await;
+                    let _ = done.send(());
+                });
+            }
+            (None, Some(done)) => {
+                let _ = done.send(());
+            }
+            _ => {}
+        }
+    }
 }
 
 /// A row of [`MarkTurn`]s (see [`MarkTurn::row`]).
@@ -70,6 +88,10 @@ pub(super) struct PendingMarks {
     pub(super) batches: AtomicU64,
     /// How long a pending mark lives unconfirmed.
     pub(super) timeout: Duration,
+    /// The last batch marked was settled replays only ([`is_settled`]): the next is first
+    /// read ([`EventKeyStore::check_all_marked`](crate::store::EventKeyStore::check_all_marked)),
+    /// and answered without its turn when it is settled too.
+    pub(super) settled: AtomicBool,
 }
 
 impl PendingMarks {
@@ -90,6 +112,19 @@ impl PendingMarks {
 
 /// The name of the pending marker's one field.
 pub(super) const PENDING_FIELD: &str = "idem_pending";
+
+/// Whether a verdict needs no turn: a replay or a conflict against a mark that is pending
+/// for no batch (of this gate or another). A batch of such verdicts marks nothing and
+/// waits for no one, so it cannot be part of a wait between gates ([`MarkTurn`]).
+pub(super) fn is_settled(verdict: &crate::store::EventVerdict) -> bool {
+    match verdict {
+        crate::store::EventVerdict::New => false,
+        crate::store::EventVerdict::Replay { decision, .. } => {
+            !decision.as_ref().is_some_and(is_pending_marker)
+        }
+        crate::store::EventVerdict::Conflict { .. } => true,
+    }
+}
 
 /// Whether a stored decision is some gate's pending marker.
 pub(super) fn is_pending_marker(decision: &Value) -> bool {

@@ -397,3 +397,79 @@ async fn a_store_down_at_the_start_is_used_once_it_is_there() {
     assert_eq!(third[0].as_ref().unwrap().verdict_name(), "replay");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// With pending marks, after a batch of settled replays, the next batch of settled
+/// replays is answered by a read without waiting for its turn (a replay pass's batches
+/// run side by side), and passes its turn on: the batch after it still waits for the one
+/// before it. A batch with a key pending goes down its turn again.
+#[tokio::test]
+async fn settled_replays_are_read_without_their_turn_which_they_pass_on() {
+    let store = Arc::new(MemoryStore::new());
+    let ns = "settled";
+    let now = Utc::now();
+    let keys: Vec<String> = ["a", "b", "c", "d"].map(String::from).to_vec();
+    store.mark_event_keys(ns, &keys, now).await.unwrap();
+    let dedup = Deduplicator::new(store.clone(), ns, ["id"]).unwrap();
+    let gate = EventGate::new(dedup, Strategy::Strict, BreakerConfig::default())
+        .pending(Duration::from_secs(30));
+    let batch = |ids: &[&str]| {
+        let events: Vec<Value> = ids.iter().map(|id| json!({ "id": id })).collect();
+        gate.prepare(&events)
+    };
+    let replays = |admitted: Vec<std::result::Result<Admission, InvalidEvent>>| {
+        admitted
+            .iter()
+            .map(|a| a.as_ref().unwrap().verdict_name())
+            .collect::<Vec<_>>()
+    };
+    // The first batch goes down its turn (nothing read yet): settled, so the next reads.
+    let first = gate
+        .admit_in_turn(batch(&["a", "b"]), now, None, MarkTurn::default())
+        .await
+        .unwrap();
+    assert_eq!(replays(first), ["replay", "replay"]);
+
+    let mut row = MarkTurn::row();
+    let mut before = row.next_turn(); // a batch still marking, never done until below
+    let this = row.next_turn();
+    let mut after = row.next_turn();
+    let read = tokio::time::timeout(
+        Duration::from_secs(30),
+        gate.admit_in_turn(batch(&["c", "d"]), now, None, this),
+    )
+    .await
+    .expect("a batch of settled replays does not wait for the batch before it")
+    .unwrap();
+    assert_eq!(replays(read), ["replay", "replay"]);
+    // Its turn was passed on, not dropped: the next batch still waits for `before`.
+    let mut waiting = Box::pin(after.wait());
+    assert!(
+        futures_util::poll!(waiting.as_mut()).is_pending(),
+        "the batch after it waits for the batch before it"
+    );
+    before.done();
+    tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .expect("the batch before it done: the next goes");
+
+    // A key pending (for another gate): the batch goes down its turn, and is marked.
+    let other = crate::store::PendingBatch {
+        marker: r#"{"idem_pending":"another-gate/0"}"#,
+        timeout: Duration::from_secs(30),
+    };
+    store
+        .check_and_mark_pending(ns, &[crate::store::EventMark::key("e")], now, other, None)
+        .await
+        .unwrap();
+    let mut row = MarkTurn::row();
+    let mut before = row.next_turn();
+    let this = row.next_turn();
+    let call = gate.admit_in_turn(batch(&["a", "e"]), now, None, this);
+    let mut call = Box::pin(call);
+    assert!(
+        futures_util::poll!(call.as_mut()).is_pending(),
+        "a batch with a pending key waits for its turn"
+    );
+    before.done();
+    drop(call);
+}
