@@ -571,6 +571,58 @@ fn runs_through_pgbouncer_in_transaction_mode_all_complete() {
     let (code, ledger, err) = s.json(&["runs", "--limit", "0", "--status", "completed"]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(ledger.as_array().unwrap().len(), 200);
+
+    // Two gates at once on the same events through the pooler, pending marks on: their
+    // bulk copies, batches' rows and confirmations (statements committed asynchronously)
+    // all go through it. Each key is new in exactly one gate, no confirmation is lost (a
+    // third gate finds every key a replay at once, not pending), nothing is warned.
+    const LINES: usize = 5_000;
+    let input = s.dir.join("events.ndjson");
+    let events: String = (0..LINES)
+        .map(|i| format!("{{\"id\":\"e{i}\"}}\n"))
+        .collect();
+    std::fs::write(&input, events).unwrap();
+    let gate = |n: usize| {
+        let out = s.dir.join(format!("gate-{n}.ndjson"));
+        let child = s
+            .command(&[
+                "gate",
+                "--key",
+                "id",
+                "--namespace",
+                "bouncer",
+                "--batch",
+                "100",
+            ])
+            .arg("--input")
+            .arg(&input)
+            .arg("--output")
+            .arg(&out)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        (child, out)
+    };
+    let gates = [gate(0), gate(1)];
+    let mut new = 0;
+    for (child, out) in gates {
+        let done = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&done.stderr);
+        assert!(done.status.success(), "{stderr}");
+        assert!(!stderr.contains("WARN"), "{stderr}");
+        let records = std::fs::read_to_string(out).unwrap();
+        new += records.matches("\"verdict\":\"new\"").count();
+    }
+    assert_eq!(new, LINES, "each key new in exactly one gate");
+    let (third, out) = gate(2);
+    let done = third.wait_with_output().unwrap();
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    let records = std::fs::read_to_string(out).unwrap();
+    assert_eq!(records.matches("\"verdict\":\"replay\"").count(), LINES);
 }
 
 /// A ledger on a read-only mount, with no write-ahead log beside it (closed cleanly): the

@@ -430,15 +430,9 @@ pub(super) async fn advance(
 // The statements below commit without waiting for their WAL to be flushed: each joins
 // `(SELECT set_config('synchronous_commit', 'off', true))`, a row source of one row
 // evaluated once, whose setting lasts to the end of the transaction — for a statement
-// sent alone, its own — and the commit reads `synchronous_commit` then. A statement that
-// writes nothing never evaluates it, and has no commit to wait for either.
-
-/// The row of a pending batch (namespace, marker, marked at, deadline), committed
-/// asynchronously: its id, which the batch's keys name.
-pub(super) const PENDING_ROW_SQL: &str = "\
-INSERT INTO event_pending (namespace, marker, first_seen, deadline)
-SELECT $1, $2, $3, $4 FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
-RETURNING id";
+// sent alone, its own; behind a transaction pooler, the one the store's executor wraps it
+// in — and the commit reads `synchronous_commit` then. A statement that writes nothing
+// never evaluates it, and has no commit to wait for either.
 
 /// A whole pending batch confirmed (namespace, marker): its rows deleted, asynchronously.
 pub(super) const CONFIRM_BATCH_SQL: &str = "\

@@ -34,27 +34,30 @@ impl PostgresStore {
                 }
                 .await
             }
-            // The batch's row first, a statement of its own committed without waiting for
-            // the WAL to reach disk ([`PENDING_ROW_SQL`]); then the keys' COPY, whose
-            // commit does wait, and that flush covers the row's commit record too (the
-            // WAL is written in order), so no key outlives a crash without its row. Three
-            // round trips where a transaction around both took five (issue 36). A copy
-            // that fails leaves the row naming no key: the batch's confirmation, or
-            // cleanup once its deadline passed, deletes it with the batch's other rows.
+            // The batch's row and its keys in one transaction (one commit to wait for).
+            // Not the row committed on its own ahead of the copy (two round trips fewer,
+            // tried for issue 36): cleanup could then delete a row whose deadline passed
+            // before a slow copy committed, and the copy's keys would read as confirmed
+            // where they must be dead.
             Some((marker, deadline)) => {
                 async {
                     let mut conn = self.turn().await?;
-                    let id: i64 = sqlx::query_scalar(PENDING_ROW_SQL)
-                        .bind(namespace)
-                        .bind(marker)
-                        .bind(now)
-                        .bind(micros(deadline))
-                        .fetch_one(&mut *conn)
-                        .await?;
+                    let mut tx = conn.begin().await?;
+                    let id: i64 = sqlx::query_scalar(
+                        "INSERT INTO event_pending (namespace, marker, first_seen, deadline) \
+                         VALUES ($1, $2, $3, $4) RETURNING id",
+                    )
+                    .bind(namespace)
+                    .bind(marker)
+                    .bind(now)
+                    .bind(micros(deadline))
+                    .fetch_one(&mut *tx)
+                    .await?;
                     let rows = copy_rows(namespace, firsts, decisions, expiries, now, Some(id));
-                    let mut copy = conn.copy_in_raw(COPY).await?;
+                    let mut copy = tx.copy_in_raw(COPY).await?;
                     copy.send(rows.as_bytes()).await?;
-                    copy.finish().await
+                    let n = copy.finish().await?;
+                    tx.commit().await.map(|()| n)
                 }
                 .await
             }
@@ -380,7 +383,7 @@ impl EventKeyStore for PostgresStore {
                 let done = sqlx::query(CONFIRM_BATCH_SQL)
                     .bind(namespace)
                     .bind(marker)
-                    .execute(&mut *conn)
+                    .execute(&mut conn)
                     .await?;
                 Ok(if done.rows_affected() > 0 {
                     keys.len() as u64
@@ -392,7 +395,7 @@ impl EventKeyStore for PostgresStore {
                     .bind(namespace)
                     .bind(marker)
                     .bind(&names)
-                    .execute(&mut *conn)
+                    .execute(&mut conn)
                     .await
                     .map(|done| done.rows_affected())
             }

@@ -195,23 +195,44 @@ pub(super) fn pending_write_sql(n: usize, riders: bool) -> String {
     sql
 }
 
-/// Runs a string of statements from `BEGIN` to `COMMIT` ([`pending_write_sql`]) and
-/// returns the rows they returned; when one fails, rolls the transaction back (or, when
-/// that fails too, closes the connection rather than give it back to the pool inside a
-/// transaction) and returns its error.
+/// Runs a string of statements from `BEGIN` to `COMMIT` ([`pending_write_sql`]) on a
+/// pooled connection and returns the rows they returned; when one fails, rolls the
+/// transaction back and returns its error. The connection goes back to the pool only
+/// outside a transaction: when the rollback fails too, or when this call is dropped
+/// midway (its caller cancelled), it is closed instead (SQLite rolls back on close), since
+/// sqlx does not know of a transaction begun by a statement of the string.
 pub(super) async fn write_in_one_trip(
-    conn: &mut sqlx::pool::PoolConnection<sqlx::Sqlite>,
+    conn: sqlx::pool::PoolConnection<sqlx::Sqlite>,
     query: SqliteQuery<'_>,
 ) -> std::result::Result<Vec<sqlx::sqlite::SqliteRow>, sqlx::Error> {
+    let mut open = InTransaction(Some(conn));
+    let Some(conn) = open.0.as_mut() else {
+        return Err(sqlx::Error::PoolClosed);
+    };
     match query.fetch_all(&mut **conn).await {
-        Ok(rows) => Ok(rows),
+        Ok(rows) => {
+            open.0.take();
+            Ok(rows)
+        }
         Err(e) => {
             // `BEGIN` itself may be what failed (busy): then there is nothing to roll back
             // and SQLite says so, which costs only the connection.
-            if sqlx::query("ROLLBACK").execute(&mut **conn).await.is_err() {
-                conn.close_on_drop();
+            if sqlx::query("ROLLBACK").execute(&mut **conn).await.is_ok() {
+                open.0.take();
             }
             Err(e)
+        }
+    }
+}
+
+/// A pooled connection that may be inside a transaction sqlx does not know of: closed, not
+/// given back to the pool, when dropped still holding it ([`write_in_one_trip`]).
+struct InTransaction(Option<sqlx::pool::PoolConnection<sqlx::Sqlite>>);
+
+impl Drop for InTransaction {
+    fn drop(&mut self) {
+        if let Some(conn) = self.0.as_mut() {
+            conn.close_on_drop();
         }
     }
 }

@@ -114,7 +114,7 @@ impl SqliteStore {
                         query = bind_marks(query, chunk, namespace, now, Some(marker));
                     }
                     let written = match self.pool.acquire().await {
-                        Ok(mut conn) => write_in_one_trip(&mut conn, query).await,
+                        Ok(conn) => write_in_one_trip(conn, query).await,
                         Err(e) => Err(e),
                     };
                     let tried = match written {
