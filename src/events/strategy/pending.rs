@@ -7,8 +7,8 @@ use std::time::Duration;
 use serde_json::Value;
 
 /// Where a batch's pending marks go in the order of its gate's batches: after the batch
-/// before it has marked its keys (`after` answers, or is dropped: that batch ended
-/// without marking), and before the next one (`done`, sent or dropped).
+/// before it has marked its keys, or ended without marking (`after` answers), and before
+/// the next one (`done`; a turn dropped unused is passed on in order, see `Drop`).
 ///
 /// A batch that finds keys pending for another gate waits for that gate to confirm them,
 /// which it does once their records are out, after every earlier batch of its own: were a
@@ -29,9 +29,11 @@ impl MarkTurn {
     }
 
     pub(super) async fn wait(&mut self) {
-        if let Some(after) = self.after.take() {
-            // Dropped unsent (the batch before failed or was cancelled): go on all the same.
+        if let Some(after) = self.after.as_mut() {
+            // Dropped unsent (outside a runtime): go on all the same. Kept until it
+            // answered, so a wait cancelled midway still passes the turn on in order.
             let _ = after.await;
+            self.after = None;
         }
     }
 
@@ -47,16 +49,27 @@ impl MarkTurn {
     pub(super) fn pass_on(&mut self) {
         match (self.after.take(), self.done.take()) {
             (Some(after), Some(done)) => {
-                tokio::spawn(async move {
-                    let _ = after.await;
-                    let _ = done.send(());
-                });
+                // Outside a runtime (a turn dropped there) nothing can wait: both go.
+                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                    runtime.spawn(async move {
+                        let _ = after.await;
+                        let _ = done.send(());
+                    });
+                }
             }
             (None, Some(done)) => {
                 let _ = done.send(());
             }
             _ => {}
         }
+    }
+}
+
+/// A turn dropped unused (its batch's call cancelled, or it marked nothing) is passed on,
+/// not dropped: the batch after it still waits for the one before it.
+impl Drop for MarkTurn {
+    fn drop(&mut self) {
+        self.pass_on();
     }
 }
 
@@ -113,9 +126,10 @@ impl PendingMarks {
 /// The name of the pending marker's one field.
 pub(super) const PENDING_FIELD: &str = "idem_pending";
 
-/// Whether a verdict needs no turn: a replay or a conflict against a mark that is pending
-/// for no batch (of this gate or another). A batch of such verdicts marks nothing and
-/// waits for no one, so it cannot be part of a wait between gates ([`MarkTurn`]).
+/// Whether a verdict needs no turn: a replay against a mark that is pending for no batch
+/// (of this gate or another), or a conflict (which never waits either: `settle_pending`
+/// waits on replays only). A batch of such verdicts marks nothing and waits for no one,
+/// so it cannot be part of a wait between gates ([`MarkTurn`]).
 pub(super) fn is_settled(verdict: &crate::store::EventVerdict) -> bool {
     match verdict {
         crate::store::EventVerdict::New => false,

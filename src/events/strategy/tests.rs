@@ -473,3 +473,27 @@ async fn settled_replays_are_read_without_their_turn_which_they_pass_on() {
     before.done();
     drop(call);
 }
+
+/// A turn dropped unused (its batch's call cancelled while it waited) is passed on in
+/// order: the batch after it still waits for the batch before it, then goes.
+#[tokio::test]
+async fn a_turn_dropped_unused_is_passed_on_in_order() {
+    let mut row = MarkTurn::row();
+    let mut first = row.next_turn();
+    let mut second = row.next_turn();
+    let mut third = row.next_turn();
+    {
+        let mut waiting = Box::pin(second.wait());
+        assert!(futures_util::poll!(waiting.as_mut()).is_pending());
+    }
+    drop(second);
+    let mut waiting = Box::pin(third.wait());
+    assert!(
+        futures_util::poll!(waiting.as_mut()).is_pending(),
+        "the third waits for the first, not for the dropped second"
+    );
+    first.done();
+    tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .expect("the first done: the third goes");
+}
