@@ -245,17 +245,14 @@ pub(super) async fn insert_pending(
     (marker, deadline): (&str, DateTime<Utc>),
     now: DateTime<Utc>,
 ) -> std::result::Result<(), sqlx::Error> {
-    sqlx::query(
-        "INSERT INTO event_pending (namespace, marker, first_seen, deadline) \
-         VALUES (?1, ?2, ?3, ?4)",
-    )
-    .bind(namespace)
-    .bind(marker)
-    .bind(ts(now))
-    .bind(ts(deadline))
-    .execute(conn)
-    .await
-    .map(|_| ())
+    sqlx::query(PENDING_INSERT_SQL)
+        .bind(namespace)
+        .bind(marker)
+        .bind(ts(now))
+        .bind(ts(deadline))
+        .execute(conn)
+        .await
+        .map(|_| ())
 }
 
 /// The live rows of namespace `?` at `?` of `n` keys (`?`…, then `now` again), as one

@@ -48,6 +48,21 @@ impl SqliteStore {
         Ok(present)
     }
 
+    /// The stored, unexpired rows of `firsts` (a batch's first occurrences), read on a
+    /// pooled connection outside the write lock and added to `found`; returns their keys.
+    async fn read_firsts(
+        &self,
+        namespace: &str,
+        firsts: &[&EventMark],
+        now: DateTime<Utc>,
+        found: &mut Found,
+    ) -> Result<HashSet<String>> {
+        let sqls = read_sqls(firsts.len());
+        let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+        let reads = read_queries(&sqls, firsts, namespace, now);
+        self.read_stored(&mut conn, reads, found).await
+    }
+
     /// `check_and_mark`, and the cursor's advance in the same transaction; with `pending`
     /// (a marker and its deadline) the keys it marks are pending for that batch, whose
     /// row (migration 0010) goes in the same transaction, so its keys are never seen
@@ -139,13 +154,10 @@ impl SqliteStore {
                 Err(e) => return Err(self.err(e)),
             }
         }
-        let first_sqls = read_sqls(firsts.len());
         let mut found = Found::default();
-        let present = {
-            let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
-            let reads = read_queries(&first_sqls, &firsts, namespace, now);
-            self.read_stored(&mut conn, reads, &mut found).await?
-        };
+        let present = self
+            .read_firsts(namespace, &firsts, now, &mut found)
+            .await?;
         let absent: Vec<&EventMark> = firsts
             .iter()
             .copied()
@@ -348,13 +360,10 @@ impl EventKeyStore for SqliteStore {
         now: DateTime<Utc>,
     ) -> Result<Option<Vec<EventVerdict>>> {
         let firsts = event_keys::firsts(marks);
-        let sqls = read_sqls(firsts.len());
         let mut found = Found::default();
-        let present = {
-            let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
-            let reads = read_queries(&sqls, &firsts, namespace, now);
-            self.read_stored(&mut conn, reads, &mut found).await?
-        };
+        let present = self
+            .read_firsts(namespace, &firsts, now, &mut found)
+            .await?;
         Ok((present.len() == firsts.len()).then(|| found.verdicts(marks, now)))
     }
 
