@@ -1,5 +1,6 @@
 //! A fleet on BigQuery: 1,000 runs fired within the same minute (900 scopes in a scrambled
-//! order over 60 s, 100 of them fired twice at the same instant), each its own store instance, claiming, working briefly and finishing, against
+//! order over 60 s; 100 more runs of 40 of them, 2 to 5 claimers of one scope at the same
+//! instant), each its own store instance, claiming, working briefly and finishing, against
 //! the emulator behind the limits simulator (tests/common/bq_limits.rs: 2 running + 20
 //! queued mutating DML per table, INSERT limits, concurrent-update conflicts, a latency
 //! per statement). Prints quota failures, completions per scope, `in_progress` skips,
@@ -12,7 +13,9 @@
 //! long; 0 fires all at once), `IDEM_BENCH_FREE_INSERTS` (1500: INSERTs per table before
 //! the INSERT limits apply) and `IDEM_BENCH_MODEL=1` (the model's rules on top: each
 //! statement of a script its own job, snapshot and commit, float TIMESTAMP cells on polls,
-//! as the tests "at the model" run it; docs/bigquery.md) change it. The emulator behind the simulator serves about 30
+//! as the tests "at the model" run it; docs/bigquery.md) and `IDEM_BENCH_SHARDS=n` (only
+//! the runs whose lease lives in the first n lease tables, fired when they would be in the
+//! whole fleet: those tables take the whole fleet's load, the emulator a fraction) change it. The emulator behind the simulator serves about 30
 //! idem statements a second on a 2-core machine; a fleet that needs more waits for it, and
 //! a statement waiting over a minute times out on the client.
 
@@ -63,11 +66,18 @@ fn main() {
             prefix: format!("bench_{}", &idem::new_run_id()[..8]),
             spread: Duration::from_secs(env_u64("IDEM_BENCH_SPREAD_S", 60)),
             one_shard: None,
+            only_shards: std::env::var("IDEM_BENCH_SHARDS")
+                .ok()
+                .and_then(|v| v.parse().ok()),
         };
         println!(
-            "bigquery fleet: {runs} runs fired over {:?}, {} duplicates, DML {dml:?}, reads {:?}, work {work:?}, free INSERTs/table {}, {}",
+            "bigquery fleet: {runs} runs fired over {:?}, {} duplicates (2-5 claimers of a duplicated scope), {}, DML {dml:?}, reads {:?}, work {work:?}, free INSERTs/table {}, {}",
             fleet.spread,
             fleet.duplicates,
+            match fleet.only_shards {
+                Some(n) => format!("only the runs whose lease is in the first {n} of {} lease tables", idem::store::bigquery::LEASE_TABLES.len()),
+                None => "every run".to_string(),
+            },
             limits.read_latency,
             limits.insert_free_per_day,
             if limits.statements { "at the model (a job per statement)" } else { "scripts whole" }

@@ -1235,6 +1235,7 @@ mod bigquery {
             prefix: unique("shard"),
             spread: Duration::ZERO,
             one_shard: Some(5),
+            only_shards: None,
         };
         let report = super::fleet::fire(&fleet, &url, &sim).await;
         eprintln!("{}", report.summary());
@@ -1285,6 +1286,7 @@ mod bigquery {
             prefix: unique("fleet"),
             spread: Duration::ZERO,
             one_shard: None,
+            only_shards: None,
         };
         let report = super::fleet::fire(&fleet, &url, &sim).await;
         eprintln!("{}", report.summary());

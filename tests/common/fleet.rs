@@ -1,6 +1,7 @@
 //! A fleet of runs fired at once against a BigQuery store behind the limits simulator
-//! (`bq_limits.rs`): `runs` runs over `runs - duplicates` scopes, the first `duplicates`
-//! scopes fired twice at the same moment. Each run has its own store instance (its own
+//! (`bq_limits.rs`): `runs` runs over `runs - duplicates` scopes; the `duplicates` extra
+//! runs go to the first scopes, 1 to 4 extra each in turn (2–5 claimers of one new scope,
+//! fired at the same moment). Each run has its own store instance (its own
 //! HTTP client and connections), claims its scope (time window 1 h + lease), works for
 //! `work`, and finishes. Shared by `tests/bigquery.rs` (scaled for CI) and
 //! `benches/bigquery_fleet.rs` (1,000 runs).
@@ -23,7 +24,8 @@ use super::bq_limits::{Simulator, Stats};
 pub struct Fleet {
     /// Runs fired.
     pub runs: usize,
-    /// Scopes fired twice (the second run of each is a concurrent duplicate).
+    /// Extra runs of scopes already in the fleet (concurrent duplicates): the first scopes
+    /// get 1, 2, 3, 4, 1, 2, … of them, so a duplicated scope has 2 to 5 claimers at once.
     pub duplicates: usize,
     /// Jobs (processor names) the scopes are spread over; the rest of a scope is its date.
     pub jobs: usize,
@@ -39,6 +41,10 @@ pub struct Fleet {
     /// Only scopes whose lease lives in this lease table (`processing_leases_NN`): the
     /// worst case of one table's queue and conflicts. `None`: every table.
     pub one_shard: Option<usize>,
+    /// Only the runs whose lease lives in the first `n` lease tables (`Some(n)`), each
+    /// fired when it would be in the whole fleet: those tables get exactly the load the
+    /// whole fleet puts on each of them, with a fraction of its statements. `None`: all.
+    pub only_shards: Option<usize>,
 }
 
 /// What a fleet did.
@@ -188,14 +194,23 @@ impl Processor for Work {
     }
 }
 
-/// The scope index of run `i`.
+/// The scope index of run `i`: runs `0..scopes` one each, then the duplicates, 1, 2, 3
+/// and 4 extra runs of scopes 0, 1, 2, 3, then again for scopes 4 to 7, and so on.
 fn scope_index(fleet: &Fleet, i: usize) -> usize {
     let scopes = fleet.runs - fleet.duplicates;
     if i < scopes {
-        i
-    } else {
-        i - scopes
+        return i;
     }
+    let d = i - scopes;
+    // Each group of 4 scopes takes 1 + 2 + 3 + 4 = 10 duplicates.
+    let (group, r) = (d / 10, d % 10);
+    let within = match r {
+        0 => 0,
+        1..=2 => 1,
+        3..=5 => 2,
+        _ => 3,
+    };
+    (4 * group + within) % scopes.max(1)
 }
 
 /// When run `i` fires, after the fleet's start: scopes in a scrambled order over the
@@ -231,7 +246,15 @@ pub async fn fire(fleet: &Fleet, url: &str, sim: &Simulator) -> FleetReport {
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(fleet.runs);
     let scopes = scopes(fleet);
-    for i in 0..fleet.runs {
+    let fired: Vec<usize> = (0..fleet.runs)
+        .filter(|&i| {
+            fleet.only_shards.is_none_or(|n| {
+                let (job, date) = &scopes[scope_index(fleet, i)];
+                idem::store::bigquery::lease_shard(job, &date.to_string()) < n
+            })
+        })
+        .collect();
+    for &i in &fired {
         let (job, date) = scopes[scope_index(fleet, i)].clone();
         let (url, calls, fleet) = (url.clone(), calls.clone(), fleet.clone());
         tasks.push(tokio::spawn(async move {
@@ -257,14 +280,17 @@ pub async fn fire(fleet: &Fleet, url: &str, sim: &Simulator) -> FleetReport {
         }));
     }
     let mut report = FleetReport {
-        runs: fleet.runs,
-        scopes: fleet.runs - fleet.duplicates,
+        runs: fired.len(),
+        scopes: fired
+            .iter()
+            .map(|&i| scope_index(fleet, i))
+            .collect::<std::collections::BTreeSet<_>>()
+            .len(),
         ..Default::default()
     };
     let mut completions: BTreeMap<String, usize> = BTreeMap::new();
-    let scopes = fleet.runs - fleet.duplicates;
     for task in tasks {
-        let (i, scope, result, started, ended) = task.await.expect("run task");
+        let (_, scope, result, started, ended) = task.await.expect("run task");
         let entry = completions.entry(scope.clone()).or_default();
         let fail = |m: String, report: &mut FleetReport| {
             let l = m.to_ascii_lowercase();
@@ -302,7 +328,6 @@ pub async fn fire(fleet: &Fleet, url: &str, sim: &Simulator) -> FleetReport {
                 &mut report,
             ),
         }
-        let _ = (i, scopes);
     }
     report.wall = start.elapsed();
     report.decision.sort();
@@ -312,7 +337,7 @@ pub async fn fire(fleet: &Fleet, url: &str, sim: &Simulator) -> FleetReport {
         }
     }
     report.double_work = calls.lock().unwrap().values().map(|n| n - 1).sum();
-    // The duplicates: of each doubled scope, exactly one run may have completed.
+    // The duplicates: of each duplicated scope, exactly one run may have completed.
     report.duplicates_not_skipped = report
         .wrong_completions
         .values()
