@@ -111,6 +111,91 @@ mod bigquery {
         w.query(statement, &Default::default()).await.unwrap()
     }
 
+    /// Issue 35: a lookup of a run id idem made for a run (`RunRequest::new`) reads only the
+    /// ledger partitions from a day before the time in the id (a UUID v7); a caller's id
+    /// is looked up in the whole
+    /// ledger. So a caller's id recorded 10 days ago is still refused
+    /// (`DuplicateRunId`, nothing written), an id idem made and finished twice (a re-sent
+    /// finish) is recorded once, and `runs` finds each by its id.
+    #[tokio::test]
+    async fn run_id_lookups_find_an_old_callers_id_and_record_idems_once() {
+        let url = require_bigquery!("run_id_lookups_find_an_old_callers_id_and_record_idems_once");
+        let store = BigQueryStore::connect(&url).await.unwrap();
+        let p = unique("runid");
+        let now = chrono::DateTime::from_timestamp_micros(Utc::now().timestamp_micros()).unwrap();
+        // A completed run's finish (with its scope key when `keyed`; a skip's row alone,
+        // the single-statement insert, when not).
+        let finish = |id: &str, scope: &str, at, keyed: bool| {
+            let mut run =
+                idem::store::conformance::run_record(&p, scope, id, RunStatus::Completed, at);
+            if !keyed {
+                run.status = RunStatus::Skipped;
+                run.skip_reason = Some(SkipReason::TimeWindow);
+            }
+            let key = idem::store::conformance::key_record(
+                &scope_key(&p, scope),
+                KeyKind::Scope,
+                &p,
+                scope,
+                id,
+                at,
+            );
+            Finish {
+                run,
+                keys: if keyed { vec![key] } else { vec![] },
+                lease: None,
+            }
+        };
+        let duplicate = |r: idem::Result<()>| {
+            assert!(matches!(r, Err(Error::DuplicateRunId { .. })), "{r:?}");
+        };
+        let caller = unique("orchestrator");
+        let old = now - chrono::Duration::days(10);
+        store
+            .finish(&finish(&caller, "s1", old, false))
+            .await
+            .unwrap();
+        duplicate(store.finish(&finish(&caller, "s2", now, true)).await);
+        // Another row with the id of a skip's row: the lookup, bounded to the partitions
+        // from a day before the id's time, finds it.
+        let made_id = || RunRequest::new("x", idem::parse_date("2025-01-01").unwrap()).run_id;
+        let made = made_id();
+        store
+            .finish(&finish(&made, "s3", now, false))
+            .await
+            .unwrap();
+        duplicate(store.finish(&finish(&made, "s3b", now, false)).await);
+        // A completed run's finish sent twice: recorded once.
+        let made_too = made_id();
+        let twice = finish(&made_too, "s4", now, true);
+        store.finish(&twice).await.unwrap();
+        store.finish(&twice).await.unwrap();
+        let all = store
+            .runs(&RunFilter {
+                processor: Some(p.clone()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let ids: Vec<&str> = all.iter().map(|r| r.run_id.as_str()).collect();
+        for id in [&caller, &made, &made_too] {
+            assert_eq!(
+                ids.iter().filter(|i| **i == id.as_str()).count(),
+                1,
+                "{ids:?}"
+            );
+            let by_id = store
+                .runs(&RunFilter {
+                    run_id: Some(id.clone()),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            assert_eq!(by_id.len(), 1, "{id}");
+        }
+        assert_eq!(all.iter().find(|r| r.run_id == caller).unwrap().scope, "s1");
+    }
+
     /// The per-run check filters on the partition column of `processing_keys` and answers every
     /// lookup of a run in one API round trip.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

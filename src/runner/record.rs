@@ -56,14 +56,11 @@ impl Runner {
     /// A run id the caller chose (`--run-id`, an orchestrator's id reused across retries)
     /// that the ledger holds already is replaced by a derived one *before* anything runs, so
     /// the processor (SQL's `@run_id`, a command's `IDEM_RUN_ID`) sees the id the ledger
-    /// will record. An id in the form idem makes ([`crate::new_run_id`], a random UUID) is
-    /// not looked up: it is new. A ledger that cannot be read leaves the id as it is (the
+    /// will record. An id in the form idem makes (a UUID v7 from [`RunRequest::new`], or
+    /// a v4 as before) is not looked up: it is new. A ledger that cannot be read leaves the id as it is (the
     /// finish still derives one if it turns out taken).
     pub(super) async fn settle_run_id(&self, mut request: RunRequest) -> RunRequest {
-        let generated = uuid::Uuid::parse_str(&request.run_id).is_ok_and(|u| {
-            u.get_version_num() == 4 && u.hyphenated().to_string() == request.run_id
-        });
-        if generated {
+        if crate::model::is_made_run_id(&request.run_id) {
             return request;
         }
         let taken = self

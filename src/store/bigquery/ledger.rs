@@ -61,6 +61,7 @@ impl BigQueryStore {
                 &self.sql.run_insert,
                 vec![
                     string("run_id", &run.run_id),
+                    timestamp("run_id_since", scripts::run_id_since(run)),
                     string("processor", &run.processor),
                     string("scope", &run.scope),
                     date("scope_date", run.scope_date),

@@ -145,6 +145,37 @@ END IF;
     sql
 }
 
+/// How much earlier than the time in its id ([`crate::model::run_id_made_at`]) another
+/// row carrying a run id may have started: the id is made before the run starts, on the
+/// clock that then stamps `started_at`, so this only covers that clock being stepped back.
+const RUN_ID_CLOCK_MARGIN_HOURS: i64 = 24;
+
+/// The earliest `started_at` of a ledger row that can carry `run`'s id: for an id idem
+/// made (a UUID v7 holding the time it was made), a day before the earlier of that time
+/// and the row's own start (a row written with an earlier start than its id, as tests
+/// and imports do, is still found), so a lookup reads the partitions from then on, not
+/// the whole ledger; the epoch for any other id (a caller's id may have been recorded on
+/// any day). `processing_runs` is partitioned by `DATE(started_at)`.
+pub(super) fn run_id_since(run: &RunRecord) -> DateTime<Utc> {
+    crate::model::run_id_made_at(&run.run_id)
+        .map(|made| made.min(run.started_at))
+        .and_then(|at| at.checked_sub_signed(chrono::Duration::hours(RUN_ID_CLOCK_MARGIN_HOURS)))
+        .unwrap_or(DateTime::UNIX_EPOCH)
+}
+
+/// `run_id = <id>` and, for an id idem made, the partitions it can be in
+/// ([`run_id_since`]): the condition of every lookup of a run id in the scripts.
+fn run_id_is(run: &RunRecord) -> String {
+    let id = lit::string(&run.run_id);
+    if crate::model::run_id_made_at(&run.run_id).is_none() {
+        return format!("run_id = {id}");
+    }
+    format!(
+        "run_id = {id} AND started_at >= {}",
+        lit::timestamp(run_id_since(run))
+    )
+}
+
 /// What a [`finish`] script answers in its one row (`outcome`).
 pub(super) const RECORDED: &str = "recorded";
 /// The lease was no longer held with this token: nothing written.
@@ -192,6 +223,7 @@ pub(super) fn finish(
     now: DateTime<Utc>,
 ) -> String {
     let id = lit::string(&run.run_id);
+    let run_id_is = run_id_is(run);
     let this_row = format!(
         "run_id = {id} AND processor_name = {} AND scope = {} AND started_at = {} \
 AND finished_at = {} AND status = {}",
@@ -203,7 +235,7 @@ AND finished_at = {} AND status = {}",
     );
     let mut writes = format!(
         "INSERT INTO {runs} ({RUN_COLUMNS}) SELECT {} FROM UNNEST([1]) \
-WHERE NOT EXISTS (SELECT 1 FROM {runs} WHERE run_id = {id});",
+WHERE NOT EXISTS (SELECT 1 FROM {runs} WHERE {run_id_is});",
         run_values(run)
     );
     if !key_rows.is_empty() {
@@ -227,7 +259,7 @@ AND processed_at BETWEEN {oldest} AND {newest});",
         ));
     }
     let not_duplicate =
-        format!("NOT EXISTS (SELECT 1 FROM {runs} WHERE run_id = {id} AND NOT ({this_row}))");
+        format!("NOT EXISTS (SELECT 1 FROM {runs} WHERE {run_id_is} AND NOT ({this_row}))");
     let body = match lease {
         Some(lease) => {
             let fence = format!(
@@ -267,7 +299,7 @@ AND processed_at BETWEEN {oldest} AND {newest});",
 END IF;
 SELECT CASE WHEN COUNTIF({this_row}) > 0 THEN '{RECORDED}' \
 WHEN COUNT(*) > 0 THEN '{DUPLICATE}' ELSE '{LOST}' END AS outcome \
-FROM {runs} WHERE run_id = {id};"
+FROM {runs} WHERE {run_id_is};"
     )
 }
 
@@ -310,7 +342,7 @@ f.metadata AS metadata, f.run_id AS run_id, f.keep_until AS keep_until))";
 DECLARE recorded_previous STRING DEFAULT NULL;
 DECLARE recorded BOOL DEFAULT FALSE;
 IF EXISTS (SELECT 1 FROM UNNEST(found) AS f WHERE f.pos = {pos}) THEN
-  IF NOT EXISTS (SELECT 1 FROM {runs} WHERE run_id = {id}) THEN
+  IF NOT EXISTS (SELECT 1 FROM {runs} WHERE {run_id_is}) THEN
     INSERT INTO {runs} ({RUN_COLUMNS})
     SELECT {values} FROM UNNEST(found) AS f WHERE f.pos = {pos};
   END IF;
@@ -328,6 +360,7 @@ CAST(NULL AS INT64), CAST(NULL AS JSON), recorded_previous, CAST(NULL AS TIMESTA
 FROM UNNEST([1]) WHERE recorded;",
         find_keys = find_keys_literal(keys, lookups),
         values = run_values_with(run, "f.run_id".to_string()),
+        run_id_is = run_id_is(run),
         lease = LEASE_BRANCH
             .replace("{leases}", leases)
             .replace("{processor}", &p)
@@ -391,4 +424,98 @@ fn key_struct(k: &KeyRecord) -> String {
         .map(|(v, n)| format!("{v} AS {n}"))
         .collect();
     format!("STRUCT({})", fields.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{KeyKind, RunStatus};
+    use crate::store::conformance::{key_record, run_record};
+
+    /// Every lookup of the run id in `sql` (`FROM <runs> WHERE …run_id = …`), up to the
+    /// next statement.
+    fn run_id_lookups(sql: &str, runs: &str) -> Vec<String> {
+        sql.match_indices(&format!("FROM {runs} WHERE"))
+            .map(|(at, _)| {
+                let rest = &sql[at..];
+                let end = rest.find([';', '\n']).unwrap_or(rest.len());
+                rest[..end].to_string()
+            })
+            .filter(|l| l.contains("run_id = "))
+            .collect()
+    }
+
+    /// A finish and a recorded skip of a run whose id idem made read the ledger only from
+    /// a day before the time in the id: `processing_runs` is partitioned by
+    /// `DATE(started_at)`, so the lookups read the partitions from then on, not the whole
+    /// ledger. A caller's id may have been recorded at any time: those lookups stay whole.
+    #[test]
+    fn run_id_lookups_of_an_id_idem_made_are_bounded_by_partition() {
+        let now = Utc::now();
+        let date = chrono::NaiveDate::from_ymd_opt(2025, 1, 1).unwrap();
+        let made = crate::model::RunRequest::new("job", date).run_id;
+        let made_at = crate::model::run_id_made_at(&made).expect("a UUID v7 has its time");
+        assert!(
+            (now - made_at).num_seconds().abs() < 5,
+            "{made_at} vs {now}"
+        );
+        // The rows below start 1.5 s before `now`: a little before the id was made.
+        let started = now - chrono::Duration::milliseconds(1500);
+        let since = lit::timestamp(made_at.min(started) - chrono::Duration::hours(24));
+        let (runs, keys, leases) = ("`p.d.processing_runs`", "`p.d.processing_keys`", "`p.d.l`");
+        for (id, bounded) in [(made.as_str(), true), ("airflow-run-42", false)] {
+            let run = run_record("job", "2025-01-01", id, RunStatus::Completed, now);
+            let key = key_record("k", KeyKind::Scope, "job", "2025-01-01", id, now);
+            let lease = Lease {
+                processor: "job".into(),
+                scope: "2025-01-01".into(),
+                run_id: id.into(),
+                token: 3,
+                acquired_at: now,
+                expires_at: now + chrono::Duration::hours(1),
+            };
+            let finish = finish(runs, keys, leases, &run, &[key], Some(&lease), now);
+            let mut skip_run = run.clone();
+            skip_run.status = RunStatus::Skipped;
+            let skip = SkipOnHit {
+                position: 0,
+                run: skip_run,
+            };
+            let lookup = KeyLookup {
+                key: "k".into(),
+                kind: KeyKind::Content,
+                since: now - chrono::Duration::hours(24),
+            };
+            let skip = find_recording_skip(runs, keys, leases, &[lookup], &skip);
+            let after = format!("WHERE run_id = {} AND started_at ", lit::string(id));
+            for sql in [finish, skip] {
+                let lookups = run_id_lookups(&sql, runs);
+                assert!(lookups.len() >= 2, "{sql}");
+                // A lookup of this very row (its start time) is pruned for any id; the
+                // lookups of the id anywhere are pruned only for an id idem made.
+                let whole: Vec<&String> = lookups
+                    .iter()
+                    .filter(|l| {
+                        !l.contains(&format!("{after}>= {since}"))
+                            && !l.contains(&format!("{after}= "))
+                    })
+                    .collect();
+                assert_eq!(whole.is_empty(), bounded, "{id}: {whole:?}");
+            }
+        }
+        let at = |id: &str, started: DateTime<Utc>| {
+            run_id_since(&run_record("job", "s", id, RunStatus::Completed, started))
+        };
+        assert_eq!(at("airflow-run-42", now), DateTime::UNIX_EPOCH);
+        // A UUID v4 (run ids before, `new_run_id`) has no time in it: read whole.
+        assert_eq!(at(&crate::model::new_run_id(), now), DateTime::UNIX_EPOCH);
+        // A row written with an earlier start than its id was made (tests, imports): from
+        // a day before its start.
+        let long_ago = now - chrono::Duration::days(40);
+        let row = run_record("job", "s", &made, RunStatus::Completed, long_ago);
+        assert_eq!(
+            run_id_since(&row),
+            row.started_at - chrono::Duration::hours(24)
+        );
+    }
 }

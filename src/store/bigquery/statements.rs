@@ -38,6 +38,8 @@ UPDATE {leases} SET holder_run_id = NULL, expires_at = @now
 WHERE processor_name = @processor AND scope = @scope AND token = @token AND holder_run_id = @run_id";
 
 /// A run id is recorded once: the insert adds nothing when the id is already there.
+/// `@run_id_since` ([`super::scripts::run_id_since`]) bounds the lookup to the partitions
+/// a row carrying the id can be in (the epoch for an id idem did not make).
 /// `wide_number_mode => 'round'`: a JSON number beyond FLOAT64 precision is rounded rather
 /// than failing the insert (BigQuery's default is to reject it).
 const RUN_INSERT_SQL: &str = "\
@@ -46,7 +48,7 @@ SELECT @run_id, @processor, @scope, @scope_date, @trigger_source, @mode, @starte
 @finished_at, @duration_ms, @status, @skip_reason, @would_skip_reason, @previous_run_id, \
 @records_processed, @processing_key, @error, PARSE_JSON(@output, wide_number_mode => 'round')
 FROM UNNEST([1])
-WHERE NOT EXISTS (SELECT 1 FROM {runs} WHERE run_id = @run_id)";
+WHERE NOT EXISTS (SELECT 1 FROM {runs} WHERE run_id = @run_id AND started_at >= @run_id_since)";
 
 /// Ledger rows; `started_at` is the partition column, so `@since` prunes.
 const RUNS_SQL: &str = "\
