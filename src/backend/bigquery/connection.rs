@@ -616,7 +616,7 @@ mod tests {
             assert!(tries.again(&quota).is_some());
         }
         assert_eq!(tries.again(&quota), None);
-        assert!(tries.report(quota).message.contains("sent 40 time(s)"));
+        assert!(tries.report(quota).to_string().contains("sent 40 time(s)"));
 
         let down = ApiError::new("x", ErrorShape::Http(503), Some("backendError"), "down");
         let lost = ApiError::new("x", ErrorShape::Transport, None, "connection reset");
@@ -627,7 +627,7 @@ mod tests {
         }
         assert_eq!(tries.again(&down), None);
         let e = tries.report(down);
-        assert!(e.is_outage() && e.message.ends_with("s)"), "{e}");
+        assert!(e.is_outage() && e.to_string().ends_with("s)"), "{e}");
 
         for e in [
             ApiError::concurrent_update("x", "p:d.t"),

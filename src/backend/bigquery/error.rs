@@ -36,10 +36,25 @@ pub struct ApiError {
     pub reason: Option<String>,
     /// BigQuery's message.
     pub message: String,
+    /// How often the statement was sent, and over how long, when more than once (said
+    /// after the message).
+    pub sent: Option<(u32, std::time::Duration)>,
 }
 
 impl fmt::Display for ApiError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let with_sends;
+        let message = match self.sent {
+            Some((sends, took)) => {
+                with_sends = format!(
+                    "{} (sent {sends} time(s) over {:.1}s)",
+                    self.message,
+                    took.as_secs_f64()
+                );
+                &with_sends
+            }
+            None => &self.message,
+        };
         let reason = self
             .reason
             .as_deref()
@@ -49,28 +64,28 @@ impl fmt::Display for ApiError {
             ErrorShape::Http(status) => write!(
                 f,
                 "bigquery {} failed: HTTP {status}{reason}: {}",
-                self.operation, self.message
+                self.operation, message
             ),
             ErrorShape::QueryErrors => write!(
                 f,
                 "bigquery {} failed: the query returned errors{reason}: {}",
-                self.operation, self.message
+                self.operation, message
             ),
             ErrorShape::Transport => write!(
                 f,
                 "bigquery {} failed: no answer from the API: {}",
-                self.operation, self.message
+                self.operation, message
             ),
-            ErrorShape::Timeout => write!(f, "bigquery {} timed out: {}", self.operation, self.message),
+            ErrorShape::Timeout => write!(f, "bigquery {} timed out: {}", self.operation, message),
             ErrorShape::Auth => write!(
                 f,
                 "bigquery {} failed: no usable Google credentials: {} (use Application Default Credentials: set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file, run `gcloud auth application-default login`, or run on GCP; for an emulator add ?endpoint=http://HOST:PORT or set {ENDPOINT_ENV})",
-                self.operation, self.message
+                self.operation, message
             ),
             ErrorShape::BadResponse => write!(
                 f,
                 "bigquery {} failed: unexpected answer from the API: {}",
-                self.operation, self.message
+                self.operation, message
             ),
         }
     }
@@ -91,6 +106,7 @@ impl ApiError {
             shape,
             reason: reason.map(str::to_string),
             message: message.into(),
+            sent: None,
         }
     }
 
@@ -183,17 +199,16 @@ impl ApiError {
         self.sent(attempts, took)
     }
 
-    /// The error of a call made `attempts` times over `took`: the message says so (when
-    /// it was made more than once).
+    /// The error of a call made `attempts` times over `took`: the error says so (when
+    /// it was made more than once), in place of what an earlier count said.
     pub fn sent(mut self, attempts: u32, took: std::time::Duration) -> Self {
-        if attempts > 1 {
-            self.message = format!(
-                "{} (sent {attempts} time(s) over {:.1}s)",
-                self.message,
-                took.as_secs_f64()
-            );
-        }
+        self.sent = (attempts > 1).then_some((attempts, took));
         self
+    }
+
+    /// How often the statement of this error was sent (1 unless [`ApiError::sent`] said).
+    pub fn sends(&self) -> u32 {
+        self.sent.map_or(1, |(n, _)| n)
     }
 
     /// True when BigQuery could not be reached or could not answer now (no answer, a

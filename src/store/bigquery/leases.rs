@@ -1,6 +1,7 @@
 //! Leases without a lock: sharded over 16 tables, claimed by compare-and-set on the
 //! fencing token.
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -18,6 +19,7 @@ use crate::store::{
 
 use crate::backend::bigquery::{int64, string, timestamp, Param, QueryOutput};
 
+use super::client::BURST_WAIT;
 use super::schema::{lease_shard, LEASE_TABLES};
 use super::scripts;
 use super::statements::LeaseStatements;
@@ -117,21 +119,45 @@ impl BigQueryStore {
         request: &ClaimRequest<'_>,
         lookups: &[KeyLookup],
     ) -> Result<(Claim, Option<Vec<Option<KeyRecord>>>)> {
-        let now = micros(request.now);
-        let expires_at = lease_expiry(now, request.ttl);
         let table = LEASE_TABLES[lease_shard(request.processor, request.scope)];
-        let sql = scripts::claim(
-            &self.config.table(table),
-            &self.config.table("processing_keys"),
-            request.processor,
-            request.scope,
-            request.run_id,
-            now,
-            expires_at,
-            lookups,
+        let (leases, keys) = (
+            self.config.table(table),
+            self.config.table("processing_keys"),
         );
+        // A claim refused for a full queue waits up to [`BURST_WAIT`]: each send is
+        // written for the time it is sent (`request.now` plus the time since the first),
+        // so the lease it takes runs its whole `ttl` from when it is taken, and a lease
+        // that expired meanwhile is seen expired.
+        let started = tokio::time::Instant::now();
+        let sent_at = AtomicI64::new(micros(request.now).timestamp_micros());
+        let first = std::sync::atomic::AtomicBool::new(true);
+        let render = |_: std::time::Duration| {
+            // The first send is the claim at `request.now`; a later one, later.
+            let later = !first.swap(false, Ordering::SeqCst);
+            let now = chrono::Duration::from_std(started.elapsed())
+                .ok()
+                .filter(|_| later)
+                .and_then(|d| request.now.checked_add_signed(d))
+                .map_or(micros(request.now), micros);
+            sent_at.store(now.timestamp_micros(), Ordering::SeqCst);
+            scripts::claim(
+                &leases,
+                &keys,
+                request.processor,
+                request.scope,
+                request.run_id,
+                now,
+                lease_expiry(now, request.ttl),
+                lookups,
+            )
+        };
         for _ in 0..CLAIM_ATTEMPTS {
-            let out = match self.send_again_on_conflict("claim.take", &sql, &[]).await {
+            let sent = self
+                .send_again("claim.take", &render, &[], BURST_WAIT)
+                .await;
+            let now = DateTime::from_timestamp_micros(sent_at.load(Ordering::SeqCst))
+                .unwrap_or(request.now);
+            let out = match sent {
                 Ok(out) => out,
                 Err(e) if e.is_concurrent_update() => {
                     // Lost every round to concurrent updates of the lease table: read it.

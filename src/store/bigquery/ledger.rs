@@ -14,7 +14,7 @@ use crate::backend::bigquery::{
     timestamp_text, Param,
 };
 
-use super::client::QUOTA_WAIT;
+use super::client::{BURST_WAIT, QUOTA_WAIT};
 use super::schema::{lease_shard, LEASE_TABLES};
 use super::{scripts, BigQueryStore};
 
@@ -53,10 +53,13 @@ impl BigQueryStore {
         ])
     }
 
-    /// The ledger row alone (once per run id), one parameterised statement.
+    /// The ledger row alone (once per run id), one parameterised statement; a full
+    /// INSERT queue is waited out for [`BURST_WAIT`]. Sent again only after an answer
+    /// that says it did not run (a quota refusal), so a second send that inserts nothing
+    /// means another run's row.
     async fn insert_run(&self, run: &RunRecord) -> Result<()> {
         let inserted = self
-            .query(
+            .query_waiting(
                 "finish.run",
                 &self.sql.run_insert,
                 vec![
@@ -85,6 +88,7 @@ impl BigQueryStore {
                         run.output.as_ref().map(|v| v.to_string()).as_deref(),
                     ),
                 ],
+                BURST_WAIT,
             )
             .await?
             .affected("finish.run")
@@ -163,7 +167,9 @@ impl LedgerStore for BigQueryStore {
             lookups,
             skip,
         );
-        let out = self.script("find_keys.record_skip", &sql).await?;
+        let out = self
+            .script_waiting("find_keys.record_skip", |_| sql.clone(), BURST_WAIT)
+            .await?;
         let mut lease = None;
         let mut found = vec![None; lookups.len()];
         let mut recorded_previous = None;
