@@ -165,6 +165,7 @@ mod bigquery {
             .await
             .unwrap();
         duplicate(store.finish(&finish(&made, "s3b", now, false)).await);
+
         // A completed run's finish sent twice: recorded once.
         let made_too = made_id();
         let twice = finish(&made_too, "s4", now, true);

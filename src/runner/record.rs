@@ -56,17 +56,23 @@ impl Runner {
     /// A run id the caller chose (`--run-id`, an orchestrator's id reused across retries)
     /// that the ledger holds already is replaced by a derived one *before* anything runs, so
     /// the processor (SQL's `@run_id`, a command's `IDEM_RUN_ID`) sees the id the ledger
-    /// will record. An id in the form idem makes (a UUID v7 from [`RunRequest::new`], or
-    /// a v4 as before) is not looked up: it is new. A ledger that cannot be read leaves the id as it is (the
+    /// will record. An id in the form idem makes is not looked up when it is new: a UUID
+    /// v7 from [`RunRequest::new`] made in the last 10 minutes, or a v4 as before. A ledger that cannot be read leaves the id as it is (the
     /// finish still derives one if it turns out taken).
     pub(super) async fn settle_run_id(&self, mut request: RunRequest) -> RunRequest {
-        if crate::model::is_made_run_id(&request.run_id) {
+        // A UUID v7 holds the time it was made: one made within the last 10 minutes is
+        // this run's (or a caller's new one); an older one is a caller reusing it, looked
+        // up from a day before that time. A v4 has no time: taken as new, as before.
+        let made_at = crate::model::run_id_made_at(&request.run_id);
+        let recent = made_at.is_some_and(|at| Utc::now() - at < chrono::Duration::minutes(10));
+        if recent || (made_at.is_none() && crate::model::is_made_run_id(&request.run_id)) {
             return request;
         }
         let taken = self
             .store
             .runs(&crate::store::RunFilter {
                 run_id: Some(request.run_id.clone()),
+                since: made_at.map(|at| at - chrono::Duration::days(1)),
                 limit: 1,
                 ..Default::default()
             })

@@ -335,7 +335,12 @@ impl Connection {
                 Ok(out) => return Ok(out),
                 Err(Sent::Before(e)) => e,
                 // BigQuery gave it a job id: never sent again.
-                Err(Sent::After(e)) => return Err(tries.report(e)),
+                Err(Sent::After(e)) => {
+                    let unknown = job_state_unknown(&e);
+                    let mut e = tries.report(e);
+                    e.outcome_unknown = unknown;
+                    return Err(e);
+                }
             };
             match tries.again(&e) {
                 Some(pause) => {

@@ -39,6 +39,9 @@ pub struct ApiError {
     /// How often the statement was sent, and over how long, when more than once (said
     /// after the message).
     pub sent: Option<(u32, std::time::Duration)>,
+    /// The statement's job existed, and the error left its outcome unknown (a poll that
+    /// got no usable answer, or was refused for a rate limit): it may have committed.
+    pub outcome_unknown: bool,
 }
 
 impl fmt::Display for ApiError {
@@ -107,6 +110,7 @@ impl ApiError {
             reason: reason.map(str::to_string),
             message: message.into(),
             sent: None,
+            outcome_unknown: false,
         }
     }
 

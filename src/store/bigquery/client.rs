@@ -103,7 +103,7 @@ impl BigQueryStore {
         params: Vec<Param>,
         quota_wait: Duration,
     ) -> Result<QueryOutput> {
-        self.send_again(operation, |_| sql.to_owned(), &params, quota_wait)
+        self.send_again(operation, |_| sql.to_owned(), &params, quota_wait, false)
             .await
             .map_err(|e| self.err(e))
     }
@@ -120,7 +120,7 @@ impl BigQueryStore {
         sql: impl Fn(Duration) -> String,
         quota_wait: Duration,
     ) -> Result<QueryOutput> {
-        self.send_again(operation, sql, &[], quota_wait)
+        self.send_again(operation, sql, &[], quota_wait, true)
             .await
             .map_err(|e| self.err(e))
     }
@@ -139,20 +139,24 @@ impl BigQueryStore {
         sql: &str,
         params: &[Param],
     ) -> std::result::Result<QueryOutput, ApiError> {
-        self.send_again(operation, |_| sql.to_owned(), params, QUOTA_WAIT)
+        self.send_again(operation, |_| sql.to_owned(), params, QUOTA_WAIT, true)
             .await
     }
 
     /// [`send_again_on_conflict`](Self::send_again_on_conflict), with quota answers waited
     /// out for `quota_wait` in all, and the statement written anew for each send: `sql` is
-    /// given how long ago the first send was made. The error given up on says how often
-    /// the statement was sent, over how long.
+    /// given how long ago the first send was made. `unknown_too`: also after an error
+    /// that left the outcome unknown ([`ApiError::outcome_unknown`]: the statement may
+    /// have committed), for statements whose second run finds the first's effect (the
+    /// claim, the finish, a MERGE); not for a plain INSERT. The error given up on says
+    /// how often the statement was sent, over how long.
     pub(super) async fn send_again(
         &self,
         operation: &str,
         sql: impl Fn(Duration) -> String,
         params: &[Param],
         quota_wait: Duration,
+        unknown_too: bool,
     ) -> std::result::Result<QueryOutput, ApiError> {
         let started = Instant::now();
         let (mut conflicts, mut quotas) = (0u32, 0u32);
@@ -164,7 +168,9 @@ impl BigQueryStore {
                 Err(e) => e,
             };
             sends = sends.saturating_add(e.sends());
-            let pause = if e.is_concurrent_update() {
+            let pause = if e.outcome_unknown && !unknown_too {
+                None
+            } else if e.is_concurrent_update() {
                 conflicts += 1;
                 (conflicts < CONFLICT_RETRIES.attempts)
                     .then(|| CONFLICT_RETRIES.pause(conflicts - 1))
@@ -265,6 +271,12 @@ mod tests {
     /// `processing_runs` until `drained` has passed (on tokio's clock), then refused for
     /// another reason ("the queue drained"), so no send reaches the network.
     async fn queue_full_until(drained: Duration) -> BigQueryStore {
+        queue_full_until_as(drained, false).await
+    }
+
+    /// [`queue_full_until`], the refusals marked as leaving the outcome unknown when
+    /// `unknown` (as a rate-limited poll of a job that may have committed).
+    async fn queue_full_until_as(drained: Duration, unknown: bool) -> BigQueryStore {
         let start = tokio::time::Instant::now();
         BigQueryStore::connect_lazy("bigquery://p/d?endpoint=http://127.0.0.1:9")
             .await
@@ -273,7 +285,9 @@ mod tests {
                 let op = op.to_string();
                 Box::pin(async move {
                     Some(if start.elapsed() < drained {
-                        ApiError::dml_queue_full(op, "p:d.processing_runs", 100)
+                        let mut e = ApiError::dml_queue_full(op, "p:d.processing_runs", 100);
+                        e.outcome_unknown = unknown;
+                        e
                     } else {
                         ApiError::new(
                             op,
@@ -300,20 +314,27 @@ mod tests {
         use crate::store::{Finish, LeaseStore, LedgerStore};
         let drained = Duration::from_secs(400);
         assert!(QUOTA_WAIT < drained && drained < BURST_WAIT);
-        let store = queue_full_until(drained).await;
-        let mut run = run_record("job", "s", "r", RunStatus::Skipped, chrono::Utc::now());
-        run.skip_reason = Some(SkipReason::InProgress);
-        let started = tokio::time::Instant::now();
-        let e = store
-            .finish(&Finish {
+        // A skip's ledger row alone, through `store`.
+        let skip_row = |store: BigQueryStore| async move {
+            let mut run = run_record("job", "s", "r", RunStatus::Skipped, chrono::Utc::now());
+            run.skip_reason = Some(SkipReason::InProgress);
+            let finish = Finish {
                 run,
                 keys: vec![],
                 lease: None,
-            })
-            .await
-            .unwrap_err();
+            };
+            store.finish(&finish).await.unwrap_err()
+        };
+        let started = tokio::time::Instant::now();
+        let e = skip_row(queue_full_until(drained).await).await;
         assert!(e.to_string().contains("the queue drained"), "{e}");
         assert!(started.elapsed() >= drained, "{:?}", started.elapsed());
+
+        // A refusal that left the outcome unknown (the INSERT may have committed) is not
+        // sent again by the store: a second send would insert nothing and be taken for
+        // another run's row.
+        let e = skip_row(queue_full_until_as(drained, true).await).await;
+        assert!(e.to_string().contains("limit is 100"), "{e}");
 
         let store = queue_full_until(drained).await;
         let started = tokio::time::Instant::now();

@@ -124,10 +124,12 @@ impl BigQueryStore {
             self.config.table(table),
             self.config.table("processing_keys"),
         );
-        // A claim refused for a full queue waits up to [`BURST_WAIT`]: each send is
-        // written for the time it is sent (`request.now` plus the time since the first),
-        // so the lease it takes runs its whole `ttl` from when it is taken, and a lease
-        // that expired meanwhile is seen expired.
+        // A claim refused for a full queue waits up to [`BURST_WAIT`] (a round; a claim
+        // that must claim again waits anew). Each send by this store is written for the
+        // time it is sent (`request.now` plus the time since the first), so a lease that
+        // expired meanwhile is seen expired and the lease taken runs from about then; the
+        // connection's own re-sends of a refused call keep the text, so a lease won may
+        // already be past its expiry, and is then claimed again below.
         let started = tokio::time::Instant::now();
         let sent_at = AtomicI64::new(micros(request.now).timestamp_micros());
         let first = std::sync::atomic::AtomicBool::new(true);
@@ -153,7 +155,7 @@ impl BigQueryStore {
         };
         for _ in 0..CLAIM_ATTEMPTS {
             let sent = self
-                .send_again("claim.take", &render, &[], BURST_WAIT)
+                .send_again("claim.take", &render, &[], BURST_WAIT, true)
                 .await;
             let now = DateTime::from_timestamp_micros(sent_at.load(Ordering::SeqCst))
                 .unwrap_or(request.now);
@@ -190,10 +192,31 @@ impl BigQueryStore {
             // per run, and only the claim's own UPDATE writes this one (a timestamp read
             // back is no test: a poll answers TIMESTAMP cells as float seconds).
             if row.holder.as_deref() == Some(request.run_id) {
-                return Ok((
-                    request.acquired(row.token, now, row.expires_at),
-                    Some(found),
-                ));
+                // The lease as the row holds it: a send that committed yet answered a
+                // quota error is sent again and finds the row this run took then, so
+                // `acquired_at` is the row's (its expiry less the ttl), not this send's.
+                let acquired = if row.expires_at == lease_expiry(now, request.ttl) {
+                    now
+                } else {
+                    chrono::Duration::from_std(request.ttl)
+                        .ok()
+                        .and_then(|ttl| row.expires_at.checked_sub_signed(ttl))
+                        .map_or(now, micros)
+                };
+                // A claim that waited in a queue may take a lease already past its expiry
+                // (the connection re-sends a refused call with the same text): another
+                // run could take it at once. Claim again, for the time it is now.
+                let real_now = chrono::Duration::from_std(started.elapsed())
+                    .ok()
+                    .and_then(|d| request.now.checked_add_signed(d))
+                    .unwrap_or(request.now);
+                if row.expires_at > real_now {
+                    return Ok((
+                        request.acquired(row.token, acquired, row.expires_at),
+                        Some(found),
+                    ));
+                }
+                continue;
             }
             if let Some(holder) = row.held_at(now) {
                 return Ok((Claim::Held(holder), None));

@@ -55,8 +55,8 @@ impl BigQueryStore {
 
     /// The ledger row alone (once per run id), one parameterised statement; a full
     /// INSERT queue is waited out for [`BURST_WAIT`]. Sent again only after an answer
-    /// that says it did not run (a quota refusal), so a second send that inserts nothing
-    /// means another run's row.
+    /// that says it did not run: never after a poll that left its job's outcome unknown
+    /// (it may have committed), so a send that inserts nothing means another row.
     async fn insert_run(&self, run: &RunRecord) -> Result<()> {
         let inserted = self
             .query_waiting(
