@@ -131,16 +131,23 @@ impl BigQueryStore {
         // connection's own re-sends of a refused call keep the text, so a lease won may
         // already be past its expiry, and is then claimed again below.
         let started = tokio::time::Instant::now();
+        // The time it is now, on the clock of `request.now`.
+        let now_since_request = || {
+            chrono::Duration::from_std(started.elapsed())
+                .ok()
+                .and_then(|d| request.now.checked_add_signed(d))
+                .unwrap_or(request.now)
+        };
         let sent_at = AtomicI64::new(micros(request.now).timestamp_micros());
         let first = std::sync::atomic::AtomicBool::new(true);
         let render = |_: std::time::Duration| {
             // The first send is the claim at `request.now`; a later one, later.
             let later = !first.swap(false, Ordering::SeqCst);
-            let now = chrono::Duration::from_std(started.elapsed())
-                .ok()
-                .filter(|_| later)
-                .and_then(|d| request.now.checked_add_signed(d))
-                .map_or(micros(request.now), micros);
+            let now = micros(if later {
+                now_since_request()
+            } else {
+                request.now
+            });
             sent_at.store(now.timestamp_micros(), Ordering::SeqCst);
             scripts::claim(
                 &leases,
@@ -206,11 +213,7 @@ impl BigQueryStore {
                 // A claim that waited in a queue may take a lease already past its expiry
                 // (the connection re-sends a refused call with the same text): another
                 // run could take it at once. Claim again, for the time it is now.
-                let real_now = chrono::Duration::from_std(started.elapsed())
-                    .ok()
-                    .and_then(|d| request.now.checked_add_signed(d))
-                    .unwrap_or(request.now);
-                if row.expires_at > real_now {
+                if row.expires_at > now_since_request() {
                     return Ok((
                         request.acquired(row.token, acquired, row.expires_at),
                         Some(found),
