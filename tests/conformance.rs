@@ -45,6 +45,7 @@ macro_rules! all_event_key_checks {
             event_pending,
             event_pending_batches,
             event_all_marked,
+            event_marks_ahead,
         );
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

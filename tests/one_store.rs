@@ -865,6 +865,7 @@ async fn a_ledger_at_version_9_keeps_its_pending_marks_through_the_upgrade() {
     let batch = PendingBatch {
         marker: new_marker,
         timeout: std::time::Duration::from_secs(30),
+        turn: None,
     };
     let fresh = [EventMark::key("f1"), EventMark::key("f2")];
     let v = store

@@ -45,7 +45,7 @@ use super::InvalidEvent;
 use crate::error::{Error, Result};
 use crate::store::breaker::BreakerPhase;
 use crate::store::{
-    BreakerConfig, CircuitBreakerStore, Cursor, EventKeyStore, EventMark, EventVerdict,
+    BatchTurn, BreakerConfig, CircuitBreakerStore, Cursor, EventKeyStore, EventMark, EventVerdict,
     PendingBatch, StoreBase,
 };
 
@@ -53,7 +53,7 @@ mod pending;
 mod prepare;
 mod stats;
 
-use pending::{is_pending_marker, is_settled, PendingMarks};
+use pending::{is_settled, PendingMarks};
 pub use pending::{MarkTurn, MarkTurns};
 pub use prepare::PreparedBatch;
 use stats::Recorder;
@@ -549,9 +549,17 @@ impl EventGate {
             }
             _ => None,
         };
+        // Pending marks on a store that keeps the row's order: marked ahead of its turn
+        // when the batch before it has marked, else down its turn (below).
+        let ahead = read_ahead.is_none()
+            && advance.is_none()
+            && !marks.is_empty()
+            && self.pending.is_some()
+            && turn.is_waiting()
+            && self.breaker.capabilities().marks_ahead;
         if read_ahead.is_some() {
             turn.pass_on();
-        } else if self.pending.is_some() {
+        } else if self.pending.is_some() && !ahead {
             turn.wait().await;
         }
         // Pending marks: the batch gets a marker of its own, and each key's real expiry is
@@ -580,19 +588,48 @@ impl EventGate {
             let started = Instant::now();
             let outcome = match (pending, &marker) {
                 (Some((p, _)), Some(marker)) => {
+                    let place = turn.place();
                     let batch = PendingBatch {
                         marker,
                         timeout: p.timeout,
+                        turn: place.as_ref().map(|(row, place, started)| BatchTurn {
+                            row,
+                            place: *place,
+                            started,
+                        }),
                     };
-                    let marked = self
-                        .breaker
-                        .check_and_mark_pending(namespace, &marks, now, batch, advance)
-                        .await;
-                    // Marked (or refused): the next batch may mark its keys.
-                    turn.done();
+                    let mut marked = None;
+                    if ahead {
+                        // After the batch before it may be waited for (holding nothing).
+                        turn.wait_started().await;
+                        marked = self
+                            .breaker
+                            .check_and_mark_pending_ahead(namespace, &marks, now, batch)
+                            .await
+                            .transpose();
+                    }
+                    let marked = match marked {
+                        Some(marked) => marked,
+                        // Not ahead, or its turn had not come: down its turn.
+                        None => {
+                            turn.wait().await;
+                            self.breaker
+                                .check_and_mark_pending(namespace, &marks, now, batch, advance)
+                                .await
+                        }
+                    };
+                    // Marked (or refused): the next batch may mark its keys once every
+                    // batch before this one has (at once when this one waited its turn),
+                    // and may ask ahead at once (`pass_on` says so).
+                    turn.pass_on();
+                    // Keys asked again are no part of the row's order (see `settle_pending`).
+                    let again = PendingBatch {
+                        turn: None,
+                        ..batch
+                    };
                     let settled = match marked {
                         Ok(verdicts) => {
-                            self.settle_pending(p, batch, &marks, verdicts, &mut marked_at)
+                            self.settle_pending(p, again, &marks, verdicts, &mut marked_at)
                                 .await
                         }
                         Err(e) => Err(e),
@@ -700,59 +737,6 @@ impl EventGate {
             }));
         }
         Ok(out)
-    }
-
-    /// Resolves the verdicts of a pending-marking call: a key pending for this gate (an
-    /// earlier batch of it, whose record comes first) is a replay; a key pending for
-    /// another gate is asked again, after a pause, until that gate confirmed it (a replay
-    /// or conflict) or its mark expired (new here, pending for this gate). A key asked
-    /// again is marked at the time of that call, which goes into `marked_at`.
-    async fn settle_pending(
-        &self,
-        p: &PendingMarks,
-        batch: PendingBatch<'_>,
-        marks: &[EventMark],
-        mut verdicts: Vec<EventVerdict>,
-        marked_at: &mut [DateTime<Utc>],
-    ) -> Result<Vec<EventVerdict>> {
-        let namespace = self.dedup.namespace();
-        let mut pause = Duration::from_millis(50);
-        loop {
-            let mut waiting: Vec<usize> = Vec::new();
-            for (i, v) in verdicts.iter_mut().enumerate() {
-                if let EventVerdict::Replay {
-                    decision: Some(d), ..
-                } = v
-                {
-                    if p.is_mine(d) {
-                        if let EventVerdict::Replay { decision, .. } = v {
-                            *decision = None;
-                        }
-                    } else if is_pending_marker(d) {
-                        waiting.push(i);
-                    }
-                }
-            }
-            if waiting.is_empty() {
-                return Ok(verdicts);
-            }
-            tracing::debug!(
-                keys = waiting.len(),
-                "keys pending for another gate: waiting for it to confirm them or for their marks to expire"
-            );
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_secs(1));
-            let again: Vec<EventMark> = waiting.iter().map(|&i| marks[i].clone()).collect();
-            let at = Utc::now();
-            let answers = self
-                .breaker
-                .check_and_mark_pending(namespace, &again, at, batch, None)
-                .await?;
-            for (&i, v) in waiting.iter().zip(answers) {
-                verdicts[i] = v;
-                marked_at[i] = at;
-            }
-        }
     }
 
     /// Checks and marks a batch, keeping the events that pass, in input order.

@@ -419,6 +419,7 @@ mod tests {
             Capabilities {
                 confirms_pending: true,
                 batch_concurrency: 7,
+                marks_ahead: true,
                 ..Capabilities::SHARED
             }
         }
@@ -488,6 +489,16 @@ mod tests {
             self.log("check_and_mark_pending");
             Ok(vec![])
         }
+        async fn check_and_mark_pending_ahead(
+            &self,
+            _: &str,
+            _: &[EventMark],
+            _: DateTime<Utc>,
+            _: PendingBatch<'_>,
+        ) -> Result<Option<Vec<EventVerdict>>> {
+            self.log("check_and_mark_pending_ahead");
+            Ok(None)
+        }
         async fn confirm_pending_batch(
             &self,
             _: &str,
@@ -536,6 +547,7 @@ mod tests {
         let batch = PendingBatch {
             marker: "{}",
             timeout: Duration::from_secs(1),
+            turn: None,
         };
         let confirms = vec![("k".to_string(), None)];
         b.check_and_mark(ns, &marks, now).await.unwrap();
@@ -548,6 +560,9 @@ mod tests {
         b.forget_event_keys(ns, &keys).await.unwrap();
         b.confirm_event_keys(ns, &confirms, "o").await.unwrap();
         b.check_and_mark_pending(ns, &marks, now, batch, Some(("c", &cursor)))
+            .await
+            .unwrap();
+        b.check_and_mark_pending_ahead(ns, &marks, now, batch)
             .await
             .unwrap();
         b.confirm_pending_batch(ns, "{}", &confirms, true)
@@ -570,6 +585,7 @@ mod tests {
                 "forget_event_keys",
                 "confirm_event_keys",
                 "check_and_mark_pending",
+                "check_and_mark_pending_ahead",
                 "confirm_pending_batch",
                 "unmark_event_keys",
                 "cursor",

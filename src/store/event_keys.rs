@@ -74,6 +74,55 @@ pub struct PendingBatch<'a> {
     /// How long its marks live unconfirmed: a batch never confirmed is taken over as new
     /// once this has passed.
     pub timeout: Duration,
+    /// Its place in its gate's row of batches, which mark their keys in input order
+    /// ([`MarkTurn`](crate::events::strategy::MarkTurn)); `None` outside a row (a batch
+    /// asked alone, or asked again). A store whose
+    /// [`Capabilities::marks_ahead`](super::Capabilities::marks_ahead) keeps each row's last
+    /// place marked, so that a batch can mark ahead of its turn
+    /// ([`check_and_mark_pending_ahead`](super::EventKeyStore::check_and_mark_pending_ahead)).
+    pub turn: Option<BatchTurn<'a>>,
+}
+
+/// A batch's place in its gate's row of batches (see [`PendingBatch::turn`]).
+#[derive(Debug, Clone, Copy)]
+pub struct BatchTurn<'a> {
+    /// The row: unique to one row of one gate.
+    pub row: &'a str,
+    /// The batch's place in it: 0, 1, 2, … in input order.
+    pub place: u64,
+    /// Said (by the store, as early as it can) once the batch after this one may ask
+    /// ahead of its turn: a store that makes a batch asked ahead wait for the one before
+    /// it to commit says it once this batch's transaction holds what the next one waits
+    /// for; the gate says it anyway when the call returns.
+    pub started: &'a TurnStarted,
+}
+
+/// The signal of [`BatchTurn::started`]: said once, by the first [`say`](Self::say).
+#[derive(Debug, Default)]
+pub struct TurnStarted(std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>);
+
+impl TurnStarted {
+    /// A signal nobody waits for.
+    pub fn nobody() -> &'static TurnStarted {
+        static NOBODY: TurnStarted = TurnStarted(std::sync::Mutex::new(None));
+        &NOBODY
+    }
+
+    /// A signal whose receiver is `to`'s.
+    pub fn to(to: tokio::sync::oneshot::Sender<()>) -> Self {
+        TurnStarted(std::sync::Mutex::new(Some(to)))
+    }
+
+    /// Says it (again: nothing).
+    pub fn say(&self) {
+        let sender = match self.0.lock() {
+            Ok(mut s) => s.take(),
+            Err(poisoned) => poisoned.into_inner().take(),
+        };
+        if let Some(s) = sender {
+            let _ = s.send(());
+        }
+    }
 }
 
 impl PendingBatch<'_> {

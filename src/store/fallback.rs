@@ -23,6 +23,12 @@ pub fn never_all_marked() -> Result<Option<Vec<EventVerdict>>> {
     Ok(None)
 }
 
+/// [`EventKeyStore::check_and_mark_pending_ahead`] for a store that does not keep a row's
+/// order itself: never marks ahead of a batch's turn.
+pub fn never_ahead() -> Result<Option<Vec<EventVerdict>>> {
+    Ok(None)
+}
+
 /// [`EventKeyStore::mark_event_keys`] as [`EventKeyStore::check_and_mark`] of bare keys:
 /// `true` for each key found new.
 pub async fn mark_by_check<S: EventKeyStore + ?Sized>(

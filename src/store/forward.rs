@@ -129,6 +129,21 @@ macro_rules! forward_event_key_store {
                 )
             }
 
+            async fn check_and_mark_pending_ahead(
+                &self,
+                namespace: &str,
+                marks: &[$crate::store::EventMark],
+                now: $crate::__private::chrono::DateTime<$crate::__private::chrono::Utc>,
+                batch: $crate::store::PendingBatch<'_>,
+            ) -> $crate::Result<
+                ::std::option::Option<::std::vec::Vec<$crate::store::EventVerdict>>,
+            > {
+                $via!(
+                    self,
+                    check_and_mark_pending_ahead(namespace, marks, now, batch)
+                )
+            }
+
             async fn confirm_pending_batch(
                 &self,
                 namespace: &str,

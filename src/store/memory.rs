@@ -695,6 +695,17 @@ impl EventKeyStore for MemoryStore {
         crate::store::fallback::mark_by_check(self, namespace, keys, now).await
     }
 
+    /// Marking in memory is one short lock: a gate's batches mark one after another.
+    async fn check_and_mark_pending_ahead(
+        &self,
+        _namespace: &str,
+        _marks: &[crate::store::EventMark],
+        _now: chrono::DateTime<chrono::Utc>,
+        _batch: crate::store::PendingBatch<'_>,
+    ) -> crate::error::Result<Option<Vec<crate::store::EventVerdict>>> {
+        crate::store::fallback::never_ahead()
+    }
+
     /// The batch's pending state is kept once (as SQLite's and Postgres's rows).
     async fn check_and_mark_pending(
         &self,

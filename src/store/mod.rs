@@ -25,7 +25,7 @@ use serde::Serialize;
 pub use crate::backend::redact_url;
 use crate::error::{Error, Result};
 use crate::model::{KeyKind, KeyRecord, RunRecord, RunStatus, SkipReason, Trigger};
-pub use event_keys::{Cursor, EventMark, EventVerdict, PendingBatch};
+pub use event_keys::{BatchTurn, Cursor, EventMark, EventVerdict, PendingBatch, TurnStarted};
 
 #[cfg(feature = "bigquery")]
 pub mod bigquery;
@@ -413,6 +413,11 @@ pub struct Capabilities {
     /// them side by side (Postgres and SQLite, one pooled connection each) or queues them
     /// in order on one connection (Redis); 1 where writers wait for each other anyway.
     pub batch_concurrency: usize,
+    /// [`EventKeyStore::check_and_mark_pending_ahead`] can mark a gate's batch before its
+    /// turn (the store keeps each row's last place marked, and checks it in the same
+    /// atomic write): Postgres and Redis. Elsewhere it always answers `None`
+    /// ([`fallback::never_ahead`]) and the gate marks batch after batch.
+    pub marks_ahead: bool,
 }
 
 impl Capabilities {
@@ -423,6 +428,7 @@ impl Capabilities {
         cross_process: true,
         confirms_pending: false,
         batch_concurrency: 1,
+        marks_ahead: false,
     };
     /// Nothing beyond one instance (memory; a store that cannot be reached).
     pub const NONE: Capabilities = Capabilities {
@@ -430,6 +436,7 @@ impl Capabilities {
         cross_process: false,
         confirms_pending: false,
         batch_concurrency: 1,
+        marks_ahead: false,
     };
 }
 
@@ -700,6 +707,23 @@ pub trait EventKeyStore: StoreBase {
         batch: PendingBatch<'_>,
         cursor: Option<(&str, &Cursor)>,
     ) -> Result<Vec<EventVerdict>>;
+
+    /// [`check_and_mark_pending`](Self::check_and_mark_pending) of a batch in a row
+    /// (`batch.turn`) before its turn has come, while batches ahead of it in the row may
+    /// still be marking: marks it, as `check_and_mark_pending` would, only when the batch
+    /// just before it in its row is the last the store saw marked (so every batch before
+    /// it has marked or never will, and the row's marks stay in input order), in the same
+    /// atomic write that records its place; otherwise writes nothing and answers `None`
+    /// (and then the gate waits for its turn). A store may say `None` whenever it cannot
+    /// tell in one write: [`fallback::never_ahead`] always does
+    /// ([`Capabilities::marks_ahead`] false). `None` too for a batch outside a row.
+    async fn check_and_mark_pending_ahead(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+        batch: PendingBatch<'_>,
+    ) -> Result<Option<Vec<EventVerdict>>>;
 
     /// Confirms new keys of a batch marked by
     /// [`check_and_mark_pending`](Self::check_and_mark_pending) with `marker`, once their

@@ -244,6 +244,7 @@ fn known(url: &str) -> (&'static str, Capabilities) {
             Capabilities {
                 confirms_pending: true,
                 batch_concurrency: PoolSize::EVENTS.postgres as usize,
+                marks_ahead: true,
                 ..shared
             },
         ),
@@ -255,6 +256,7 @@ fn known(url: &str) -> (&'static str, Capabilities) {
                 cross_process: true,
                 confirms_pending: true,
                 batch_concurrency: 4,
+                marks_ahead: true,
             },
         ),
         None => ("unavailable", Capabilities::NONE),

@@ -1,10 +1,16 @@
 //! A gate's pending marks: its batches' markers ([`PendingMarks`]) and the order they
-//! mark their keys in ([`MarkTurn`]).
+//! mark their keys in ([`MarkTurn`]), and the wait for keys pending for another gate
+//! (`settle_pending`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::Arc;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use serde_json::Value;
+
+use crate::error::Result;
+use crate::store::{EventKeyStore, EventMark, EventVerdict, PendingBatch, TurnStarted};
 
 /// Where a batch's pending marks go in the order of its gate's batches: after the batch
 /// before it has marked its keys, or ended without marking (`after` answers), and before
@@ -15,17 +21,60 @@ use serde_json::Value;
 /// gate's batches marked in another order than their records are written, two gates
 /// could each wait for the other for good. Marked in order, every wait is for a batch
 /// marked earlier, and no wait goes round.
+///
+/// A store that keeps a row's order itself
+/// ([`Capabilities::marks_ahead`](crate::store::Capabilities::marks_ahead)) lets a batch
+/// mark before its turn has come, when the batch just before it is the last of the row
+/// that marked: the order is the same, without one batch's round trip waiting for the
+/// other's.
 #[derive(Debug, Default)]
 pub struct MarkTurn {
     after: Option<tokio::sync::oneshot::Receiver<()>>,
     done: Option<tokio::sync::oneshot::Sender<()>>,
+    /// The row and the batch's place in it (`None`: a batch alone).
+    place: Option<(Arc<str>, u64)>,
+    /// Said once the batch before it may be waited for by this one asked ahead of its
+    /// turn ([`BatchTurn::started`](crate::store::BatchTurn::started)).
+    started_before: Option<tokio::sync::oneshot::Receiver<()>>,
+    /// This batch's own such signal, for the batch after it (said when dropped at the
+    /// latest).
+    started: Arc<TurnStarted>,
 }
 
 impl MarkTurn {
     /// The turns of a row of batches, each after the one before: give [`next_turn`](MarkTurns::next_turn)
     /// to each batch in order.
     pub fn row() -> MarkTurns {
-        MarkTurns { last: None }
+        MarkTurns {
+            last: None,
+            last_started: None,
+            row: uuid::Uuid::new_v4().to_string().into(),
+            next: 0,
+        }
+    }
+
+    /// The row and the batch's place in it, as the store is told
+    /// ([`PendingBatch::turn`](crate::store::PendingBatch::turn)), and its signal to the
+    /// next batch ([`BatchTurn::started`](crate::store::BatchTurn::started)).
+    pub(super) fn place(&self) -> Option<(Arc<str>, u64, Arc<TurnStarted>)> {
+        self.place
+            .as_ref()
+            .map(|(row, place)| (row.clone(), *place, self.started.clone()))
+    }
+
+    /// Waits until the batch before it has said it may be waited for
+    /// ([`BatchTurn::started`](crate::store::BatchTurn::started)): before asking ahead of
+    /// its turn, holding nothing.
+    pub(super) async fn wait_started(&mut self) {
+        if let Some(before) = self.started_before.as_mut() {
+            let _ = before.await;
+            self.started_before = None;
+        }
+    }
+
+    /// Whether a batch before it in its row may still be marking (its turn has not come).
+    pub(super) fn is_waiting(&self) -> bool {
+        self.after.is_some()
     }
 
     pub(super) async fn wait(&mut self) {
@@ -37,16 +86,12 @@ impl MarkTurn {
         }
     }
 
-    pub(super) fn done(&mut self) {
-        if let Some(done) = self.done.take() {
-            let _ = done.send(());
-        }
-    }
-
-    /// Passes the turn on without marking (a batch answered by a read): the next batch
-    /// still marks after the one before this one, but this one waits for neither. A turn
-    /// dropped unsent would let the next batch go at once, out of order.
+    /// Passes the turn on: the batch has marked, or never will (a batch answered by a
+    /// read), and the next batch's turn comes once the one before this one's has passed
+    /// too (at once when this one waited for it), while this one waits for neither. A
+    /// turn dropped unsent would let the next batch go at once, out of order.
     pub(super) fn pass_on(&mut self) {
+        self.started.say();
         match (self.after.take(), self.done.take()) {
             (Some(after), Some(done)) => {
                 // Outside a runtime (a turn dropped there) nothing can wait: both go.
@@ -69,6 +114,7 @@ impl MarkTurn {
 /// not dropped: the batch after it still waits for the one before it.
 impl Drop for MarkTurn {
     fn drop(&mut self) {
+        self.started.say();
         self.pass_on();
     }
 }
@@ -77,15 +123,26 @@ impl Drop for MarkTurn {
 #[derive(Debug)]
 pub struct MarkTurns {
     last: Option<tokio::sync::oneshot::Receiver<()>>,
+    last_started: Option<tokio::sync::oneshot::Receiver<()>>,
+    /// The row's own name (unique: a UUID).
+    row: Arc<str>,
+    /// The place of the next batch.
+    next: u64,
 }
 
 impl MarkTurns {
     /// The turn of the next batch: after the one handed out before.
     pub fn next_turn(&mut self) -> MarkTurn {
         let (done, after) = tokio::sync::oneshot::channel();
+        let (started, started_after) = tokio::sync::oneshot::channel();
+        let place = self.next;
+        self.next += 1;
         MarkTurn {
             after: self.last.replace(after),
             done: Some(done),
+            place: Some((self.row.clone(), place)),
+            started_before: self.last_started.replace(started_after),
+            started: Arc::new(TurnStarted::to(started)),
         }
     }
 }
@@ -145,4 +202,59 @@ pub(super) fn is_pending_marker(decision: &Value) -> bool {
     decision
         .as_object()
         .is_some_and(|o| o.len() == 1 && o.get(PENDING_FIELD).is_some_and(Value::is_string))
+}
+
+impl super::EventGate {
+    /// Resolves the verdicts of a pending-marking call: a key pending for this gate (an
+    /// earlier batch of it, whose record comes first) is a replay; a key pending for
+    /// another gate is asked again, after a pause, until that gate confirmed it (a replay
+    /// or conflict) or its mark expired (new here, pending for this gate). A key asked
+    /// again is marked at the time of that call, which goes into `marked_at`.
+    pub(super) async fn settle_pending(
+        &self,
+        p: &PendingMarks,
+        batch: PendingBatch<'_>,
+        marks: &[EventMark],
+        mut verdicts: Vec<EventVerdict>,
+        marked_at: &mut [DateTime<Utc>],
+    ) -> Result<Vec<EventVerdict>> {
+        let namespace = self.dedup.namespace();
+        let mut pause = Duration::from_millis(50);
+        loop {
+            let mut waiting: Vec<usize> = Vec::new();
+            for (i, v) in verdicts.iter_mut().enumerate() {
+                if let EventVerdict::Replay {
+                    decision: Some(d), ..
+                } = v
+                {
+                    if p.is_mine(d) {
+                        if let EventVerdict::Replay { decision, .. } = v {
+                            *decision = None;
+                        }
+                    } else if is_pending_marker(d) {
+                        waiting.push(i);
+                    }
+                }
+            }
+            if waiting.is_empty() {
+                return Ok(verdicts);
+            }
+            tracing::debug!(
+                keys = waiting.len(),
+                "keys pending for another gate: waiting for it to confirm them or for their marks to expire"
+            );
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(1));
+            let again: Vec<EventMark> = waiting.iter().map(|&i| marks[i].clone()).collect();
+            let at = Utc::now();
+            let answers = self
+                .breaker
+                .check_and_mark_pending(namespace, &again, at, batch, None)
+                .await?;
+            for (&i, v) in waiting.iter().zip(answers) {
+                verdicts[i] = v;
+                marked_at[i] = at;
+            }
+        }
+    }
 }

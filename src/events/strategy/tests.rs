@@ -447,7 +447,7 @@ async fn settled_replays_are_read_without_their_turn_which_they_pass_on() {
         futures_util::poll!(waiting.as_mut()).is_pending(),
         "the batch after it waits for the batch before it"
     );
-    before.done();
+    before.pass_on();
     tokio::time::timeout(Duration::from_secs(30), waiting)
         .await
         .expect("the batch before it done: the next goes");
@@ -456,6 +456,7 @@ async fn settled_replays_are_read_without_their_turn_which_they_pass_on() {
     let other = crate::store::PendingBatch {
         marker: r#"{"idem_pending":"another-gate/0"}"#,
         timeout: Duration::from_secs(30),
+        turn: None,
     };
     store
         .check_and_mark_pending(ns, &[crate::store::EventMark::key("e")], now, other, None)
@@ -470,7 +471,7 @@ async fn settled_replays_are_read_without_their_turn_which_they_pass_on() {
         futures_util::poll!(call.as_mut()).is_pending(),
         "a batch with a pending key waits for its turn"
     );
-    before.done();
+    before.pass_on();
     drop(call);
 }
 
@@ -492,7 +493,7 @@ async fn a_turn_dropped_unused_is_passed_on_in_order() {
         futures_util::poll!(waiting.as_mut()).is_pending(),
         "the third waits for the first, not for the dropped second"
     );
-    first.done();
+    first.pass_on();
     tokio::time::timeout(Duration::from_secs(30), waiting)
         .await
         .expect("the first done: the third goes");

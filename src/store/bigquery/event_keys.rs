@@ -142,6 +142,17 @@ impl EventKeyStore for BigQueryStore {
         crate::store::fallback::mark_by_check(self, namespace, keys, now).await
     }
 
+    /// A BigQuery write is a job of its own: a gate's batches mark one after another.
+    async fn check_and_mark_pending_ahead(
+        &self,
+        _namespace: &str,
+        _marks: &[crate::store::EventMark],
+        _now: chrono::DateTime<chrono::Utc>,
+        _batch: crate::store::PendingBatch<'_>,
+    ) -> crate::error::Result<Option<Vec<crate::store::EventVerdict>>> {
+        crate::store::fallback::never_ahead()
+    }
+
     async fn check_and_mark_pending(
         &self,
         namespace: &str,

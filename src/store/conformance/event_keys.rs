@@ -6,7 +6,7 @@ use serde_json::json;
 
 use super::{now, unique};
 use crate::error::Error;
-use crate::store::{Cursor, EventKeyStore, EventMark, EventVerdict, PendingBatch};
+use crate::store::{BatchTurn, Cursor, EventKeyStore, EventMark, EventVerdict, PendingBatch};
 
 /// Event keys: first sighting true, later (and in-batch repeats) false, per namespace.
 pub async fn event_keys_batch(store: &dyn EventKeyStore) {
@@ -184,6 +184,7 @@ pub async fn event_pending_batches(store: &dyn EventKeyStore) {
     let batch = |marker: &'static str| crate::store::PendingBatch {
         marker,
         timeout: Duration::from_secs(30),
+        turn: None,
     };
     let (a, b) = (
         r#"{"idem_pending":"gate-a/0"}"#,
@@ -489,6 +490,7 @@ pub async fn event_pending_batches_are_whole(a: &dyn EventKeyStore, b: &dyn Even
     let batch = |marker: &'static str| crate::store::PendingBatch {
         marker,
         timeout: Duration::from_secs(30),
+        turn: None,
     };
     let (ma, mb) = (
         r#"{"idem_pending":"whole-a/0"}"#,
@@ -563,6 +565,7 @@ pub async fn event_all_marked(store: &dyn EventKeyStore) {
     let batch = PendingBatch {
         marker,
         timeout: Duration::from_secs(60),
+        turn: None,
     };
     store
         .check_and_mark_pending(&ns, &[EventMark::key("p")], t, batch, None)
@@ -630,4 +633,106 @@ pub async fn event_all_marked(store: &dyn EventKeyStore) {
         store.check_all_marked(&ns, &late, at(61)).await.unwrap(),
         None
     );
+}
+
+/// A gate's batches mark their keys in input order, ahead of their turn where the store
+/// keeps the row's order ([`Capabilities::marks_ahead`](crate::store::Capabilities::marks_ahead)):
+/// a batch asked ahead is marked only right after the row's last place marked, and (a
+/// batch of fresh keys, the first pass's) only when none of its keys is stored; refused,
+/// it has written nothing. A store that does not keep the order refuses every batch asked
+/// ahead, and writes nothing.
+pub async fn event_marks_ahead(store: &dyn EventKeyStore) {
+    if !store.capabilities().confirms_pending {
+        return;
+    }
+    let ns = unique("ahead");
+    let t = now();
+    let (row, other_row) = (unique("row"), unique("row"));
+    let markers: Vec<String> = (0..8)
+        .map(|n| format!(r#"{{"idem_pending":"ahead-gate/{n}"}}"#))
+        .collect();
+    let place = |n: u64| -> Vec<EventMark> {
+        (0..3)
+            .map(|i| EventMark::key(format!("k{n}-{i}")).ttl(Duration::from_secs(3600)))
+            .collect()
+    };
+    let all_new = |v: &[EventVerdict]| v.iter().all(|v| *v == EventVerdict::New);
+    let ahead = async |row: &str, n: u64, marks: &[EventMark]| {
+        store
+            .check_and_mark_pending_ahead(&ns, marks, t, in_row(&markers[n as usize], row, n))
+            .await
+            .unwrap()
+    };
+    let in_turn = async |n: u64, marks: &[EventMark]| {
+        store
+            .check_and_mark_pending(&ns, marks, t, in_row(&markers[n as usize], &row, n), None)
+            .await
+            .unwrap()
+    };
+    let stored = async |marks: &[EventMark]| {
+        let keys: Vec<String> = marks.iter().map(|m| m.key.clone()).collect();
+        store.is_duplicate(&ns, &keys, t).await.unwrap()
+    };
+
+    // Ahead in a row nothing of which has marked: refused, nothing written.
+    assert_eq!(ahead(&row, 1, &place(1)).await, None);
+    assert_eq!(stored(&place(1)).await, [false; 3]);
+    // Place 0 in its turn.
+    assert!(all_new(&in_turn(0, &place(0)).await));
+    if !store.capabilities().marks_ahead {
+        // Refused even right after the row's last place marked.
+        assert_eq!(ahead(&row, 1, &place(1)).await, None, "{}", store.kind());
+        assert_eq!(stored(&place(1)).await, [false; 3]);
+        return;
+    }
+    // Place 2 before place 1: refused, nothing written.
+    assert_eq!(ahead(&row, 2, &place(2)).await, None);
+    assert_eq!(stored(&place(2)).await, [false; 3]);
+    // Place 1 right after 0: marked ahead, its keys pending for its batch.
+    let v = ahead(&row, 1, &place(1))
+        .await
+        .expect("marked ahead right after place 0");
+    assert!(all_new(&v), "{v:?}");
+    let again = store.check_and_mark(&ns, &place(1)[..1], t).await.unwrap();
+    assert!(
+        matches!(&again[0], EventVerdict::Replay { decision: Some(d), .. } if *d == serde_json::from_str::<serde_json::Value>(&markers[1]).unwrap()),
+        "{again:?}"
+    );
+    // Place 2 now. Another row is a row of its own, where nothing has marked yet.
+    let v = ahead(&row, 2, &place(2))
+        .await
+        .expect("place 2 after place 1");
+    assert!(all_new(&v), "{v:?}");
+    assert_eq!(ahead(&other_row, 1, &place(10)).await, None);
+    assert_eq!(stored(&place(10)).await, [false; 3]);
+    // Place 3 with a key stored (one of place 2's): refused whole, its fresh keys unwritten.
+    let mut mixed = place(3);
+    mixed.push(place(2)[1].clone());
+    assert_eq!(ahead(&row, 3, &mixed).await, None);
+    assert_eq!(stored(&place(3)).await, [false; 3]);
+    // In its turn it is marked (its fresh keys new, the stored one found); after a place
+    // marked in its turn, a batch of fresh keys goes ahead again.
+    let v = in_turn(3, &mixed).await;
+    assert!(all_new(&v[..3]) && v[3] != EventVerdict::New, "{v:?}");
+    assert!(all_new(&in_turn(4, &place(4)).await));
+    let v = ahead(&row, 5, &place(5))
+        .await
+        .expect("place 5 after place 4");
+    assert!(all_new(&v), "{v:?}");
+    // A place that has marked is not marked again ahead.
+    assert_eq!(ahead(&row, 5, &place(6)).await, None);
+    assert_eq!(stored(&place(6)).await, [false; 3]);
+}
+
+/// Batch `place` of `row`, marked `marker`.
+fn in_row<'a>(marker: &'a str, row: &'a str, place: u64) -> PendingBatch<'a> {
+    PendingBatch {
+        marker,
+        timeout: Duration::from_secs(60),
+        turn: Some(BatchTurn {
+            row,
+            place,
+            started: crate::store::TurnStarted::nobody(),
+        }),
+    }
 }

@@ -386,7 +386,11 @@ async fn only_event_keys_expired_before_the_cut_off_go(store: &dyn Store) {
             (&kept, r#"{"idem_pending":"kept/0"}"#, day),
             (&live, r#"{"idem_pending":"live/0"}"#, day * 3),
         ] {
-            let batch = crate::store::PendingBatch { marker, timeout };
+            let batch = crate::store::PendingBatch {
+                marker,
+                timeout,
+                turn: None,
+            };
             store
                 .check_and_mark_pending(&ns, &[EventMark::key(key)], epoch(0), batch, None)
                 .await

@@ -35,8 +35,8 @@ pub use event_dedup::{
     event_dedup_ttl,
 };
 pub use event_keys::{
-    event_all_marked, event_cursor, event_keys_batch, event_pending, event_pending_batches,
-    event_pending_batches_are_whole, event_unmark,
+    event_all_marked, event_cursor, event_keys_batch, event_marks_ahead, event_pending,
+    event_pending_batches, event_pending_batches_are_whole, event_unmark,
 };
 pub use lease::{
     claim_excludes_and_release_frees, concurrent_claims_have_one_winner,

@@ -449,3 +449,53 @@ FROM UNNEST($3::text[]) AS k(event_key), event_pending p,
 WHERE p.namespace = $1 AND p.marker = $2
   AND e.namespace = $1 AND e.event_key = k.event_key
   AND e.pending = p.id AND e.first_seen = p.first_seen";
+
+/// A pending batch's row (namespace, marker, first seen, deadline), first in the
+/// transaction of its keys' `COPY`, which it makes commit asynchronously: a pending mark
+/// is provisional as its confirmation is (lost to a server crash, its keys are reported
+/// new again: at least once, never lost), and a batch marked ahead of its turn need not
+/// wait for the flush of the one before it (migration 0012).
+pub(super) const PENDING_ROW_SQL: &str = "\
+INSERT INTO event_pending (namespace, marker, first_seen, deadline)
+SELECT $1::text, $2::text, $3::timestamptz, $4::timestamptz
+FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+RETURNING id";
+
+/// [`PENDING_ROW_SQL`] of a batch in a row (row, place as the lock's `int`): its
+/// transaction holds the advisory lock (`hashtext(row)`, place) to its end, which the
+/// batch after it, asked ahead, waits for ([`TURN_WAIT_SQL`]).
+pub(super) const PENDING_ROW_HELD_SQL: &str = "\
+INSERT INTO event_pending (namespace, marker, first_seen, deadline)
+SELECT $1::text, $2::text, $3::timestamptz, $4::timestamptz
+FROM (SELECT set_config('synchronous_commit', 'off', true),
+             pg_advisory_xact_lock(hashtext($5::text), $6::int)) AS async_commit_held
+RETURNING id";
+
+/// Waits (row, place before as the lock's `int`) for the transaction of the batch before
+/// it to end, when it holds its lock ([`PENDING_ROW_HELD_SQL`]); a statement of its own,
+/// so that [`TURN_AHEAD_SQL`] after it reads what that transaction committed.
+///
+/// The waiting transaction holds its copied keys. Should that ever close a circle of waits
+/// (its batch before it waiting on a key that another transaction holds, which waits on
+/// one of this one's keys), the wait gives up first: its `lock_timeout` is half the
+/// server's `deadlock_timeout`, so the server never has to pick a victim, and the batch
+/// asked ahead, refused (`lock_not_available`), writes nothing and goes down its turn.
+pub(super) const TURN_WAIT_SQL: &str = "\
+SELECT pg_advisory_xact_lock_shared(hashtext($1::text), $2::int)
+FROM (SELECT set_config('lock_timeout',
+        (extract(epoch FROM current_setting('deadlock_timeout')::interval) * 500)::bigint::text,
+        true)) AS bounded";
+
+/// A batch marked ahead of its turn (row, place, now): its row's last place moved to its
+/// own, from the one just before it only.
+pub(super) const TURN_AHEAD_SQL: &str = "\
+UPDATE event_turns SET place = $2, marked_at = $3 WHERE row_id = $1 AND place = $2 - 1";
+
+/// A batch marked in its turn (row, place, now): its place the row's last (never
+/// backwards), asynchronously.
+pub(super) const TURN_TAKEN_SQL: &str = "\
+INSERT INTO event_turns (row_id, place, marked_at)
+SELECT $1::text, $2::bigint, $3::timestamptz
+FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
+ON CONFLICT (row_id) DO UPDATE
+SET place = GREATEST(event_turns.place, EXCLUDED.place), marked_at = EXCLUDED.marked_at";

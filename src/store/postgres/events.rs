@@ -3,6 +3,27 @@
 
 use super::*;
 
+/// A place in a row of batches as Postgres keeps it (`BIGINT`).
+fn place(turn: BatchTurn<'_>) -> i64 {
+    i64::try_from(turn.place).unwrap_or(i64::MAX)
+}
+
+/// A place as the second key of its transaction's advisory lock (an `int`, wrapping: two
+/// places 2³¹ apart share a lock, which costs a wait, never a wrong answer).
+fn lock_place(place: u64) -> i32 {
+    (place % (1 << 31)) as i32
+}
+
+/// A pending batch's copy ([`PostgresStore::copy_fresh`]): its marker, its deadline, and
+/// its place in its row with whether it is asked ahead of its turn.
+type PendingCopy<'a> = (&'a str, DateTime<Utc>, Option<(BatchTurn<'a>, bool)>);
+
+/// SQLSTATE `deadlock_detected`.
+const DEADLOCK_DETECTED: &str = "40P01";
+
+/// SQLSTATE `lock_not_available` (a `lock_timeout` passed).
+const LOCK_NOT_AVAILABLE: &str = "55P03";
+
 impl PostgresStore {
     /// The first try of a batch without a cursor when the last batch found every key
     /// absent: its rows sent with `COPY` straight into `event_keys`, as a bulk load (rows
@@ -10,7 +31,14 @@ impl PostgresStore {
     /// key's unique check is the lookup). A key stored, expired or not, fails the copy
     /// whole (unique violation): nothing is written, and `false` sends the batch on to
     /// [`EVENTS_INSERT_SQL`]. A pending batch's row (migration 0008) goes in the same
-    /// transaction, so its keys are never seen without it.
+    /// transaction, so its keys are never seen without it, and makes it commit
+    /// asynchronously ([`PENDING_ROW_SQL`]); so does, with `ahead` (a
+    /// batch marked ahead of its turn), the move of its row's last place marked
+    /// (migration 0012) to its own, which must find the place before it there: when it
+    /// does not, the transaction is rolled back and `false` says nothing was written.
+    /// That move comes last, so its row lock is only ever held by a transaction about to
+    /// commit: a batch waiting for it waits for a commit, never for a lock held by a
+    /// transaction that waits in turn (no deadlock through it).
     pub(super) async fn copy_fresh(
         &self,
         namespace: &str,
@@ -18,7 +46,7 @@ impl PostgresStore {
         decisions: &[Option<String>],
         expiries: &[Option<DateTime<Utc>>],
         now: DateTime<Utc>,
-        pending: Option<(&str, DateTime<Utc>)>,
+        pending: Option<PendingCopy<'_>>,
     ) -> Result<bool> {
         const COPY: &str = "COPY event_keys (namespace, event_key, first_seen, fingerprint, \
                             decision, expires_at, pending) FROM STDIN";
@@ -30,7 +58,7 @@ impl PostgresStore {
                     let mut conn = self.turn().await?;
                     let mut copy = conn.copy_in_raw(COPY).await?;
                     copy.send(rows.as_bytes()).await?;
-                    copy.finish().await
+                    copy.finish().await.map(Some)
                 }
                 .await
             }
@@ -39,34 +67,80 @@ impl PostgresStore {
             // tried for issue 36): cleanup could then delete a row whose deadline passed
             // before a slow copy committed, and the copy's keys would read as confirmed
             // where they must be dead.
-            Some((marker, deadline)) => {
+            Some((marker, deadline, turn)) => {
                 async {
                     let mut conn = self.turn().await?;
                     let mut tx = conn.begin().await?;
-                    let id: i64 = sqlx::query_scalar(
-                        "INSERT INTO event_pending (namespace, marker, first_seen, deadline) \
-                         VALUES ($1, $2, $3, $4) RETURNING id",
-                    )
+                    let row = sqlx::query_scalar(match turn {
+                        None => PENDING_ROW_SQL,
+                        Some(_) => PENDING_ROW_HELD_SQL,
+                    })
                     .bind(namespace)
                     .bind(marker)
                     .bind(now)
-                    .bind(micros(deadline))
-                    .fetch_one(&mut *tx)
-                    .await?;
+                    .bind(micros(deadline));
+                    let row = match turn {
+                        None => row,
+                        Some((t, _)) => row.bind(t.row).bind(lock_place(t.place)),
+                    };
+                    let id: i64 = row.fetch_one(&mut *tx).await?;
+                    if let Some((t, _)) = turn {
+                        // Held: the batch after it, asked ahead, may now wait for it.
+                        t.started.say();
+                    }
                     let rows = copy_rows(namespace, firsts, decisions, expiries, now, Some(id));
                     let mut copy = tx.copy_in_raw(COPY).await?;
                     copy.send(rows.as_bytes()).await?;
                     let n = copy.finish().await?;
-                    tx.commit().await.map(|()| n)
+                    match turn {
+                        Some((t, true)) => {
+                            // After the transaction of the batch before it (a wait the
+                            // server sees, and breaks should it close a circle).
+                            sqlx::query(TURN_WAIT_SQL)
+                                .bind(t.row)
+                                .bind(lock_place(t.place.wrapping_sub(1)))
+                                .execute(&mut *tx)
+                                .await?;
+                            let moved = sqlx::query(TURN_AHEAD_SQL)
+                                .bind(t.row)
+                                .bind(place(t))
+                                .bind(now)
+                                .execute(&mut *tx)
+                                .await?;
+                            if moved.rows_affected() == 0 {
+                                // Refused: dropped unfinished, the transaction is rolled
+                                // back all the same.
+                                let _ = tx.rollback().await;
+                                return Ok(None);
+                            }
+                        }
+                        Some((t, false)) => {
+                            sqlx::query(TURN_TAKEN_SQL)
+                                .bind(t.row)
+                                .bind(place(t))
+                                .bind(now)
+                                .execute(&mut *tx)
+                                .await?;
+                        }
+                        None => {}
+                    }
+                    tx.commit().await.map(|()| Some(n))
                 }
                 .await
             }
         };
         match copied {
-            Ok(_) => Ok(true),
-            // A key is stored (or was committed meanwhile): nothing written.
+            Ok(None) => Ok(false),
+            Ok(Some(_)) => Ok(true),
+            // A key is stored (or was committed meanwhile), a batch asked ahead gave up
+            // waiting for the one before it, or the server broke a circle of waits by
+            // failing this transaction: nothing written.
             Err(sqlx::Error::Database(e))
-                if e.kind() == sqlx::error::ErrorKind::UniqueViolation =>
+                if e.kind() == sqlx::error::ErrorKind::UniqueViolation
+                    || matches!(
+                        e.code().as_deref(),
+                        Some(DEADLOCK_DETECTED | LOCK_NOT_AVAILABLE)
+                    ) =>
             {
                 Ok(false)
             }
@@ -114,6 +188,7 @@ impl PostgresStore {
         now: DateTime<Utc>,
         cursor: Option<(&str, &Cursor)>,
         pending: Option<(&str, DateTime<Utc>)>,
+        turn: Option<BatchTurn<'_>>,
     ) -> Result<Vec<EventVerdict>> {
         let (marker, deadline) = (pending.map(|p| p.0), pending.map(|p| micros(p.1)));
         if marks.is_empty() {
@@ -144,7 +219,16 @@ impl PostgresStore {
             match BatchShape::load(&self.last_batch) {
                 BatchShape::Fresh => {
                     if self
-                        .copy_fresh(namespace, &firsts, &decisions, &expiries, now, pending)
+                        .copy_fresh(
+                            namespace,
+                            &firsts,
+                            &decisions,
+                            &expiries,
+                            now,
+                            pending.map(|(marker, deadline)| {
+                                (marker, deadline, turn.map(|t| (t, false)))
+                            }),
+                        )
                         .await?
                     {
                         return Ok(event_keys::all_new(marks, &firsts, now));
@@ -253,7 +337,7 @@ impl PostgresStore {
                     .map(|m| (*m).clone())
                     .collect();
                 let verdicts =
-                    Box::pin(self.mark_batch(namespace, &again, now, None, pending)).await?;
+                    Box::pin(self.mark_batch(namespace, &again, now, None, pending, None)).await?;
                 for (m, v) in again.into_iter().zip(verdicts) {
                     match v {
                         EventVerdict::New => found.marked(m.key),
@@ -324,7 +408,8 @@ impl EventKeyStore for PostgresStore {
         marks: &[EventMark],
         now: DateTime<Utc>,
     ) -> Result<Vec<EventVerdict>> {
-        self.mark_batch(namespace, marks, now, None, None).await
+        self.mark_batch(namespace, marks, now, None, None, None)
+            .await
     }
 
     async fn check_and_mark_advancing(
@@ -335,7 +420,7 @@ impl EventKeyStore for PostgresStore {
         cursor: &str,
         to: &Cursor,
     ) -> Result<Vec<EventVerdict>> {
-        self.mark_batch(namespace, marks, now, Some((cursor, to)), None)
+        self.mark_batch(namespace, marks, now, Some((cursor, to)), None, None)
             .await
     }
 
@@ -349,14 +434,60 @@ impl EventKeyStore for PostgresStore {
         batch: PendingBatch<'_>,
         cursor: Option<(&str, &Cursor)>,
     ) -> Result<Vec<EventVerdict>> {
-        self.mark_batch(
-            namespace,
-            marks,
-            now,
-            cursor,
-            Some((batch.marker, batch.deadline(now))),
-        )
-        .await
+        let verdicts = self
+            .mark_batch(
+                namespace,
+                marks,
+                now,
+                cursor,
+                Some((batch.marker, batch.deadline(now))),
+                batch.turn,
+            )
+            .await?;
+        if let Some(turn) = batch.turn {
+            // Its turn came: its place is the row's last marked, so the batch after it
+            // can mark ahead. After its marks are committed, on its own: lost, the next
+            // batch only waits for its turn.
+            let recorded = sqlx::query(TURN_TAKEN_SQL)
+                .bind(turn.row)
+                .bind(place(turn))
+                .bind(micros(now))
+                .execute(&mut self.conn().await?)
+                .await;
+            if let Err(e) = recorded {
+                tracing::debug!("the place of a gate's batch was not recorded: {e}");
+            }
+        }
+        Ok(verdicts)
+    }
+
+    /// A batch of fresh keys (when the last batch found every key absent): its bulk
+    /// `COPY` with its row's last place moved in the same transaction ([`Self::copy_fresh`]).
+    /// Not tried (`None`) after a batch that found some of its keys stored and others
+    /// not, when this one's copy would most likely fail too.
+    async fn check_and_mark_pending_ahead(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+        batch: PendingBatch<'_>,
+    ) -> Result<Option<Vec<EventVerdict>>> {
+        let Some(turn) = batch.turn else {
+            return Ok(None);
+        };
+        if marks.is_empty() || matches!(BatchShape::load(&self.last_batch), BatchShape::Mixed) {
+            return Ok(None);
+        }
+        let firsts = event_keys::firsts(marks);
+        // A pending batch's keys keep no decision (see `mark_batch`).
+        let decisions = vec![None; firsts.len()];
+        let expiries: Vec<Option<DateTime<Utc>>> =
+            firsts.iter().map(|m| m.expires_at(now)).collect();
+        let pending = Some((batch.marker, batch.deadline(now), Some((turn, true))));
+        let marked = self
+            .copy_fresh(namespace, &firsts, &decisions, &expiries, now, pending)
+            .await?;
+        Ok(marked.then(|| event_keys::all_new(marks, &firsts, now)))
     }
 
     /// One row deleted: the batch's keys that still name it are confirmed at once (their

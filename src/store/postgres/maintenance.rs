@@ -87,6 +87,13 @@ impl MaintenanceStore for PostgresStore {
                     .execute(&mut self.conn().await?)
                     .await
                     .map_err(|e| self.err(e))?;
+                    // Rows of gates' batches (migration 0012) untouched since the cut-off:
+                    // their gates are long gone.
+                    sqlx::query("DELETE FROM event_turns WHERE marked_at < $1")
+                        .bind(cutoff)
+                        .execute(&mut self.conn().await?)
+                        .await
+                        .map_err(|e| self.err(e))?;
                 }
                 Ok(deleted)
             },

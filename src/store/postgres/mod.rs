@@ -43,9 +43,9 @@ use super::event_keys::{self, Cursor, Found};
 use super::migrations::{self, Migration, Schema};
 use super::rows::{KeyRow, LeaseColumns, LeaseRow, OpenLeaseRow, RunRow, KEY_COLUMNS, RUN_COLUMNS};
 use super::{
-    lease_expiry, redact_url, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport,
-    EventKeyStore, EventMark, EventVerdict, Finish, KeyLookup, Lease, LeaseHolder, LeaseStore,
-    LedgerStore, MaintenanceStore, OpenLease, PendingBatch, RunFilter, StoreBase,
+    lease_expiry, redact_url, BatchTurn, Capabilities, Claim, ClaimRequest, CleanupPolicy,
+    CleanupReport, EventKeyStore, EventMark, EventVerdict, Finish, KeyLookup, Lease, LeaseHolder,
+    LeaseStore, LedgerStore, MaintenanceStore, OpenLease, PendingBatch, RunFilter, StoreBase,
 };
 use crate::backend::postgres::{connect_options, sqlx_message, ACQUIRE_TIMEOUT};
 use crate::error::{Error, Result};
@@ -584,11 +584,13 @@ impl StoreBase for PostgresStore {
 
     /// Pending marks are confirmed (by the batch); event batches on keys they do not
     /// share run in transactions side by side, one per pooled connection (each locks its
-    /// keys in byte order, so they cannot deadlock).
+    /// keys in byte order, so they cannot deadlock); a gate's batches mark ahead of their
+    /// turn (`event_turns`, migration 0012).
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             confirms_pending: true,
             batch_concurrency: self.connections,
+            marks_ahead: true,
             ..Capabilities::SHARED
         }
     }

@@ -57,7 +57,7 @@ mod scripts;
 mod value;
 
 use scripts::*;
-use value::{batch_key, px, Encoder, Header, Stored, MAX_PX_MS};
+use value::{batch_key, px, turn_key, Encoder, Header, Stored, MAX_PX_MS};
 pub use value::{cursor_key, redis_key};
 
 /// The Redis event-key store.
@@ -221,16 +221,18 @@ impl RedisStore {
     }
 
     /// `check_and_mark`; with `pending` (a batch) the keys it marks name the batch, whose
-    /// key goes first in the same pipeline.
+    /// key goes first in the same script. `ahead`: the batch is marked ahead of its turn
+    /// (`check_and_mark_pending_ahead`), or not at all (`None`).
     async fn mark(
         &self,
         namespace: &str,
         marks: &[EventMark],
         now: DateTime<Utc>,
         pending: Option<PendingBatch<'_>>,
-    ) -> Result<Vec<EventVerdict>> {
+        ahead: bool,
+    ) -> Result<Option<Vec<EventVerdict>>> {
         if marks.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Some(Vec::new()));
         }
         // The first occurrence of each key, in input order (Redis takes no locks, so unlike
         // the SQL stores there is no lock order to keep).
@@ -246,7 +248,7 @@ impl RedisStore {
         let mut encoder = Encoder::new(now).pending(pending.map(|b| b.marker));
         let values: Vec<Vec<u8>> = firsts.iter().map(|m| encoder.encode(m)).collect();
         let mut conn = self.conn.clone();
-        let answers: Vec<Option<Vec<u8>>> = match pending {
+        let answers: Option<Vec<Option<Vec<u8>>>> = match pending {
             // A pending batch is marked by one script, whole: two gates' batches of the
             // same keys never split them (each would wait for the other to confirm).
             Some(batch) => {
@@ -259,13 +261,29 @@ impl RedisStore {
                 };
                 let deadline = batch.deadline(now).timestamp_micros();
                 let timeout = batch.timeout.as_millis().clamp(1, MAX_PX_MS) as u64;
+                let own = batch_key(&self.prefix, namespace, batch.marker);
+                let (turn, place) = match batch.turn {
+                    Some(t) => {
+                        // One script checks the row's order: the batch after this one may
+                        // ask ahead at once.
+                        t.started.say();
+                        (
+                            turn_key(&self.prefix, namespace, t.row),
+                            t.place.to_string(),
+                        )
+                    }
+                    None => (own.clone(), String::new()),
+                };
                 let mut cmd = redis::cmd("EVAL");
                 cmd.arg(MARK_BATCH)
-                    .arg(keys.len() + 1)
-                    .arg(batch_key(&self.prefix, namespace, batch.marker))
+                    .arg(keys.len() + 2)
+                    .arg(own)
+                    .arg(turn)
                     .arg(&keys)
                     .arg(format!("P{deadline}:{longest}"))
-                    .arg(timeout);
+                    .arg(timeout)
+                    .arg(place)
+                    .arg(if ahead { "1" } else { "" });
                 for (m, value) in firsts.iter().zip(&values) {
                     cmd.arg(value)
                         .arg(px(m).map(|ms| ms.to_string()).unwrap_or_default());
@@ -284,10 +302,14 @@ impl RedisStore {
                     cmd.arg("GET");
                     pipe.add_command(cmd);
                 }
-                pipe.query_async(&mut conn).await
+                pipe.query_async(&mut conn).await.map(Some)
             }
         }
         .map_err(|e| self.err("check_and_mark", e))?;
+        // Asked ahead of its turn, which has not come: nothing written.
+        let Some(answers) = answers else {
+            return Ok(None);
+        };
         let decoded = answers
             .iter()
             .zip(&keys)
@@ -298,7 +320,7 @@ impl RedisStore {
             .await?;
         if firsts.len() == marks.len() {
             if let Some(verdicts) = Self::direct_verdicts(marks, &decoded, &states, now) {
-                return Ok(verdicts);
+                return Ok(Some(verdicts));
             }
         }
         let mut found = Found::default();
@@ -371,7 +393,7 @@ impl RedisStore {
                 .filter_map(|(_, a)| a.as_ref().map(|(_, s)| s));
             self.learn(&mut conn, namespace, fresh, &mut states).await?;
         }
-        Ok(found.verdicts(marks, now))
+        Ok(Some(found.verdicts(marks, now)))
     }
 }
 
@@ -430,6 +452,7 @@ impl StoreBase for RedisStore {
             cross_process: true,
             confirms_pending: true,
             batch_concurrency: 4,
+            marks_ahead: true,
         }
     }
 
@@ -447,7 +470,9 @@ impl EventKeyStore for RedisStore {
         marks: &[EventMark],
         now: DateTime<Utc>,
     ) -> Result<Vec<EventVerdict>> {
-        self.mark(namespace, marks, now, None).await
+        self.mark(namespace, marks, now, None, false)
+            .await
+            .map(Option::unwrap_or_default)
     }
 
     async fn forget_event_keys(&self, namespace: &str, keys: &[String]) -> Result<u64> {
@@ -654,11 +679,29 @@ impl EventKeyStore for RedisStore {
         batch: PendingBatch<'_>,
         cursor: Option<(&str, &Cursor)>,
     ) -> Result<Vec<EventVerdict>> {
-        let verdicts = self.mark(namespace, marks, now, Some(batch)).await?;
+        let verdicts = self
+            .mark(namespace, marks, now, Some(batch), false)
+            .await?
+            .unwrap_or_default();
         if let Some((name, to)) = cursor {
             self.advance_cursor(namespace, name, to).await?;
         }
         Ok(verdicts)
+    }
+
+    /// The script that marks the batch first checks the row's last place marked (its own
+    /// key, `turn_key`), in the same atomic run.
+    async fn check_and_mark_pending_ahead(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+        batch: PendingBatch<'_>,
+    ) -> Result<Option<Vec<EventVerdict>>> {
+        if batch.turn.is_none() {
+            return Ok(None);
+        }
+        self.mark(namespace, marks, now, Some(batch), true).await
     }
 
     /// Whole: the batch's one key set confirmed, which confirms every key naming it. Some

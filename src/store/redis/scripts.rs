@@ -10,21 +10,54 @@ redis.call('SET', KEYS[1], string.sub(v, 1, i) .. ARGV[1], 'KEEPTTL')
 return 1
 ";
 
-/// Marks a pending batch, whole (one script: no other call runs in between): sets the
-/// batch's key KEYS[1] to ARGV[1] (`P<deadline>:<longest px>`, living PX ARGV[2]) unless it
-/// is set already (the batch asked again), then each key KEYS[i] (i ≥ 2) to ARGV[2i-1] with
-/// PX ARGV[2i] (empty: none) when absent. Answers, for each key, nil when this call set it
-/// or the value stored before.
+/// Marks a pending batch, whole (one script: no other call runs in between).
+///
+/// With a place in its gate's row (ARGV[3], empty: none), the row's last place marked is
+/// KEYS[2], and the batch's place becomes it when this call set every one of its keys (a
+/// key found stored may be dead, and re-marked by the caller after the script: the batch
+/// after it then waits for its turn instead of marking before those keys). Asked ahead of its turn (ARGV[4] `1`), the
+/// batch is marked only when the row's last place is the one just before its own and
+/// none of its keys is stored; otherwise the script leaves everything as it found it and
+/// answers nil.
+///
+/// It sets the batch's key KEYS[1] to ARGV[1] (`P<deadline>:<longest px>`, living PX
+/// ARGV[2]) unless it is set already (the batch asked again), first (a script that fails
+/// midway leaves no key naming a batch not stored), then each key KEYS[i] (i ≥ 3) to
+/// ARGV[2i-1] with PX ARGV[2i] (empty: none) when absent. Answers, for each key, nil when
+/// this call set it or the value stored before.
 pub(super) const MARK_BATCH: &str = r"
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2], 'NX')
-local out = {}
-for i = 2, #KEYS do
+local ahead = ARGV[4] == '1'
+local place, last = tonumber(ARGV[3]), -1
+if place then
+  last = tonumber(redis.call('GET', KEYS[2]) or '-1')
+  if ahead and last ~= place - 1 then
+    return false
+  end
+end
+local own = redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2], 'NX')
+local out, all_set = {}, true
+for i = 3, #KEYS do
   local v, px = ARGV[2 * i - 1], ARGV[2 * i]
   if px == '' then
-    out[i - 1] = redis.call('SET', KEYS[i], v, 'NX', 'GET')
+    out[i - 2] = redis.call('SET', KEYS[i], v, 'NX', 'GET')
   else
-    out[i - 1] = redis.call('SET', KEYS[i], v, 'NX', 'PX', px, 'GET')
+    out[i - 2] = redis.call('SET', KEYS[i], v, 'NX', 'PX', px, 'GET')
   end
+  if out[i - 2] then
+    all_set = false
+  end
+  if ahead and out[i - 2] then
+    for j = 3, i - 1 do
+      redis.call('DEL', KEYS[j])
+    end
+    if own then
+      redis.call('DEL', KEYS[1])
+    end
+    return false
+  end
+end
+if place and all_set and place > last then
+  redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[2])
 end
 return out
 ";

@@ -180,6 +180,13 @@ pub fn batch_key(prefix: &str, namespace: &str, marker: &str) -> String {
     format!("{}#pending:{marker}", &event[..event.len() - 1])
 }
 
+/// The key of a gate's row of batches (`PREFIX{NAMESPACE}#turn:ROW`): the last place in
+/// the row that marked its keys (in the namespace's slot, beside its batches' keys).
+pub fn turn_key(prefix: &str, namespace: &str, row: &str) -> String {
+    let event = redis_key(prefix, namespace, "");
+    format!("{}#turn:{row}", &event[..event.len() - 1])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -394,6 +394,17 @@ impl EventKeyStore for SqliteStore {
         crate::store::fallback::mark_by_check(self, namespace, keys, now).await
     }
 
+    /// SQLite's writers take turns anyway: a gate's batches mark one after another.
+    async fn check_and_mark_pending_ahead(
+        &self,
+        _namespace: &str,
+        _marks: &[crate::store::EventMark],
+        _now: chrono::DateTime<chrono::Utc>,
+        _batch: crate::store::PendingBatch<'_>,
+    ) -> crate::error::Result<Option<Vec<crate::store::EventVerdict>>> {
+        crate::store::fallback::never_ahead()
+    }
+
     /// The batch's pending state is one row of `event_pending` (migration 0010), which its
     /// keys name; they carry their real expiry from the start.
     async fn check_and_mark_pending(

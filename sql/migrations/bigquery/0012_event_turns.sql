@@ -1,0 +1,1 @@
+-- Nothing to do on BigQuery: a gate's batches mark one after another there (this version is Postgres's order of a gate's batches).

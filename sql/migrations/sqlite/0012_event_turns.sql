@@ -1,0 +1,1 @@
+-- Nothing to do on SQLite: its writers take turns anyway (this version is Postgres's order of a gate's batches).
