@@ -26,11 +26,10 @@ mod common;
 
 use common::{toml_str, Sandbox};
 
-async fn sqlite_store(prefix: &str) -> (Arc<DynStore>, std::path::PathBuf) {
-    let dir = std::env::temp_dir().join(format!("{prefix}-{}", idem::new_run_id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let url = format!("sqlite://{}", dir.join("store.db").display());
-    (idem::store::open(&url).await.unwrap(), dir)
+async fn sqlite_store(prefix: &str) -> (Arc<DynStore>, Sandbox) {
+    // The sandbox's folder goes with it at the end of the test.
+    let sb = Sandbox::new(prefix);
+    (idem::store::open(&sb.store).await.unwrap(), sb)
 }
 
 /// A real store that fails every call with an outage while `down` is set.

@@ -210,18 +210,27 @@ fn latency_buckets_bound_the_value() {
 }
 
 /// The event-key stores a released batch is tried on: memory, and SQLite in a file.
-async fn release_stores() -> Vec<(&'static str, Arc<dyn EventKeyStore>)> {
+/// A folder of the tests', removed with it.
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+async fn release_stores() -> (Vec<(&'static str, Arc<dyn EventKeyStore>)>, TempDir) {
+    let dir = TempDir(std::env::temp_dir().join(format!("idem-release-{}", crate::new_run_id())));
     #[allow(unused_mut)]
     let mut stores: Vec<(&'static str, Arc<dyn EventKeyStore>)> =
         vec![("memory", Arc::new(MemoryStore::new()))];
     #[cfg(feature = "sqlite")]
     {
-        let dir = std::env::temp_dir().join(format!("idem-release-{}", crate::new_run_id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let url = format!("sqlite://{}", dir.join("gate.db").display());
+        std::fs::create_dir_all(&dir.0).unwrap();
+        let url = format!("sqlite://{}", dir.0.join("gate.db").display());
         stores.push(("sqlite", crate::store::open_event_keys(&url).await.unwrap()));
     }
-    stores
+    (stores, dir)
 }
 
 fn verdicts(admitted: &[std::result::Result<Admission, InvalidEvent>]) -> Vec<&'static str> {
@@ -233,7 +242,8 @@ fn verdicts(admitted: &[std::result::Result<Admission, InvalidEvent>]) -> Vec<&'
 
 #[tokio::test]
 async fn a_released_batch_is_new_again_on_the_same_gate_and_on_another() {
-    for (label, store) in release_stores().await {
+    let (stores, _dir) = release_stores().await;
+    for (label, store) in stores {
         for pending in [None, Some(Duration::from_secs(300))] {
             let ns = format!("release-{}", crate::new_run_id());
             let make = || {
@@ -306,7 +316,8 @@ async fn a_released_batch_is_new_again_on_the_same_gate_and_on_another() {
 
 #[tokio::test]
 async fn release_leaves_a_mark_made_after_the_released_one_expired() {
-    for (label, store) in release_stores().await {
+    let (stores, _dir) = release_stores().await;
+    for (label, store) in stores {
         let ns = format!("release-{}", crate::new_run_id());
         let make = || {
             let dedup = Deduplicator::new(store.clone(), &ns, ["id"])
@@ -331,7 +342,8 @@ async fn release_leaves_a_mark_made_after_the_released_one_expired() {
 
 #[tokio::test]
 async fn handle_confirms_on_success_and_releases_on_failure() {
-    for (label, store) in release_stores().await {
+    let (stores, _dir) = release_stores().await;
+    for (label, store) in stores {
         let ns = format!("handle-{}", crate::new_run_id());
         let make = || {
             let dedup = Deduplicator::new(store.clone(), &ns, ["id"]).unwrap();
