@@ -461,10 +461,9 @@ impl EventKeyStore for PostgresStore {
         Ok(verdicts)
     }
 
-    /// A batch of fresh keys (when the last batch found every key absent): its bulk
-    /// `COPY` with its row's last place moved in the same transaction ([`Self::copy_fresh`]).
-    /// Not tried (`None`) after a batch that found some of its keys stored and others
-    /// not, when this one's copy would most likely fail too.
+    /// A batch of fresh keys: its bulk `COPY` with its row's last place moved in the same
+    /// transaction (`copy_fresh`). Not tried (`None`) after a batch that found some of its
+    /// keys stored and others not, when this one's copy would most likely fail too.
     async fn check_and_mark_pending_ahead(
         &self,
         namespace: &str,
