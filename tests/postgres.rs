@@ -871,8 +871,8 @@ fn concurrent_first_use_migrates_once() {
         "each migration applied once"
     );
     assert_eq!(
-        tables, 7,
-        "six idem tables (event_cursors and event_pending too) and the migrations table"
+        tables, 8,
+        "seven idem tables (event_cursors, event_pending and event_turns too) and the migrations table"
     );
     rt.block_on(sqlx::query(&format!("DROP SCHEMA {schema} CASCADE")).execute(&pool))
         .unwrap();
