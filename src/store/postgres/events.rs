@@ -179,8 +179,7 @@ impl PostgresStore {
         self.last_batch.store(shape as u8, Ordering::Relaxed);
     }
 
-    /// `check_and_mark`, and the cursor's advance in the same transaction; with `pending`
-    /// (a marker and its deadline) the keys it marks are pending for that batch.
+    /// [`Self::mark_batch_placed`] of a batch in no row.
     pub(super) async fn mark_batch(
         &self,
         namespace: &str,
@@ -188,17 +187,34 @@ impl PostgresStore {
         now: DateTime<Utc>,
         cursor: Option<(&str, &Cursor)>,
         pending: Option<(&str, DateTime<Utc>)>,
-        turn: Option<BatchTurn<'_>>,
     ) -> Result<Vec<EventVerdict>> {
+        self.mark_batch_placed(namespace, marks, now, cursor, pending, None)
+            .await
+            .map(|(verdicts, _)| verdicts)
+    }
+
+    /// `check_and_mark`, and the cursor's advance in the same transaction; with `pending`
+    /// (a marker and its deadline) the keys it marks are pending for that batch. With
+    /// `turn` (a pending batch's place in its row), `true` when the place was recorded in
+    /// the transaction of its marks (the fresh batch's `COPY`).
+    pub(super) async fn mark_batch_placed(
+        &self,
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+        cursor: Option<(&str, &Cursor)>,
+        pending: Option<(&str, DateTime<Utc>)>,
+        turn: Option<BatchTurn<'_>>,
+    ) -> Result<(Vec<EventVerdict>, bool)> {
         let (marker, deadline) = (pending.map(|p| p.0), pending.map(|p| micros(p.1)));
         if marks.is_empty() {
             if let Some((name, to)) = cursor {
                 return self
                     .advance_cursor(namespace, name, to)
                     .await
-                    .map(|()| Vec::new());
+                    .map(|()| (Vec::new(), false));
             }
-            return Ok(Vec::new());
+            return Ok((Vec::new(), false));
         }
         // One round trip (a transaction with the cursor). Repeats inside the batch are removed here and the keys sent in
         // byte order, the order the function scan inserts them in: two batches sharing
@@ -231,12 +247,13 @@ impl PostgresStore {
                         )
                         .await?
                     {
-                        return Ok(event_keys::all_new(marks, &firsts, now));
+                        // With a place in a row: recorded in the copy's transaction.
+                        return Ok((event_keys::all_new(marks, &firsts, now), turn.is_some()));
                     }
                 }
                 BatchShape::Seen => {
                     if let Some(verdicts) = self.all_marked(namespace, marks, &keys, now).await? {
-                        return Ok(verdicts);
+                        return Ok((verdicts, false));
                     }
                     // A key absent or expired: marked below.
                 }
@@ -271,12 +288,12 @@ impl PostgresStore {
                     debug_assert_eq!(inserted as usize + present.len(), firsts.len());
                     self.remember(BatchShape::of(present.len(), firsts.len()));
                     if present.is_empty() {
-                        return Ok(event_keys::all_new(marks, &firsts, now));
+                        return Ok((event_keys::all_new(marks, &firsts, now), false));
                     }
                     for m in firsts.iter().filter(|m| !present.contains(m.key.as_str())) {
                         found.marked(m.key.clone());
                     }
-                    return Ok(found.verdicts(marks, now));
+                    return Ok((found.verdicts(marks, now), false));
                 }
                 // A found key has expired: taken over by the upsert.
                 Ok(_) => {}
@@ -337,7 +354,7 @@ impl PostgresStore {
                     .map(|m| (*m).clone())
                     .collect();
                 let verdicts =
-                    Box::pin(self.mark_batch(namespace, &again, now, None, pending, None)).await?;
+                    Box::pin(self.mark_batch(namespace, &again, now, None, pending)).await?;
                 for (m, v) in again.into_iter().zip(verdicts) {
                     match v {
                         EventVerdict::New => found.marked(m.key),
@@ -353,7 +370,7 @@ impl PostgresStore {
                 }
             }
         }
-        Ok(found.verdicts(marks, now))
+        Ok((found.verdicts(marks, now), false))
     }
 }
 
@@ -408,8 +425,7 @@ impl EventKeyStore for PostgresStore {
         marks: &[EventMark],
         now: DateTime<Utc>,
     ) -> Result<Vec<EventVerdict>> {
-        self.mark_batch(namespace, marks, now, None, None, None)
-            .await
+        self.mark_batch(namespace, marks, now, None, None).await
     }
 
     async fn check_and_mark_advancing(
@@ -420,7 +436,7 @@ impl EventKeyStore for PostgresStore {
         cursor: &str,
         to: &Cursor,
     ) -> Result<Vec<EventVerdict>> {
-        self.mark_batch(namespace, marks, now, Some((cursor, to)), None, None)
+        self.mark_batch(namespace, marks, now, Some((cursor, to)), None)
             .await
     }
 
@@ -434,8 +450,8 @@ impl EventKeyStore for PostgresStore {
         batch: PendingBatch<'_>,
         cursor: Option<(&str, &Cursor)>,
     ) -> Result<Vec<EventVerdict>> {
-        let verdicts = self
-            .mark_batch(
+        let (verdicts, placed) = self
+            .mark_batch_placed(
                 namespace,
                 marks,
                 now,
@@ -444,10 +460,10 @@ impl EventKeyStore for PostgresStore {
                 batch.turn,
             )
             .await?;
-        if let Some(turn) = batch.turn {
+        if let Some(turn) = batch.turn.filter(|_| !placed) {
             // Its turn came: its place is the row's last marked, so the batch after it
-            // can mark ahead. After its marks are committed, on its own: lost, the next
-            // batch only waits for its turn.
+            // can mark ahead. Unless the copy's transaction recorded it: after its marks
+            // are committed, on its own (lost, the next batch only waits for its turn).
             let recorded = sqlx::query(TURN_TAKEN_SQL)
                 .bind(turn.row)
                 .bind(place(turn))
