@@ -21,19 +21,43 @@ macro_rules! batch_cte {
     };
 }
 
-/// The row of key `i.event_key` of namespace $1 (`s`, expired or not) looked up through the
-/// primary key (`LATERAL … LIMIT 1` is never turned into a join the planner could choose to
-/// run as a scan of the table, e.g. on statistics taken while it was still small), with
-/// its pending batch's row (`p`: present while the batch is unconfirmed).
-macro_rules! stored_row {
-    () => {
-        "CROSS JOIN LATERAL (
+/// Two CTEs: `found`, the row of each key `i.event_key` of namespace $1 (expired or not)
+/// read from `$from`, and `found_pending`, the rows of the pending batches those rows name
+/// (present while a batch is unconfirmed). A statement joins them:
+/// `found s LEFT JOIN found_pending p ON p.id = s.pending AND p.first_seen = s.first_seen`.
+///
+/// Each key is looked up through the primary key (`LATERAL … LIMIT 1` is never turned into
+/// a join the planner could choose to run as a scan of the table, e.g. on statistics taken
+/// while it was still small). The batches are read once per statement, not once per key
+/// (issue 36): joined per key, the plan of the `event_pending` lookup followed that small,
+/// churning table's statistics, and a count taken while a few batches were pending (70
+/// rows, say) made it a hash join built again for every key — 14 ms per 1,000 keys
+/// against 5, which slowed a replay pass round by round as the table was vacuumed.
+macro_rules! found_ctes {
+    ($from:literal) => {
+        concat!(
+            "found AS MATERIALIZED (
+  SELECT s.event_key, s.fingerprint, s.decision, s.first_seen, s.expires_at, s.pending
+  FROM ",
+            $from,
+            " CROSS JOIN LATERAL (
     SELECT s.event_key, s.fingerprint, s.decision, s.first_seen, s.expires_at, s.pending
     FROM event_keys s
     WHERE s.namespace = $1 AND s.event_key = i.event_key
     LIMIT 1
   ) s
-  LEFT JOIN event_pending p ON p.id = s.pending AND p.first_seen = s.first_seen"
+), found_pending AS MATERIALIZED (
+  SELECT p.id, p.first_seen, p.marker, p.deadline FROM event_pending p
+  WHERE p.id IN (SELECT f.pending FROM found f)
+)"
+        )
+    };
+}
+
+/// `found_ctes!`'s two tables joined: a key's row (`s`) and its unconfirmed batch (`p`).
+macro_rules! found_join {
+    () => {
+        "found s LEFT JOIN found_pending p ON p.id = s.pending AND p.first_seen = s.first_seen"
     };
 }
 
@@ -50,11 +74,13 @@ pub(super) const EVENTS_MARK_SQL: &str = concat!(
     "WITH input AS (
   SELECT * FROM UNNEST($2::text[], $3::text[], $4::text[], $5::timestamptz[])
     WITH ORDINALITY AS i(event_key, fingerprint, decision, expires_at, n)
-), stored AS (
+), ",
+    found_ctes!("input i"),
+    ", stored AS (
   SELECT s.event_key, s.fingerprint, COALESCE(p.marker, s.decision::text) AS decision,
          s.first_seen
-  FROM input i ",
-    stored_row!(),
+  FROM ",
+    found_join!(),
     "
   WHERE (s.expires_at IS NULL OR s.expires_at > $6) AND (p.deadline IS NULL OR p.deadline > $6)
 ), ",
@@ -97,11 +123,13 @@ pub(super) const EVENTS_INSERT_SQL: &str = concat!(
     "WITH input AS (
   SELECT * FROM UNNEST($2::text[], $3::text[], $4::text[], $5::timestamptz[])
     WITH ORDINALITY AS i(event_key, fingerprint, decision, expires_at, n)
-), existing AS (
+), ",
+    found_ctes!("input i"),
+    ", existing AS (
   SELECT s.event_key, s.fingerprint, COALESCE(p.marker, s.decision::text) AS decision,
          s.first_seen, (s.expires_at <= $6 OR p.deadline <= $6) AS expired
-  FROM input i ",
-    stored_row!(),
+  FROM ",
+    found_join!(),
     "
 ), ",
     batch_cte!(
@@ -130,10 +158,13 @@ FROM (SELECT 1) AS one LEFT JOIN existing x ON true"
 /// found unexpired; otherwise the batch goes to [`EVENTS_INSERT_SQL`]. `expired` is NULL
 /// for a key that never expires.
 pub(super) const EVENTS_LOOKUP_SQL: &str = concat!(
-    "SELECT s.event_key, s.fingerprint, COALESCE(p.marker, s.decision::text) AS decision,
+    "WITH ",
+    found_ctes!("UNNEST($2::text[]) AS i(event_key)"),
+    "
+SELECT s.event_key, s.fingerprint, COALESCE(p.marker, s.decision::text) AS decision,
        s.first_seen, (s.expires_at <= $3 OR p.deadline <= $3) AS expired
-FROM UNNEST($2::text[]) AS i(event_key) ",
-    stored_row!()
+FROM ",
+    found_join!()
 );
 
 /// Deletes the rows of keys $2 (only those first seen at $3, unless $3 is NULL), locking
@@ -156,10 +187,13 @@ WHERE e.namespace = $1 AND e.event_key = l.event_key
 /// The unexpired rows of keys $2, looked up one key at a time (as in
 /// [`EVENTS_LOOKUP_SQL`]; `event_key = ANY($2)` let the planner scan the namespace).
 pub(super) const EVENTS_READ_SQL: &str = concat!(
-    "SELECT s.event_key, s.fingerprint, COALESCE(p.marker, s.decision::text) AS decision,
+    "WITH ",
+    found_ctes!("UNNEST($2::text[]) AS i(event_key)"),
+    "
+SELECT s.event_key, s.fingerprint, COALESCE(p.marker, s.decision::text) AS decision,
        s.first_seen
-FROM UNNEST($2::text[]) AS i(event_key) ",
-    stored_row!(),
+FROM ",
+    found_join!(),
     "
 WHERE (s.expires_at IS NULL OR s.expires_at > $3) AND (p.deadline IS NULL OR p.deadline > $3)"
 );
