@@ -3,9 +3,7 @@
 # manylinux wheel, installed into a fresh virtualenv whose PATH has no Rust toolchain,
 # and its pytest suite run against the installed wheel, with the stores .ci/run started
 # (IDEM_TEST_POSTGRES_URL, IDEM_TEST_REDIS_URL). A skipped test fails the run.
-#   bash .ci/python.sh          # build the wheel, then install it and run pytest
-#   bash .ci/python.sh build    # only build the wheel (.ci/run: beside the Rust tests)
-#   bash .ci/python.sh test     # only install the wheel built before and run pytest
+#   bash .ci/python.sh
 #
 # The wheel is built with the dev profile (IDEM_PY_PROFILE, default `dev`): it reuses the
 # dependencies `cargo test` compiled in the same target dir, where a release wheel would
@@ -21,11 +19,6 @@ say() { echo "== .ci/python.sh: $*"; }
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 python=${IDEM_PYTHON:-python3}
 profile=${IDEM_PY_PROFILE:-dev}
-phase=${1:-all}
-case "$phase" in
-    all | build | test) ;;
-    *) echo "usage: bash .ci/python.sh [build|test]" >&2; exit 2 ;;
-esac
 
 # --- Build: maturin in a virtualenv of its own (PyPI) ---------------------------------
 tools=${IDEM_PY_TOOLS:-$CARGO_TARGET_DIR/py-tools}
@@ -35,17 +28,14 @@ if [ ! -x "$tools/bin/maturin" ]; then
     "$tools/bin/pip" install -q --disable-pip-version-check "maturin>=1.5,<2"
 fi
 wheels="$CARGO_TARGET_DIR/wheels"
-if [ "$phase" != test ]; then
-    rm -rf "$wheels"
-    say "maturin build --profile $profile (abi3 wheel for CPython >= 3.9)"
-    build_started=$(date +%s)
-    build_log=$(mktemp)
-    if ! (cd python && "$tools/bin/maturin" build --profile "$profile" --out "$wheels") >"$build_log" 2>&1; then
-        tail -n 40 "$build_log"
-        say "maturin build failed"
-        exit 1
-    fi
-    build_secs=$(( $(date +%s) - build_started ))
+rm -rf "$wheels"
+say "maturin build --profile $profile (abi3 wheel for CPython >= 3.9)"
+build_started=$(date +%s)
+build_log=$(mktemp)
+if ! (cd python && "$tools/bin/maturin" build --profile "$profile" --out "$wheels") >"$build_log" 2>&1; then
+    tail -n 40 "$build_log"
+    say "maturin build failed"
+    exit 1
 fi
 shopt -s nullglob
 built=("$wheels"/pyidem-*-cp39-abi3-manylinux*_x86_64.whl "$wheels"/pyidem-*-cp39-abi3-manylinux*_aarch64.whl)
@@ -55,11 +45,13 @@ if [ "${#built[@]}" -ne 1 ]; then
     exit 1
 fi
 wheel=${built[0]}
-if [ "$phase" != test ]; then
-    say "built $(basename "$wheel") ($(du -h "$wheel" | cut -f1)) in $build_secs s"
-fi
+say "built $(basename "$wheel") ($(du -h "$wheel" | cut -f1)) in $(( $(date +%s) - build_started )) s"
 
-# --- The test virtualenv: fresh, no Rust toolchain on the PATH -------------------------
+# The tests compare with the CLI: the debug binary `cargo test` built (a no-op then).
+cargo build --quiet --bin idem
+export IDEM_BIN="$CARGO_TARGET_DIR/debug/idem"
+
+# --- Install: a fresh virtualenv, no Rust toolchain on the PATH ------------------------
 # The PATH without any folder holding cargo, rustc or maturin.
 bare_path=""
 IFS=: read -r -a dirs <<< "$PATH"
@@ -74,42 +66,21 @@ for tool in cargo rustc maturin; do
         exit 1
     fi
 done
-# Made with the wheel (pytest and mypy from PyPI in it), used by the tests: `build` then
-# `test` share it. pytest runs from this folder, outside the source tree, so `import
-# pyidem` can only be the installed wheel.
-env_dir="$CARGO_TARGET_DIR/py-test-env"
-venv="$env_dir/venv"
-if [ "$phase" != test ]; then
-    rm -rf "$env_dir"
-    mkdir -p "$env_dir"
-    say "fresh virtualenv $venv with pytest and mypy (PyPI), PATH without Rust"
-    PATH="$bare_path" "$python" -m venv "$venv"
-    PATH="$venv/bin:$bare_path" "$venv/bin/pip" install -q --disable-pip-version-check "pytest>=7" "mypy>=1.10"
-fi
-if [ ! -x "$venv/bin/python" ] || [ -e "$env_dir/used" ]; then
-    say "no fresh test virtualenv in $env_dir: run \`bash .ci/python.sh build\` first"
-    exit 1
-fi
-if [ "$phase" = build ]; then
-    exit 0
-fi
-touch "$env_dir/used"
-
-# The tests compare with the CLI: the debug binary `cargo test` built (a no-op then).
-cargo build --quiet --bin idem
-export IDEM_BIN="$CARGO_TARGET_DIR/debug/idem"
-
-# --- Install the wheel: pip, binaries only, no Rust toolchain on the PATH --------------
+venv=$(mktemp -d)/venv
+say "fresh virtualenv $venv; pip install the wheel, pytest and mypy (PyPI), PATH without Rust"
+PATH="$bare_path" "$python" -m venv "$venv"
 install_started=$(date +%s)
 PATH="$venv/bin:$bare_path" "$venv/bin/pip" install -q --disable-pip-version-check --only-binary=:all: "$wheel"
 say "wheel installed in $(( $(date +%s) - install_started )) s"
+PATH="$venv/bin:$bare_path" "$venv/bin/pip" install -q --disable-pip-version-check "pytest>=7" "mypy>=1.10"
 
 # --- pytest against the installed wheel ------------------------------------------------
 export IDEM_REQUIRE_SERVICES=1 IDEM_PY_FROM_WHEEL=1
 say "pytest python/tests (the installed wheel)"
 log=$(mktemp)
 set +e
-(cd "$env_dir" && PATH="$venv/bin:$bare_path" "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider \
+# From a folder outside the source tree, so `import pyidem` can only be the wheel.
+(cd "$(dirname "$venv")" && PATH="$venv/bin:$bare_path" "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider \
     --rootdir "$repo/python" "$repo/python/tests") 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
@@ -118,6 +89,6 @@ if [ "$status" -eq 0 ] && tail -n 3 "$log" | grep -q " skipped"; then
     say "tests were skipped: failing"
     status=1
 fi
-rm -rf "$env_dir"
+rm -rf "$(dirname "$venv")"
 say "done in $(( $(date +%s) - started )) s (exit $status)"
 exit "$status"
