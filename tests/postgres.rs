@@ -878,6 +878,79 @@ fn concurrent_first_use_migrates_once() {
         .unwrap();
 }
 
+/// Issue 36 (a gate's replay slowing round by round): the reads of stored event keys look up
+/// the unconfirmed batches their rows name once per statement, whatever `event_pending`'s
+/// statistics say. Counted while a few batches were pending (70 here; `VACUUM` and
+/// `ANALYZE` between gates count them so), they made the per-key join a hash join built
+/// again for every key: 1,000 scans of `event_pending` for one read of 1,000 keys, about
+/// twice the time of the whole read.
+#[test]
+fn key_reads_scan_pending_batches_once_whatever_their_statistics() {
+    let Some(url) = pg_url("key_reads_scan_pending_batches_once_whatever_their_statistics") else {
+        return;
+    };
+    let rt = runtime();
+    let admin = rt.block_on(db(&url));
+    // A schema of its own: the statistics planted below are nobody else's.
+    let schema = format!("idem_plan_{}", suffix());
+    rt.block_on(sqlx::query(&format!("CREATE SCHEMA {schema}")).execute(&admin))
+        .unwrap();
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let scoped = format!("{url}{sep}options[search_path]={schema}");
+    rt.block_on(async {
+        PostgresStore::connect(&scoped).await.unwrap();
+        let pool = db(&scoped).await;
+        for sql in [
+            // 1,000 stored keys of a batch confirmed since (its row gone), as a replay
+            // finds them.
+            "INSERT INTO event_keys (namespace, event_key, first_seen, fingerprint, pending) \
+             SELECT 'ns', 'k' || lpad(g::text, 6, '0'), now(), 'f', 1 \
+             FROM generate_series(1, 1000) g",
+            // Statistics counted while 70 batches were pending, then the batches confirmed.
+            "INSERT INTO event_pending (namespace, marker, first_seen, deadline) \
+             SELECT 'other', 'm' || g, now(), now() + interval '1 hour' \
+             FROM generate_series(1, 70) g",
+            "ANALYZE event_pending",
+            "ANALYZE event_keys",
+            "DELETE FROM event_pending",
+        ] {
+            sqlx::query(sql).execute(&pool).await.unwrap();
+        }
+        let keys: Vec<String> = (1..=1000).map(|g| format!("k{g:06}")).collect();
+        for (name, sql) in idem::store::postgres::EVENT_KEY_READS {
+            let (plan,): (sqlx::types::Json<Value>,) =
+                sqlx::query_as(&format!("EXPLAIN (ANALYZE, FORMAT JSON) {sql}"))
+                    .bind("ns")
+                    .bind(&keys)
+                    .bind(Utc::now())
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+            let root = &plan.0[0]["Plan"];
+            assert_eq!(root["Actual Rows"], 1000, "{name}: every key read: {}", plan.0);
+            // Every plan node that reads event_pending, with how many times it ran.
+            fn scans(node: &Value, out: &mut Vec<(String, u64)>) {
+                if node["Relation Name"] == "event_pending" {
+                    let kind = node["Node Type"].as_str().unwrap_or("?").to_string();
+                    out.push((kind, node["Actual Loops"].as_u64().unwrap_or(0)));
+                }
+                for child in node["Plans"].as_array().into_iter().flatten() {
+                    scans(child, out);
+                }
+            }
+            let mut found = Vec::new();
+            scans(root, &mut found);
+            assert!(!found.is_empty(), "{name}: event_pending is read: {}", plan.0);
+            assert!(
+                found.iter().all(|(_, loops)| *loops <= 1),
+                "{name}: event_pending is to be read once per statement, not once per key: {found:?}"
+            );
+        }
+    });
+    rt.block_on(sqlx::query(&format!("DROP SCHEMA {schema} CASCADE")).execute(&admin))
+        .unwrap();
+}
+
 /// `idem migrate --check` on Postgres, as a Kubernetes init container runs it: exit 1
 /// while the schema is behind (creating nothing), 0 once `idem migrate` has run; with
 /// `--wait`, a check started before the migration ends 0 when the migration is done; an

@@ -58,6 +58,14 @@ mod runs;
 
 use event_sql::*;
 
+/// The statements that read stored event keys with their unconfirmed batches, by name:
+/// each takes the namespace ($1), the keys (`text[]`, $2) and the time now ($3). Public so
+/// that tests can `EXPLAIN` them (their plans must not depend on the statistics of the
+/// small `event_pending` table: tests/postgres.rs).
+#[doc(hidden)]
+pub const EVENT_KEY_READS: [(&str, &str); 2] =
+    [("lookup", EVENTS_LOOKUP_SQL), ("read", EVENTS_READ_SQL)];
+
 /// Advisory lock key taken while migrating (`idem` in ASCII, then `mig`).
 const MIGRATION_LOCK: i64 = 0x6964_656d_006d_6967;
 
