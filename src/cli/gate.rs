@@ -397,6 +397,13 @@ fn summary_line(s: &StreamSummary, gate: &EventGate) -> String {
             stats.store_errors, stats.fallbacks, s.unverified
         ));
     }
+    if stats.unconfirmed > 0 {
+        line.push_str(&format!(
+            "; {} new line(s) unconfirmed: written after their pending marks expired, the \
+             next run reports them `new` again (raise --pending-timeout)",
+            stats.unconfirmed
+        ));
+    }
     if stats.batches > 0 {
         line.push_str(&format!(
             "; batch latency avg {:.1} ms, p99 {:.1} ms",

@@ -151,6 +151,11 @@ pub(super) fn gate_metrics(s: &StreamSummary, gate: &EventGate, finished: bool) 
             stats.fallbacks,
         ),
         (
+            "idem_gate_unconfirmed_total",
+            "New events written after their pending marks expired (new again next run).",
+            stats.unconfirmed,
+        ),
+        (
             "idem_gate_batches_total",
             "Batches checked against the store.",
             stats.batches,

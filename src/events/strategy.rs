@@ -286,11 +286,38 @@ impl EventGate {
         }
         let mut confirmed = 0;
         for c in batches.iter().filter(|c| !c.keys.is_empty()) {
-            confirmed += self
+            let done = self
                 .dedup
                 .store
                 .confirm_pending_batch(self.dedup.namespace(), &c.marker, &c.keys, c.whole)
                 .await?;
+            confirmed += done;
+            // A store confirms only marks still naming the batch: fewer than its keys when
+            // the pending timeout passed first (the records took longer than it to be
+            // written), and those keys are `new` again for the next reader.
+            let distinct: std::collections::HashSet<&str> =
+                c.keys.iter().map(|(k, _)| k.as_str()).collect();
+            let lost = (distinct.len() as u64).saturating_sub(done);
+            if lost > 0 {
+                let first = {
+                    let mut r = self.recorder();
+                    r.stats.unconfirmed += lost;
+                    r.stats.unconfirmed == lost
+                };
+                // Once per gate: a stalled reader would otherwise get a warning per batch
+                // (the stats, and the gate's summary, count them all).
+                if first {
+                    let timeout = self.pending.as_ref().map(|p| p.timeout).unwrap_or_default();
+                    tracing::warn!(
+                        "{lost} new key(s) of a batch were confirmed after the pending timeout \
+                         ({}) had passed: their marks expired, and the next run reports those \
+                         events `new` again; raise the pending timeout (--pending-timeout) \
+                         above the time a batch's records take to be written (counted in \
+                         `unconfirmed`, warned once)",
+                        humantime::format_duration(timeout)
+                    );
+                }
+            }
         }
         Ok(confirmed)
     }

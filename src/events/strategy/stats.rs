@@ -22,6 +22,10 @@ pub struct DedupStats {
     pub store_errors: u64,
     /// Events let through unverified because the store failed.
     pub fallbacks: u64,
+    /// New events whose pending marks expired before their batch was confirmed (its
+    /// records took longer than the pending timeout to be written): the next reader
+    /// finds them `new` again.
+    pub unconfirmed: u64,
     /// Batches checked against the store (successfully or not).
     pub batches: u64,
     /// Mean duration of a batch's store call, in microseconds.
