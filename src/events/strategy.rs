@@ -49,6 +49,7 @@ use crate::store::{
     PendingBatch, StoreBase,
 };
 
+mod confirm;
 mod pending;
 mod prepare;
 mod stats;
@@ -222,104 +223,6 @@ impl EventGate {
     /// Whether this gate marks keys pending ([`pending`](Self::pending)).
     pub fn marks_pending(&self) -> bool {
         self.pending.is_some()
-    }
-
-    /// Confirms the pending marks of the keys `admitted` found new, once their records
-    /// are out ([`pending`](Self::pending)): how many were confirmed. Straight to the
-    /// store (not through the breaker).
-    pub async fn confirm(
-        &self,
-        admitted: &[std::result::Result<Admission, InvalidEvent>],
-    ) -> Result<u64> {
-        self.confirm_keys(self.confirmations(admitted)).await
-    }
-
-    /// What [`confirm`](Self::confirm) sends for `admitted`: per batch, its marker and
-    /// its new keys with their real expiries (one batch for the admissions of one call).
-    pub fn confirmations(
-        &self,
-        admitted: &[std::result::Result<Admission, InvalidEvent>],
-    ) -> Vec<Confirmation> {
-        let Some(p) = &self.pending else {
-            return Vec::new();
-        };
-        let mut out: Vec<(BatchRef, Confirmation)> = Vec::new();
-        for a in admitted {
-            let Ok(a) = a else { continue };
-            let (Some(EventVerdict::New), Some(at), Some(batch)) =
-                (&a.verdict, a.confirm, a.pending_batch)
-            else {
-                continue;
-            };
-            let i = match out.iter().position(|(b, _)| b.n == batch.n) {
-                Some(i) => i,
-                None => {
-                    out.push((
-                        batch,
-                        Confirmation {
-                            marker: p.marker(batch.n),
-                            keys: Vec::new(),
-                            whole: false,
-                        },
-                    ));
-                    out.len() - 1
-                }
-            };
-            out[i].1.keys.push((a.key.clone(), at));
-        }
-        out.into_iter()
-            .map(|(batch, mut c)| {
-                // Whole when every key it found new is here (each once).
-                let distinct: std::collections::HashSet<&str> =
-                    c.keys.iter().map(|(k, _)| k.as_str()).collect();
-                c.whole = distinct.len() == batch.new_keys;
-                c
-            })
-            .collect()
-    }
-
-    /// Confirms these batches' pending marks (see [`confirm`](Self::confirm)): how many
-    /// keys were confirmed.
-    pub async fn confirm_keys(&self, batches: Vec<Confirmation>) -> Result<u64> {
-        if self.pending.is_none() {
-            return Ok(0);
-        }
-        let mut confirmed = 0;
-        for c in batches.iter().filter(|c| !c.keys.is_empty()) {
-            let done = self
-                .dedup
-                .store
-                .confirm_pending_batch(self.dedup.namespace(), &c.marker, &c.keys, c.whole)
-                .await?;
-            confirmed += done;
-            // A store confirms only marks still naming the batch: fewer than its keys when
-            // the pending timeout passed first (the records took longer than it to be
-            // written), and those keys are `new` again for the next reader.
-            let distinct: std::collections::HashSet<&str> =
-                c.keys.iter().map(|(k, _)| k.as_str()).collect();
-            let lost = (distinct.len() as u64).saturating_sub(done);
-            if lost > 0 {
-                let first = {
-                    let mut r = self.recorder();
-                    r.stats.unconfirmed += lost;
-                    r.stats.unconfirmed == lost
-                };
-                // Once per gate: a stalled reader would otherwise get a warning per batch
-                // (the stats, and the gate's summary, count them all).
-                if first {
-                    let timeout = self.pending.as_ref().map(|p| p.timeout).unwrap_or_default();
-                    tracing::warn!(
-                        "{lost} new key(s) of a batch were confirmed after the pending timeout \
-                         ({}) had passed: their marks expired, and the next run reports those \
-                         events `new` again; raise the pending timeout (--pending-timeout) \
-                         above the time a batch's records take to be written (counted in \
-                         `unconfirmed`, warned once)",
-                        humantime::format_duration(timeout)
-                    );
-                }
-            }
-        }
-        Ok(confirmed)
     }
 
     /// Moves the named cursor of the gate's namespace to `to` (never backwards).
@@ -656,8 +559,15 @@ impl EventGate {
                     };
                     let settled = match marked {
                         Ok(verdicts) => {
-                            self.settle_pending(p, again, &marks, verdicts, &mut marked_at)
-                                .await
+                            self.settle_pending(
+                                p,
+                                again,
+                                &marks,
+                                verdicts,
+                                &mut marked_at,
+                                turn.stop(),
+                            )
+                            .await
                         }
                         Err(e) => Err(e),
                     };

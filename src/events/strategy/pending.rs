@@ -9,6 +9,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
+use tokio_util::sync::CancellationToken;
+
 use crate::error::Result;
 use crate::store::{EventKeyStore, EventMark, EventVerdict, PendingBatch, TurnStarted};
 
@@ -39,6 +41,8 @@ pub struct MarkTurn {
     /// This batch's own such signal, for the batch after it (said when dropped at the
     /// latest).
     started: Arc<TurnStarted>,
+    /// Its row's [`MarkTurns::stop_waiting`] (`None`: a batch alone, which always waits).
+    stop: Option<CancellationToken>,
 }
 
 impl MarkTurn {
@@ -50,7 +54,13 @@ impl MarkTurn {
             last_started: None,
             row: uuid::Uuid::new_v4().to_string().into(),
             next: 0,
+            stop: CancellationToken::new(),
         }
+    }
+
+    /// Whether its row gave up waiting on other gates ([`MarkTurns::stop_waiting`]).
+    pub(super) fn stop(&self) -> Option<&CancellationToken> {
+        self.stop.as_ref()
     }
 
     /// The row and the batch's place in it, as the store is told
@@ -127,6 +137,8 @@ pub struct MarkTurns {
     row: Arc<str>,
     /// The place of the next batch.
     next: u64,
+    /// Cancelled by [`stop_waiting`](Self::stop_waiting).
+    stop: CancellationToken,
 }
 
 impl MarkTurns {
@@ -142,7 +154,18 @@ impl MarkTurns {
             place: Some((self.row.clone(), place)),
             started_before: self.last_started.replace(started_after),
             started: Arc::new(TurnStarted::to(started)),
+            stop: Some(self.stop.clone()),
         }
+    }
+
+    /// The row's batches whose records will not be written (an earlier batch failed, or
+    /// the output closed) stop waiting on keys pending for other gates: their calls end
+    /// with those keys as they found them, and what they marked can be taken back at
+    /// once. Waiting on could last until the other gate's marks expire, and that gate may
+    /// itself be waiting on keys of this gate's failed batch (no wait goes round while
+    /// every batch is written; a failed one never is).
+    pub fn stop_waiting(&self) {
+        self.stop.cancel();
     }
 }
 
@@ -208,7 +231,9 @@ impl super::EventGate {
     /// earlier batch of it, whose record comes first) is a replay; a key pending for
     /// another gate is asked again, after a pause, until that gate confirmed it (a replay
     /// or conflict) or its mark expired (new here, pending for this gate). A key asked
-    /// again is marked at the time of that call, which goes into `marked_at`.
+    /// again is marked at the time of that call, which goes into `marked_at`. Once `stop`
+    /// is cancelled ([`MarkTurns::stop_waiting`]: the batch will not be written), the
+    /// verdicts are returned as they stand, keys pending for another gate among them.
     pub(super) async fn settle_pending(
         &self,
         p: &PendingMarks,
@@ -216,6 +241,7 @@ impl super::EventGate {
         marks: &[EventMark],
         mut verdicts: Vec<EventVerdict>,
         marked_at: &mut [DateTime<Utc>],
+        stop: Option<&CancellationToken>,
     ) -> Result<Vec<EventVerdict>> {
         let namespace = self.dedup.namespace();
         let mut pause = Duration::from_millis(50);
@@ -242,7 +268,15 @@ impl super::EventGate {
                 keys = waiting.len(),
                 "keys pending for another gate: waiting for it to confirm them or for their marks to expire"
             );
-            tokio::time::sleep(pause).await;
+            match stop {
+                Some(stop) => {
+                    tokio::select! {
+                        () = tokio::time::sleep(pause) => {}
+                        () = stop.cancelled() => return Ok(verdicts),
+                    }
+                }
+                None => tokio::time::sleep(pause).await,
+            }
             pause = (pause * 2).min(Duration::from_secs(1));
             let again: Vec<EventMark> = waiting.iter().map(|&i| marks[i].clone()).collect();
             let at = Utc::now();

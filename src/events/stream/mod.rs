@@ -354,6 +354,8 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
     }
     .await;
     if cursor.is_none() {
+        // Not written: none of them waits on another gate any longer.
+        turns.stop_waiting();
         take_back(gate, in_flight).await;
     }
     for call in std::mem::take(&mut sink.confirming) {

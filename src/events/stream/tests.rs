@@ -193,6 +193,12 @@ impl Overtaking {
         use std::sync::atomic::Ordering::SeqCst;
         let call = self.calls.fetch_add(1, SeqCst);
         tokio::time::sleep(Duration::from_millis(40 - 10 * (call % 4))).await;
+        if call == 0 && self.fail_first {
+            return Err(crate::error::Error::store(
+                "overtaking://",
+                "connection reset",
+            ));
+        }
         self.marked.lock().unwrap().push(batch.marker.to_string());
         crate::store::EventKeyStore::check_and_mark_pending(
             &self.inner,
@@ -408,5 +414,72 @@ async fn an_object_repeating_a_name_is_invalid_at_any_depth() {
     assert!(
         records[1]["error"].as_str().unwrap().contains("\"x\""),
         "{text}"
+    );
+}
+
+/// A gate whose first batch fails, while a later batch of it waits on a key pending for
+/// another gate (which may itself wait on the failed batch's keys, never to be confirmed):
+/// the stream ends without waiting for that gate's mark to expire, and the later batch's
+/// own new keys are taken back. It waited out the other gate's 600 s before (a CI run's
+/// two gates on Redis hung so: one's store call timed out, and its exit waited on a batch
+/// waiting on the other gate, which waited on the failed batch's keys).
+#[tokio::test(start_paused = true)]
+async fn a_failed_stream_does_not_wait_on_another_gate_to_take_its_batches_back() {
+    let store = Arc::new(Overtaking {
+        fail_first: true,
+        ..Overtaking::default()
+    });
+    // Another gate's batch holds `x` pending, for long (its gate never confirms it here).
+    let now = Utc::now();
+    let other = crate::store::PendingBatch {
+        marker: r#"{"idem_pending":"other-gate/0"}"#,
+        timeout: Duration::from_secs(600),
+        turn: None,
+    };
+    let held = crate::store::EventKeyStore::check_and_mark_pending(
+        &store.inner,
+        "t",
+        &[crate::store::EventMark::key("x")],
+        now,
+        other,
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(held, [EventVerdict::New]);
+    let dedup = Deduplicator::new(store.clone(), "t", ["id"]).unwrap();
+    let gate = EventGate::new(dedup, Strategy::Strict, BreakerConfig::default())
+        .pending(Duration::from_secs(600));
+    // Batches of 2: the first fails; the second has `x`, and `y` it marks new.
+    let input = "{\"id\":\"a\"}\n{\"id\":\"b\"}\n{\"id\":\"x\"}\n{\"id\":\"y\"}\n";
+    // Tokio's clock is paused: it moves only when every task waits on a timer, so this
+    // measures how long the stream's tasks slept, however busy the machine. (The marks'
+    // deadlines go by the wall clock, which does not move: bounded here, a stream that
+    // waits on would never end.)
+    let started = tokio::time::Instant::now();
+    let ran = tokio::time::timeout(Duration::from_secs(3600), run_gate(&gate, input)).await;
+    let waited = started.elapsed();
+    let (outcome, out) = ran.unwrap_or_else(|_| {
+        panic!("the stream still waited on the other gate's key after {waited:?}")
+    });
+    let err = outcome.unwrap_err();
+    assert!(err.to_string().contains("connection reset"), "{err}");
+    assert!(out.is_empty(), "no record before the failed batch's");
+    assert!(
+        waited < Duration::from_secs(600),
+        "the stream waited {waited:?}: until the other gate's mark expired"
+    );
+    let seen = crate::store::EventKeyStore::is_duplicate(
+        &store.inner,
+        "t",
+        &["x".to_string(), "y".to_string()],
+        Utc::now(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        seen,
+        [true, false],
+        "`x` still the other gate's, `y` taken back"
     );
 }
