@@ -318,6 +318,20 @@ impl Connection {
         sql: &str,
         params: Vec<Param>,
     ) -> std::result::Result<QueryOutput, ApiError> {
+        self.query_until(operation, sql, params, None).await
+    }
+
+    /// [`query`](Self::query), with quota answers waited out only while the pause before
+    /// the next send ends before `quota_deadline` (tokio's clock): a caller that waits out
+    /// quota answers for a budget of its own, across several calls, gives each call what
+    /// is left of it, so that the budget holds whatever the pauses' jitter was.
+    pub async fn query_until(
+        &self,
+        operation: &str,
+        sql: &str,
+        params: Vec<Param>,
+        quota_deadline: Option<tokio::time::Instant>,
+    ) -> std::result::Result<QueryOutput, ApiError> {
         let mut request = QueryRequest::new(sql);
         request.use_legacy_sql = false;
         request.location = self.location.clone();
@@ -330,6 +344,7 @@ impl Connection {
         }
         request.request_id = Some(uuid::Uuid::new_v4().to_string());
         let mut tries = Tries::new();
+        tries.quota_deadline = quota_deadline;
         loop {
             let e = match self.send(operation, &request).await {
                 Ok(out) => return Ok(out),
@@ -563,6 +578,8 @@ struct Tries {
     quota: u32,
     outage: u32,
     started: Instant,
+    /// No quota answer is waited out past this (`None`: only [`QUOTA_RETRIES`]' count).
+    quota_deadline: Option<tokio::time::Instant>,
 }
 
 impl Tries {
@@ -571,6 +588,7 @@ impl Tries {
             quota: 0,
             outage: 0,
             started: Instant::now(),
+            quota_deadline: None,
         }
     }
 
@@ -581,8 +599,15 @@ impl Tries {
             if self.quota + 1 >= QUOTA_RETRIES.attempts {
                 return None;
             }
+            let pause = QUOTA_RETRIES.pause(self.quota);
+            if self
+                .quota_deadline
+                .is_some_and(|d| tokio::time::Instant::now() + pause >= d)
+            {
+                return None;
+            }
             self.quota += 1;
-            return Some(QUOTA_RETRIES.pause(self.quota - 1));
+            return Some(pause);
         }
         if e.is_transient() && !e.is_concurrent_update() {
             if self.outage + 1 >= OUTAGE_RETRIES.attempts {

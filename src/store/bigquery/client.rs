@@ -163,7 +163,16 @@ impl BigQueryStore {
         // Sends in all: the connection's own re-sends of each call included.
         let mut sends = 0u32;
         loop {
-            let e = match self.send(operation, &sql(started.elapsed()), params).await {
+            // The connection waits out quota answers too: only for what is left of
+            // `quota_wait`, so that a second call cannot start a wait of its own.
+            let statement = sql(started.elapsed());
+            let send = self.conn.query_until(
+                operation,
+                &statement,
+                params.to_vec(),
+                Some(started + quota_wait),
+            );
+            let e = match send.await {
                 Ok(out) => return Ok(out),
                 Err(e) => e,
             };
@@ -298,6 +307,29 @@ mod tests {
                     })
                 })
             }))
+    }
+
+    /// A statement gives up on quota answers once [`QUOTA_WAIT`] has passed, whatever the
+    /// pauses' jitter: the connection's own re-sends stop at what is left of it (before,
+    /// one call in twenty or so started a second round of re-sends just inside the budget
+    /// and waited about twice as long). On tokio's paused clock, many times over.
+    #[tokio::test(start_paused = true)]
+    async fn quota_answers_are_waited_out_for_quota_wait_at_most() {
+        for _ in 0..100 {
+            let store = queue_full_until(BURST_WAIT).await;
+            let started = tokio::time::Instant::now();
+            let e = store
+                .mutate("release", "UPDATE t SET x = 1", vec![])
+                .await
+                .unwrap_err();
+            assert!(e.to_string().contains("limit is 100"), "{e}");
+            let waited = started.elapsed();
+            assert!(
+                // tokio's timers round up to the millisecond: a last send may start at it.
+                waited <= QUOTA_WAIT && waited >= QUOTA_WAIT - Duration::from_secs(10),
+                "{waited:?}: {e}"
+            );
+        }
     }
 
     /// A claim and a skip's ledger row (a run without a lease that writes no key) wait
