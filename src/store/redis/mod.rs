@@ -136,6 +136,14 @@ impl RedisStore {
         })
     }
 
+    /// An answer of a script that is not the shape the script returns.
+    fn bad_answer(&self, operation: &str, what: &str) -> Error {
+        Error::store(
+            &self.url,
+            format!("redis {operation}: unexpected answer from the script: {what}"),
+        )
+    }
+
     /// The verdicts of a batch without repeated keys straight from the decoded answers,
     /// in input order (no bookkeeping per key); `None` when a stored mark is dead by the
     /// caller's clock (expired, or pending for a batch that died) and must be re-marked
@@ -178,6 +186,28 @@ impl RedisStore {
         pipe.query_async(conn)
             .await
             .map_err(|e| self.err(operation, e))
+    }
+
+    /// `MARK_BATCH`'s answer (the keys found stored: each one's position, 1-based, then
+    /// its value) as one answer per key of `count`, `None` where the call set the key.
+    fn spread(&self, found: Vec<redis::Value>, count: usize) -> Result<Vec<Option<Vec<u8>>>> {
+        let mut answers = vec![None; count];
+        let mut found = found.into_iter();
+        while let Some(position) = found.next() {
+            let (redis::Value::Int(at), Some(redis::Value::BulkString(value))) =
+                (position, found.next())
+            else {
+                return Err(self.bad_answer("check_and_mark", "not (position, value) pairs"));
+            };
+            match usize::try_from(at)
+                .ok()
+                .and_then(|at| answers.get_mut(at.checked_sub(1)?))
+            {
+                Some(answer) => *answer = Some(value),
+                None => return Err(self.bad_answer("check_and_mark", "a position out of range")),
+            }
+        }
+        Ok(answers)
     }
 
     /// Reads, in one `MGET`, the states of the pending batches that `stored` values name
@@ -284,11 +314,25 @@ impl RedisStore {
                     .arg(timeout)
                     .arg(place)
                     .arg(if ahead { "1" } else { "" });
-                for (m, value) in firsts.iter().zip(&values) {
-                    cmd.arg(value)
-                        .arg(px(m).map(|ms| ms.to_string()).unwrap_or_default());
+                // One expiry for every key (a gate's keys share theirs), else one each.
+                let first = px(firsts[0]);
+                if firsts.iter().all(|m| px(m) == first) {
+                    cmd.arg(first.map(|ms| ms.to_string()).unwrap_or_default());
+                    cmd.arg(&values);
+                } else {
+                    cmd.arg("*");
+                    for (m, value) in firsts.iter().zip(&values) {
+                        cmd.arg(value)
+                            .arg(px(m).map(|ms| ms.to_string()).unwrap_or_default());
+                    }
                 }
-                cmd.query_async(&mut conn).await
+                let found: Option<Vec<redis::Value>> = cmd
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| self.err("check_and_mark", e))?;
+                found
+                    .map(|found| self.spread(found, keys.len()))
+                    .transpose()
             }
             None => {
                 let mut pipe = redis::Pipeline::with_capacity(firsts.len());
@@ -302,10 +346,12 @@ impl RedisStore {
                     cmd.arg("GET");
                     pipe.add_command(cmd);
                 }
-                pipe.query_async(&mut conn).await.map(Some)
+                pipe.query_async(&mut conn)
+                    .await
+                    .map(Some)
+                    .map_err(|e| self.err("check_and_mark", e))
             }
-        }
-        .map_err(|e| self.err("check_and_mark", e))?;
+        }?;
         // Asked ahead of its turn, which has not come: nothing written.
         let Some(answers) = answers else {
             return Ok(None);
