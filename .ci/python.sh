@@ -3,7 +3,10 @@
 # manylinux wheel, installed into a fresh virtualenv whose PATH has no Rust toolchain,
 # and its pytest suite run against the installed wheel, with the stores .ci/run started
 # (IDEM_TEST_POSTGRES_URL, IDEM_TEST_REDIS_URL). A skipped test fails the run.
-#   bash .ci/python.sh
+#   bash .ci/python.sh          # build the wheel, then install and test it
+#   bash .ci/python.sh build    # only build the wheel (into $CARGO_TARGET_DIR/wheels)
+#   bash .ci/python.sh test     # only install the wheel built before and test it
+# (.ci/run builds the wheel in its second test stream and tests it after both streams.)
 #
 # The wheel is built with the dev profile (IDEM_PY_PROFILE, default `dev`): it reuses the
 # dependencies `cargo test` compiled in the same target dir, where a release wheel would
@@ -19,33 +22,46 @@ say() { echo "== .ci/python.sh: $*"; }
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 python=${IDEM_PYTHON:-python3}
 profile=${IDEM_PY_PROFILE:-dev}
+phase=${1:-all}
+case "$phase" in
+    all|build|test) ;;
+    *) echo "usage: bash .ci/python.sh [build|test]  (unknown phase: $phase)" >&2; exit 2 ;;
+esac
+wheels="$CARGO_TARGET_DIR/wheels"
 
 # --- Build: maturin in a virtualenv of its own (PyPI) ---------------------------------
-tools=${IDEM_PY_TOOLS:-$CARGO_TARGET_DIR/py-tools}
-if [ ! -x "$tools/bin/maturin" ]; then
-    say "virtualenv $tools with maturin (PyPI)"
-    "$python" -m venv "$tools"
-    "$tools/bin/pip" install -q --disable-pip-version-check "maturin>=1.5,<2"
+if [ "$phase" != test ]; then
+    tools=${IDEM_PY_TOOLS:-$CARGO_TARGET_DIR/py-tools}
+    if [ ! -x "$tools/bin/maturin" ]; then
+        say "virtualenv $tools with maturin (PyPI)"
+        "$python" -m venv "$tools"
+        "$tools/bin/pip" install -q --disable-pip-version-check "maturin>=1.5,<2"
+    fi
+    rm -rf "$wheels"
+    say "maturin build --profile $profile (abi3 wheel for CPython >= 3.9)"
+    build_started=$(date +%s)
+    build_log=$(mktemp)
+    if ! (cd python && "$tools/bin/maturin" build --profile "$profile" --out "$wheels") >"$build_log" 2>&1; then
+        tail -n 40 "$build_log"
+        say "maturin build failed"
+        exit 1
+    fi
+    say "maturin build: $(( $(date +%s) - build_started )) s"
 fi
-wheels="$CARGO_TARGET_DIR/wheels"
-rm -rf "$wheels"
-say "maturin build --profile $profile (abi3 wheel for CPython >= 3.9)"
-build_started=$(date +%s)
-build_log=$(mktemp)
-if ! (cd python && "$tools/bin/maturin" build --profile "$profile" --out "$wheels") >"$build_log" 2>&1; then
-    tail -n 40 "$build_log"
-    say "maturin build failed"
-    exit 1
-fi
+
+# --- The wheel: exactly one abi3 manylinux wheel ---------------------------------------
 shopt -s nullglob
 built=("$wheels"/pyidem-*-cp39-abi3-manylinux*_x86_64.whl "$wheels"/pyidem-*-cp39-abi3-manylinux*_aarch64.whl)
 shopt -u nullglob
 if [ "${#built[@]}" -ne 1 ]; then
-    say "expected one abi3 manylinux wheel in $wheels, found: $(ls "$wheels" 2>/dev/null | tr '\n' ' ')"
+    say "expected one abi3 manylinux wheel in $wheels, found: $(ls "$wheels" 2>/dev/null | tr '\n' ' ')(\`bash .ci/python.sh build\` builds it)"
     exit 1
 fi
 wheel=${built[0]}
-say "built $(basename "$wheel") ($(du -h "$wheel" | cut -f1)) in $(( $(date +%s) - build_started )) s"
+say "the wheel: $(basename "$wheel") ($(du -h "$wheel" | cut -f1))"
+if [ "$phase" = build ]; then
+    exit 0
+fi
 
 # The tests compare with the CLI: the debug binary `cargo test` built (a no-op then).
 cargo build --quiet --bin idem
