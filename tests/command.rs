@@ -377,6 +377,56 @@ fn sigterm_stops_the_program_and_its_children_and_records_an_interrupted_run() {
     assert_completed(code, &v, &err);
 }
 
+/// SIGTERM to `idem exec` while the program runs: a program that cleans up on SIGTERM by
+/// starting a process of its own (a trap's cleanup, in its group, after the group got the
+/// signal) has it run to its end within the grace period. Before, idem's stop signalled
+/// every process of the group it had not seen at the first signal: the cleanup got its own
+/// SIGTERM within 20 ms (a CI run of `tests/scheduler.rs` read an empty file a trap's
+/// `date` had been killed writing).
+#[test]
+fn a_cleanup_the_program_starts_on_sigterm_is_not_signalled_again() {
+    let s = Sandbox::new("idem-exec-cleanup");
+    let child = exec_command(
+        &s,
+        &[
+            "exec",
+            "cleanup",
+            "--date",
+            "2026-01-02",
+            "--grace",
+            "30s",
+            "--",
+            "sh",
+            "-c",
+            "trap 'sh -c \"sleep 0.5; echo cleaned > jobs/cleaned\"; exit 0' TERM; touch jobs/started; while :; do sleep 0.05; done",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let started = s.dir.join("jobs/started");
+    common::wait_until(
+        "the program's start",
+        Duration::from_secs(60),
+        Duration::from_millis(20),
+        || started.exists(),
+    );
+    assert!(Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let (code, v, err) = common::wait(child);
+    assert_eq!(v["status"], "failed", "{v} {err}");
+    assert!(v["error"].as_str().unwrap().contains("interrupted"), "{v}");
+    assert_eq!(
+        std::fs::read_to_string(s.dir.join("jobs/cleaned"))
+            .ok()
+            .as_deref(),
+        Some("cleaned\n"),
+        "the program's cleanup did not run to its end: exit {code}, {err}"
+    );
+}
+
 /// SIGKILL to `idem run`: idem cannot stop anything itself. The kernel kills the program
 /// (`PR_SET_PDEATHSIG`), and idem's watchdog, which sees idem's end of its pipe close,
 /// stops the rest of the group (SIGTERM, SIGKILL after `grace`): a grandchild is gone too.

@@ -448,10 +448,15 @@ impl Tree {
         // the group.
         let mut signalled: HashSet<i32> = HashSet::new();
         let mut termed: HashSet<i32> = HashSet::new();
+        // Whether the program's group has `signal`: a process of the group that starts
+        // after it, while the program runs, is the program's own doing as it stops (a
+        // trap's cleanup) and is not signalled again; SIGKILL at `deadline` bounds it.
+        let mut group_has_it = group_signalled;
         if first.iter().any(|(_, pgrp)| *pgrp == self.leader) {
             if !group_signalled {
                 kill_group(self.leader, signal);
             }
+            group_has_it = true;
             signalled.extend(
                 first
                     .iter()
@@ -469,8 +474,9 @@ impl Tree {
                 return Vec::new();
             }
             let leader_gone = !members.iter().any(|(pid, _)| *pid == self.leader);
-            for (pid, _) in &members {
-                if signalled.insert(*pid) {
+            for (pid, pgrp) in &members {
+                let the_programs_own = group_has_it && *pgrp == self.leader && !leader_gone;
+                if signalled.insert(*pid) && !the_programs_own {
                     kill(*pid, signal);
                     if signal == libc::SIGTERM {
                         termed.insert(*pid);
