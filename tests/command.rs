@@ -54,6 +54,15 @@ fn runs(s: &Sandbox, job: &str) -> Vec<Value> {
     v.as_array().cloned().unwrap_or_default()
 }
 
+/// SIGTERM to process `pid` (an idem under test), by `kill`.
+fn sigterm(pid: u32) {
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+}
+
 /// `idem exec ARGS` with `--format json` before the `--` (after it, words are the
 /// program's), output captured, ready to spawn.
 fn exec_command(s: &Sandbox, args: &[&str]) -> Command {
@@ -359,11 +368,7 @@ fn sigterm_stops_the_program_and_its_children_and_records_an_interrupted_run() {
     let s = Sandbox::new("idem-command-sigterm");
     let (child, pids) = start_sleepy(&s, "grace = \"5s\"", "time_window = \"1h\"", true);
     let started = Instant::now();
-    assert!(Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap()
-        .success());
+    sigterm(child.id());
     let (code, v, err) = common::wait(child);
     assert!(started.elapsed() < Duration::from_secs(10), "{err}");
     // 128 + 15, as a shell reports a program SIGTERM stopped.
@@ -377,54 +382,51 @@ fn sigterm_stops_the_program_and_its_children_and_records_an_interrupted_run() {
     assert_completed(code, &v, &err);
 }
 
-/// SIGTERM to `idem exec` while the program runs: a program that cleans up on SIGTERM by
-/// starting a process of its own (a trap's cleanup, in its group, after the group got the
-/// signal) has it run to its end within the grace period. Before, idem's stop signalled
-/// every process of the group it had not seen at the first signal: the cleanup got its own
-/// SIGTERM within 20 ms (a CI run of `tests/scheduler.rs` read an empty file a trap's
-/// `date` had been killed writing).
+/// A program that cleans up on SIGTERM by starting a process of its own (a trap's
+/// cleanup, in its group, after the group got the signal) has it run to its end within
+/// the grace period, whichever stop sent the signal: SIGTERM to `idem exec`, or its
+/// `--timeout`. Before, idem's stop signalled every process of the group it had not seen
+/// at the first signal: the cleanup got its own SIGTERM within 20 ms (a CI run of
+/// `tests/scheduler.rs` read an empty file a trap's `date` had been killed writing).
 #[test]
 fn a_cleanup_the_program_starts_on_sigterm_is_not_signalled_again() {
     let s = Sandbox::new("idem-exec-cleanup");
-    let child = exec_command(
-        &s,
-        &[
-            "exec",
-            "cleanup",
-            "--date",
-            "2026-01-02",
-            "--grace",
-            "30s",
-            "--",
-            "sh",
-            "-c",
-            "trap 'sh -c \"sleep 0.5; echo cleaned > jobs/cleaned\"; exit 0' TERM; touch jobs/started; while :; do sleep 0.05; done",
-        ],
-    )
-    .spawn()
-    .unwrap();
-    let started = s.dir.join("jobs/started");
-    common::wait_until(
-        "the program's start",
-        Duration::from_secs(60),
-        Duration::from_millis(20),
-        || started.exists(),
-    );
-    assert!(Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap()
-        .success());
-    let (code, v, err) = common::wait(child);
-    assert_eq!(v["status"], "failed", "{v} {err}");
-    assert!(v["error"].as_str().unwrap().contains("interrupted"), "{v}");
-    assert_eq!(
-        std::fs::read_to_string(s.dir.join("jobs/cleaned"))
-            .ok()
-            .as_deref(),
-        Some("cleaned\n"),
-        "the program's cleanup did not run to its end: exit {code}, {err}"
-    );
+    for (date, timeout) in [("2026-01-02", None), ("2026-01-03", Some("1s"))] {
+        let trap = format!(
+            "trap 'sh -c \"sleep 0.5; echo cleaned > jobs/cleaned-{date}\"; exit 0' TERM; touch jobs/started-{date}; while :; do sleep 0.05; done"
+        );
+        let mut args = vec!["exec", "cleanup", "--date", date, "--grace", "30s"];
+        if let Some(t) = timeout {
+            args.extend(["--timeout", t]);
+        }
+        args.extend(["--", "sh", "-c", &trap]);
+        let child = exec_command(&s, &args).spawn().unwrap();
+        let started = s.dir.join(format!("jobs/started-{date}"));
+        common::wait_until(
+            "the program's start",
+            Duration::from_secs(60),
+            Duration::from_millis(20),
+            || started.exists(),
+        );
+        if timeout.is_none() {
+            sigterm(child.id());
+        }
+        let (code, v, err) = common::wait(child);
+        assert_eq!(v["status"], "failed", "{date}: {v} {err}");
+        let why = if timeout.is_some() {
+            "ran past [command] timeout"
+        } else {
+            "interrupted"
+        };
+        assert!(v["error"].as_str().unwrap().contains(why), "{date}: {v}");
+        assert_eq!(
+            std::fs::read_to_string(s.dir.join(format!("jobs/cleaned-{date}")))
+                .ok()
+                .as_deref(),
+            Some("cleaned\n"),
+            "{date}: the program's cleanup did not run to its end: exit {code}, {err}"
+        );
+    }
 }
 
 /// SIGKILL to `idem run`: idem cannot stop anything itself. The kernel kills the program
@@ -828,11 +830,7 @@ fn the_scheduler_fires_a_command_job_and_exports_run_it_by_name() {
     while starts(&s).is_empty() && start.elapsed() < Duration::from_secs(30) {
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert!(Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap()
-        .success());
+    sigterm(child.id());
     let out = child.wait_with_output().unwrap();
     let log = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{log}");
@@ -964,11 +962,7 @@ fn as_pid_1_sigterm_stops_the_run_without_waiting_out_the_grace_period() {
     let nspid = status.lines().find(|l| l.starts_with("NSpid:")).unwrap();
     assert!(nspid.ends_with("\t1"), "idem is not PID 1: {nspid}");
     let started = Instant::now();
-    assert!(Command::new("kill")
-        .args(["-TERM", &idem.to_string()])
-        .status()
-        .unwrap()
-        .success());
+    sigterm(idem as u32);
     let (code, v, err) = common::wait(child);
     assert!(
         started.elapsed() < Duration::from_secs(20),
