@@ -415,7 +415,7 @@ pub struct Capabilities {
     pub batch_concurrency: usize,
     /// [`EventKeyStore::check_and_mark_pending_ahead`] can mark a gate's batch before its
     /// turn (the store keeps each row's last place marked, and checks it in the same
-    /// atomic write): Postgres and Redis. Elsewhere it always answers `None`
+    /// atomic write): Postgres, Redis and SQLite. Elsewhere it always answers `None`
     /// ([`fallback::never_ahead`]) and the gate marks batch after batch.
     pub marks_ahead: bool,
 }

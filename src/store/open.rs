@@ -236,6 +236,7 @@ fn known(url: &str) -> (&'static str, Capabilities) {
             Capabilities {
                 confirms_pending: true,
                 batch_concurrency: PoolSize::EVENTS.sqlite as usize,
+                marks_ahead: true,
                 ..shared
             },
         ),

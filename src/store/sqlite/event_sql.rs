@@ -1,5 +1,5 @@
 //! Event keys on SQLite, the statements: marks and reads by the batch, a pending batch's
-//! write in one trip, the confirmations that ride in it ([`Riders`]).
+//! write in one trip, the confirmations that ride in it (`writer::Riders`).
 
 use super::*;
 
@@ -304,83 +304,3 @@ VALUES (?1, ?2, ?3, ?4, ?5)
 ON CONFLICT (namespace, name) DO UPDATE SET
   position = excluded.position, value = excluded.value, updated_at = excluded.updated_at
 WHERE event_cursors.position < excluded.position";
-
-/// A whole-batch confirmation waiting for a write transaction to ride in.
-#[derive(Debug)]
-pub(super) struct Rider {
-    pub(super) namespace: String,
-    pub(super) marker: String,
-    /// Whether the batch's row was deleted, once the transaction committed; or why not.
-    pub(super) done: tokio::sync::oneshot::Sender<std::result::Result<bool, String>>,
-}
-
-/// The confirmations a writer took from the queue into its transaction: each answered
-/// once it committed ([`answer`](Self::answer)), put back when the transaction was undone
-/// for a reason of the writer's own ([`put_back`](Self::put_back)), or told the error
-/// when dropped unanswered (the transaction failed).
-pub(super) struct Riders {
-    riders: Vec<Rider>,
-    pub(super) error: String,
-}
-
-impl Riders {
-    /// Every confirmation waiting now.
-    pub(super) fn take(writer: &EventWriter) -> Self {
-        let riders = std::mem::take(&mut *lock(&writer.confirms));
-        Riders {
-            riders,
-            error: "the write transaction it was confirmed in failed".to_string(),
-        }
-    }
-
-    /// Whether any confirmation waits.
-    pub(super) fn is_empty(&self) -> bool {
-        self.riders.is_empty()
-    }
-
-    /// The `?` of [`RIDERS_DELETE_SQL`]: their batches as `[namespace, marker]` pairs.
-    pub(super) fn json(&self) -> String {
-        let pairs: Vec<[&str; 2]> = self
-            .riders
-            .iter()
-            .map(|r| [r.namespace.as_str(), r.marker.as_str()])
-            .collect();
-        serde_json::to_string(&pairs).unwrap_or_default()
-    }
-
-    /// The transaction committed: each hears whether its row was deleted (`rows`: what
-    /// [`RIDERS_DELETE_SQL`] returned, among others of the same string).
-    pub(super) fn answer(mut self, rows: &[sqlx::sqlite::SqliteRow]) {
-        let deleted: HashSet<(String, String)> = rows
-            .iter()
-            .filter_map(|row| {
-                let namespace: String = row.try_get("namespace").ok()?;
-                let marker: String = row.try_get("marker").ok()?;
-                Some((namespace, marker))
-            })
-            .collect();
-        for r in self.riders.drain(..) {
-            let found = deleted.contains(&(r.namespace, r.marker));
-            let _ = r.done.send(Ok(found));
-        }
-    }
-
-    /// The transaction was undone for its writer's own reason: back in the queue, for the
-    /// next writer (they wait for the turn this writer still holds).
-    pub(super) fn put_back(mut self, writer: &EventWriter) {
-        lock(&writer.confirms).extend(self.riders.drain(..));
-    }
-}
-
-impl Drop for Riders {
-    fn drop(&mut self) {
-        for r in self.riders.drain(..) {
-            let _ = r.done.send(Err(self.error.clone()));
-        }
-    }
-}
-
-/// The queue's lock (a panic elsewhere does not make it unusable: it holds no invariant).
-pub(super) fn lock(m: &std::sync::Mutex<Vec<Rider>>) -> std::sync::MutexGuard<'_, Vec<Rider>> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}

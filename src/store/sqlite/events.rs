@@ -2,6 +2,7 @@
 //! all-or-nothing insert when the keys are fresh), cursors.
 
 use super::event_sql::*;
+use super::writer::*;
 use super::*;
 
 impl SqliteStore {
@@ -63,10 +64,86 @@ impl SqliteStore {
         self.read_stored(&mut conn, reads, found).await
     }
 
+    /// A batch of fresh keys (`firsts`) as one all-or-nothing insert: one statement is
+    /// atomic alone, no `BEGIN`, no `COMMIT`. Refused ([`refused`]) when a key is stored,
+    /// having written nothing.
+    async fn write_fresh(
+        &self,
+        namespace: &str,
+        firsts: &[&EventMark],
+        now: DateTime<Utc>,
+    ) -> std::result::Result<bool, sqlx::Error> {
+        // Bound before this batch's turn, so it binds while the batch before it writes.
+        let sqls = mark_sqls(firsts.len(), true, false);
+        let queries = mark_queries(&sqls, firsts, namespace, now, None);
+        let _turn = self.events.take_turn().await;
+        let mut conn = self.pool.acquire().await?;
+        for query in queries {
+            query.execute(&mut *conn).await?;
+        }
+        Ok(true)
+    }
+
+    /// [`write_fresh`](Self::write_fresh) of a pending batch: its row and its keys in one
+    /// transaction, sent to SQLite in one trip with earlier batches' confirmations riding
+    /// in it (`pending_write_sql`). In a row, the batch's place becomes the row's last
+    /// marked, in its turn at the writers' lock; asked ahead (`p.ahead`), it is written only
+    /// when the row's last place marked is the one just before it: `false`, nothing
+    /// written, when it is not.
+    async fn write_fresh_pending(
+        &self,
+        namespace: &str,
+        firsts: &[&EventMark],
+        now: DateTime<Utc>,
+        p: PendingWrite<'_>,
+    ) -> std::result::Result<bool, sqlx::Error> {
+        let turn = self.events.take_turn().await;
+        if let Some(t) = &p.turn {
+            if p.ahead && !self.events.rows.follows(t) {
+                return Ok(false);
+            }
+            // The batch after it, asked ahead, now queues behind this one for the turn.
+            t.started.say();
+        }
+        let riders = Riders::take(&self.events);
+        let sql = pending_write_sql(firsts.len(), !riders.is_empty());
+        let mut query = sqlx::query(&sql);
+        if !riders.is_empty() {
+            query = query.bind(riders.json());
+        }
+        query = query
+            .bind(namespace)
+            .bind(p.marker)
+            .bind(ts(now))
+            .bind(ts(p.deadline));
+        for chunk in firsts.chunks(EVENT_CHUNK) {
+            query = bind_marks(query, chunk, namespace, now, Some(p.marker));
+        }
+        let written = match self.pool.acquire().await {
+            Ok(conn) => write_in_one_trip(conn, query).await,
+            Err(e) => Err(e),
+        };
+        match written {
+            Ok(rows) => {
+                if let Some(t) = &p.turn {
+                    self.events.rows.marked(t);
+                }
+                riders.answer(&rows);
+                drop(turn);
+                Ok(true)
+            }
+            Err(e) => {
+                if refused(&e) {
+                    riders.put_back(&self.events);
+                }
+                Err(e)
+            }
+        }
+    }
+
     /// `check_and_mark`, and the cursor's advance in the same transaction; with `pending`
-    /// (a marker and its deadline) the keys it marks are pending for that batch, whose
-    /// row (migration 0010) goes in the same transaction, so its keys are never seen
-    /// without it.
+    /// the keys it marks are pending for that batch, whose row (migration 0010) goes in the
+    /// same transaction, so its keys are never seen without it.
     ///
     /// Without a cursor, a batch after one that found none of its keys stored is tried as
     /// one all-or-nothing insert of every key. Any other batch, or one that insert refused,
@@ -80,7 +157,7 @@ impl SqliteStore {
         marks: &[EventMark],
         now: DateTime<Utc>,
         cursor: Option<(&str, &Cursor)>,
-        pending: Option<(&str, DateTime<Utc>)>,
+        pending: Option<PendingWrite<'_>>,
     ) -> Result<Vec<EventVerdict>> {
         if marks.is_empty() {
             if let Some((name, to)) = cursor {
@@ -91,64 +168,15 @@ impl SqliteStore {
         }
         let firsts = event_keys::firsts(marks);
         if cursor.is_none() && self.events.fresh.load(Ordering::Relaxed) {
-            // Bound before this batch's turn, so it binds while the batch before it writes.
             let tried = match pending {
-                // One statement is atomic alone: no BEGIN, no COMMIT.
-                None => {
-                    let sqls = mark_sqls(firsts.len(), true, false);
-                    let queries = mark_queries(&sqls, &firsts, namespace, now, None);
-                    let turn = self.events.turn.lock().await;
-                    let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
-                    let mut tried = Ok(());
-                    for query in queries {
-                        if let Err(e) = query.execute(&mut *conn).await {
-                            tried = Err(e);
-                            break;
-                        }
-                    }
-                    drop(conn);
-                    drop(turn);
-                    tried
-                }
-                // Earlier batches' confirmations ride in this batch's transaction, which
-                // goes to SQLite in one trip (`pending_write_sql`).
-                Some((marker, deadline)) => {
-                    let turn = self.events.turn.lock().await;
-                    let riders = Riders::take(&self.events);
-                    let sql = pending_write_sql(firsts.len(), !riders.is_empty());
-                    let mut query = sqlx::query(&sql);
-                    if !riders.is_empty() {
-                        query = query.bind(riders.json());
-                    }
-                    query = query
-                        .bind(namespace)
-                        .bind(marker)
-                        .bind(ts(now))
-                        .bind(ts(deadline));
-                    for chunk in firsts.chunks(EVENT_CHUNK) {
-                        query = bind_marks(query, chunk, namespace, now, Some(marker));
-                    }
-                    let written = match self.pool.acquire().await {
-                        Ok(conn) => write_in_one_trip(conn, query).await,
-                        Err(e) => Err(e),
-                    };
-                    let tried = match written {
-                        Ok(rows) => {
-                            riders.answer(&rows);
-                            Ok(())
-                        }
-                        Err(e) if refused(&e) => {
-                            riders.put_back(&self.events);
-                            Err(e)
-                        }
-                        Err(e) => Err(e),
-                    };
-                    drop(turn);
-                    tried
-                }
+                None => self.write_fresh(namespace, &firsts, now).await,
+                Some(p) => self.write_fresh_pending(namespace, &firsts, now, p).await,
             };
             match tried {
-                Ok(()) => return Ok(event_keys::all_new(marks, &firsts, now)),
+                Ok(_) => {
+                    self.events.mixed.store(false, Ordering::Relaxed);
+                    return Ok(event_keys::all_new(marks, &firsts, now));
+                }
                 // Some key is stored: nothing was written; the general way below.
                 Err(e) if refused(&e) => self.events.fresh.store(false, Ordering::Relaxed),
                 Err(e) => return Err(self.err(e)),
@@ -165,6 +193,7 @@ impl SqliteStore {
             .collect();
         if absent.is_empty() && cursor.is_none() {
             self.events.fresh.store(false, Ordering::Relaxed);
+            self.events.mixed.store(false, Ordering::Relaxed);
             return Ok(found.verdicts(marks, now));
         }
         // One write transaction (BEGIN IMMEDIATE: the write lock at once, waiting under the
@@ -174,7 +203,11 @@ impl SqliteStore {
         // thread as a message, which dominated large batches.
         let again_sqls = read_sqls(absent.len());
         let again = read_queries(&again_sqls, &absent, namespace, now);
-        let turn = self.events.turn.lock().await;
+        let turn = self.events.take_turn().await;
+        let in_row = pending.and_then(|p| p.turn);
+        if let Some(t) = &in_row {
+            t.started.say();
+        }
         let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
         let mut tx = conn
             .begin_with("BEGIN IMMEDIATE")
@@ -185,7 +218,9 @@ impl SqliteStore {
             .into_iter()
             .filter(|m| !present_now.contains(m.key.as_str()))
             .collect();
-        let marker = pending.filter(|_| !batch.is_empty());
+        let marker = pending
+            .filter(|_| !batch.is_empty())
+            .map(|p| (p.marker, p.deadline));
         let sqls = mark_sqls(batch.len(), false, marker.is_some());
         if let Some(p) = marker {
             insert_pending(&mut tx, namespace, p, now)
@@ -200,9 +235,15 @@ impl SqliteStore {
         }
         tx.commit().await.map_err(|e| self.err(e))?;
         drop(conn);
+        if let Some(t) = &in_row {
+            self.events.rows.marked(t);
+        }
         drop(turn);
         let none_stored = present.is_empty() && present_now.is_empty();
         self.events.fresh.store(none_stored, Ordering::Relaxed);
+        self.events
+            .mixed
+            .store(!none_stored && !batch.is_empty(), Ordering::Relaxed);
         if none_stored {
             return Ok(event_keys::all_new(marks, &firsts, now));
         }
@@ -270,7 +311,7 @@ impl EventKeyStore for SqliteStore {
                 None => groups.push((*at, vec![key])),
             }
         }
-        let turn = self.events.turn.lock().await;
+        let turn = self.events.take_turn().await;
         let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
         let mut tx = conn
             .begin_with("BEGIN IMMEDIATE")
@@ -394,15 +435,31 @@ impl EventKeyStore for SqliteStore {
         crate::store::fallback::mark_by_check(self, namespace, keys, now).await
     }
 
-    /// SQLite's writers take turns anyway: a gate's batches mark one after another.
+    /// A batch of fresh keys, tried as one all-or-nothing write at the writers' turn, which
+    /// checks there that the row's last place marked (this store's [`RowPlaces`]) is the
+    /// one before it. Not tried (`None`) after a batch that found some of its keys stored
+    /// and others not, when this one's insert would most likely be refused too.
     async fn check_and_mark_pending_ahead(
         &self,
-        _namespace: &str,
-        _marks: &[crate::store::EventMark],
-        _now: chrono::DateTime<chrono::Utc>,
-        _batch: crate::store::PendingBatch<'_>,
-    ) -> crate::error::Result<Option<Vec<crate::store::EventVerdict>>> {
-        crate::store::fallback::never_ahead()
+        namespace: &str,
+        marks: &[EventMark],
+        now: DateTime<Utc>,
+        batch: PendingBatch<'_>,
+    ) -> Result<Option<Vec<EventVerdict>>> {
+        if batch.turn.is_none() || marks.is_empty() || self.events.mixed.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        let firsts = event_keys::firsts(marks);
+        let p = PendingWrite::of(&batch, now, true);
+        match self.write_fresh_pending(namespace, &firsts, now, p).await {
+            Ok(true) => Ok(Some(event_keys::all_new(marks, &firsts, now))),
+            Ok(false) => Ok(None),
+            Err(e) if refused(&e) => {
+                self.events.fresh.store(false, Ordering::Relaxed);
+                Ok(None)
+            }
+            Err(e) => Err(self.err(e)),
+        }
     }
 
     /// The batch's pending state is one row of `event_pending` (migration 0010), which its
@@ -412,12 +469,19 @@ impl EventKeyStore for SqliteStore {
         namespace: &str,
         marks: &[EventMark],
         now: DateTime<Utc>,
-        batch: crate::store::PendingBatch<'_>,
+        batch: PendingBatch<'_>,
         cursor: Option<(&str, &Cursor)>,
     ) -> Result<Vec<EventVerdict>> {
-        let pending = Some((batch.marker, batch.deadline(now)));
-        self.mark_batch(namespace, marks, now, cursor, pending)
-            .await
+        let p = PendingWrite::of(&batch, now, false);
+        let verdicts = self
+            .mark_batch(namespace, marks, now, cursor, Some(p))
+            .await?;
+        // Its turn came: its place is the row's last marked (a batch that wrote nothing
+        // too), so the batch after it may mark ahead.
+        if let Some(t) = &batch.turn {
+            self.events.rows.marked(t);
+        }
+        Ok(verdicts)
     }
 
     /// Whole: the batch's one row deleted, which confirms every key still naming it. Some
@@ -436,49 +500,46 @@ impl EventKeyStore for SqliteStore {
             // Queued for the next writer's transaction; when none has taken it by the time
             // this call has the turn, it writes the queue itself.
             let (done, mut answer) = tokio::sync::oneshot::channel();
-            lock(&self.events.confirms).push(Rider {
+            self.events.queue(Rider {
                 namespace: namespace.to_string(),
                 marker: marker.to_string(),
                 done,
             });
-            let turn = self.events.turn.lock().await;
+            let turn = self.events.take_turn().await;
             // Answered already: a writer before this call took it into its transaction.
-            let answered = answer.try_recv().ok();
-            if answered.is_none() {
-                // One statement for every confirmation waiting: atomic alone.
-                let mut riders = Riders::take(&self.events);
-                let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
-                let written = sqlx::query(RIDERS_DELETE_SQL)
-                    .bind(riders.json())
-                    .fetch_all(&mut *conn)
-                    .await;
-                drop(conn);
-                match written {
-                    Ok(rows) => riders.answer(&rows),
-                    Err(e) => {
-                        riders.error = e.to_string();
-                        drop(riders);
-                        drop(turn);
-                        return Err(self.err(e));
+            let answered = match answer.try_recv() {
+                Ok(answered) => answered,
+                Err(_) => {
+                    // One statement for every confirmation waiting: atomic alone.
+                    let mut riders = Riders::take(&self.events);
+                    let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
+                    let written = sqlx::query(RIDERS_DELETE_SQL)
+                        .bind(riders.json())
+                        .fetch_all(&mut *conn)
+                        .await;
+                    drop(conn);
+                    match written {
+                        Ok(rows) => riders.answer(&rows),
+                        Err(e) => {
+                            riders.error = e.to_string();
+                            drop(riders);
+                            drop(turn);
+                            return Err(self.err(e));
+                        }
                     }
+                    answer
+                        .try_recv()
+                        .unwrap_or_else(|_| Err(UNWRITTEN.to_string()))
                 }
-            }
-            drop(turn);
-            let answered = match answered {
-                Some(answered) => Ok(answered),
-                None => answer.try_recv(),
             };
+            drop(turn);
             return match answered {
-                Ok(Ok(true)) => Ok(keys.len() as u64),
-                Ok(Ok(false)) => Ok(0),
-                Ok(Err(why)) => Err(Error::store(self.location(), why)),
-                Err(_) => Err(Error::store(
-                    self.location(),
-                    "a pending batch's confirmation was never written",
-                )),
+                Ok(true) => Ok(keys.len() as u64),
+                Ok(false) => Ok(0),
+                Err(why) => Err(Error::store(self.location(), why)),
             };
         }
-        let turn = self.events.turn.lock().await;
+        let turn = self.events.take_turn().await;
         let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
         let done = {
             let names: Vec<&str> = keys.iter().map(|(k, _)| k.as_str()).collect();
@@ -498,5 +559,26 @@ impl EventKeyStore for SqliteStore {
         drop(conn);
         drop(turn);
         Ok(done)
+    }
+}
+
+/// A pending batch as [`SqliteStore::mark_batch`] writes it: its marker, its deadline, its
+/// place in its row, and whether it is asked ahead of its turn.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PendingWrite<'a> {
+    marker: &'a str,
+    deadline: DateTime<Utc>,
+    turn: Option<BatchTurn<'a>>,
+    ahead: bool,
+}
+
+impl<'a> PendingWrite<'a> {
+    fn of(batch: &PendingBatch<'a>, now: DateTime<Utc>, ahead: bool) -> Self {
+        PendingWrite {
+            marker: batch.marker,
+            deadline: batch.deadline(now),
+            turn: batch.turn,
+            ahead,
+        }
     }
 }

@@ -20,9 +20,9 @@ use super::event_keys::{self, Cursor, Found};
 use super::migrations::{self, Migration, Schema};
 use super::rows::{KeyRow, LeaseColumns, LeaseRow, OpenLeaseRow, RunRow, KEY_COLUMNS, RUN_COLUMNS};
 use super::{
-    lease_expiry, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport, EventKeyStore,
-    EventMark, EventVerdict, Finish, KeyLookup, Lease, LeaseHolder, LeaseStore, LedgerStore,
-    MaintenanceStore, OpenLease, RunFilter, StoreBase,
+    lease_expiry, BatchTurn, Capabilities, Claim, ClaimRequest, CleanupPolicy, CleanupReport,
+    EventKeyStore, EventMark, EventVerdict, Finish, KeyLookup, Lease, LeaseHolder, LeaseStore,
+    LedgerStore, MaintenanceStore, OpenLease, PendingBatch, RunFilter, StoreBase,
 };
 use crate::error::{Error, Result};
 use crate::model::{micros, time, KeyRecord, RunRecord, RunStatus};
@@ -31,6 +31,9 @@ mod event_sql;
 mod events;
 mod maintenance;
 mod runs;
+mod writer;
+
+use writer::EventWriter;
 
 /// The SQLite store.
 #[derive(Debug, Clone)]
@@ -42,24 +45,6 @@ pub struct SqliteStore {
     connections: usize,
     /// Closes the pool when the last clone of this store is dropped.
     _closer: Arc<crate::backend::sqlite::Closer>,
-}
-
-/// What the event-key batches of one store share: their turn at the write transaction, and
-/// whether the last batch found none of its keys stored.
-#[derive(Debug, Default)]
-struct EventWriter {
-    /// Held while a batch writes (its all-or-nothing insert, or `BEGIN IMMEDIATE` to
-    /// `COMMIT`): this process's batches take turns here, in the order they asked,
-    /// instead of in SQLite's busy handler (which sleeps whole milliseconds); other
-    /// processes still wait on the database's lock. Reads do not take it.
-    turn: tokio::sync::Mutex<()>,
-    /// The last batch found none of its keys stored: the next one is tried as one
-    /// all-or-nothing insert of every key (fresh keys come in runs), not read first.
-    fresh: std::sync::atomic::AtomicBool,
-    /// Whole-batch confirmations waiting for a write transaction to ride in
-    /// ([`event_sql::Riders`]): the next writer to take the turn deletes their rows in its own
-    /// transaction, so a confirmation costs no commit of its own while batches are marked.
-    confirms: std::sync::Mutex<Vec<event_sql::Rider>>,
 }
 
 fn ts(t: DateTime<Utc>) -> i64 {
@@ -320,6 +305,7 @@ impl StoreBase for SqliteStore {
         Capabilities {
             confirms_pending: true,
             batch_concurrency: self.connections,
+            marks_ahead: true,
             ..Capabilities::SHARED
         }
     }
