@@ -70,8 +70,20 @@ impl Drop for Closer {
         let mut closing = CLOSING.lock().unwrap_or_else(|e| e.into_inner());
         closing.retain(|t| !t.is_finished());
         closing.push(task);
+        drop(closing);
+        let options = (*self.0.connect_options()).clone();
+        let mut closed = CLOSED.lock().unwrap_or_else(|e| e.into_inner());
+        if !closed
+            .iter()
+            .any(|o| o.get_filename() == options.get_filename())
+        {
+            closed.push(options);
+        }
     }
 }
+
+/// The databases of the pools closed (their options), for [`closed`]'s last look.
+static CLOSED: std::sync::Mutex<Vec<SqliteConnectOptions>> = std::sync::Mutex::new(Vec::new());
 
 /// How long a dropped pool's close waits for connections still on their way back to it.
 const CLOSE_WAIT: Duration = Duration::from_secs(10);
@@ -89,8 +101,43 @@ pub async fn closed(timeout: Duration) {
             let _ = task.await;
         }
     };
+    let all = async {
+        all.await;
+        let databases = std::mem::take(&mut *CLOSED.lock().unwrap_or_else(|e| e.into_inner()));
+        for options in databases {
+            close_alone(options).await;
+        }
+    };
     if tokio::time::timeout(timeout, all).await.is_err() {
         tracing::warn!("a SQLite database was not closed within {timeout:?}");
+    }
+}
+
+/// A database whose write-ahead log is still there once this process's pools of it have
+/// closed is opened and closed once more, by one connection alone. SQLite checkpoints the
+/// log and removes it when the last connection to the file closes, which it tells by
+/// taking the file's exclusive lock; two connections closing at the same moment (two pools
+/// of one file, or a connection closed on its way back to its pool while the pool closes
+/// the others) can each find the other's lock and each leave the log behind. While
+/// another process has the file open the log stays, as it must.
+async fn close_alone(options: SqliteConnectOptions) {
+    use sqlx::{ConnectOptions, Connection};
+    let path = options.get_filename().to_path_buf();
+    if path == Path::new(":memory:") || path.as_os_str().is_empty() {
+        return;
+    }
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    if !Path::new(&wal).exists() {
+        return;
+    }
+    match options.create_if_missing(false).connect().await {
+        Ok(conn) => {
+            if let Err(e) = conn.close().await {
+                tracing::debug!("closing {} again: {e}", path.display());
+            }
+        }
+        Err(e) => tracing::debug!("opening {} to close it alone: {e}", path.display()),
     }
 }
 
