@@ -436,7 +436,7 @@ impl EventKeyStore for SqliteStore {
     }
 
     /// A batch of fresh keys, tried as one all-or-nothing write at the writers' turn, which
-    /// checks there that the row's last place marked (this store's [`RowPlaces`]) is the
+    /// checks there that the row's last place marked (this store's `RowPlaces`) is the
     /// one before it. Not tried (`None`) after a batch that found some of its keys stored
     /// and others not, when this one's insert would most likely be refused too.
     async fn check_and_mark_pending_ahead(
