@@ -49,10 +49,15 @@ impl EventGate {
         }
         out.into_iter()
             .map(|(batch, mut c)| {
-                // Whole when every key it found new is here (each once).
-                let distinct: std::collections::HashSet<&str> =
-                    c.keys.iter().map(|(k, _)| k.as_str()).collect();
-                c.whole = distinct.len() == batch.new_keys;
+                // Whole when every key it found new is here: never with fewer keys than it
+                // found new (no counting needed). With more, some came twice (the same
+                // admissions passed again): each is sent once, so that a store confirming
+                // the batch at once counts its keys right.
+                if c.keys.len() > batch.new_keys {
+                    let mut seen = std::collections::HashSet::new();
+                    c.keys.retain(|(k, _)| seen.insert(k.clone()));
+                }
+                c.whole = c.keys.len() == batch.new_keys && distinct(&c.keys) == batch.new_keys;
                 c
             })
             .collect()
@@ -74,10 +79,13 @@ impl EventGate {
             confirmed += done;
             // A store confirms only marks still naming the batch: fewer than its keys when
             // the pending timeout passed first (the records took longer than it to be
-            // written), and those keys are `new` again for the next reader.
-            let distinct: std::collections::HashSet<&str> =
-                c.keys.iter().map(|(k, _)| k.as_str()).collect();
-            let lost = (distinct.len() as u64).saturating_sub(done);
+            // written), and those keys are `new` again for the next reader. Counted only
+            // then: with as many confirmed as keys sent, none was lost.
+            let lost = if done >= c.keys.len() as u64 {
+                0
+            } else {
+                (distinct(&c.keys) as u64).saturating_sub(done)
+            };
             if lost > 0 {
                 let first = {
                     let mut r = self.recorder();
@@ -101,4 +109,12 @@ impl EventGate {
         }
         Ok(confirmed)
     }
+}
+
+/// How many different keys `keys` holds.
+fn distinct<T>(keys: &[(String, T)]) -> usize {
+    keys.iter()
+        .map(|(k, _)| k.as_str())
+        .collect::<std::collections::HashSet<&str>>()
+        .len()
 }

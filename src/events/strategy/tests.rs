@@ -510,3 +510,33 @@ async fn a_turn_dropped_unused_is_passed_on_in_order() {
         .await
         .expect("the first done: the third goes");
 }
+
+#[tokio::test]
+async fn a_confirmation_is_whole_only_with_each_new_key_of_its_batch() {
+    let store = Arc::new(MemoryStore::new());
+    let dedup = Deduplicator::new(store, "whole", ["id"]).unwrap();
+    let gate = EventGate::new(dedup, Strategy::Strict, BreakerConfig::default())
+        .pending(Duration::from_secs(300));
+    let batch = [json!({"id": "a"}), json!({"id": "b"}), json!({"id": "c"})];
+    let admitted = gate.check_and_mark(&batch, Utc::now()).await.unwrap();
+    let whole = |admitted: &[std::result::Result<Admission, InvalidEvent>]| {
+        let c = gate.confirmations(admitted);
+        assert_eq!(c.len(), 1);
+        c[0].whole
+    };
+    assert!(whole(&admitted));
+    assert!(!whole(&admitted[..2]), "a key missing");
+    // As many admissions as new keys, one twice and one missing: not whole.
+    let twice = [
+        admitted[0].clone(),
+        admitted[1].clone(),
+        admitted[1].clone(),
+    ];
+    assert!(!whole(&twice));
+    let mut all_twice = admitted.clone();
+    all_twice.extend(admitted.iter().cloned());
+    assert!(whole(&all_twice));
+    // Confirmed twice over: three keys, none lost (no `unconfirmed`).
+    assert_eq!(gate.confirm(&all_twice).await.unwrap(), 3);
+    assert_eq!(gate.stats().unconfirmed, 0);
+}
