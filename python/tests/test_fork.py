@@ -6,7 +6,10 @@ SQLite and Postgres; the parent's store goes on working. Children that hang fail
 import json
 import multiprocessing
 import os
+import pathlib
+import shutil
 import signal
+import subprocess
 import threading
 import time
 import uuid
@@ -21,6 +24,28 @@ import pyidem
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
+def _stacks(pid):
+    """Where each thread of a hung child waits: every thread's backtrace when gdb is
+    installed, else each thread's name and kernel wait channel (so a hang in CI says
+    which lock it is, not only that there was one)."""
+    if shutil.which("gdb"):
+        try:
+            out = subprocess.run(
+                ["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt 40"],
+                capture_output=True, text=True, timeout=120,
+            ).stdout
+            return "\n".join(l for l in out.splitlines() if l.startswith(("Thread ", "#")))
+        except (OSError, subprocess.SubprocessError) as e:
+            return f"gdb failed: {e}"
+    lines = []
+    for task in sorted(pathlib.Path(f"/proc/{pid}/task").glob("*")):
+        try:
+            lines.append(f"{task.name} {(task / 'comm').read_text().strip()} {(task / 'wchan').read_text()}")
+        except OSError:
+            pass
+    return "\n".join(lines)
+
+
 def _wait(pid, seconds=60):
     """The child's exit status; kills it and fails if it has not ended in time."""
     deadline = time.monotonic() + seconds
@@ -29,9 +54,10 @@ def _wait(pid, seconds=60):
         if done:
             return os.waitstatus_to_exitcode(status)
         time.sleep(0.05)
+    stacks = _stacks(pid)
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
-    pytest.fail("the forked child hung")
+    pytest.fail(f"the forked child hung; its threads:\n{stacks}")
 
 
 def _fork(child):
