@@ -223,14 +223,36 @@ pub(crate) fn against(stored: &StoredEvent, fingerprint: Option<&str>) -> EventV
 }
 
 /// One verdict per mark, given the keys this call marked (`new`) and the stored rows of the
-/// others (`stored`). A key in neither (its row vanished between the two, e.g. a
-/// concurrent cleanup) is a replay without a decision: it was marked by someone.
+/// others (`stored`), keys of `marks` only. A key in neither (its row vanished between the
+/// two, e.g. a concurrent cleanup) is a replay without a decision: it was marked by someone.
 pub(crate) fn verdicts(
     marks: &[EventMark],
     new: &HashSet<String>,
     stored: &HashMap<String, StoredEvent>,
     now: DateTime<Utc>,
 ) -> Vec<EventVerdict> {
+    let vanished = || StoredEvent {
+        fingerprint: None,
+        decision: None,
+        first_seen: micros(now),
+    };
+    if new.len() + stored.len() == marks.len() && new.iter().all(|k| !stored.contains_key(k)) {
+        // As many keys found, each once, as marks: each key is once in the batch, so no
+        // later occurrence is judged by an earlier one and nothing is kept per key (a
+        // replayed batch of distinct keys, the common case, copied each stored row here).
+        return marks
+            .iter()
+            .map(|m| {
+                if new.contains(&m.key) {
+                    return EventVerdict::New;
+                }
+                match stored.get(&m.key) {
+                    Some(state) => against(state, m.fingerprint.as_deref()),
+                    None => against(&vanished(), m.fingerprint.as_deref()),
+                }
+            })
+            .collect();
+    }
     let mut decided: HashMap<&str, StoredEvent> = HashMap::with_capacity(marks.len());
     marks
         .iter()
@@ -246,11 +268,7 @@ pub(crate) fn verdicts(
                 };
                 (EventVerdict::New, state)
             } else {
-                let state = stored.get(&m.key).cloned().unwrap_or(StoredEvent {
-                    fingerprint: None,
-                    decision: None,
-                    first_seen: micros(now),
-                });
+                let state = stored.get(&m.key).cloned().unwrap_or_else(vanished);
                 (against(&state, m.fingerprint.as_deref()), state)
             };
             decided.insert(m.key.as_str(), state);
@@ -475,6 +493,53 @@ mod tests {
         );
         assert!(matches!(v[3], EventVerdict::Replay { .. }));
         assert_eq!(firsts(&marks).len(), 2);
+    }
+
+    #[test]
+    fn a_batch_of_distinct_keys_is_judged_as_one_with_repeats_would_judge_it() {
+        let now = DateTime::from_timestamp(1_000, 0).unwrap();
+        let then = DateTime::from_timestamp(500, 0).unwrap();
+        let stored = |fingerprint: &str, decision: Option<Value>| StoredEvent {
+            fingerprint: Some(fingerprint.into()),
+            decision,
+            first_seen: then,
+        };
+        let found = HashMap::from([
+            ("same".to_string(), stored("x", Some(Value::from(7)))),
+            ("changed".to_string(), stored("x", None)),
+        ]);
+        let new: HashSet<String> = ["fresh".to_string()].into();
+        let distinct = [
+            EventMark::key("same").fingerprint("x"),
+            EventMark::key("fresh").fingerprint("x"),
+            EventMark::key("changed").fingerprint("y"),
+        ];
+        let replay = EventVerdict::Replay {
+            decision: Some(Value::from(7)),
+            first_seen: then,
+        };
+        let conflict = EventVerdict::Conflict {
+            stored_fingerprint: "x".into(),
+            first_seen: then,
+        };
+        let fast = verdicts(&distinct, &new, &found, now);
+        assert_eq!(fast, [replay.clone(), EventVerdict::New, conflict.clone()]);
+        // The same keys with a repeat of each (the path that keeps state per key): the
+        // first occurrences get the same verdicts.
+        let repeated: Vec<EventMark> = distinct.iter().chain(&distinct).cloned().collect();
+        let slow = verdicts(&repeated, &new, &found, now);
+        assert_eq!(slow[..3], fast[..]);
+        assert_eq!(
+            slow[3..],
+            [
+                replay,
+                EventVerdict::Replay {
+                    decision: None,
+                    first_seen: micros(now)
+                },
+                conflict
+            ]
+        );
     }
 
     #[test]
