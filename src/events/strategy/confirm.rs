@@ -52,12 +52,16 @@ impl EventGate {
                 // Whole when every key it found new is here: never with fewer keys than it
                 // found new (no counting needed). With more, some came twice (the same
                 // admissions passed again): each is sent once, so that a store confirming
-                // the batch at once counts its keys right.
-                if c.keys.len() > batch.new_keys {
-                    let mut seen = std::collections::HashSet::new();
-                    c.keys.retain(|(k, _)| seen.insert(k.clone()));
-                }
-                c.whole = c.keys.len() == batch.new_keys && distinct(&c.keys) == batch.new_keys;
+                // the batch at once counts its keys right, and those left are distinct.
+                c.whole = match c.keys.len().cmp(&batch.new_keys) {
+                    std::cmp::Ordering::Less => false,
+                    std::cmp::Ordering::Equal => distinct(&c.keys) == batch.new_keys,
+                    std::cmp::Ordering::Greater => {
+                        let mut seen = std::collections::HashSet::new();
+                        c.keys.retain(|(k, _)| seen.insert(k.clone()));
+                        c.keys.len() == batch.new_keys
+                    }
+                };
                 c
             })
             .collect()
