@@ -20,17 +20,35 @@ impl EventGate {
         &self,
         admitted: &[std::result::Result<Admission, InvalidEvent>],
     ) -> Vec<Confirmation> {
+        self.group_confirmations(admitted.iter().filter_map(|a| {
+            let a = a.as_ref().ok()?;
+            confirmable(a).map(|(batch, at)| (batch, at, a.key.clone()))
+        }))
+    }
+
+    /// [`confirmations`](Self::confirmations), each key moved out of its admission (left
+    /// empty) rather than copied: for admissions whose keys are not read again (a batch's
+    /// records written).
+    pub fn take_confirmations(
+        &self,
+        admitted: &mut [std::result::Result<Admission, InvalidEvent>],
+    ) -> Vec<Confirmation> {
+        self.group_confirmations(admitted.iter_mut().filter_map(|a| {
+            let a = a.as_mut().ok()?;
+            confirmable(a).map(|(batch, at)| (batch, at, std::mem::take(&mut a.key)))
+        }))
+    }
+
+    /// Groups confirmable keys (their batch, their real expiry, the key) by batch.
+    fn group_confirmations(
+        &self,
+        keys: impl Iterator<Item = (BatchRef, Option<DateTime<Utc>>, String)>,
+    ) -> Vec<Confirmation> {
         let Some(p) = &self.pending else {
             return Vec::new();
         };
         let mut out: Vec<(BatchRef, Confirmation)> = Vec::new();
-        for a in admitted {
-            let Ok(a) = a else { continue };
-            let (Some(EventVerdict::New), Some(at), Some(batch)) =
-                (&a.verdict, a.confirm, a.pending_batch)
-            else {
-                continue;
-            };
+        for (batch, at, key) in keys {
             let i = match out.iter().position(|(b, _)| b.n == batch.n) {
                 Some(i) => i,
                 None => {
@@ -38,14 +56,14 @@ impl EventGate {
                         batch,
                         Confirmation {
                             marker: p.marker(batch.n),
-                            keys: Vec::new(),
+                            keys: Vec::with_capacity(batch.new_keys),
                             whole: false,
                         },
                     ));
                     out.len() - 1
                 }
             };
-            out[i].1.keys.push((a.key.clone(), at));
+            out[i].1.keys.push((key, at));
         }
         out.into_iter()
             .map(|(batch, mut c)| {
@@ -112,6 +130,15 @@ impl EventGate {
             }
         }
         Ok(confirmed)
+    }
+}
+
+/// An admission's batch and the expiry its confirmation gives its key, when it is a key
+/// its gate marked pending and found new.
+fn confirmable(a: &Admission) -> Option<(BatchRef, Option<DateTime<Utc>>)> {
+    match (&a.verdict, a.confirm, a.pending_batch) {
+        (Some(EventVerdict::New), Some(at), Some(batch)) => Some((batch, at)),
+        _ => None,
     }
 }
 

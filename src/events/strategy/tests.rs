@@ -536,6 +536,16 @@ async fn a_confirmation_is_whole_only_with_each_new_key_of_its_batch() {
     let mut all_twice = admitted.clone();
     all_twice.extend(admitted.iter().cloned());
     assert!(whole(&all_twice));
+    // Taken, not copied: the same confirmation, the admissions' keys left empty.
+    let mut taken = admitted.clone();
+    let c = gate.take_confirmations(&mut taken);
+    let copied = gate.confirmations(&admitted);
+    assert_eq!((c.len(), c[0].whole), (1, true));
+    assert_eq!(
+        (&c[0].marker, &c[0].keys),
+        (&copied[0].marker, &copied[0].keys)
+    );
+    assert!(taken.iter().all(|a| a.as_ref().unwrap().key.is_empty()));
     // Confirmed twice over: three keys, none lost (no `unconfirmed`).
     assert_eq!(gate.confirm(&all_twice).await.unwrap(), 3);
     assert_eq!(gate.stats().unconfirmed, 0);

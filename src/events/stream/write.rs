@@ -152,12 +152,13 @@ impl<W: Write> Sink<'_, W> {
         };
         let marked_at = oldest.marked_at;
         let advance = oldest.advance.clone();
-        let done = oldest.finish().await?;
+        let mut done = oldest.finish().await?;
         let written = self.emit(summary, &done, progress);
         if matches!(written, Ok(false)) && self.gate.marks_pending() {
             // The records are out: the batch's pending marks become marks for good (a
             // gate killed before this leaves them to expire, and they are `new` again).
-            let keys = self.gate.confirmations(&done.admitted);
+            // Its keys are not read again (only a batch not written is unmarked, below).
+            let keys = self.gate.take_confirmations(&mut done.admitted);
             if let Some((name, to)) = &advance {
                 // With a cursor: confirmed first, then the cursor moves.
                 match self.gate.confirm_keys(keys).await {
