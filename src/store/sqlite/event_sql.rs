@@ -71,20 +71,80 @@ pub(super) fn refused(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(d) if d.kind() == sqlx::error::ErrorKind::NotNullViolation)
 }
 
+/// The text of a batch's statement: shared, built once per shape ([`cached`]).
+pub(super) type Sql = std::sync::Arc<str>;
+
+/// A statement's shape: what it does, how many keys, its two flags.
+type Shape = (&'static str, usize, bool, bool);
+
+/// Statement texts by shape, built once each and kept: a batch's statements are
+/// kilobytes of text (a `(?,?,?,?)` per key), which every batch built again, and a
+/// process asks for a handful of shapes (one per chunk size). Bounded all the same: past
+/// `kept`, the oldest goes.
+struct Shapes {
+    built: std::sync::Mutex<std::collections::VecDeque<(Shape, Sql)>>,
+    kept: usize,
+}
+
+impl Shapes {
+    const fn new(kept: usize) -> Self {
+        Shapes {
+            built: std::sync::Mutex::new(std::collections::VecDeque::new()),
+            kept,
+        }
+    }
+
+    /// The text of `shape`, built by `build` when not kept.
+    fn get(&self, shape: Shape, build: impl FnOnce() -> String) -> Sql {
+        let built = || {
+            self.built
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        if let Some((_, sql)) = built().iter().find(|(s, _)| *s == shape) {
+            return sql.clone();
+        }
+        // Built without the lock: a shape may be built of others (`pending_write_sql`).
+        let sql: Sql = build().into();
+        let mut built = built();
+        if !built.iter().any(|(s, _)| *s == shape) {
+            if built.len() >= self.kept {
+                built.pop_front();
+            }
+            built.push_back((shape, sql.clone()));
+        }
+        sql
+    }
+}
+
+/// The process's statement texts ([`Shapes`]).
+fn cached(shape: Shape, build: impl FnOnce() -> String) -> Sql {
+    static SHAPES: Shapes = Shapes::new(32);
+    SHAPES.get(shape, build)
+}
+
 /// The statements marking `n` keys, one per chunk of [`EVENT_CHUNK`] (`pending`: for a
 /// pending batch).
-pub(super) fn mark_sqls(n: usize, all_or_nothing: bool, pending: bool) -> Vec<String> {
+pub(super) fn mark_sqls(n: usize, all_or_nothing: bool, pending: bool) -> Vec<Sql> {
     (0..n)
         .step_by(EVENT_CHUNK)
-        .map(|start| events_mark_sql((n - start).min(EVENT_CHUNK), all_or_nothing, pending))
+        .map(|start| {
+            let rows = (n - start).min(EVENT_CHUNK);
+            cached(("mark", rows, all_or_nothing, pending), || {
+                events_mark_sql(rows, all_or_nothing, pending)
+            })
+        })
         .collect()
 }
 
 /// The statements reading `n` keys, one per chunk of [`EVENT_CHUNK`].
-pub(super) fn read_sqls(n: usize) -> Vec<String> {
+pub(super) fn read_sqls(n: usize) -> Vec<Sql> {
     (0..n)
         .step_by(EVENT_CHUNK)
-        .map(|start| events_read_batch_sql((n - start).min(EVENT_CHUNK)))
+        .map(|start| {
+            let rows = (n - start).min(EVENT_CHUNK);
+            cached(("read", rows, false, false), || events_read_batch_sql(rows))
+        })
         .collect()
 }
 
@@ -95,7 +155,7 @@ pub(super) type ReadQuery<'q> =
 /// `sqls` ([`read_sqls`] of `marks.len()`) bound to the keys of `marks` of `namespace` at
 /// `now`.
 pub(super) fn read_queries<'q>(
-    sqls: &'q [String],
+    sqls: &'q [Sql],
     marks: &[&'q EventMark],
     namespace: &'q str,
     now: DateTime<Utc>,
@@ -116,7 +176,7 @@ pub(super) fn read_queries<'q>(
 /// pending for the batch of marker `pending` when given (then without their decisions: a
 /// confirmed pending mark keeps none).
 pub(super) fn mark_queries<'q>(
-    sqls: &'q [String],
+    sqls: &'q [Sql],
     marks: &[&'q EventMark],
     namespace: &'q str,
     now: DateTime<Utc>,
@@ -179,20 +239,22 @@ pub(super) const PENDING_INSERT_SQL: &str =
 /// a transaction of separate statements was five trips to marks off's one (issue 36).
 /// A statement that fails leaves the transaction open: [`write_in_one_trip`] rolls it
 /// back.
-pub(super) fn pending_write_sql(n: usize, riders: bool) -> String {
-    let mut sql = String::from("BEGIN IMMEDIATE;\n");
-    if riders {
-        sql.push_str(RIDERS_DELETE_SQL);
+pub(super) fn pending_write_sql(n: usize, riders: bool) -> Sql {
+    cached(("pending write", n, riders, false), || {
+        let mut sql = String::from("BEGIN IMMEDIATE;\n");
+        if riders {
+            sql.push_str(RIDERS_DELETE_SQL);
+            sql.push_str(";\n");
+        }
+        sql.push_str(PENDING_INSERT_SQL);
         sql.push_str(";\n");
-    }
-    sql.push_str(PENDING_INSERT_SQL);
-    sql.push_str(";\n");
-    for statement in mark_sqls(n, true, true) {
-        sql.push_str(&statement);
-        sql.push_str(";\n");
-    }
-    sql.push_str("COMMIT");
-    sql
+        for statement in mark_sqls(n, true, true) {
+            sql.push_str(&statement);
+            sql.push_str(";\n");
+        }
+        sql.push_str("COMMIT");
+        sql
+    })
 }
 
 /// Runs a string of statements from `BEGIN` to `COMMIT` ([`pending_write_sql`]) on a
@@ -304,3 +366,54 @@ VALUES (?1, ?2, ?3, ?4, ?5)
 ON CONFLICT (namespace, name) DO UPDATE SET
   position = excluded.position, value = excluded.value, updated_at = excluded.updated_at
 WHERE event_cursors.position < excluded.position";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shape's text is built once and shared, the oldest forgotten past the bound; a
+    /// shape built of others (a pending batch's whole write, of its chunks' statements)
+    /// is built, not waited for.
+    #[test]
+    fn a_statement_shape_is_built_once_and_the_oldest_goes() {
+        let shapes = Shapes::new(2);
+        let built = std::cell::Cell::new(0);
+        let get = |n: usize| {
+            shapes.get(("test", n, false, false), || {
+                built.set(built.get() + 1);
+                format!("shape {n}")
+            })
+        };
+        let one = get(1);
+        assert!(Sql::ptr_eq(&one, &get(1)));
+        assert_eq!((&*one, built.get()), ("shape 1", 1));
+        get(2);
+        get(3);
+        assert_eq!(built.get(), 3);
+        assert_eq!(&*get(1), "shape 1", "built again once pushed out");
+        assert_eq!(built.get(), 4);
+        let nested = shapes.get(("outer", 0, false, false), || {
+            format!("{} and {}", get(5), get(6))
+        });
+        assert_eq!(&*nested, "shape 5 and shape 6");
+    }
+
+    /// A whole pending write is its chunks' statements between `BEGIN` and `COMMIT`.
+    #[test]
+    fn a_pending_write_holds_each_chunk_of_its_batch() {
+        let n = EVENT_CHUNK + 7;
+        let chunks = mark_sqls(n, true, true);
+        assert_eq!(chunks.len(), 2, "a full chunk and a tail");
+        assert_eq!(&*chunks[1], events_mark_sql(7, true, true));
+        let expected = format!(
+            "BEGIN IMMEDIATE;\n{RIDERS_DELETE_SQL};\n{PENDING_INSERT_SQL};\n{};\n{};\nCOMMIT",
+            chunks[0], chunks[1]
+        );
+        assert_eq!(&*pending_write_sql(n, true), expected);
+        assert!(
+            !pending_write_sql(n, false).contains("DELETE"),
+            "without riders"
+        );
+        assert_eq!(&*read_sqls(3)[0], events_read_batch_sql(3));
+    }
+}
