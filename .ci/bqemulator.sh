@@ -15,6 +15,7 @@
 #   IDEM_BQEMU_PORT          REST port           (default: a free port)
 #   IDEM_BQEMU_STATE_DIR     pid/log/url files   (default: ${TMPDIR:-/tmp}/idem-bqemu)
 #   IDEM_BQEMU_START_TIMEOUT seconds to wait for /healthz (default: 60)
+#   IDEM_BQEMU_PARSE_CACHE   0: start without .ci/bqemu-site's sqlglot parse cache (default: 1)
 #
 # Why the pins differ from the shared requirements file: bqemulator hard-requires
 # DuckDB's `spatial` extension at boot (`INSTALL spatial; LOAD spatial`, no switch
@@ -167,6 +168,11 @@ cmd_start() {
     port_is_free "$port" || die "port $port on 127.0.0.1 is already in use (IDEM_BQEMU_PORT=${IDEM_BQEMU_PORT:-})"
     local url="http://127.0.0.1:$port"
 
+    # The parse cache (.ci/bqemu-site/sitecustomize.py, read at the interpreter's start from
+    # PYTHONPATH): the same statement text is parsed once, not at each of the emulator's
+    # passes over it (issue 36: parsing was half its CPU time).
+    local site=""
+    [[ "${IDEM_BQEMU_PARSE_CACHE:-1}" == 0 ]] || site=$SCRIPT_DIR/bqemu-site
     # Run from the state dir so a stray .bqemu.toml in the caller's cwd is not read.
     # stdin/stdout/stderr are detached so `URL=$(... start)` returns immediately.
     (
@@ -177,6 +183,7 @@ cmd_start() {
         BQEMU_LOG_FORMAT=${BQEMU_LOG_FORMAT:-json} \
         BQEMU_LOG_LEVEL=${BQEMU_LOG_LEVEL:-info} \
         BQEMU_TRACING_ENABLED=false \
+        PYTHONPATH=$site \
         exec "$VENV/bin/bqemulator" start \
             --rest-host 127.0.0.1 --rest-port "$port" \
             --grpc-host 127.0.0.1 --grpc-port 0 \
