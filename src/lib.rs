@@ -134,6 +134,7 @@ pub mod job;
 mod key;
 pub mod maintenance;
 pub mod model;
+pub mod per_process;
 mod processor;
 mod redact;
 pub mod report;

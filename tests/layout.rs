@@ -331,3 +331,86 @@ fn nothing_outside_the_backend_table_matches_url_schemes() {
         found.join("\n")
     );
 }
+
+/// No `static` of the library or the Python package is a lock a forked child could find
+/// held (a `Mutex`, `RwLock`, `OnceLock`, `LazyLock`, `Once`…, or a struct holding one): a
+/// lock another thread held at the instant of a `fork()` stays held in the child for good.
+/// The Python package's forked children hung so on the SQLite statement texts kept
+/// (`src/store/sqlite/event_sql.rs`, a struct around a `Mutex`). So every static's type is
+/// one this test knows holds no such lock: a `per_process::PerProcess` (a forked child
+/// gets its own value), an atomic, a plain value, pyo3's `GILOnceCell` (filled with the GIL
+/// held, which the forking thread holds), or a type reviewed below. Test code (after
+/// `#[cfg(test)]`) is left out.
+#[test]
+fn no_static_is_a_lock_a_forked_child_could_find_held() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    rust_files(&root.join("python/src"), &mut files);
+    let plain = [
+        "PerProcess",
+        "GILOnceCell",
+        "bool",
+        "u8",
+        "u16",
+        "u32",
+        "u64",
+        "usize",
+        "i32",
+        "i64",
+        "str",
+    ];
+    // Types that hold a lock, or look as if they might, reviewed one by one.
+    let reviewed = [
+        // Its list is published by compare-and-swap, not a `OnceLock`.
+        "Dialect",
+        // The static one (`TurnStarted::nobody`) holds no lock.
+        "TurnStarted",
+        // In `tokio::task_local!`: one run's, never the process's.
+        "StoppingList",
+    ];
+    let mut found = Vec::new();
+    for file in files {
+        if file.ends_with("src/per_process.rs") {
+            continue;
+        }
+        let text = code(&fs::read_to_string(&file).unwrap());
+        let text = text.split("#[cfg(test)]").next().unwrap_or_default();
+        for (at, _) in text.match_indices("static ") {
+            let before = text[..at].chars().last().unwrap_or(' ');
+            if before.is_ascii_alphanumeric() || before == '_' || before == '\'' {
+                continue;
+            }
+            // The declared type: from the `:` after the name to the `=` or `;`.
+            let rest = &text[at + "static ".len()..];
+            let Some(colon) = rest.find(':') else {
+                continue;
+            };
+            let end = rest[colon..]
+                .find(['=', ';'])
+                .map_or(rest.len(), |e| colon + e);
+            let ty: String = rest[colon + 1..end].split_whitespace().collect();
+            // The outer type's name: `[AtomicUsize;N]` → AtomicUsize, `crate::a::B<C>` → B.
+            let outer = ty
+                .trim_start_matches(['[', '&'])
+                .trim_start_matches("'static");
+            let outer = outer.split(['<', ';', ']']).next().unwrap_or_default();
+            let outer = outer.rsplit("::").next().unwrap_or_default();
+            if !(outer.starts_with("Atomic") || plain.contains(&outer) || reviewed.contains(&outer))
+            {
+                let line = text[..at].lines().count().max(1);
+                found.push(format!(
+                    "{}:{line}: static {}",
+                    file.display(),
+                    rest[..end].trim()
+                ));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "a static a forked child could find locked (make it a per_process::PerProcess, or \
+         review its type here):\n{}",
+        found.join("\n")
+    );
+}

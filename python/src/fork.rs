@@ -13,8 +13,7 @@
 //! never waits while holding one (no lock-order deadlock); SQLite's threads do not need
 //! the GIL to let them go.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Once;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use libsqlite3_sys as ffi;
@@ -91,12 +90,13 @@ extern "C" fn after_fork() {
     crate::log::suspend(false);
 }
 
-/// Installs the handlers, once per process.
+/// Installs the handlers, once per process (a flag, not a `Once`: no static of the
+/// package is a lock, see [`idem::per_process`]).
 pub(crate) fn install() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
+    static INSTALLED: AtomicBool = AtomicBool::new(false);
+    if !INSTALLED.swap(true, Ordering::SeqCst) {
         // SAFETY: registering plain `extern "C"` functions that touch only atomics and
         // SQLite's mutexes.
         unsafe { libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork)) };
-    });
+    }
 }

@@ -197,12 +197,16 @@ pub struct NativeJob {
     job: Job,
     version: String,
     store: Py<Store>,
-    /// The job's runner on the store's current generation (made again after a fork).
-    runner: Mutex<Option<(u64, idem::Runner, Arc<DynStore>)>>,
-    /// The output of the last earlier run a skip returned, by its run id: a finished run's
-    /// row does not change, and skips in a row mostly point at the same run.
-    remembered: Remembered,
+    /// The job's runner on the store's current generation (made again after a fork), and
+    /// the output of the last earlier run a skip returned, by its run id (a finished run's
+    /// row does not change, and skips in a row mostly point at the same run). Both made
+    /// again after a fork: the cache's lock is taken with the GIL released, so a thread of
+    /// the parent could hold it at the instant of the fork.
+    runner: Mutex<Option<RunnerSlot>>,
 }
+
+/// [`NativeJob::runner`]'s: the store's generation, the runner, the ledger, the cache.
+type RunnerSlot = (u64, idem::Runner, Arc<DynStore>, Remembered);
 
 type Remembered = Arc<Mutex<Option<(String, Option<Value>)>>>;
 
@@ -259,8 +263,7 @@ impl NativeJob {
             job,
             version,
             store,
-            runner: Mutex::new(Some((generation, runner, ledger))),
-            remembered: Remembered::default(),
+            runner: Mutex::new(Some((generation, runner, ledger, Remembered::default()))),
         })
     }
 
@@ -289,12 +292,11 @@ impl NativeJob {
         raise_on_failure: bool,
     ) -> PyResult<PyObject> {
         let request = self.request(date, scope, trigger, params, run_id)?;
-        let (runner, ledger) = self.runner(py)?;
+        let (runner, ledger, remembered) = self.runner(py)?;
         crate::log::refresh(py);
         let cancel = Cancel::new();
         let runner = runner.cancel_on(cancel.clone());
         let (processor, tx, rx) = self.processor(describe.is_some());
-        let remembered = self.remembered.clone();
         let span = tracing::info_span!(
             "run",
             job = %request.processor,
@@ -330,7 +332,7 @@ impl NativeJob {
         params: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyObject> {
         let request = self.request(date, scope, None, params, None)?;
-        let (runner, _) = self.runner(py)?;
+        let (runner, _, _) = self.runner(py)?;
         crate::log::refresh(py);
         let cancel = Cancel::new();
         let (processor, tx, rx) = self.processor(describe.is_some());
@@ -358,7 +360,7 @@ impl NativeJob {
         date: String,
         remember: bool,
     ) -> PyResult<(f64, PyObject)> {
-        let (runner, ledger) = self.runner(py)?;
+        let (runner, ledger, _) = self.runner(py)?;
         let date = idem::parse_date(&date).map_err(|e| PyValueError::new_err(e.to_string()))?;
         let noop = Noop(self.job.name.clone());
         let name = self.job.name.clone();
@@ -461,15 +463,23 @@ impl NativeJob {
     }
 
     /// The runner on the store as this process may use it (built again after a fork).
-    fn runner(&self, py: Python<'_>) -> PyResult<(idem::Runner, Arc<DynStore>)> {
+    fn runner(&self, py: Python<'_>) -> PyResult<(idem::Runner, Arc<DynStore>, Remembered)> {
         let (generation, ledger) = self.store.get().ledger(py)?;
         let mut slot = self.runner.lock().unwrap_or_else(|e| e.into_inner());
         match &*slot {
-            Some((g, runner, ledger)) if *g == generation => Ok((runner.clone(), ledger.clone())),
+            Some((g, runner, ledger, remembered)) if *g == generation => {
+                Ok((runner.clone(), ledger.clone(), remembered.clone()))
+            }
             _ => {
                 let runner = self.job.runner(ledger.clone()).map_err(to_py_err)?;
-                *slot = Some((generation, runner.clone(), ledger.clone()));
-                Ok((runner, ledger))
+                let remembered = Remembered::default();
+                *slot = Some((
+                    generation,
+                    runner.clone(),
+                    ledger.clone(),
+                    remembered.clone(),
+                ));
+                Ok((runner, ledger, remembered))
             }
         }
     }

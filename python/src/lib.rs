@@ -44,44 +44,23 @@ create_exception!(
 /// The module's Tokio runtime, made again in a forked child (a runtime does not survive
 /// `fork`; the stores opened before the fork are opened again there, see [`store`]).
 ///
-/// Lock-free: callers come here with the GIL released (inside `allow_threads`), so a
-/// lock taken here could be held by another thread at the instant the main thread forks,
-/// and stay held for good in the child, whose first call would then wait forever (a
-/// `std::sync::Mutex` here did that under load: `test_forking_while_another_thread_uses_sqlite`).
-/// The runtime of this process is published once with a compare-and-swap; a thread that
-/// built one and lost the race drops its own.
+/// Lock-free ([`PerProcess`](idem::per_process::PerProcess)): callers come here with the
+/// GIL released (inside `allow_threads`), so a lock taken here could be held by another
+/// thread at the instant the main thread forks, and stay held for good in the child, whose
+/// first call would then wait forever (a `std::sync::Mutex` here did that under load:
+/// `test_forking_while_another_thread_uses_sqlite`). The parent's runtime, copied into a
+/// child, is never dropped there.
 pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
-    use std::sync::atomic::{AtomicPtr, Ordering};
-    /// The runtime and the process it belongs to (leaked: a runtime is never dropped, and
-    /// the parent's, copied into a child, must not be).
-    static RT: AtomicPtr<(u32, tokio::runtime::Runtime)> = AtomicPtr::new(std::ptr::null_mut());
-    let pid = std::process::id();
-    loop {
-        let current = RT.load(Ordering::Acquire);
-        // SAFETY: a non-null pointer here came from `Box::into_raw` below and is never
-        // freed once published.
-        if let Some((p, rt)) = unsafe { current.as_ref() } {
-            if *p == pid {
-                return rt;
-            }
-        }
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("pyidem")
-            .enable_all()
-            .build()
-            .expect("a Tokio runtime");
-        let mine = Box::into_raw(Box::new((pid, rt)));
-        match RT.compare_exchange(current, mine, Ordering::AcqRel, Ordering::Acquire) {
-            // SAFETY: just published, never freed.
-            Ok(_) => return unsafe { &(*mine).1 },
-            Err(_) => {
-                // Another thread of this process published first: use that one.
-                // SAFETY: `mine` was never published; this thread owns it.
-                drop(unsafe { Box::from_raw(mine) });
-            }
-        }
-    }
+    static RT: idem::per_process::PerProcess<tokio::runtime::Runtime> =
+        idem::per_process::PerProcess::new(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_name("pyidem")
+                .enable_all()
+                .build()
+                .expect("a Tokio runtime")
+        });
+    RT.get()
 }
 
 pub(crate) fn to_py_err(e: idem::Error) -> PyErr {

@@ -184,8 +184,10 @@ impl Stopping {
 type StoppingList = std::sync::Arc<std::sync::Mutex<Vec<Stopping>>>;
 
 /// Every stop sent in this process, for [`cancels_sent`] outside any run (the process's
-/// last wait before it exits).
-static PENDING_CANCELS: std::sync::Mutex<Vec<Stopping>> = std::sync::Mutex::new(Vec::new());
+/// last wait before it exits). This process's own: a forked child's are its own
+/// ([`PerProcess`](crate::per_process::PerProcess)).
+static PENDING_CANCELS: crate::per_process::PerProcess<std::sync::Mutex<Vec<Stopping>>> =
+    crate::per_process::PerProcess::new(Default::default);
 
 tokio::task_local! {
     /// The stops sent on behalf of the run being driven in this task
@@ -231,7 +233,12 @@ pub(crate) fn send_stop(
         list.push(stopping.clone());
     };
     let _ = RUN_CANCELS.try_with(|run| push(&mut run.lock().unwrap_or_else(|e| e.into_inner())));
-    push(&mut PENDING_CANCELS.lock().unwrap_or_else(|e| e.into_inner()));
+    push(
+        &mut PENDING_CANCELS
+            .get()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()),
+    );
 }
 
 /// Waits, up to `timeout`, until the cancellations of the warehouse statements dropped so
@@ -250,7 +257,7 @@ pub async fn cancels_sent(timeout: std::time::Duration) {
     };
     let pending = RUN_CANCELS
         .try_with(|run| take(run))
-        .unwrap_or_else(|_| take(&PENDING_CANCELS));
+        .unwrap_or_else(|_| take(PENDING_CANCELS.get()));
     if pending.is_empty() {
         return;
     }

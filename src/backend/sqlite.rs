@@ -7,6 +7,7 @@ use std::time::Duration;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
 
 use crate::error::{Error, Result};
+use crate::per_process::PerProcess;
 
 /// How long a statement waits for another connection's write lock before failing.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -67,12 +68,12 @@ impl Drop for Closer {
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
         });
-        let mut closing = CLOSING.lock().unwrap_or_else(|e| e.into_inner());
+        let mut closing = CLOSING.get().lock().unwrap_or_else(|e| e.into_inner());
         closing.retain(|t| !t.is_finished());
         closing.push(task);
         drop(closing);
         let options = (*self.0.connect_options()).clone();
-        let mut closed = CLOSED.lock().unwrap_or_else(|e| e.into_inner());
+        let mut closed = CLOSED.get().lock().unwrap_or_else(|e| e.into_inner());
         if !closed
             .iter()
             .any(|o| o.get_filename() == options.get_filename())
@@ -82,20 +83,23 @@ impl Drop for Closer {
     }
 }
 
-/// The databases of the pools closed (their options), for [`closed`]'s last look.
-static CLOSED: std::sync::Mutex<Vec<SqliteConnectOptions>> = std::sync::Mutex::new(Vec::new());
+/// The databases of the pools closed (their options), for [`closed`]'s last look. This
+/// process's own (a forked child's are its own: [`PerProcess`]).
+static CLOSED: PerProcess<std::sync::Mutex<Vec<SqliteConnectOptions>>> =
+    PerProcess::new(Default::default);
 
 /// How long a dropped pool's close waits for connections still on their way back to it.
 const CLOSE_WAIT: Duration = Duration::from_secs(10);
 
-static CLOSING: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>> =
-    std::sync::Mutex::new(Vec::new());
+/// The closes under way ([`Closer`]), this process's own.
+static CLOSING: PerProcess<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>> =
+    PerProcess::new(Default::default);
 
 /// Waits (at most `timeout`) until every SQLite pool whose last holder was dropped has
 /// closed its connections: SQLite has checkpointed the write-ahead log into the database
 /// file and removed it. A process calls it before it exits.
 pub async fn closed(timeout: Duration) {
-    let pending = std::mem::take(&mut *CLOSING.lock().unwrap_or_else(|e| e.into_inner()));
+    let pending = std::mem::take(&mut *CLOSING.get().lock().unwrap_or_else(|e| e.into_inner()));
     let all = async {
         for task in pending {
             let _ = task.await;
@@ -103,7 +107,8 @@ pub async fn closed(timeout: Duration) {
     };
     let all = async {
         all.await;
-        let databases = std::mem::take(&mut *CLOSED.lock().unwrap_or_else(|e| e.into_inner()));
+        let databases =
+            std::mem::take(&mut *CLOSED.get().lock().unwrap_or_else(|e| e.into_inner()));
         for options in databases {
             close_alone(options).await;
         }

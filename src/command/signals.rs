@@ -1,6 +1,6 @@
 //! The signals idem passes on to the program, and their names.
 
-use std::sync::OnceLock;
+use crate::per_process::PerProcess;
 
 /// The signals that stop a run: idem forwards each to the program's process group as it
 /// came, gives the program `grace` to end, then SIGKILL, and records the run interrupted.
@@ -37,8 +37,7 @@ pub fn handled() -> Vec<libc::c_int> {
 
 /// `SIGHUP`, `SIGRTMIN+3`, …: the name of signal `sig`.
 pub fn name(sig: libc::c_int) -> &'static str {
-    static NAMES: OnceLock<Vec<&'static str>> = OnceLock::new();
-    let names = NAMES.get_or_init(|| {
+    static NAMES: PerProcess<Vec<&'static str>> = PerProcess::new(|| {
         (0..=libc::SIGRTMAX())
             .map(|n| -> &'static str {
                 match n {
@@ -82,6 +81,7 @@ pub fn name(sig: libc::c_int) -> &'static str {
             })
             .collect()
     });
+    let names = NAMES.get();
     usize::try_from(sig)
         .ok()
         .and_then(|i| names.get(i))

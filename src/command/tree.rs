@@ -15,6 +15,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+
+use crate::per_process::PerProcess;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -33,8 +35,7 @@ struct Proc {
 /// other processes to kill(2) and waitpid(2): then idem reaches the program's process
 /// group only, by its id, and reaps through waitid(2).
 fn proc_is_ours() -> bool {
-    static OURS: OnceLock<bool> = OnceLock::new();
-    *OURS.get_or_init(|| {
+    static OURS: PerProcess<bool> = PerProcess::new(|| {
         let ours = std::fs::read_link("/proc/self")
             .is_ok_and(|p| p.as_os_str() == std::process::id().to_string().as_str());
         if !ours {
@@ -43,7 +44,8 @@ fn proc_is_ours() -> bool {
             );
         }
         ours
-    })
+    });
+    *OURS.get()
 }
 
 /// Every process in `/proc`, by pid.
@@ -95,19 +97,16 @@ fn run_id_of(pid: i32) -> Option<String> {
 /// Processes runs left running on purpose (`keep_descendants`), those still running (a pid
 /// that ended is forgotten before the kernel can give it to another process).
 fn kept() -> std::sync::MutexGuard<'static, HashSet<i32>> {
-    static KEPT: OnceLock<Mutex<HashSet<i32>>> = OnceLock::new();
-    let mut kept = KEPT
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
+    static KEPT: PerProcess<Mutex<HashSet<i32>>> = PerProcess::new(Default::default);
+    let mut kept = KEPT.get().lock().unwrap_or_else(|e| e.into_inner());
     kept.retain(|pid| stat(*pid).is_some_and(|p| !p.dead));
     kept
 }
 
 /// The pids idem spawned itself and waits for: the reaper leaves them alone.
 fn own() -> &'static Mutex<HashSet<i32>> {
-    static OWN: OnceLock<Mutex<HashSet<i32>>> = OnceLock::new();
-    OWN.get_or_init(Default::default)
+    static OWN: PerProcess<Mutex<HashSet<i32>>> = PerProcess::new(Default::default);
+    OWN.get()
 }
 
 /// A running program: its process group, its run id, and the signals forwarded to it.
@@ -124,8 +123,8 @@ pub(super) struct Forwarded {
 
 /// The runs whose programs run now.
 fn active() -> &'static Mutex<Vec<Active>> {
-    static ACTIVE: OnceLock<Mutex<Vec<Active>>> = OnceLock::new();
-    ACTIVE.get_or_init(Default::default)
+    static ACTIVE: PerProcess<Mutex<Vec<Active>>> = PerProcess::new(Default::default);
+    ACTIVE.get()
 }
 
 /// Spawns with `spawn` while the reaper is held off, and registers the child's pid as
@@ -186,13 +185,15 @@ pub fn forward(signal: libc::c_int, stops: bool) -> bool {
     !active.is_empty()
 }
 
-static SUBREAPER: OnceLock<bool> = OnceLock::new();
+/// Whether this process made itself a subreaper: a forked child is none (the kernel does
+/// not pass it on) until it asks.
+static SUBREAPER: PerProcess<OnceLock<bool>> = PerProcess::new(OnceLock::new);
 
 /// Makes idem the reaper of the orphans of the programs it starts (once per process),
 /// and starts reaping them. False when the kernel refused (then what leaves the
 /// program's tree is re-parented to init and found only by its process group).
 pub(super) fn become_subreaper() -> bool {
-    let ok = *SUBREAPER.get_or_init(|| {
+    let ok = *SUBREAPER.get().get_or_init(|| {
         // SAFETY: prctl with integer arguments; no memory is passed.
         let ok = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } == 0;
         if !ok {
@@ -209,25 +210,26 @@ pub(super) fn become_subreaper() -> bool {
 
 /// Whether idem is the subreaper of its programs' trees.
 fn subreaper() -> bool {
-    SUBREAPER.get().copied().unwrap_or(false)
+    SUBREAPER.get().get().copied().unwrap_or(false)
 }
 
 /// Starts (once per runtime: the task ends with it) the task that reaps idem's children
 /// that are not its own ([`spawn_own`]) as they end: the program's orphans, and as PID 1
 /// any process of the container whose parent died.
 pub(super) fn start_reaper() {
-    static RUNNING: AtomicBool = AtomicBool::new(false);
+    /// Per process: a forked child has its own runtime, and its own reaper to start.
+    static RUNNING: PerProcess<AtomicBool> = PerProcess::new(|| AtomicBool::new(false));
     /// Clears [`RUNNING`] when the task is dropped with its runtime.
     struct Running;
     impl Drop for Running {
         fn drop(&mut self) {
-            RUNNING.store(false, Ordering::SeqCst);
+            RUNNING.get().store(false, Ordering::SeqCst);
         }
     }
     let Ok(handle) = tokio::runtime::Handle::try_current() else {
         return;
     };
-    if RUNNING.swap(true, Ordering::SeqCst) {
+    if RUNNING.get().swap(true, Ordering::SeqCst) {
         return;
     }
     handle.spawn(async {

@@ -274,18 +274,19 @@ fn check_date_range(date: NaiveDate) -> Result<()> {
 /// This machine's host name, as runs record who holds a lease (read once; `?` when it
 /// cannot be read).
 pub fn host_name() -> &'static str {
-    static HOST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    HOST.get_or_init(|| {
-        let mut buf = [0u8; 256];
-        // SAFETY: the buffer is valid for its whole length; gethostname writes at most
-        // that many bytes, NUL-terminated when it fits.
-        let done = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-        let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
-        match std::str::from_utf8(&buf[..end]) {
-            Ok(name) if done == 0 && !name.is_empty() => name.to_string(),
-            _ => "?".to_string(),
-        }
-    })
+    static HOST: crate::per_process::PerProcess<String> =
+        crate::per_process::PerProcess::new(|| {
+            let mut buf = [0u8; 256];
+            // SAFETY: the buffer is valid for its whole length; gethostname writes at most
+            // that many bytes, NUL-terminated when it fits.
+            let done = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+            let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+            match std::str::from_utf8(&buf[..end]) {
+                Ok(name) if done == 0 && !name.is_empty() => name.to_string(),
+                _ => "?".to_string(),
+            }
+        });
+    HOST.get()
 }
 
 /// A fresh random id (UUID v4), as run ids were before [`RunRequest::new`] made them

@@ -99,23 +99,27 @@ pub struct BatchTurn<'a> {
 
 /// The signal of [`BatchTurn::started`]: said once, by the first [`say`](Self::say).
 #[derive(Debug, Default)]
-pub struct TurnStarted(std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>);
+pub struct TurnStarted(Option<std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>>);
 
 impl TurnStarted {
-    /// A signal nobody waits for.
+    /// A signal nobody waits for. It holds no lock: it is one for the whole process, and a
+    /// lock held by a thread at the instant of a `fork` would stay held in the child.
     pub fn nobody() -> &'static TurnStarted {
-        static NOBODY: TurnStarted = TurnStarted(std::sync::Mutex::new(None));
+        static NOBODY: TurnStarted = TurnStarted(None);
         &NOBODY
     }
 
     /// A signal whose receiver is `to`'s.
     pub fn to(to: tokio::sync::oneshot::Sender<()>) -> Self {
-        TurnStarted(std::sync::Mutex::new(Some(to)))
+        TurnStarted(Some(std::sync::Mutex::new(Some(to))))
     }
 
     /// Says it (again: nothing).
     pub fn say(&self) {
-        let sender = match self.0.lock() {
+        let Some(sender) = &self.0 else {
+            return;
+        };
+        let sender = match sender.lock() {
             Ok(mut s) => s.take(),
             Err(poisoned) => poisoned.into_inner().take(),
         };

@@ -60,14 +60,17 @@ impl Migration {
 /// order. Dereferences to the list.
 pub struct Dialect {
     dir: include_dir::Dir<'static>,
-    list: std::sync::OnceLock<Vec<Migration>>,
+    /// The list, read at first use and kept (null before). Published with a
+    /// compare-and-swap, not a `OnceLock`: a thread reading it at the instant of a `fork`
+    /// would leave a `OnceLock` in progress for good in the child.
+    list: std::sync::atomic::AtomicPtr<Vec<Migration>>,
 }
 
 impl Dialect {
     const fn new(dir: include_dir::Dir<'static>) -> Self {
         Dialect {
             dir,
-            list: std::sync::OnceLock::new(),
+            list: std::sync::atomic::AtomicPtr::new(std::ptr::null_mut()),
         }
     }
 
@@ -101,12 +104,43 @@ impl Dialect {
     }
 }
 
+impl Drop for Dialect {
+    fn drop(&mut self) {
+        let kept = *self.list.get_mut();
+        if !kept.is_null() {
+            // SAFETY: from `Box::into_raw` in `deref`; nothing borrows it past `self`.
+            drop(unsafe { Box::from_raw(kept) });
+        }
+    }
+}
+
 impl std::ops::Deref for Dialect {
     type Target = [Migration];
 
     fn deref(&self) -> &[Migration] {
+        use std::sync::atomic::Ordering;
+        let kept = self.list.load(Ordering::Acquire);
+        // SAFETY: a non-null pointer came from `Box::into_raw` below and, once published,
+        // is never freed (the dialects are statics).
+        if let Some(list) = unsafe { kept.as_ref() } {
+            return list;
+        }
         // A folder `read` refuses is caught by this module's tests, before any release.
-        self.list.get_or_init(|| self.read().unwrap_or_default())
+        let mine = Box::into_raw(Box::new(self.read().unwrap_or_default()));
+        match self.list.compare_exchange(
+            std::ptr::null_mut(),
+            mine,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            // SAFETY: just published, never freed.
+            Ok(_) => unsafe { &*mine },
+            Err(theirs) => {
+                // SAFETY: `mine` was never published; `theirs` was, and is never freed.
+                drop(unsafe { Box::from_raw(mine) });
+                unsafe { &*theirs }
+            }
+        }
     }
 }
 

@@ -117,10 +117,13 @@ impl Shapes {
     }
 }
 
-/// The process's statement texts ([`Shapes`]).
+/// The process's statement texts ([`Shapes`]); a forked child keeps its own
+/// ([`PerProcess`](crate::per_process::PerProcess): a thread of the parent could hold the
+/// lock at the instant of the fork).
 fn cached(shape: Shape, build: impl FnOnce() -> String) -> Sql {
-    static SHAPES: Shapes = Shapes::new(32);
-    SHAPES.get(shape, build)
+    static SHAPES: crate::per_process::PerProcess<Shapes> =
+        crate::per_process::PerProcess::new(|| Shapes::new(32));
+    SHAPES.get().get(shape, build)
 }
 
 /// The statements marking `n` keys, one per chunk of [`EVENT_CHUNK`] (`pending`: for a
