@@ -167,9 +167,12 @@ def test_a_closed_store_says_so_in_the_child_too(sqlite_url):
 
 
 def test_forking_while_another_thread_uses_sqlite(tmp_path):
-    """A thread busy with SQLite while the main thread forks, again and again: each child
-    opens its store and answers (a SQLite lock held by the busy thread at the instant of
-    a fork would be held forever in that child)."""
+    """Threads busy with SQLite while the main thread forks, again and again: each child
+    opens its store and answers. A lock held by a busy thread at the instant of a fork
+    would be held forever in that child: SQLite's own (taken around the fork), and the
+    library's process-wide ones (none is a plain static: `idem::per_process`). A child
+    hung so on the library's SQLite statement texts, a `static Mutex` then (2026-11-28,
+    once in 431 forks with the CPU busy)."""
     store = pyidem.open_store(f"sqlite://{tmp_path}/busy.db")
     busy = pyidem.Gate(store, "busy", "id")
     stop = threading.Event()
@@ -183,11 +186,11 @@ def test_forking_while_another_thread_uses_sqlite(tmp_path):
             pyidem.Gate(pyidem.open_store(f"sqlite://{tmp_path}/t{threading.get_ident()}-{n % 4}.db"), "b", "id")
             n += 1
 
-    workers = [threading.Thread(target=churn) for _ in range(3)]
+    workers = [threading.Thread(target=churn) for _ in range(4)]
     for w in workers:
         w.start()
     try:
-        for i in range(40):
+        for i in range(150):
             url = f"sqlite://{tmp_path}/child-{i}.db"
             verdicts = _fork(lambda: [v.verdict for v in pyidem.Gate(pyidem.open_store(url), "c", "id").check_and_mark([{"id": 1}])])
             assert verdicts == ["new"]
