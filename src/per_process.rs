@@ -47,27 +47,34 @@ impl<T: 'static> PerProcess<T> {
     /// at once each call `make`; one value is kept and the other dropped.
     pub fn get(&'static self) -> &'static T {
         let pid = std::process::id();
-        loop {
-            let current = self.current.load(Ordering::Acquire);
-            // SAFETY: a non-null pointer here came from `Box::into_raw` below and, once
-            // published, is never freed.
-            if let Some((made_in, value)) = unsafe { current.as_ref() } {
-                if *made_in == pid {
-                    return value;
-                }
+        let current = self.current.load(Ordering::Acquire);
+        // SAFETY: a non-null pointer here was published by `publish` and is never freed.
+        if let Some((made_in, value)) = unsafe { current.as_ref() } {
+            if *made_in == pid {
+                return value;
             }
-            let mine = Box::into_raw(Box::new((pid, (self.make)())));
-            match self
-                .current
-                .compare_exchange(current, mine, Ordering::AcqRel, Ordering::Acquire)
-            {
-                // SAFETY: just published, never freed. The value it replaced (the parent's,
-                // in a forked child) is left as it is: it is the parent's.
-                Ok(_) => return unsafe { &(*mine).1 },
-                // Another thread of this process published first: that one is used.
-                // SAFETY: `mine` was never published; this thread owns it.
-                Err(_) => drop(unsafe { Box::from_raw(mine) }),
-            }
+        }
+        // The value this replaces (the parent's, in a forked child) is left as it is: it
+        // is the parent's. What `publish` hands back is this process's: only its threads
+        // write its memory.
+        let now = publish(&self.current, current, (pid, (self.make)()));
+        // SAFETY: published, never freed.
+        unsafe { &(*now).1 }
+    }
+}
+
+/// Publishes `value` in `slot` if `slot` still holds `expected`, lock-free (a thread doing
+/// it at the instant of a `fork` leaves nothing held in the child): the pointer `slot` holds
+/// then, to `value` or, when another thread published first, to that thread's (and `value`
+/// is dropped). What is published is never freed here: its owner frees it, if ever.
+pub(crate) fn publish<T>(slot: &AtomicPtr<T>, expected: *mut T, value: T) -> *mut T {
+    let mine = Box::into_raw(Box::new(value));
+    match slot.compare_exchange(expected, mine, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => mine,
+        Err(theirs) => {
+            // SAFETY: `mine` was never published; this thread owns it.
+            drop(unsafe { Box::from_raw(mine) });
+            theirs
         }
     }
 }

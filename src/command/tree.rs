@@ -15,11 +15,11 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-
-use crate::per_process::PerProcess;
 use std::time::Duration;
 
 use tokio::time::Instant;
+
+use crate::per_process::PerProcess;
 
 /// A process as `/proc/PID/stat` shows it.
 #[derive(Debug, Clone, Copy)]

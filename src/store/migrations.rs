@@ -108,7 +108,7 @@ impl Drop for Dialect {
     fn drop(&mut self) {
         let kept = *self.list.get_mut();
         if !kept.is_null() {
-            // SAFETY: from `Box::into_raw` in `deref`; nothing borrows it past `self`.
+            // SAFETY: published by `deref` (a `Box`); nothing borrows it past `self`.
             drop(unsafe { Box::from_raw(kept) });
         }
     }
@@ -118,29 +118,16 @@ impl std::ops::Deref for Dialect {
     type Target = [Migration];
 
     fn deref(&self) -> &[Migration] {
-        use std::sync::atomic::Ordering;
-        let kept = self.list.load(Ordering::Acquire);
-        // SAFETY: a non-null pointer came from `Box::into_raw` below and, once published,
-        // is never freed (the dialects are statics).
-        if let Some(list) = unsafe { kept.as_ref() } {
-            return list;
+        let kept = self.list.load(std::sync::atomic::Ordering::Acquire);
+        if kept.is_null() {
+            // A folder `read` refuses is caught by this module's tests, before any release.
+            let list = self.read().unwrap_or_default();
+            let now = crate::per_process::publish(&self.list, kept, list);
+            // SAFETY: published, freed only when `self` is dropped.
+            return unsafe { &*now };
         }
-        // A folder `read` refuses is caught by this module's tests, before any release.
-        let mine = Box::into_raw(Box::new(self.read().unwrap_or_default()));
-        match self.list.compare_exchange(
-            std::ptr::null_mut(),
-            mine,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        ) {
-            // SAFETY: just published, never freed.
-            Ok(_) => unsafe { &*mine },
-            Err(theirs) => {
-                // SAFETY: `mine` was never published; `theirs` was, and is never freed.
-                drop(unsafe { Box::from_raw(mine) });
-                unsafe { &*theirs }
-            }
-        }
+        // SAFETY: as above.
+        unsafe { &*kept }
     }
 }
 
