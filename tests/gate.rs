@@ -556,7 +556,8 @@ fn sigint_stops_after_the_lines_read_and_marks_nothing_unreported() {
 #[test]
 fn strategies_under_an_unreachable_store() {
     let sb = Sandbox::new("gate-down");
-    let dead = "postgres://127.0.0.1:1/x";
+    // A refused port, retried for 1 s (`connect_timeout`), not the default 5 s.
+    let dead = "postgres://127.0.0.1:1/x?connect_timeout=1";
     let strict = gate(&sb, dead, &peer_data(), &["--key", "id"]);
     assert_eq!(strict.code, 3, "{}", strict.stderr);
     assert!(

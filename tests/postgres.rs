@@ -1004,7 +1004,10 @@ fn migrate_check_says_whether_the_schema_is_current() {
         (json!(true), json!(latest))
     );
 
-    let down = Sandbox::with_store("idem-pg", "postgres://postgres@127.0.0.1:1/idem");
+    let down = Sandbox::with_store(
+        "idem-pg",
+        "postgres://postgres@127.0.0.1:1/idem?connect_timeout=1",
+    );
     let (code, doc, _) =
         common::parse(down.json_command(&["migrate", "--check"]).output().unwrap());
     assert_eq!(

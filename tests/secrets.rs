@@ -57,12 +57,13 @@ fn idem(store: &str, args: &[&str], stdin: &str) -> Output {
     child.wait_with_output().expect("wait for idem")
 }
 
+/// (`connect_timeout=1`: a refused port is retried for that long, not the default 5 s.)
 #[test]
 fn an_unreachable_store_is_named_without_its_password() {
     for store in [
-        format!("postgres://idem@127.0.0.1:1/idem?password={SECRET}"),
-        format!("postgres://idem@127.0.0.1:1/idem?sslmode=disable&sslpassword={SECRET}"),
-        format!("postgres://idem:{SECRET}@127.0.0.1:1/idem"),
+        format!("postgres://idem@127.0.0.1:1/idem?connect_timeout=1&password={SECRET}"),
+        format!("postgres://idem@127.0.0.1:1/idem?sslmode=disable&sslpassword={SECRET}&connect_timeout=1"),
+        format!("postgres://idem:{SECRET}@127.0.0.1:1/idem?connect_timeout=1"),
     ] {
         let out = idem(&store, &["runs"], "");
         assert_eq!(out.status.code(), Some(3), "{}", text(&out));
@@ -73,7 +74,7 @@ fn an_unreachable_store_is_named_without_its_password() {
         );
         assert_no_secret("runs on an unreachable store", &text(&out));
     }
-    let store = format!("postgres://idem@127.0.0.1:1/idem?password={SECRET}");
+    let store = format!("postgres://idem@127.0.0.1:1/idem?password={SECRET}&connect_timeout=1");
     let gate = idem(&store, &["gate", "--key", "id"], "{\"id\":1}\n");
     assert_eq!(gate.status.code(), Some(3), "{}", text(&gate));
     assert_no_secret("gate on an unreachable store", &text(&gate));

@@ -126,15 +126,20 @@ pub const MAX_CONNECTIONS_PARAM: &str = "max_connections";
 /// `url` without its `max_connections` query parameter (which idem reads and the drivers
 /// do not know), and that parameter's value. Other parameters are kept byte for byte.
 pub fn take_max_connections(url: &str) -> Result<(String, Option<u32>), String> {
-    let (url, value) = take_param(url, MAX_CONNECTIONS_PARAM);
+    take_count(url, MAX_CONNECTIONS_PARAM, "connections")
+}
+
+/// `url` without the query parameter `name`, and its value: a whole number of `what`, at
+/// least 1, or an error that says so.
+pub fn take_count(url: &str, name: &str, what: &str) -> Result<(String, Option<u32>), String> {
+    let (url, value) = take_param(url, name);
     let Some(raw) = value else {
         return Ok((url, None));
     };
-    let n: u32 = raw.trim().parse().ok().filter(|n| *n >= 1).ok_or_else(|| {
-        format!(
-            "{MAX_CONNECTIONS_PARAM}={raw:?}: expected a whole number of connections, at least 1"
-        )
-    })?;
+    let n: u32 =
+        raw.trim().parse().ok().filter(|n| *n >= 1).ok_or_else(|| {
+            format!("{name}={raw:?}: expected a whole number of {what}, at least 1")
+        })?;
     Ok((url, Some(n)))
 }
 

@@ -9,12 +9,31 @@ use sqlx::postgres::PgConnectOptions;
 use crate::error::{Error, Result};
 
 /// How long a caller waits for a pooled connection (including connecting) before the
-/// database counts as unavailable.
+/// database counts as unavailable, unless the URL's `connect_timeout` says otherwise.
 pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The URL parameter for how long to wait for a connection: libpq's, in whole seconds.
+const CONNECT_TIMEOUT_PARAM: &str = "connect_timeout";
+
 /// sqlx options for `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE`, named `idem` on the
-/// server.
-pub fn connect_options(url: &str) -> Result<PgConnectOptions> {
+/// server, and how long a caller waits for a connection: the URL's `connect_timeout`
+/// (whole seconds, as libpq reads it; sqlx does not), else [`ACQUIRE_TIMEOUT`].
+pub fn connect_options(url: &str) -> Result<(PgConnectOptions, Duration)> {
+    let (url, timeout) = take_connect_timeout(url).map_err(Error::config)?;
+    Ok((options(&url)?, timeout))
+}
+
+/// `url` without `connect_timeout`, and its value (else [`ACQUIRE_TIMEOUT`]). libpq reads
+/// 0 as "wait forever": refused here, since a store that never answers would hold its
+/// caller for good.
+fn take_connect_timeout(url: &str) -> std::result::Result<(String, Duration), String> {
+    let (url, secs) = super::take_count(url, CONNECT_TIMEOUT_PARAM, "seconds")
+        .map_err(|e| format!("postgres url parameter {e}"))?;
+    let timeout = secs.map_or(ACQUIRE_TIMEOUT, |s| Duration::from_secs(s.into()));
+    Ok((url, timeout))
+}
+
+fn options(url: &str) -> Result<PgConnectOptions> {
     // A secret parameter sqlx does not read (`sslpassword`…) would be logged by it with its
     // value: it is dropped here, and named without it.
     let mut url = url.to_string();
@@ -62,13 +81,45 @@ pub fn connect_options(url: &str) -> Result<PgConnectOptions> {
     Ok(options.application_name("idem").extra_float_digits(None))
 }
 
-/// A sqlx error as a sentence; a pool timeout says what it usually means.
-pub fn sqlx_message(e: &sqlx::Error) -> String {
+/// A sqlx error as a sentence; a pool timeout (after `timeout`, the pool's) says what it
+/// usually means.
+pub fn sqlx_message(e: &sqlx::Error, timeout: Duration) -> String {
     match e {
         sqlx::Error::PoolTimedOut => format!(
             "no connection within {} s (server down or unreachable, or its connection limit reached)",
-            ACQUIRE_TIMEOUT.as_secs()
+            timeout.as_secs()
         ),
         other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connect_timeout_is_read_in_whole_seconds_and_kept_from_sqlx() {
+        let (_, timeout) = connect_options("postgres://u@h/db").unwrap();
+        assert_eq!(timeout, ACQUIRE_TIMEOUT);
+        let (url, timeout) =
+            take_connect_timeout("postgres://u@h/db?sslmode=disable&connect_timeout=2").unwrap();
+        assert_eq!(timeout, Duration::from_secs(2));
+        assert_eq!(
+            url, "postgres://u@h/db?sslmode=disable",
+            "sqlx would warn of it"
+        );
+        let (_, timeout) = connect_options("postgres://u@h/db?connect_timeout=%2030").unwrap();
+        assert_eq!(timeout, Duration::from_secs(30));
+        for bad in ["0", "-1", "1.5", "2s", "", "99999999999"] {
+            let e = connect_options(&format!("postgres://u:pw@h/db?connect_timeout={bad}"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(&format!("connect_timeout={bad:?}"))
+                    && e.contains("whole number of seconds"),
+                "{bad}: {e}"
+            );
+            assert!(!e.contains("pw"), "{e}");
+        }
     }
 }

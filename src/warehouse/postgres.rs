@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{NaiveDate, NaiveDateTime, NaiveTime, SecondsFormat};
@@ -25,7 +26,7 @@ use super::{
     bind_values, in_statement, Cell, Dialect, Params, Rows, Statement, Warehouse, WarehouseError,
     WarehouseResult,
 };
-use crate::backend::postgres::{connect_options, sqlx_message, ACQUIRE_TIMEOUT};
+use crate::backend::postgres::{connect_options, sqlx_message};
 use crate::error::Result;
 
 /// Type OIDs whose binary wire format is the UTF-8 text itself.
@@ -60,6 +61,8 @@ const JSONB: u32 = 3802;
 pub struct PostgresWarehouse {
     pool: PgPool,
     options: PgConnectOptions,
+    /// How long to wait for a connection (the URL's `connect_timeout`).
+    connect_timeout: Duration,
     url: crate::backend::RedactedUrl,
     type_names: Arc<Mutex<HashMap<u32, String>>>,
 }
@@ -85,6 +88,8 @@ impl std::fmt::Debug for PostgresWarehouse {
 struct CancelOnDrop {
     pid: i32,
     options: Option<PgConnectOptions>,
+    /// How long the cancellation may take, connecting included.
+    timeout: Duration,
 }
 
 impl CancelOnDrop {
@@ -98,7 +103,7 @@ impl Drop for CancelOnDrop {
         let Some(options) = self.options.take() else {
             return;
         };
-        let pid = self.pid;
+        let (pid, timeout) = (self.pid, self.timeout);
         crate::backend::send_cancel(async move {
             let send = async {
                 let mut conn = options.connect().await?;
@@ -109,17 +114,17 @@ impl Drop for CancelOnDrop {
                 let _ = sqlx::Connection::close(conn).await;
                 Ok::<_, sqlx::Error>(cancelled)
             };
-            match tokio::time::timeout(ACQUIRE_TIMEOUT, send).await {
+            match tokio::time::timeout(timeout, send).await {
                 Ok(Ok(true)) => tracing::info!(
                     "cancelled the interrupted statement on the warehouse (backend {pid})"
                 ),
                 Ok(Ok(false)) => tracing::debug!("backend {pid} had nothing left to cancel"),
                 Ok(Err(e)) => tracing::warn!(
                     "could not cancel the interrupted statement on the warehouse (backend {pid}): {}",
-                    sqlx_message(&e)
+                    sqlx_message(&e, timeout)
                 ),
                 Err(_) => tracing::warn!(
-                    "could not cancel the interrupted statement on the warehouse (backend {pid}): no answer within {ACQUIRE_TIMEOUT:?}"
+                    "could not cancel the interrupted statement on the warehouse (backend {pid}): no answer within {timeout:?}"
                 ),
             }
         });
@@ -162,15 +167,17 @@ impl PostgresWarehouse {
     /// unreachable server fails the statement that needs it).
     pub async fn connect(url: &str) -> Result<Self> {
         // Job SQL may run for long: no per-statement logs, no slow-statement warnings.
-        let options = connect_options(url)?.disable_statement_logging();
+        let (options, connect_timeout) = connect_options(url)?;
+        let options = options.disable_statement_logging();
         let pool = PgPoolOptions::new()
             .max_connections(2)
             .min_connections(0)
-            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .acquire_timeout(connect_timeout)
             .connect_lazy_with(options.clone());
         Ok(PostgresWarehouse {
             pool,
             options,
+            connect_timeout,
             url: crate::backend::RedactedUrl::new(url),
             type_names: Arc::new(Mutex::new(HashMap::new())),
         })
@@ -185,6 +192,7 @@ impl PostgresWarehouse {
         Ok(CancelOnDrop {
             pid,
             options: Some(self.options.clone()),
+            timeout: self.connect_timeout,
         })
     }
 
@@ -515,7 +523,7 @@ impl Warehouse for PostgresWarehouse {
             .pool
             .begin()
             .await
-            .map_err(|e| WarehouseError::driver(sqlx_message(&e), e))?;
+            .map_err(|e| WarehouseError::driver(sqlx_message(&e, self.connect_timeout), e))?;
         let mut cancel = self.cancel_on_drop(&mut tx).await?;
         let result = async {
             let mut affected = 0;
@@ -544,7 +552,7 @@ impl Warehouse for PostgresWarehouse {
             .pool
             .acquire()
             .await
-            .map_err(|e| WarehouseError::driver(sqlx_message(&e), e))?;
+            .map_err(|e| WarehouseError::driver(sqlx_message(&e, self.connect_timeout), e))?;
         let mut cancel = self.cancel_on_drop(&mut conn).await?;
         let result = async {
             let args = self.arguments(&mut conn, statement, params).await?;

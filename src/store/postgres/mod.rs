@@ -47,7 +47,7 @@ use super::{
     CleanupReport, EventKeyStore, EventMark, EventVerdict, Finish, KeyLookup, Lease, LeaseHolder,
     LeaseStore, LedgerStore, MaintenanceStore, OpenLease, PendingBatch, RunFilter, StoreBase,
 };
-use crate::backend::postgres::{connect_options, sqlx_message, ACQUIRE_TIMEOUT};
+use crate::backend::postgres::{connect_options, sqlx_message};
 use crate::error::{Error, Result};
 use crate::model::{micros, KeyRecord, RunRecord, RunStatus};
 
@@ -94,6 +94,8 @@ pub struct PostgresStore {
     /// The pool's size: how many event batches go side by side.
     connections: usize,
     options: PgConnectOptions,
+    /// How long a statement waits for a connection (the URL's `connect_timeout`).
+    connect_timeout: Duration,
     /// The URL without its password.
     url: crate::backend::RedactedUrl,
     /// What the last batch of event keys found ([`BatchShape`]): which statement the next
@@ -168,7 +170,7 @@ impl PostgresStore {
         let connections = size.unwrap_or(connections).max(1);
         let (driver_url, pooler) = Pooler::take(&driver_url)
             .map_err(|e| Error::config(format!("{}: {e}", redact_url(url))))?;
-        let mut options = connect_options(&driver_url)?;
+        let (mut options, connect_timeout) = connect_options(&driver_url)?;
         if pooler == Pooler::Transaction {
             // No statement cache: a cached statement would be looked for on whichever
             // server connection the pooler hands out next.
@@ -177,7 +179,7 @@ impl PostgresStore {
         let pool = PgPoolOptions::new()
             .max_connections(connections)
             .min_connections(0)
-            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .acquire_timeout(connect_timeout)
             .idle_timeout(Duration::from_secs(120))
             // A connection used within the last second is live: no ping, so a busy caller
             // (batches of event keys) pays one round trip per call. One idle for longer
@@ -199,6 +201,7 @@ impl PostgresStore {
             pooler,
             connections: connections as usize,
             options,
+            connect_timeout,
             url: crate::backend::RedactedUrl::new(url),
             last_batch: Arc::new(AtomicU8::new(BatchShape::Fresh as u8)),
         })
@@ -241,7 +244,7 @@ impl PostgresStore {
     /// server: its connection limit reached (`53300`), or starting up (`57P03`).
     async fn server_is_full(&self) -> bool {
         let attempt = tokio::time::timeout(
-            Duration::from_secs(2),
+            self.connect_timeout.min(Duration::from_secs(2)),
             PgConnection::connect_with(&self.options),
         )
         .await;
@@ -267,7 +270,7 @@ impl PostgresStore {
     }
 
     fn err(&self, e: sqlx::Error) -> Error {
-        let message = sqlx_message(&e);
+        let message = sqlx_message(&e, self.connect_timeout);
         Error::from_sqlx(&self.url, "a statement", e, message)
     }
 
@@ -278,7 +281,7 @@ impl PostgresStore {
             return self.err(e);
         }
         let attempt = tokio::time::timeout(
-            Duration::from_secs(2),
+            self.connect_timeout.min(Duration::from_secs(2)),
             PgConnection::connect_with(&self.options),
         )
         .await;
@@ -294,7 +297,7 @@ impl PostgresStore {
                 &self.url,
                 format!(
                     "cannot connect within {} s: the server does not answer",
-                    ACQUIRE_TIMEOUT.as_secs()
+                    self.connect_timeout.as_secs()
                 ),
             ),
         }
@@ -573,7 +576,10 @@ impl Schema for PostgresStore {
             let _ = tx.rollback().await;
             return Err(Error::store(
                 &self.url,
-                format!("migration failed: {}", sqlx_message(&e)),
+                format!(
+                    "migration failed: {}",
+                    sqlx_message(&e, self.connect_timeout)
+                ),
             ));
         }
         tx.commit().await.map_err(|e| self.err(e))
@@ -610,6 +616,37 @@ impl StoreBase for PostgresStore {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    /// A server that takes the connection and never answers (a port whose connections
+    /// wait in the listen backlog) is given up on after the URL's `connect_timeout`, not
+    /// the default 5 s, and the error says so. On tokio's paused clock: it moves on only
+    /// when nothing else can, so the wait measured is the store's own.
+    #[tokio::test(start_paused = true)]
+    async fn a_server_that_does_not_answer_is_given_up_on_after_connect_timeout() {
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = silent.local_addr().unwrap().port();
+        let url = format!("postgres://idem@127.0.0.1:{port}/idem?connect_timeout=1");
+        let store = super::PostgresStore::connect_lazy(&url).unwrap();
+        let started = tokio::time::Instant::now();
+        let Err(e) = store.conn().await else {
+            panic!("a connection from a server that never answers");
+        };
+        let waited = started.elapsed();
+        let e = e.to_string();
+        assert!(
+            e.contains("cannot connect within 1 s: the server does not answer"),
+            "{e}"
+        );
+        // The pool's wait, then two direct attempts of at most as long each (whether the
+        // server is only full, then why it failed): 5 + 2 + 2 s without the parameter.
+        assert!(
+            waited >= Duration::from_secs(1) && waited <= Duration::from_secs(3),
+            "{waited:?}: {e}"
+        );
+        drop(silent);
+    }
+
     /// The pool and the connect options hold the password; `{:?}` of the store or of the
     /// warehouse never shows it (nothing is connected: the server is not needed).
     #[tokio::test]
