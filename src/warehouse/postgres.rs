@@ -569,6 +569,36 @@ impl Warehouse for PostgresWarehouse {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use crate::warehouse::{prepare, Dialect, Params, Warehouse};
+
+    /// A warehouse whose server takes connections and never answers gives up on a
+    /// statement after the URL's `connect_timeout`, not the default 5 s, and says so (as
+    /// the store does: `store::postgres`'s test). On tokio's paused clock.
+    #[tokio::test(start_paused = true)]
+    async fn a_warehouse_that_does_not_answer_is_given_up_on_after_connect_timeout() {
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = silent.local_addr().unwrap().port();
+        let url = format!("postgres://idem@127.0.0.1:{port}/idem?connect_timeout=1");
+        let warehouse = super::PostgresWarehouse::connect(&url).await.unwrap();
+        let statements = prepare("SELECT 1", Dialect::Postgres).unwrap();
+        let started = tokio::time::Instant::now();
+        let e = warehouse
+            .execute(&statements, &Params::new())
+            .await
+            .unwrap_err()
+            .to_string();
+        let waited = started.elapsed();
+        assert!(e.contains("no connection within 1 s"), "{e}");
+        // tokio's timers round up to the millisecond.
+        assert!(
+            waited >= Duration::from_secs(1) && waited < Duration::from_secs(2),
+            "{waited:?}: {e}"
+        );
+        drop(silent);
+    }
+
     #[tokio::test]
     async fn debug_never_shows_the_password() {
         for url in [
