@@ -591,11 +591,10 @@ mod tests {
             .to_string();
         let waited = started.elapsed();
         assert!(e.contains("no connection within 1 s"), "{e}");
-        // tokio's timers round up to the millisecond.
-        assert!(
-            waited >= Duration::from_secs(1) && waited < Duration::from_secs(2),
-            "{waited:?}: {e}"
-        );
+        // At most the timeout (and tokio's rounding up to the millisecond), not 5 s. No
+        // lower bound: sqlx counts its deadline on the wall clock, which moves on while
+        // tokio's is paused, so on a busy machine its wait is a little under 1 s here.
+        assert!(waited < Duration::from_secs(2), "{waited:?}: {e}");
         drop(silent);
     }
 

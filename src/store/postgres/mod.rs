@@ -639,9 +639,12 @@ mod tests {
             "{e}"
         );
         // The pool's wait, then two direct attempts of at most as long each (whether the
-        // server is only full, then why it failed): 5 + 2 + 2 s without the parameter.
+        // server is only full, then why it failed): 3 s and tokio's rounding up to the
+        // millisecond, where it was 5 + 2 + 2 s without the parameter. (sqlx counts the
+        // pool's deadline on the wall clock, which moves on while tokio's is paused: its
+        // part is a little under 1 s on a busy machine.)
         assert!(
-            waited >= Duration::from_secs(1) && waited <= Duration::from_secs(3),
+            waited >= Duration::from_secs(2) && waited < Duration::from_secs(4),
             "{waited:?}: {e}"
         );
         drop(silent);
