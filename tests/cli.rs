@@ -62,7 +62,7 @@ fn status(v: &Value) -> &str {
 #[test]
 fn concurrent_processes_one_completes_the_others_are_in_progress() {
     let s = Sandbox::new("idem-cli");
-    // A process block that takes a while (a recursive count, ~1 s) so every run starts
+    // A process block that takes a while (a recursive count, ~1 s) so most runs start
     // while the winner works.
     let slow = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 4000000) SELECT count(*) FROM c";
     s.write_job(
@@ -100,13 +100,16 @@ fn concurrent_processes_one_completes_the_others_are_in_progress() {
         }
         let completed = statuses.iter().filter(|s| s.0 == "completed").count();
         assert_eq!(completed, 1, "round {round}: {statuses:?}");
-        let in_progress = statuses
+        // Skipped while the winner works (`in_progress`), or, for a process that starts
+        // late on a busy machine and reaches the scope after the winner finished, by the
+        // time window: never run twice.
+        let skipped = statuses
             .iter()
-            .filter(|s| s.0 == "skipped" && s.1 == "in_progress")
+            .filter(|s| s.0 == "skipped" && (s.1 == "in_progress" || s.1 == "time_window"))
             .count();
         assert_eq!(
-            in_progress, 7,
-            "round {round}: the other 7 skip with in_progress: {statuses:?}"
+            skipped, 7,
+            "round {round}: the other 7 skip with in_progress (or time_window, late): {statuses:?}"
         );
     }
 }
