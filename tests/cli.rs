@@ -96,10 +96,23 @@ fn concurrent_processes_one_completes_the_others_are_in_progress() {
             statuses.push((
                 v["status"].as_str().unwrap().to_string(),
                 v["skip_reason"].clone(),
+                v["run_id"].clone(),
+                v["previous_run"]["run_id"].clone(),
             ));
         }
-        let completed = statuses.iter().filter(|s| s.0 == "completed").count();
-        assert_eq!(completed, 1, "round {round}: {statuses:?}");
+        let winners: Vec<&Value> = statuses
+            .iter()
+            .filter(|s| s.0 == "completed")
+            .map(|s| &s.2)
+            .collect();
+        assert_eq!(winners.len(), 1, "round {round}: {statuses:?}");
+        assert!(
+            statuses
+                .iter()
+                .filter(|s| s.1 == "time_window")
+                .all(|s| &s.3 == winners[0]),
+            "round {round}: a late skip names another run than the one that completed: {statuses:?}"
+        );
         // Skipped while the winner works (`in_progress`), or, for a process that starts
         // late on a busy machine and reaches the scope after the winner finished, by the
         // time window: never run twice.
