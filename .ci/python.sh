@@ -12,12 +12,14 @@
 # stream and tests it after both streams.)
 #
 # The wheel is built with the dev profile (IDEM_PY_PROFILE, default `dev`) and, with it,
-# the package's `share-test-build` feature (python/Cargo.toml: the dependencies' features
-# the tests' build has, no code of its own): it reuses the dependencies `cargo test`
-# compiled in the same target dir, where a release wheel would compile all of them again
+# the package's `share-test-build` feature (python/Cargo.toml: the library's and the
+# dependencies' features the tests' build has, no code of its own): it reuses the library
+# and the dependencies `cargo test` compiled in the same target dir, compiling only PyO3
+# and the package itself, where a release wheel would compile all of them again
 # (minutes on the 2-core CI machine). The packaging under test (abi3 tag, manylinux
 # audit, what the wheel holds, an install without Rust) is the same for both profiles;
-# only optimisation differs, and tokio's pausable clock, which nothing pauses. Published
+# only optimisation differs, tokio's pausable clock, which nothing pauses, and the
+# library's CLI module, compiled in and never called. Published
 # wheels are built with `maturin build --release` (docs/python.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
