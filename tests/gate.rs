@@ -412,13 +412,7 @@ fn gate_mid_stream(
     stdin.flush().unwrap();
     while !std::fs::metadata(out).is_ok_and(|m| m.len() > 0) {
         if let Some(status) = child.try_wait().unwrap() {
-            let mut stderr = String::new();
-            child
-                .stderr
-                .take()
-                .unwrap()
-                .read_to_string(&mut stderr)
-                .unwrap();
+            let stderr = std::io::read_to_string(child.stderr.take().unwrap()).unwrap();
             panic!("{store}: the gate ended ({status}) with its input still open: {stderr}");
         }
         std::thread::sleep(std::time::Duration::from_millis(2));

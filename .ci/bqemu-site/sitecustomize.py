@@ -23,6 +23,13 @@ from collections import OrderedDict
 _LIMIT = 4096
 
 
+def _keep(table, key, value):
+    """Keeps `value` under `key` in an LRU `table` of at most `_LIMIT` entries."""
+    table[key] = value
+    if len(table) > _LIMIT:
+        table.popitem(last=False)
+
+
 def _install():
     try:
         from sqlglot.dialects.dialect import Dialect
@@ -32,11 +39,6 @@ def _install():
     trees = OrderedDict()  # key -> the trees of a text met at least twice
     met = OrderedDict()  # key -> None: texts met once
     lock = threading.Lock()
-
-    def keep(table, key, value):
-        table[key] = value
-        if len(table) > _LIMIT:
-            table.popitem(last=False)
 
     def cached_parse(self, sql, **opts):
         try:
@@ -58,9 +60,9 @@ def _install():
             parsed = parse(self, sql, **opts)
             with lock:
                 if not again:
-                    keep(met, key, None)
+                    _keep(met, key, None)
                     return parsed
-                keep(trees, key, parsed)
+                _keep(trees, key, parsed)
         return [None if tree is None else tree.copy() for tree in parsed]
 
     Dialect.parse = cached_parse
@@ -103,9 +105,7 @@ def _memo_translate(module):
         result = translate(self, bq_sql, schema=schema, caller=caller)
         if isinstance(result, ok) and isinstance(result.value, str):
             with lock:
-                kept[key] = result.value
-                if len(kept) > _LIMIT:
-                    kept.popitem(last=False)
+                _keep(kept, key, result.value)
         return result
 
     translator.translate = memo
