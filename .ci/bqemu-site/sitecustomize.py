@@ -10,9 +10,11 @@ tree in place never changes the kept one (a copy costs about a fifth of a parse)
 for the first time is parsed and its tree handed out as it is, with no copy made, nor kept.
 What a statement does is unchanged: the same text parsed with the same dialect and options
 gives the same tree, and a text that fails to parse is never kept (it fails again, with the
-same error, every time).
+same error, every time). Passes that only read their tree get the kept one itself
+(`_read_only`), and the translator's answers are kept (`_memo_translate`).
 """
 
+import contextvars
 import importlib.abc
 import importlib.util
 import json
@@ -21,6 +23,11 @@ import threading
 from collections import OrderedDict
 
 _LIMIT = 4096
+
+# Set while a pass that only reads its statement's tree runs (`_read_only`): the parse
+# cache then hands it the kept trees themselves, not copies. A context variable, so each
+# request (each asyncio task, each thread) has its own.
+_READING = contextvars.ContextVar("idem_bqemu_reading", default=False)
 
 
 def _keep(table, key, value):
@@ -63,6 +70,8 @@ def _install():
                     _keep(met, key, None)
                     return parsed
                 _keep(trees, key, parsed)
+        if _READING.get():
+            return list(parsed)
         return [None if tree is None else tree.copy() for tree in parsed]
 
     Dialect.parse = cached_parse
@@ -111,16 +120,106 @@ def _memo_translate(module):
     translator.translate = memo
 
 
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Patches the emulator's translator module once it is imported (importing it here,
-    at the interpreter's start, would run the emulator's imports in another order)."""
+def _holds_a_tree(value):
+    """Whether `value` is or holds (in a tuple or list) an sqlglot tree."""
+    from sqlglot.expressions import Expression
 
-    name = "bqemulator.sql.translator"
+    if isinstance(value, Expression):
+        return True
+    if isinstance(value, (tuple, list)):
+        return any(_holds_a_tree(v) for v in value)
+    return False
+
+
+def _read_only(fn):
+    """`fn` (a synchronous pass that parses its statement to look at it) run on the kept
+    trees, without copies. After the translation memo, copies of kept trees were the
+    largest part of the emulator's CPU time (18%, py-spy of tests/bigquery.rs, issue 36),
+    and most were made for passes like these, which read a statement's kind and names and
+    answer None, a string or strings. Each pass wrapped here was read to check that it
+    never changes its tree (isinstance checks, `args.get`, names). One that answers with
+    a part of its tree (a DDL statement's target, say), which its caller may change, is
+    run again the usual way, on copies, and that answer is returned."""
+
+    def wrapper(*args, **kwargs):
+        token = _READING.set(True)
+        try:
+            answer = fn(*args, **kwargs)
+        finally:
+            _READING.reset(token)
+        if _holds_a_tree(answer):
+            return fn(*args, **kwargs)
+        return answer
+
+    wrapper.__wrapped__ = fn
+    return wrapper
+
+
+def _memo_table_refs(module):
+    """Keep what `rewrite_table_refs` made of a DuckDB text for a project: a function of
+    those two strings alone (it reads no catalog; it parses the text, qualifies its table
+    names in place and prints it again), 6% of the emulator's CPU time with the parse
+    cache. Only answers are kept: an error (an invalid dataset name) is raised again."""
+    rewrite = module.rewrite_table_refs
+    kept = OrderedDict()
+    lock = threading.Lock()
+
+    def memo(duckdb_sql, project_id):
+        key = (duckdb_sql, project_id)
+        with lock:
+            text = kept.get(key)
+            if text is not None:
+                kept.move_to_end(key)
+                return text
+        text = rewrite(duckdb_sql, project_id)
+        if isinstance(text, str):
+            with lock:
+                _keep(kept, key, text)
+        return text
+
+    module.rewrite_table_refs = memo
+
+
+def _read_only_passes(*names):
+    """A patch that wraps the module functions `names` with `_read_only`."""
+
+    def patch(module):
+        for name in names:
+            setattr(module, name, _read_only(getattr(module, name)))
+
+    return patch
+
+
+# What to patch in which of the emulator's modules, once it is imported (importing them
+# here, at the interpreter's start, would run the emulator's imports in another order).
+# The passes are patched in the module that calls them by name: the executor imported
+# `detect_drop_routine` into its own namespace, and the routes import the executor's
+# `classify_statement_type`, which is patched before they do.
+_PATCHES = {
+    "bqemulator.sql.translator": _memo_translate,
+    "bqemulator.sql.table_rewriter": _memo_table_refs,
+    "bqemulator.jobs.executor": _read_only_passes(
+        "classify_statement_type", "detect_drop_routine", "_reject_dml_on_immutable"
+    ),
+    "bqemulator.catalog.ddl_sync": _read_only_passes(
+        "_detect_catalog_drop",
+        "_detect_plain_create_table",
+        "_detect_create_schema",
+        "_detect_plain_create_view",
+    ),
+}
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Patches each module of `_PATCHES` once it is imported."""
 
     def find_spec(self, name, path, target=None):
-        if name != self.name:
+        patch = _PATCHES.pop(name, None)
+        if patch is None:
             return None
-        sys.meta_path.remove(self)
+        if not _PATCHES:
+            sys.meta_path.remove(self)
+        # Found the usual way (this finder answers nothing for a module it has patched).
         spec = importlib.util.find_spec(name)
         if spec is None or spec.loader is None:
             return spec
@@ -128,7 +227,7 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
 
         def exec_and_patch(module):
             exec_module(module)
-            _memo_translate(module)
+            patch(module)
 
         spec.loader.exec_module = exec_and_patch
         return spec
