@@ -37,6 +37,26 @@ def _keep(table, key, value):
         table.popitem(last=False)
 
 
+class _Kept:
+    """Answers kept by key, at most `_LIMIT` of them (the least recently used go), for
+    the memos below; shared by the emulator's threads."""
+
+    def __init__(self):
+        self._table = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        with self._lock:
+            value = self._table.get(key)
+            if value is not None:
+                self._table.move_to_end(key)
+            return value
+
+    def put(self, key, value):
+        with self._lock:
+            _keep(self._table, key, value)
+
+
 def _install():
     try:
         from sqlglot.dialects.dialect import Dialect
@@ -90,8 +110,7 @@ def _memo_translate(module):
     translator = module.SQLTranslator
     translate = translator.translate
     ok = module.Ok
-    kept = OrderedDict()
-    lock = threading.Lock()
+    kept = _Kept()
 
     def memo(self, bq_sql, *, schema=None, caller=None, **kwargs):
         try:
@@ -106,15 +125,12 @@ def _memo_translate(module):
             hash(key)
         except (TypeError, ValueError, AttributeError):
             return translate(self, bq_sql, schema=schema, caller=caller, **kwargs)
-        with lock:
-            text = kept.get(key)
-            if text is not None:
-                kept.move_to_end(key)
-                return ok(text)
+        text = kept.get(key)
+        if text is not None:
+            return ok(text)
         result = translate(self, bq_sql, schema=schema, caller=caller)
         if isinstance(result, ok) and isinstance(result.value, str):
-            with lock:
-                _keep(kept, key, result.value)
+            kept.put(key, result.value)
         return result
 
     translator.translate = memo
@@ -161,20 +177,15 @@ def _memo_table_refs(module):
     names in place and prints it again), 6% of the emulator's CPU time with the parse
     cache. Only answers are kept: an error (an invalid dataset name) is raised again."""
     rewrite = module.rewrite_table_refs
-    kept = OrderedDict()
-    lock = threading.Lock()
+    kept = _Kept()
 
     def memo(duckdb_sql, project_id):
         key = (duckdb_sql, project_id)
-        with lock:
-            text = kept.get(key)
-            if text is not None:
-                kept.move_to_end(key)
-                return text
-        text = rewrite(duckdb_sql, project_id)
-        if isinstance(text, str):
-            with lock:
-                _keep(kept, key, text)
+        text = kept.get(key)
+        if text is None:
+            text = rewrite(duckdb_sql, project_id)
+            if isinstance(text, str):
+                kept.put(key, text)
         return text
 
     module.rewrite_table_refs = memo
