@@ -204,6 +204,57 @@ pub async fn event_pending_batches(store: &dyn EventKeyStore) {
         .await
         .unwrap();
     assert_eq!(v, [EventVerdict::New, EventVerdict::New]);
+    // Batches whose keys share their expiry (one hour; none) but not their values
+    // (fingerprints): each key keeps its own (Redis's script gets a shared expiry once,
+    // each key's value apart).
+    for (c, ttl) in [
+        (r#"{"idem_pending":"gate-c/0"}"#, Some(hour)),
+        (r#"{"idem_pending":"gate-d/0"}"#, None),
+    ] {
+        let names = ["p", "q", "p"];
+        let keys = names.map(|_| unique("g"));
+        let marks: Vec<EventMark> = keys
+            .iter()
+            .map(EventMark::key)
+            .zip(names)
+            .map(|(m, f)| match ttl {
+                Some(ttl) => m.fingerprint(f).ttl(ttl),
+                None => m.fingerprint(f),
+            })
+            .collect();
+        let v = store
+            .check_and_mark_pending(&ns, &marks, t, batch(c), None)
+            .await
+            .unwrap();
+        assert_eq!(v, [EventVerdict::New, EventVerdict::New, EventVerdict::New]);
+        let expiry =
+            ttl.map(|ttl| crate::model::micros(t + chrono::Duration::from_std(ttl).unwrap()));
+        let confirmed: Vec<(String, Option<chrono::DateTime<chrono::Utc>>)> =
+            keys.iter().map(|k| (k.clone(), expiry)).collect();
+        store
+            .confirm_pending_batch(&ns, c, &confirmed, true)
+            .await
+            .unwrap();
+        let v = store
+            .check_and_mark(
+                &ns,
+                &keys.clone().map(|k| EventMark::key(k).fingerprint("q")),
+                at(1),
+            )
+            .await
+            .unwrap();
+        let stored: Vec<Option<&str>> = v
+            .iter()
+            .map(|v| match v {
+                EventVerdict::Conflict {
+                    stored_fingerprint, ..
+                } => Some(stored_fingerprint.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(stored, [Some("p"), None, Some("p")], "ttl {ttl:?}: {v:?}");
+        assert!(matches!(v[1], EventVerdict::Replay { .. }), "{v:?}");
+    }
     store
         .check_and_mark(&ns, &[EventMark::key("old").fingerprint("x")], t)
         .await
