@@ -496,6 +496,87 @@ mod redis {
         );
     }
 
+    /// A pending batch refused (asked ahead of its turn) deletes the keys its transaction
+    /// set. A key naming it all the same (the undoing lost with its connection) is dead to
+    /// any other batch (the batch's own key was never set: new there), and the batch's own
+    /// when it asks again in its turn: new, not a replay of itself.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn keys_a_refused_batch_left_are_dead_to_others_and_its_own() {
+        use idem::store::redis::redis_key;
+        use idem::store::{BatchTurn, EventMark, EventVerdict, PendingBatch, TurnStarted};
+        use std::time::Duration;
+        let Some((s, cleanup)) = event_store().await else {
+            return;
+        };
+        let mut raw = ::redis::Client::open(cleanup.url.as_str())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let t = chrono::Utc::now();
+        let key = |k: &str| redis_key(&cleanup.prefix, "left", k);
+        let marks = |keys: &[&str]| -> Vec<EventMark> {
+            keys.iter()
+                .map(|k| EventMark::key(*k).ttl(Duration::from_secs(3600)))
+                .collect()
+        };
+        let batch = |marker, place| PendingBatch {
+            marker,
+            timeout: Duration::from_secs(60),
+            turn: Some(BatchTurn {
+                row: "row",
+                place,
+                started: TurnStarted::nobody(),
+            }),
+        };
+        let ours = r#"{"idem_pending":"left/1"}"#;
+        let (a, b) = (marks(&["a", "b"]), marks(&["b"]));
+        assert_eq!(
+            s.check_and_mark_pending_ahead("left", &a, t, batch(ours, 1))
+                .await
+                .unwrap(),
+            None
+        );
+        let exists: usize = ::redis::cmd("EXISTS")
+            .arg(key("a"))
+            .arg(key("b"))
+            .query(&mut raw)
+            .unwrap();
+        assert_eq!(exists, 0, "a refused batch's keys stay in Redis");
+        // What an undoing lost would leave: both keys naming our batch.
+        let left = format!("{}:3600000000:\n@{ours}", t.timestamp_micros());
+        for k in ["a", "b"] {
+            let _: () = ::redis::cmd("SET")
+                .arg(key(k))
+                .arg(&left)
+                .arg("PX")
+                .arg(3_600_000)
+                .query(&mut raw)
+                .unwrap();
+        }
+        let theirs = r#"{"idem_pending":"other/0"}"#;
+        let other = PendingBatch {
+            marker: theirs,
+            timeout: Duration::from_secs(60),
+            turn: None,
+        };
+        assert_eq!(
+            s.check_and_mark_pending("left", &b, t, other, None)
+                .await
+                .unwrap(),
+            [EventVerdict::New],
+            "a key naming a batch never set is dead"
+        );
+        let v = s
+            .check_and_mark_pending("left", &a, t, batch(ours, 0), None)
+            .await
+            .unwrap();
+        assert_eq!(v[0], EventVerdict::New, "the batch's own key: {v:?}");
+        assert!(
+            matches!(&v[1], EventVerdict::Replay { decision: Some(d), .. } if *d == serde_json::from_str::<serde_json::Value>(theirs).unwrap()),
+            "the key the other batch took: {v:?}"
+        );
+    }
+
     /// A run's store cannot be Redis: `open` says it holds event keys only.
     #[tokio::test]
     async fn open_refuses_redis_as_a_run_store() {

@@ -713,7 +713,8 @@ pub trait EventKeyStore: StoreBase {
     /// still be marking: marks it, as `check_and_mark_pending` would, only when the batch
     /// just before it in its row is the last the store saw marked (so every batch before
     /// it has marked or never will, and the row's marks stay in input order), in the same
-    /// atomic write that records its place; otherwise writes nothing and answers `None`
+    /// atomic write that records its place; otherwise marks nothing (Redis: what it set
+    /// named a batch never set, dead to every reader, and is deleted) and answers `None`
     /// (and then the gate waits for its turn). A store may say `None` whenever it cannot
     /// tell in one write: [`fallback::never_ahead`] always does
     /// ([`Capabilities::marks_ahead`] false). `None` too for a batch outside a row.

@@ -21,9 +21,10 @@
 //! Redis (≥ 7.0) sets the key when absent and answers nil, or sets nothing and answers the
 //! stored value, atomically per key, so two processes marking the same key concurrently get
 //! exactly one nil. The stored values decide replay vs conflict, as on the SQL stores.
-//! A batch marked *pending* (`check_and_mark_pending`) is one Lua script instead, the same
-//! `SET … NX GET` per key: a pipeline is atomic per command only, and two gates' batches
-//! of the same keys, interleaved, would each hold some keys and wait for the other's.
+//! A batch marked *pending* (`check_and_mark_pending`) is one transaction instead
+//! (`MULTI`, the same `SET … NX GET` per key, `EXEC`; see `batch`): a pipeline is atomic
+//! per command only, and two gates' batches of the same keys, interleaved, would each hold
+//! some keys and wait for the other's.
 //! [`record_decision`](EventKeyStore::record_decision) is a short Lua script that swaps
 //! the decision part of the value and keeps the key's remaining TTL.
 //!
@@ -53,11 +54,12 @@ use crate::backend::redis::{connect, error, parse_url};
 use crate::error::{Error, Result};
 use crate::model::micros;
 
+mod batch;
 mod scripts;
 mod value;
 
 use scripts::*;
-use value::{batch_key, px, turn_key, Encoder, Header, Stored, MAX_PX_MS};
+use value::{batch_key, px, Encoder, Header, Stored};
 pub use value::{cursor_key, redis_key};
 
 /// The Redis event-key store.
@@ -188,28 +190,6 @@ impl RedisStore {
             .map_err(|e| self.err(operation, e))
     }
 
-    /// `MARK_BATCH`'s answer (the keys found stored: each one's position, 1-based, then
-    /// its value) as one answer per key of `count`, `None` where the call set the key.
-    fn spread(&self, found: Vec<redis::Value>, count: usize) -> Result<Vec<Option<Vec<u8>>>> {
-        let mut answers = vec![None; count];
-        let mut found = found.into_iter();
-        while let Some(position) = found.next() {
-            let (redis::Value::Int(at), Some(redis::Value::BulkString(value))) =
-                (position, found.next())
-            else {
-                return Err(self.bad_answer("check_and_mark", "not (position, value) pairs"));
-            };
-            match usize::try_from(at)
-                .ok()
-                .and_then(|at| answers.get_mut(at.checked_sub(1)?))
-            {
-                Some(answer) => *answer = Some(value),
-                None => return Err(self.bad_answer("check_and_mark", "a position out of range")),
-            }
-        }
-        Ok(answers)
-    }
-
     /// Reads, in one `MGET`, the states of the pending batches that `stored` values name
     /// and `states` does not know yet.
     async fn learn<'a>(
@@ -279,80 +259,28 @@ impl RedisStore {
         let values: Vec<Vec<u8>> = firsts.iter().map(|m| encoder.encode(m)).collect();
         let mut conn = self.conn.clone();
         let answers: Option<Vec<Option<Vec<u8>>>> = match pending {
-            // A pending batch is marked by one script, whole: two gates' batches of the
-            // same keys never split them (each would wait for the other to confirm).
+            // A pending batch is marked whole, in one transaction (see `batch`).
             Some(batch) => {
-                // The batch's key before its keys: a key never names a batch not yet
-                // stored. Set once, by the batch's first call: asked again (waiting on
-                // another gate), it keeps its deadline, so a batch never outlives it.
-                let longest = match firsts.iter().map(|m| px(m)).collect::<Option<Vec<_>>>() {
-                    Some(all) => all.into_iter().max().unwrap_or(1).to_string(),
-                    None => String::new(),
+                let keys = batch::Keys {
+                    firsts: &firsts,
+                    keys: &keys,
+                    values: &values,
                 };
-                let deadline = batch.deadline(now).timestamp_micros();
-                let timeout = batch.timeout.as_millis().clamp(1, MAX_PX_MS) as u64;
-                let own = batch_key(&self.prefix, namespace, batch.marker);
-                let (turn, place) = match batch.turn {
-                    Some(t) => {
-                        // One script checks the row's order: the batch after this one may
-                        // ask ahead at once.
-                        t.started.say();
-                        (
-                            turn_key(&self.prefix, namespace, t.row),
-                            t.place.to_string(),
-                        )
-                    }
-                    None => (own.clone(), String::new()),
-                };
-                let mut cmd = redis::cmd("EVAL");
-                cmd.arg(MARK_BATCH)
-                    .arg(keys.len() + 2)
-                    .arg(own)
-                    .arg(turn)
-                    .arg(&keys)
-                    .arg(format!("P{deadline}:{longest}"))
-                    .arg(timeout)
-                    .arg(place)
-                    .arg(if ahead { "1" } else { "" });
-                // One expiry for every key (a gate's keys share theirs), else one each.
-                let first = px(firsts[0]);
-                if firsts.iter().all(|m| px(m) == first) {
-                    cmd.arg(first.map(|ms| ms.to_string()).unwrap_or_default());
-                    cmd.arg(&values);
-                } else {
-                    cmd.arg("*");
-                    for (m, value) in firsts.iter().zip(&values) {
-                        cmd.arg(value)
-                            .arg(px(m).map(|ms| ms.to_string()).unwrap_or_default());
-                    }
-                }
-                let found: Option<Vec<redis::Value>> = cmd
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(|e| self.err("check_and_mark", e))?;
-                found
-                    .map(|found| self.spread(found, keys.len()))
-                    .transpose()
+                self.mark_pending(namespace, keys, batch, now, ahead)
+                    .await?
             }
             None => {
                 let mut pipe = redis::Pipeline::with_capacity(firsts.len());
                 for ((m, key), value) in firsts.iter().zip(&keys).zip(&values) {
-                    // SET key value NX [PX ms] GET, sized up front (no regrowth per argument).
-                    let mut cmd = redis::Cmd::with_capacity(7, key.len() + value.len() + 32);
-                    cmd.arg("SET").arg(key).arg(value).arg("NX");
-                    if let Some(ms) = px(m) {
-                        cmd.arg("PX").arg(ms);
-                    }
-                    cmd.arg("GET");
-                    pipe.add_command(cmd);
+                    pipe.add_command(batch::set_nx_get(key, value, px(m)));
                 }
                 pipe.query_async(&mut conn)
                     .await
                     .map(Some)
-                    .map_err(|e| self.err("check_and_mark", e))
+                    .map_err(|e| self.err("check_and_mark", e))?
             }
-        }?;
-        // Asked ahead of its turn, which has not come: nothing written.
+        };
+        // Refused, asked ahead of its turn: nothing of it stands.
         let Some(answers) = answers else {
             return Ok(None);
         };
@@ -381,12 +309,19 @@ impl RedisStore {
             // yet by Redis's, or pending for a batch that died) is re-marked unless someone
             // else re-marked it meanwhile; after the last round the value read stands as
             // stored.
-            let mut retry: Vec<(usize, Vec<u8>)> = Vec::new();
+            // Each with the batch its value names when that batch is why it is dead.
+            let mut retry: Vec<(usize, Vec<u8>, Option<String>)> = Vec::new();
             for (i, answer) in waiting {
                 match answer {
                     None => found.marked(firsts[i].key.clone()),
                     Some((value, stored)) => match live(&stored, &states, now) {
-                        None if round < REMARK_ROUNDS => retry.push((i, value)),
+                        None if round < REMARK_ROUNDS => {
+                            let batch = (!stored.expired(now))
+                                .then(|| stored.batch())
+                                .flatten()
+                                .map(str::to_string);
+                            retry.push((i, value, batch));
+                        }
                         decision => {
                             let first_seen =
                                 DateTime::from_timestamp_micros(stored.header.first_seen)
@@ -414,25 +349,36 @@ impl RedisStore {
                 break;
             }
             let mut cmd = redis::cmd("EVAL");
-            cmd.arg(REMARK_EXPIRED).arg(retry.len());
-            for (i, _) in &retry {
+            cmd.arg(REMARK_EXPIRED).arg(retry.len() * 2);
+            for (i, _, batch) in &retry {
                 cmd.arg(&keys[*i]);
+                match batch {
+                    Some(marker) => cmd.arg(batch_key(&self.prefix, namespace, marker)),
+                    None => cmd.arg(&keys[*i]),
+                };
             }
-            for (i, value) in &retry {
+            for (i, value, _) in &retry {
                 let ms = px(firsts[*i]).map(|ms| ms.to_string()).unwrap_or_default();
                 cmd.arg(value).arg(&values[*i]).arg(ms);
             }
+            cmd.arg(now.timestamp_micros());
             let answers: Vec<Option<Vec<u8>>> = cmd
                 .query_async(&mut conn)
                 .await
                 .map_err(|e| self.err("check_and_mark", e))?;
             waiting = Vec::with_capacity(retry.len());
-            for ((i, _), answer) in retry.iter().zip(answers) {
+            for ((i, was, batch), answer) in retry.into_iter().zip(answers) {
+                // The same value, found alive: its batch is read again.
+                if let (Some(marker), Some(v)) = (&batch, &answer) {
+                    if *v == was {
+                        states.remove(marker);
+                    }
+                }
                 let stored = match answer {
-                    Some(v) => Some((self.decode(&keys[*i], &v)?, v)),
+                    Some(v) => Some((self.decode(&keys[i], &v)?, v)),
                     None => None,
                 };
-                waiting.push((*i, stored.map(|(s, v)| (v, s))));
+                waiting.push((i, stored.map(|(s, v)| (v, s))));
             }
             let fresh = waiting
                 .iter()

@@ -10,91 +10,125 @@ redis.call('SET', KEYS[1], string.sub(v, 1, i) .. ARGV[1], 'KEEPTTL')
 return 1
 ";
 
-/// Marks a pending batch, whole (one script: no other call runs in between).
+/// Begins a pending batch's transaction (`MULTI`, this script, one native
+/// `SET key value NX [PX ms] GET` per key, then [`BATCH_END`] when the batch has a place in
+/// its gate's row, `EXEC`: no other client's command runs in between, so two gates'
+/// batches of the same keys never split them).
 ///
-/// With a place in its gate's row (ARGV[3], empty: none), the row's last place marked is
-/// KEYS[2], and the batch's place becomes it when this call set every one of its keys (a
-/// key found stored may be dead, and re-marked by the caller after the script: the batch
-/// after it then waits for its turn instead of marking before those keys). Asked ahead of
-/// its turn (ARGV[4] `1`), the batch is marked only when the row's last place is the one
-/// just before its own and none of its keys is stored; otherwise the script leaves
-/// everything as it found it and answers nil.
+/// With a place (ARGV[3], empty: none), the row's last place marked is KEYS[2], and this
+/// keeps in it the number of keys in the database and that last place (`~SIZE:LAST`) for
+/// `BATCH_END`. Asked ahead of its turn (ARGV[4] `1`), the batch goes on only when the
+/// row's last place is the one just before its own; otherwise this answers 0 and sets
+/// nothing. Going on ahead, it answers 3 and leaves the batch's key to `BATCH_END`, which
+/// sets it only when every key was new: until then, and for good when refused, the keys
+/// the transaction sets name a batch that does not exist, dead to every reader (the
+/// caller deletes them, `UNMARK_EXACT`, before it asks again in its turn).
 ///
-/// It sets the batch's key KEYS[1] to ARGV[1] (`P<deadline>:<longest px>`, living PX
-/// ARGV[2]) unless it is set already (the batch asked again), first (a script that fails
-/// midway leaves no key naming a batch not stored), then each key KEYS[i] (i ≥ 3), when
-/// absent, to its value with its expiry. ARGV[5] says how those are laid out: the `PX` of
-/// every key (a number; empty: none), each key's value ARGV[i + 3]; or `*`, each key's
-/// value ARGV[2i] followed by its own `PX` ARGV[2i + 1] (empty: none). A gate's keys share
-/// one expiry, so a batch sends it once (a fifth less of Redis's time in the script than a
-/// `PX` per key, with the short answer below: issue 36 item 8).
-///
-/// Answers the keys found stored only, as a flat array of their positions (1-based, in
-/// KEYS[3..]) each followed by the value stored: empty when this call set every key.
-pub(super) const MARK_BATCH: &str = r"
-local ahead = ARGV[4] == '1'
-local place, last = tonumber(ARGV[3]), -1
+/// In its turn, it sets the batch's key KEYS[1] to ARGV[1] (`P<deadline>:<longest px>`,
+/// living PX ARGV[2]) unless it is set already (the batch asked again) before any of its
+/// keys (a key never names a batch not stored), and answers 2 when it set it, 1 when not.
+pub(super) const BATCH_BEGIN: &str = r"
 local call = redis.call
+local place = tonumber(ARGV[3])
+local ahead = ARGV[4] == '1'
+local last = -1
 if place then
-  last = tonumber(call('GET', KEYS[2]) or '-1')
+  last = tonumber(call('GET', KEYS[2]) or '-1') or -1
   if ahead and last ~= place - 1 then
-    return false
+    return 0
   end
 end
-local own = call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2], 'NX')
-local mode = ARGV[5]
-local out, n = {}, 0
-for i = 3, #KEYS do
-  local got
-  if mode == '*' then
-    local px = ARGV[2 * i + 1]
-    if px == '' then
-      got = call('SET', KEYS[i], ARGV[2 * i], 'NX', 'GET')
-    else
-      got = call('SET', KEYS[i], ARGV[2 * i], 'NX', 'PX', px, 'GET')
-    end
-  elseif mode == '' then
-    got = call('SET', KEYS[i], ARGV[i + 3], 'NX', 'GET')
-  else
-    got = call('SET', KEYS[i], ARGV[i + 3], 'NX', 'PX', mode, 'GET')
-  end
-  if got then
-    if ahead then
-      for j = 3, i - 1 do
-        call('DEL', KEYS[j])
-      end
-      if own then
-        call('DEL', KEYS[1])
-      end
-      return false
-    end
-    out[n + 1] = i - 2
-    out[n + 2] = got
-    n = n + 2
-  end
+local own = 3
+if not ahead then
+  own = call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2], 'NX') and 2 or 1
 end
-if place and n == 0 and place > last then
-  call('SET', KEYS[2], ARGV[3], 'PX', ARGV[2])
+if place then
+  call('SET', KEYS[2], '~', 'PX', ARGV[2])
+  call('SET', KEYS[2], '~' .. call('DBSIZE') .. ':' .. last, 'PX', ARGV[2])
 end
-return out
+return own
 ";
 
-/// Re-marks keys whose stored values expired by the caller's clock, all in one script
-/// (two gates taking over the same dead keys never split them): for each KEYS[i], sets
-/// ARGV[3i-1] (with PX ARGV[3i] unless empty) when the key is gone or still holds
-/// ARGV[3i-2], answering nil; otherwise answers the value someone else stored meanwhile.
-pub(super) const REMARK_EXPIRED: &str = r"
-local out = {}
+/// Ends a pending batch's transaction begun by [`BATCH_BEGIN`] with a place (KEYS[1], the
+/// row's last place, holds `~SIZE:LAST`): when the database holds exactly ARGV[1] keys
+/// more than it did then (each of the batch's distinct keys was absent and set by it),
+/// the row's last place becomes ARGV[2] (when after the last one), and a batch asked ahead
+/// gets its key KEYS[2] (ARGV[4], PX ARGV[3]; empty: the batch's key was set by
+/// `BATCH_BEGIN`); otherwise the row's last place goes back to what it was. Answers 1
+/// when every key was new, else 0 (also when `BATCH_BEGIN` refused the batch). A key found
+/// expired but not yet removed by Redis counts as not new (its `SET` removes one key and
+/// adds one): that batch is then refused ahead, or the next one waits for its turn; never
+/// the other way.
+pub(super) const BATCH_END: &str = r"
+local call = redis.call
+local size, last = string.match(call('GET', KEYS[1]) or '', '^~(%d+):(%-?%d+)$')
+if not size then
+  return 0
+end
+local place = tonumber(ARGV[2])
+last = tonumber(last)
+if call('DBSIZE') == tonumber(size) + tonumber(ARGV[1]) then
+  call('SET', KEYS[1], tostring(math.max(place, last)), 'PX', ARGV[3])
+  if ARGV[4] ~= '' then
+    call('SET', KEYS[2], ARGV[4], 'PX', ARGV[3], 'NX')
+  end
+  return 1
+end
+if last >= 0 then
+  call('SET', KEYS[1], tostring(last), 'PX', ARGV[3])
+else
+  call('DEL', KEYS[1])
+end
+return 0
+";
+
+/// Undoes a pending batch's marking that was refused (asked ahead of its turn, which had
+/// not come, or finding a key stored): deletes each KEYS[i] that still holds ARGV[i]
+/// exactly (an empty ARGV[i]: leave KEYS[i] as it is). Answers how many it deleted.
+pub(super) const UNMARK_EXACT: &str = r"
+local n = 0
 for i = 1, #KEYS do
-  local v = redis.call('GET', KEYS[i])
-  if v and v ~= ARGV[3 * i - 2] then
+  if ARGV[i] ~= '' and redis.call('GET', KEYS[i]) == ARGV[i] then
+    n = n + redis.call('DEL', KEYS[i])
+  end
+end
+return n
+";
+
+/// Re-marks keys whose stored values are dead by the caller's clock, all in one script
+/// (two gates taking over the same dead keys never split them): for each KEYS[2i-1], sets
+/// ARGV[3i-1] (with PX ARGV[3i] unless empty) when the key is gone or still holds
+/// ARGV[3i-2] and that value is still dead, answering nil; otherwise answers the value
+/// stored. A value dead for the batch it names (not for its own expiry) has that batch's
+/// key as KEYS[2i] (else KEYS[2i] is KEYS[2i-1]), read again here: confirmed (`C`), or
+/// pending with a deadline after the caller's `now` (ARGV[#ARGV], microseconds), the batch
+/// is alive after all (a batch's key is set after its keys when it is marked ahead of its
+/// turn) and the value is answered, not replaced.
+pub(super) const REMARK_EXPIRED: &str = r"
+local call = redis.call
+local now = tonumber(ARGV[#ARGV])
+local out = {}
+for i = 1, #KEYS / 2 do
+  local key, batch, was = KEYS[2 * i - 1], KEYS[2 * i], ARGV[3 * i - 2]
+  local v = call('GET', key)
+  local alive = false
+  if v and v == was and batch ~= key then
+    local b = call('GET', batch)
+    if b == 'C' then
+      alive = true
+    elseif b then
+      local deadline = tonumber(string.match(b, '^P(%-?%d+):'))
+      alive = deadline ~= nil and deadline > now
+    end
+  end
+  if (v and v ~= was) or alive then
     out[i] = v
   else
     local px = ARGV[3 * i]
     if px == '' then
-      redis.call('SET', KEYS[i], ARGV[3 * i - 1])
+      call('SET', key, ARGV[3 * i - 1])
     else
-      redis.call('SET', KEYS[i], ARGV[3 * i - 1], 'PX', px)
+      call('SET', key, ARGV[3 * i - 1], 'PX', px)
     end
     out[i] = false
   end
