@@ -577,6 +577,68 @@ mod redis {
         );
     }
 
+    /// Keys expired by Redis's clock but not yet removed (Redis removes them when next
+    /// touched, or by sampling) are new to a pending batch, which so marks every key new
+    /// and moves its row on: the next batch is marked ahead of its turn, not refused.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn keys_expired_not_yet_removed_are_new_and_move_the_row() {
+        use idem::store::{BatchTurn, EventMark, EventVerdict, PendingBatch, TurnStarted};
+        use std::time::Duration;
+        let Some((s, _cleanup)) = event_store().await else {
+            return;
+        };
+        let keys = |from: usize, ttl: Duration| -> Vec<EventMark> {
+            (from..from + 200)
+                .map(|i| EventMark::key(format!("k{i}")).ttl(ttl))
+                .collect()
+        };
+        let batch = |marker, place| PendingBatch {
+            marker,
+            timeout: Duration::from_secs(60),
+            turn: Some(BatchTurn {
+                row: "row",
+                place,
+                started: TurnStarted::nobody(),
+            }),
+        };
+        let short = keys(0, Duration::from_millis(1));
+        let marked = s
+            .check_and_mark("lazy", &short, chrono::Utc::now())
+            .await
+            .unwrap();
+        assert!(marked.iter().all(|v| *v == EventVerdict::New));
+        // Past their 1 ms by Redis's clock: most are still in its table.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let t = chrono::Utc::now();
+        let long = Duration::from_secs(3600);
+        let v = s
+            .check_and_mark_pending(
+                "lazy",
+                &keys(0, long),
+                t,
+                batch(r#"{"idem_pending":"lazy/0"}"#, 0),
+                None,
+            )
+            .await
+            .unwrap();
+        assert!(v.iter().all(|v| *v == EventVerdict::New), "{v:?}");
+        let ahead = s
+            .check_and_mark_pending_ahead(
+                "lazy",
+                &keys(1000, long),
+                t,
+                batch(r#"{"idem_pending":"lazy/1"}"#, 1),
+            )
+            .await
+            .unwrap();
+        assert!(
+            ahead
+                .as_ref()
+                .is_some_and(|v| v.iter().all(|v| *v == EventVerdict::New)),
+            "place 1 right after place 0, which marked every key new: {ahead:?}"
+        );
+    }
+
     /// A run's store cannot be Redis: `open` says it holds event keys only.
     #[tokio::test]
     async fn open_refuses_redis_as_a_run_store() {

@@ -16,8 +16,8 @@ return 1
 /// batches of the same keys never split them).
 ///
 /// With a place (ARGV[3], empty: none), the row's last place marked is KEYS[2], and this
-/// keeps in it the number of keys in the database and that last place (`~SIZE:LAST`) for
-/// `BATCH_END`. Asked ahead of its turn (ARGV[4] `1`), the batch goes on only when the
+/// keeps in it the number of keys in the database, the number of keys Redis has expired
+/// so far (`INFO stats`) and that last place (`~SIZE:EXPIRED:LAST`) for `BATCH_END`. Asked ahead of its turn (ARGV[4] `1`), the batch goes on only when the
 /// row's last place is the one just before its own; otherwise this answers 0 and sets
 /// nothing. Going on ahead, it answers 3 and leaves the batch's key to `BATCH_END`, which
 /// sets it only when every key was new: until then, and for good when refused, the keys
@@ -44,30 +44,37 @@ if not ahead then
 end
 if place then
   call('SET', KEYS[2], '~', 'PX', ARGV[2])
-  call('SET', KEYS[2], '~' .. call('DBSIZE') .. ':' .. last, 'PX', ARGV[2])
+  local expired = string.match(call('INFO', 'stats'), 'expired_keys:(%d+)')
+  call('SET', KEYS[2], '~' .. call('DBSIZE') .. ':' .. expired .. ':' .. last, 'PX', ARGV[2])
 end
 return own
 ";
 
 /// Ends a pending batch's transaction begun by [`BATCH_BEGIN`] with a place (KEYS[1], the
-/// row's last place, holds `~SIZE:LAST`): when the database holds exactly ARGV[1] keys
-/// more than it did then (each of the batch's distinct keys was absent and set by it),
-/// the row's last place becomes ARGV[2] (when after the last one), and a batch asked ahead
-/// gets its key KEYS[2] (ARGV[4], PX ARGV[3]; empty: the batch's key was set by
-/// `BATCH_BEGIN`); otherwise the row's last place goes back to what it was. Answers 1
-/// when every key was new, else 0 (also when `BATCH_BEGIN` refused the batch). A key found
-/// expired but not yet removed by Redis counts as not new (its `SET` removes one key and
-/// adds one): that batch is then refused ahead, or the next one waits for its turn; never
-/// the other way.
+/// row's last place, holds `~SIZE:EXPIRED:LAST`): when each of the batch's ARGV[1]
+/// distinct keys was absent and set by it — the database holds exactly that many keys
+/// more, counting those Redis expired meanwhile (a `SET` that finds its key expired but
+/// not yet removed removes one key, counted as expired, and adds one; nothing else runs
+/// inside the transaction) — the row's last place becomes ARGV[2] (when after the last
+/// one), and a batch asked ahead gets its key KEYS[2] (ARGV[4], PX ARGV[3]; empty: the
+/// batch's key was set by `BATCH_BEGIN`); otherwise the row's last place goes back to what
+/// it was. Answers 1 when every key was new, else 0 (also when `BATCH_BEGIN` refused the
+/// batch). A key evicted meanwhile (`maxmemory`) makes the count fall short: that batch is
+/// then refused ahead, or the next one waits for its turn; never the other way.
 pub(super) const BATCH_END: &str = r"
 local call = redis.call
-local size, last = string.match(call('GET', KEYS[1]) or '', '^~(%d+):(%-?%d+)$')
+local size, expired, last = string.match(call('GET', KEYS[1]) or '', '^~(%d+):(%d+):(%-?%d+)$')
 if not size then
   return 0
 end
 local place = tonumber(ARGV[2])
 last = tonumber(last)
-if call('DBSIZE') == tonumber(size) + tonumber(ARGV[1]) then
+local grown = call('DBSIZE') - tonumber(size)
+if grown ~= tonumber(ARGV[1]) then
+  local now = string.match(call('INFO', 'stats'), 'expired_keys:(%d+)')
+  grown = grown + tonumber(now) - tonumber(expired)
+end
+if grown == tonumber(ARGV[1]) then
   call('SET', KEYS[1], tostring(math.max(place, last)), 'PX', ARGV[3])
   if ARGV[4] ~= '' then
     call('SET', KEYS[2], ARGV[4], 'PX', ARGV[3], 'NX')
