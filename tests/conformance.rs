@@ -639,6 +639,88 @@ mod redis {
         );
     }
 
+    /// A Redis user that may not run `INFO` (ACL `-@dangerous` is common) still marks
+    /// pending batches, in its turn and ahead of it: `INFO` only corrects the count of new
+    /// keys for keys Redis expired meanwhile.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_user_without_info_marks_pending_batches() {
+        use idem::store::{BatchTurn, EventMark, EventVerdict, PendingBatch, TurnStarted};
+        use std::time::Duration;
+        let Some(base) = url() else { return };
+        /// A Redis ACL user of the test's own, deleted on drop.
+        struct User(::redis::Connection, String);
+        impl Drop for User {
+            fn drop(&mut self) {
+                let _: ::redis::RedisResult<i64> = ::redis::cmd("ACL")
+                    .arg("DELUSER")
+                    .arg(&self.1)
+                    .query(&mut self.0);
+            }
+        }
+        let name = format!("idem-test-{}", idem::new_run_id());
+        let mut admin = ::redis::Client::open(base.as_str())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let _: () = ::redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg(&name)
+            .arg("on")
+            .arg(">pw")
+            .arg("~*")
+            .arg("&*")
+            .arg("+@all")
+            .arg("-@dangerous")
+            .query(&mut admin)
+            .unwrap();
+        let _user = User(admin, name.clone());
+        let mut limited = url::Url::parse(&base).unwrap();
+        limited.set_username(&name).unwrap();
+        limited.set_password(Some("pw")).unwrap();
+        let (url, _cleanup) = fresh_prefix_url(limited.as_str());
+        let s = idem::store::open_event_keys(&url).await.unwrap();
+        let keys = |from: usize| -> Vec<EventMark> {
+            (from..from + 50)
+                .map(|i| EventMark::key(format!("k{i}")).ttl(Duration::from_secs(60)))
+                .collect()
+        };
+        let batch = |marker, place| PendingBatch {
+            marker,
+            timeout: Duration::from_secs(60),
+            turn: Some(BatchTurn {
+                row: "row",
+                place,
+                started: TurnStarted::nobody(),
+            }),
+        };
+        let t = chrono::Utc::now();
+        let all_new = |v: &[EventVerdict]| v.iter().all(|v| *v == EventVerdict::New);
+        let v = s
+            .check_and_mark_pending(
+                "acl",
+                &keys(0),
+                t,
+                batch(r#"{"idem_pending":"acl/0"}"#, 0),
+                None,
+            )
+            .await
+            .unwrap();
+        assert!(all_new(&v), "{v:?}");
+        let ahead = s
+            .check_and_mark_pending_ahead(
+                "acl",
+                &keys(100),
+                t,
+                batch(r#"{"idem_pending":"acl/1"}"#, 1),
+            )
+            .await
+            .unwrap();
+        assert!(
+            ahead.as_ref().is_some_and(|v| all_new(v)),
+            "place 1 right after place 0: {ahead:?}"
+        );
+    }
+
     /// A run's store cannot be Redis: `open` says it holds event keys only.
     #[tokio::test]
     async fn open_refuses_redis_as_a_run_store() {

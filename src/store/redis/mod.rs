@@ -307,9 +307,9 @@ impl RedisStore {
         for round in 0..=REMARK_ROUNDS {
             // nil: this call marked the key. A stored value dead by the caller's clock (not
             // yet by Redis's, or pending for a batch that died) is re-marked unless someone
-            // else re-marked it meanwhile; after the last round the value read stands as
-            // stored.
-            // Each with the batch its value names when that batch is why it is dead.
+            // else re-marked it, or its batch came alive, meanwhile; after the last round
+            // the value read stands as stored. Each with the batch its value names when
+            // that batch is why it is dead.
             let mut retry: Vec<(usize, Vec<u8>, Option<String>)> = Vec::new();
             for (i, answer) in waiting {
                 match answer {

@@ -17,9 +17,10 @@ return 1
 ///
 /// With a place (ARGV[3], empty: none), the row's last place marked is KEYS[2], and this
 /// keeps in it the number of keys in the database, the number of keys Redis has expired
-/// so far (`INFO stats`) and that last place (`~SIZE:EXPIRED:LAST`) for `BATCH_END`. Asked ahead of its turn (ARGV[4] `1`), the batch goes on only when the
-/// row's last place is the one just before its own; otherwise this answers 0 and sets
-/// nothing. Going on ahead, it answers 3 and leaves the batch's key to `BATCH_END`, which
+/// so far (`INFO stats`; `-` when the user may not run `INFO`) and that last place
+/// (`~SIZE:EXPIRED:LAST`) for `BATCH_END`. Asked ahead of its turn (ARGV[4] `1`), the
+/// batch goes on only when the row's last place is the one just before its own;
+/// otherwise this answers 0 and sets nothing. Going on ahead, it answers 3 and leaves the batch's key to `BATCH_END`, which
 /// sets it only when every key was new: until then, and for good when refused, the keys
 /// the transaction sets name a batch that does not exist, dead to every reader (the
 /// caller deletes them, `UNMARK_EXACT`, before it asks again in its turn).
@@ -44,7 +45,8 @@ if not ahead then
 end
 if place then
   call('SET', KEYS[2], '~', 'PX', ARGV[2])
-  local expired = string.match(call('INFO', 'stats'), 'expired_keys:(%d+)')
+  local stats = redis.pcall('INFO', 'stats')
+  local expired = type(stats) == 'string' and string.match(stats, 'expired_keys:(%d+)') or '-'
   call('SET', KEYS[2], '~' .. call('DBSIZE') .. ':' .. expired .. ':' .. last, 'PX', ARGV[2])
 end
 return own
@@ -59,20 +61,24 @@ return own
 /// one), and a batch asked ahead gets its key KEYS[2] (ARGV[4], PX ARGV[3]; empty: the
 /// batch's key was set by `BATCH_BEGIN`); otherwise the row's last place goes back to what
 /// it was. Answers 1 when every key was new, else 0 (also when `BATCH_BEGIN` refused the
-/// batch). A key evicted meanwhile (`maxmemory`) makes the count fall short: that batch is
-/// then refused ahead, or the next one waits for its turn; never the other way.
+/// batch). A key evicted meanwhile (`maxmemory`), or expired when the user may not run
+/// `INFO`, makes the count fall short: that batch is then refused ahead, or the next one
+/// waits for its turn; never the other way.
 pub(super) const BATCH_END: &str = r"
 local call = redis.call
-local size, expired, last = string.match(call('GET', KEYS[1]) or '', '^~(%d+):(%d+):(%-?%d+)$')
+local size, expired, last = string.match(call('GET', KEYS[1]) or '', '^~(%d+):([%d-]+):(%-?%d+)$')
 if not size then
   return 0
 end
 local place = tonumber(ARGV[2])
 last = tonumber(last)
 local grown = call('DBSIZE') - tonumber(size)
-if grown ~= tonumber(ARGV[1]) then
-  local now = string.match(call('INFO', 'stats'), 'expired_keys:(%d+)')
-  grown = grown + tonumber(now) - tonumber(expired)
+if grown ~= tonumber(ARGV[1]) and tonumber(expired) then
+  local stats = redis.pcall('INFO', 'stats')
+  local now = type(stats) == 'string' and tonumber(string.match(stats, 'expired_keys:(%d+)'))
+  if now then
+    grown = grown + now - tonumber(expired)
+  end
 end
 if grown == tonumber(ARGV[1]) then
   call('SET', KEYS[1], tostring(math.max(place, last)), 'PX', ARGV[3])
@@ -90,12 +96,12 @@ return 0
 ";
 
 /// Undoes a pending batch's marking that was refused (asked ahead of its turn, which had
-/// not come, or finding a key stored): deletes each KEYS[i] that still holds ARGV[i]
-/// exactly (an empty ARGV[i]: leave KEYS[i] as it is). Answers how many it deleted.
+/// not come, or with a key not new): deletes each KEYS[i] that still holds ARGV[i]
+/// exactly. Answers how many it deleted.
 pub(super) const UNMARK_EXACT: &str = r"
 local n = 0
 for i = 1, #KEYS do
-  if ARGV[i] ~= '' and redis.call('GET', KEYS[i]) == ARGV[i] then
+  if redis.call('GET', KEYS[i]) == ARGV[i] then
     n = n + redis.call('DEL', KEYS[i])
   end
 end
