@@ -496,6 +496,19 @@ mod redis {
         );
     }
 
+    /// A pending batch at `place` in the row `row`, marked `marker`.
+    fn in_row(marker: &str, place: u64) -> idem::store::PendingBatch<'_> {
+        idem::store::PendingBatch {
+            marker,
+            timeout: std::time::Duration::from_secs(60),
+            turn: Some(idem::store::BatchTurn {
+                row: "row",
+                place,
+                started: idem::store::TurnStarted::nobody(),
+            }),
+        }
+    }
+
     /// A pending batch refused (asked ahead of its turn) deletes the keys its transaction
     /// set. A key naming it all the same (the undoing lost with its connection) is dead to
     /// any other batch (the batch's own key was never set: new there), and the batch's own
@@ -503,7 +516,7 @@ mod redis {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn keys_a_refused_batch_left_are_dead_to_others_and_its_own() {
         use idem::store::redis::redis_key;
-        use idem::store::{BatchTurn, EventMark, EventVerdict, PendingBatch, TurnStarted};
+        use idem::store::{EventMark, EventVerdict, PendingBatch};
         use std::time::Duration;
         let Some((s, cleanup)) = event_store().await else {
             return;
@@ -519,19 +532,10 @@ mod redis {
                 .map(|k| EventMark::key(*k).ttl(Duration::from_secs(3600)))
                 .collect()
         };
-        let batch = |marker, place| PendingBatch {
-            marker,
-            timeout: Duration::from_secs(60),
-            turn: Some(BatchTurn {
-                row: "row",
-                place,
-                started: TurnStarted::nobody(),
-            }),
-        };
         let ours = r#"{"idem_pending":"left/1"}"#;
         let (a, b) = (marks(&["a", "b"]), marks(&["b"]));
         assert_eq!(
-            s.check_and_mark_pending_ahead("left", &a, t, batch(ours, 1))
+            s.check_and_mark_pending_ahead("left", &a, t, in_row(ours, 1))
                 .await
                 .unwrap(),
             None
@@ -567,7 +571,7 @@ mod redis {
             "a key naming a batch never set is dead"
         );
         let v = s
-            .check_and_mark_pending("left", &a, t, batch(ours, 0), None)
+            .check_and_mark_pending("left", &a, t, in_row(ours, 0), None)
             .await
             .unwrap();
         assert_eq!(v[0], EventVerdict::New, "the batch's own key: {v:?}");
@@ -582,7 +586,7 @@ mod redis {
     /// and moves its row on: the next batch is marked ahead of its turn, not refused.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn keys_expired_not_yet_removed_are_new_and_move_the_row() {
-        use idem::store::{BatchTurn, EventMark, EventVerdict, PendingBatch, TurnStarted};
+        use idem::store::{EventMark, EventVerdict};
         use std::time::Duration;
         let Some((s, _cleanup)) = event_store().await else {
             return;
@@ -591,15 +595,6 @@ mod redis {
             (from..from + 200)
                 .map(|i| EventMark::key(format!("k{i}")).ttl(ttl))
                 .collect()
-        };
-        let batch = |marker, place| PendingBatch {
-            marker,
-            timeout: Duration::from_secs(60),
-            turn: Some(BatchTurn {
-                row: "row",
-                place,
-                started: TurnStarted::nobody(),
-            }),
         };
         let short = keys(0, Duration::from_millis(1));
         let marked = s
@@ -616,7 +611,7 @@ mod redis {
                 "lazy",
                 &keys(0, long),
                 t,
-                batch(r#"{"idem_pending":"lazy/0"}"#, 0),
+                in_row(r#"{"idem_pending":"lazy/0"}"#, 0),
                 None,
             )
             .await
@@ -627,7 +622,7 @@ mod redis {
                 "lazy",
                 &keys(1000, long),
                 t,
-                batch(r#"{"idem_pending":"lazy/1"}"#, 1),
+                in_row(r#"{"idem_pending":"lazy/1"}"#, 1),
             )
             .await
             .unwrap();
@@ -644,7 +639,7 @@ mod redis {
     /// keys for keys Redis expired meanwhile.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_user_without_info_marks_pending_batches() {
-        use idem::store::{BatchTurn, EventMark, EventVerdict, PendingBatch, TurnStarted};
+        use idem::store::{EventMark, EventVerdict};
         use std::time::Duration;
         let Some(base) = url() else { return };
         /// A Redis ACL user of the test's own, deleted on drop.
@@ -684,15 +679,6 @@ mod redis {
                 .map(|i| EventMark::key(format!("k{i}")).ttl(Duration::from_secs(60)))
                 .collect()
         };
-        let batch = |marker, place| PendingBatch {
-            marker,
-            timeout: Duration::from_secs(60),
-            turn: Some(BatchTurn {
-                row: "row",
-                place,
-                started: TurnStarted::nobody(),
-            }),
-        };
         let t = chrono::Utc::now();
         let all_new = |v: &[EventVerdict]| v.iter().all(|v| *v == EventVerdict::New);
         let v = s
@@ -700,7 +686,7 @@ mod redis {
                 "acl",
                 &keys(0),
                 t,
-                batch(r#"{"idem_pending":"acl/0"}"#, 0),
+                in_row(r#"{"idem_pending":"acl/0"}"#, 0),
                 None,
             )
             .await
@@ -711,7 +697,7 @@ mod redis {
                 "acl",
                 &keys(100),
                 t,
-                batch(r#"{"idem_pending":"acl/1"}"#, 1),
+                in_row(r#"{"idem_pending":"acl/1"}"#, 1),
             )
             .await
             .unwrap();

@@ -20,14 +20,15 @@ return 1
 /// so far (`INFO stats`; `-` when the user may not run `INFO`) and that last place
 /// (`~SIZE:EXPIRED:LAST`) for `BATCH_END`. Asked ahead of its turn (ARGV[4] `1`), the
 /// batch goes on only when the row's last place is the one just before its own;
-/// otherwise this answers 0 and sets nothing. Going on ahead, it answers 3 and leaves the batch's key to `BATCH_END`, which
-/// sets it only when every key was new: until then, and for good when refused, the keys
-/// the transaction sets name a batch that does not exist, dead to every reader (the
-/// caller deletes them, `UNMARK_EXACT`, before it asks again in its turn).
+/// otherwise this answers 0 and sets nothing. Going on, it answers 1; ahead, it leaves the
+/// batch's key to `BATCH_END`, which sets it only when every key was new: until then, and
+/// for good when refused, the keys the transaction sets name a batch that does not exist,
+/// dead to every reader (the caller deletes them, `UNMARK_EXACT`, before it asks again in
+/// its turn).
 ///
 /// In its turn, it sets the batch's key KEYS[1] to ARGV[1] (`P<deadline>:<longest px>`,
 /// living PX ARGV[2]) unless it is set already (the batch asked again) before any of its
-/// keys (a key never names a batch not stored), and answers 2 when it set it, 1 when not.
+/// keys (a key never names a batch not stored).
 pub(super) const BATCH_BEGIN: &str = r"
 local call = redis.call
 local place = tonumber(ARGV[3])
@@ -39,9 +40,8 @@ if place then
     return 0
   end
 end
-local own = 3
 if not ahead then
-  own = call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2], 'NX') and 2 or 1
+  call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2], 'NX')
 end
 if place then
   call('SET', KEYS[2], '~', 'PX', ARGV[2])
@@ -49,7 +49,7 @@ if place then
   local expired = type(stats) == 'string' and string.match(stats, 'expired_keys:(%d+)') or '-'
   call('SET', KEYS[2], '~' .. call('DBSIZE') .. ':' .. expired .. ':' .. last, 'PX', ARGV[2])
 end
-return own
+return 1
 ";
 
 /// Ends a pending batch's transaction begun by [`BATCH_BEGIN`] with a place (KEYS[1], the
