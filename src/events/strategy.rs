@@ -130,13 +130,18 @@ pub struct Admission {
     pub marked_at: Option<DateTime<Utc>>,
 }
 
-/// A batch of a gate that marks keys pending ([`Admission::pending_batch`]).
+/// A batch of a gate that marks keys pending, and a key's place in it
+/// ([`Admission::pending_batch`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BatchRef {
     /// The batch's number in its gate.
     pub n: u64,
     /// How many keys it found new: a confirmation of all of them confirms the batch whole.
     pub new_keys: usize,
+    /// This key's place among them (`0..new_keys`, in input order): a confirmation that
+    /// holds every place once holds every key the batch found new, which it can tell
+    /// without comparing keys.
+    pub place: usize,
 }
 
 /// The pending marks of one batch, to confirm once its records are out
@@ -627,6 +632,8 @@ impl EventGate {
         let mut verdicts = verdicts.map(|v| v.into_iter().map(Some).collect::<Vec<_>>());
         let log_only = self.strategy == Strategy::LogOnly;
         let mut out = Vec::with_capacity(slots.len());
+        // The next new key's place among the batch's new keys (`BatchRef::place`).
+        let mut place = 0;
         for slot in slots {
             let i = match slot {
                 Ok(i) => i,
@@ -664,12 +671,20 @@ impl EventGate {
                 _ => None,
             };
             let marked = matches!(verdict, Some(EventVerdict::New)).then_some(marked_at[i]);
+            let pending_batch = confirm.and(pending.map(|(_, n)| {
+                place += 1;
+                BatchRef {
+                    n,
+                    new_keys,
+                    place: place - 1,
+                }
+            }));
             out.push(Ok(Admission {
                 key,
                 verdict,
                 passes: new || log_only,
                 confirm,
-                pending_batch: confirm.and(pending.map(|(_, n)| BatchRef { n, new_keys })),
+                pending_batch,
                 marked_at: marked,
             }));
         }

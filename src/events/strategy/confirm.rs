@@ -39,7 +39,8 @@ impl EventGate {
         }))
     }
 
-    /// Groups confirmable keys (their batch, their real expiry, the key) by batch.
+    /// Groups confirmable keys (their batch, their real expiry, the key) by batch, each key
+    /// once (by its place in its batch: the same admission passed twice counts once).
     fn group_confirmations(
         &self,
         keys: impl Iterator<Item = (BatchRef, Option<DateTime<Utc>>, String)>,
@@ -47,9 +48,10 @@ impl EventGate {
         let Some(p) = &self.pending else {
             return Vec::new();
         };
-        let mut out: Vec<(BatchRef, Confirmation)> = Vec::new();
+        // Per batch: its confirmation, and which of its places it holds.
+        let mut out: Vec<(BatchRef, Confirmation, Vec<bool>)> = Vec::new();
         for (batch, at, key) in keys {
-            let i = match out.iter().position(|(b, _)| b.n == batch.n) {
+            let i = match out.iter().position(|(b, ..)| b.n == batch.n) {
                 Some(i) => i,
                 None => {
                     out.push((
@@ -59,27 +61,28 @@ impl EventGate {
                             keys: Vec::with_capacity(batch.new_keys),
                             whole: false,
                         },
+                        vec![false; batch.new_keys],
                     ));
                     out.len() - 1
                 }
             };
-            out[i].1.keys.push((key, at));
+            let (_, c, held) = &mut out[i];
+            match held.get_mut(batch.place) {
+                Some(true) => {}
+                Some(held) => {
+                    *held = true;
+                    c.keys.push((key, at));
+                }
+                // A place the batch does not have (an admission put together by hand): sent,
+                // but the batch is not confirmed whole through it.
+                None => c.keys.push((key, at)),
+            }
         }
         out.into_iter()
-            .map(|(batch, mut c)| {
-                // Whole when every key it found new is here: never with fewer keys than it
-                // found new (no counting needed). With more, some came twice (the same
-                // admissions passed again): each is sent once, so that a store confirming
-                // the batch at once counts its keys right, and those left are distinct.
-                c.whole = match c.keys.len().cmp(&batch.new_keys) {
-                    std::cmp::Ordering::Less => false,
-                    std::cmp::Ordering::Equal => distinct(&c.keys) == batch.new_keys,
-                    std::cmp::Ordering::Greater => {
-                        let mut seen = std::collections::HashSet::new();
-                        c.keys.retain(|(k, _)| seen.insert(k.clone()));
-                        c.keys.len() == batch.new_keys
-                    }
-                };
+            .map(|(batch, mut c, held)| {
+                // Whole when it holds every place: every key the batch found new, each once
+                // (so that a store confirming the batch at once counts its keys right).
+                c.whole = c.keys.len() == batch.new_keys && held.iter().all(|h| *h);
                 c
             })
             .collect()

@@ -533,6 +533,16 @@ async fn a_confirmation_is_whole_only_with_each_new_key_of_its_batch() {
         admitted[1].clone(),
     ];
     assert!(!whole(&twice));
+    let places: Vec<usize> = admitted
+        .iter()
+        .map(|a| a.as_ref().unwrap().pending_batch.unwrap().place)
+        .collect();
+    assert_eq!(places, [0, 1, 2], "each new key's place in its batch");
+    assert_eq!(
+        gate.confirmations(&twice)[0].keys.len(),
+        2,
+        "a key passed twice is sent once"
+    );
     let mut all_twice = admitted.clone();
     all_twice.extend(admitted.iter().cloned());
     assert!(whole(&all_twice));
