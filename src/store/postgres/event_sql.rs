@@ -394,6 +394,24 @@ impl FromRow<'_, sqlx::postgres::PgRow> for Inserted {
     }
 }
 
+/// A row of a statement carrying confirmations (`riding!`): what its own part did, and
+/// one confirmation's batch whose row it deleted (none: `None`).
+pub(super) struct Carried {
+    pub(super) moved: bool,
+    pub(super) gone: Option<(String, String)>,
+}
+
+impl FromRow<'_, sqlx::postgres::PgRow> for Carried {
+    fn from_row(row: &sqlx::postgres::PgRow) -> std::result::Result<Self, sqlx::Error> {
+        let namespace: Option<String> = row.try_get("namespace")?;
+        let marker: Option<String> = row.try_get("marker")?;
+        Ok(Carried {
+            moved: row.try_get("moved")?,
+            gone: namespace.zip(marker),
+        })
+    }
+}
+
 /// A row of [`EVENTS_MARK_SQL`], one per key sent: `new` when this statement marked it;
 /// else the row it found (`None`: committed by another batch after this statement's
 /// snapshot, so neither marked nor seen).
@@ -553,3 +571,44 @@ SELECT $1::text, $2::bigint, $3::timestamptz
 FROM (SELECT set_config('synchronous_commit', 'off', true)) AS async_commit
 ON CONFLICT (row_id) DO UPDATE
 SET place = GREATEST(event_turns.place, EXCLUDED.place), marked_at = EXCLUDED.marked_at";
+
+/// The rows of the whole-batch confirmations riding in a pending batch's transaction
+/// (`riders::Riders`: `$4` namespaces, `$5` markers, in pairs) deleted by its last
+/// statement, which returns one row per row deleted and at least one, with `moved`: what
+/// that statement's own part did (below). A row another transaction holds (cleanup
+/// deleting a dead batch, another confirmation of the same batch) is skipped, not waited
+/// for: the carrier, which holds its own keys, never waits on it, and that confirmation
+/// goes on its own. The transaction commits asynchronously already (its pending row).
+macro_rules! riding {
+    ($part:literal) => {
+        concat!(
+            "WITH riders AS (
+  SELECT p.id FROM event_pending p
+  JOIN UNNEST($4::text[], $5::text[]) AS r(namespace, marker)
+    ON p.namespace = r.namespace AND p.marker = r.marker
+  FOR UPDATE OF p SKIP LOCKED
+), gone AS (
+  DELETE FROM event_pending p USING riders WHERE p.id = riders.id
+  RETURNING p.namespace, p.marker
+), part AS (",
+            $part,
+            " RETURNING 1)
+SELECT EXISTS (SELECT 1 FROM part) AS moved, gone.namespace, gone.marker
+FROM (SELECT 1) AS one LEFT JOIN gone ON true"
+        )
+    };
+}
+
+/// [`TURN_AHEAD_SQL`] carrying confirmations (see `riding!`): `moved` when the row's last
+/// place was moved.
+pub(super) const TURN_AHEAD_RIDING_SQL: &str = riding!(
+    "UPDATE event_turns SET place = $2, marked_at = $3 WHERE row_id = $1 AND place = $2 - 1"
+);
+
+/// [`TURN_TAKEN_SQL`] carrying confirmations (see `riding!`; `moved` always).
+pub(super) const TURN_TAKEN_RIDING_SQL: &str = riding!(
+    "INSERT INTO event_turns (row_id, place, marked_at)
+VALUES ($1::text, $2::bigint, $3::timestamptz)
+ON CONFLICT (row_id) DO UPDATE
+SET place = GREATEST(event_turns.place, EXCLUDED.place), marked_at = EXCLUDED.marked_at"
+);

@@ -68,6 +68,9 @@ impl PostgresStore {
             // before a slow copy committed, and the copy's keys would read as confirmed
             // where they must be dead.
             Some((marker, deadline, turn)) => {
+                // A batch in a row carries the confirmations that ask while it is on its
+                // way (`riders`): open before it waits for a connection.
+                let carrier = turn.map(|_| self.riders.carrier());
                 async {
                     let mut conn = self.turn().await?;
                     let mut tx = conn.begin().await?;
@@ -92,39 +95,64 @@ impl PostgresStore {
                     let mut copy = tx.copy_in_raw(COPY).await?;
                     copy.send(rows.as_bytes()).await?;
                     let n = copy.finish().await?;
-                    match turn {
-                        Some((t, true)) => {
-                            // After the transaction of the batch before it (a wait the
-                            // server sees, and breaks should it close a circle).
-                            sqlx::query(TURN_WAIT_SQL)
-                                .bind(t.row)
-                                .bind(lock_place(t.place.wrapping_sub(1)))
-                                .execute(&mut *tx)
-                                .await?;
-                            let moved = sqlx::query(TURN_AHEAD_SQL)
-                                .bind(t.row)
-                                .bind(place(t))
-                                .bind(now)
-                                .execute(&mut *tx)
-                                .await?;
-                            if moved.rows_affected() == 0 {
-                                // Refused: dropped unfinished, the transaction is rolled
-                                // back all the same.
-                                let _ = tx.rollback().await;
-                                return Ok(None);
-                            }
-                        }
-                        Some((t, false)) => {
-                            sqlx::query(TURN_TAKEN_SQL)
-                                .bind(t.row)
-                                .bind(place(t))
-                                .bind(now)
-                                .execute(&mut *tx)
-                                .await?;
-                        }
-                        None => {}
+                    let Some((t, ahead)) = turn else {
+                        return tx.commit().await.map(|()| Some(n));
+                    };
+                    if ahead {
+                        // After the transaction of the batch before it (a wait the server
+                        // sees, and breaks should it close a circle).
+                        sqlx::query(TURN_WAIT_SQL)
+                            .bind(t.row)
+                            .bind(lock_place(t.place.wrapping_sub(1)))
+                            .execute(&mut *tx)
+                            .await?;
                     }
-                    tx.commit().await.map(|()| Some(n))
+                    // The row's last place moved (ahead: from the one before it only; in
+                    // its turn: never backwards), with the confirmations waiting now.
+                    let riders = carrier.map(riders::Carrier::take).filter(|r| !r.is_empty());
+                    let (moved, deleted) = match &riders {
+                        None => {
+                            let done = sqlx::query(if ahead {
+                                TURN_AHEAD_SQL
+                            } else {
+                                TURN_TAKEN_SQL
+                            })
+                            .bind(t.row)
+                            .bind(place(t))
+                            .bind(now)
+                            .execute(&mut *tx)
+                            .await?;
+                            (!ahead || done.rows_affected() > 0, Vec::new())
+                        }
+                        Some(riders) => {
+                            let (namespaces, markers) = riders.batches();
+                            let rows: Vec<Carried> = sqlx::query_as(if ahead {
+                                TURN_AHEAD_RIDING_SQL
+                            } else {
+                                TURN_TAKEN_RIDING_SQL
+                            })
+                            .bind(t.row)
+                            .bind(place(t))
+                            .bind(now)
+                            .bind(&namespaces)
+                            .bind(&markers)
+                            .fetch_all(&mut *tx)
+                            .await?;
+                            let moved = rows.first().is_some_and(|r| r.moved);
+                            (moved, rows.into_iter().filter_map(|r| r.gone).collect())
+                        }
+                    };
+                    if !moved {
+                        // Refused: dropped unfinished, the transaction is rolled back all
+                        // the same (and the riders, dropped, go on their own).
+                        let _ = tx.rollback().await;
+                        return Ok(None);
+                    }
+                    tx.commit().await?;
+                    if let Some(riders) = riders {
+                        riders.answer(&deleted);
+                    }
+                    Ok(Some(n))
                 }
                 .await
             }
@@ -517,8 +545,16 @@ impl EventKeyStore for PostgresStore {
         if keys.is_empty() {
             return Ok(0);
         }
+        if whole {
+            // In the transaction of a batch on its way, when one is (see `riders`).
+            if let Some(ride) = self.riders.ride(namespace, marker) {
+                if self.riders.carried(ride).await {
+                    return Ok(keys.len() as u64);
+                }
+            }
+        }
         let names: Vec<&str> = keys.iter().map(|(k, _)| k.as_str()).collect();
-        // One statement, committed with `synchronous_commit` off ([`ASYNC_COMMIT`]): a
+        // On its own: one statement, committed with `synchronous_commit` off ([`ASYNC_COMMIT`]): a
         // confirmation lost to a server crash leaves the batch unconfirmed, its keys
         // expire with its timeout and are reported `new` again (at least once, never
         // lost), so it need not wait for a WAL flush of its own. Whole: the batch's rows

@@ -54,6 +54,7 @@ use crate::model::{micros, KeyRecord, RunRecord, RunStatus};
 mod event_sql;
 mod events;
 mod maintenance;
+mod riders;
 mod runs;
 
 use event_sql::*;
@@ -101,6 +102,9 @@ pub struct PostgresStore {
     /// What the last batch of event keys found ([`BatchShape`]): which statement the next
     /// one tries first. Shared by the clones, so by the batches in flight.
     last_batch: Arc<AtomicU8>,
+    /// Whole-batch confirmations waiting to ride in a pending batch's transaction
+    /// (`riders`), shared by the clones.
+    riders: Arc<riders::RideQueue>,
 }
 
 /// By hand: the pool and the connect options hold the password; the URL is redacted.
@@ -204,6 +208,7 @@ impl PostgresStore {
             connect_timeout,
             url: crate::backend::RedactedUrl::new(url),
             last_batch: Arc::new(AtomicU8::new(BatchShape::Fresh as u8)),
+            riders: Arc::default(),
         })
     }
 
