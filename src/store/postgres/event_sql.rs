@@ -535,7 +535,7 @@ RETURNING id";
 
 /// [`PENDING_ROW_SQL`] of a batch in a row (row, place as the lock's `int`): its
 /// transaction holds the advisory lock (`hashtext(row)`, place) to its end, which the
-/// batch after it, asked ahead, waits for ([`TURN_WAIT_SQL`]).
+/// batch after it, asked ahead, waits for ([`TURN_AHEAD_SQL`]).
 pub(super) const PENDING_ROW_HELD_SQL: &str = "\
 INSERT INTO event_pending (namespace, marker, first_seen, deadline)
 SELECT $1::text, $2::text, $3::timestamptz, $4::timestamptz
@@ -543,25 +543,40 @@ FROM (SELECT set_config('synchronous_commit', 'off', true),
              pg_advisory_xact_lock(hashtext($5::text), $6::int)) AS async_commit_held
 RETURNING id";
 
-/// Waits (row, place before as the lock's `int`) for the transaction of the batch before
-/// it to end, when it holds its lock ([`PENDING_ROW_HELD_SQL`]); a statement of its own,
-/// so that [`TURN_AHEAD_SQL`] after it reads what that transaction committed.
+/// A batch marked ahead of its turn (row, place, now, place before as the lock's `int`):
+/// its row's last place moved to its own, from the one just before it only, once the
+/// transaction of the batch before it ended (`waited`: its lock, held from its first
+/// statement, [`PENDING_ROW_HELD_SQL`]). `cur` reads the row's place locked `FOR UPDATE`,
+/// which reads the newest committed version whatever this statement's snapshot holds,
+/// (so the wait and the move are one round trip, not two); `moved` says whether it moved.
 ///
 /// The waiting transaction holds its copied keys. Should that ever close a circle of waits
 /// (its batch before it waiting on a key that another transaction holds, which waits on
 /// one of this one's keys), the wait gives up first: its `lock_timeout` is half the
 /// server's `deadlock_timeout`, so the server never has to pick a victim, and the batch
 /// asked ahead, refused (`lock_not_available`), writes nothing and goes down its turn.
-pub(super) const TURN_WAIT_SQL: &str = "\
-SELECT pg_advisory_xact_lock_shared(hashtext($1::text), $2::int)
-FROM (SELECT set_config('lock_timeout',
-        (extract(epoch FROM current_setting('deadlock_timeout')::interval) * 500)::bigint::text,
-        true)) AS bounded";
+macro_rules! ahead {
+    () => {
+        "cur AS (
+  SELECT t.place FROM event_turns t,
+    (SELECT pg_advisory_xact_lock_shared(hashtext($1::text), $4::int)
+     FROM (SELECT set_config('lock_timeout',
+             (extract(epoch FROM current_setting('deadlock_timeout')::interval) * 500)::bigint::text,
+             true)) AS bounded) AS waited
+  WHERE t.row_id = $1 FOR UPDATE OF t
+), part AS (
+  UPDATE event_turns t SET place = $2, marked_at = $3 FROM cur
+  WHERE t.row_id = $1 AND cur.place = $2 - 1 RETURNING 1
+)"
+    };
+}
 
-/// A batch marked ahead of its turn (row, place, now): its row's last place moved to its
-/// own, from the one just before it only.
-pub(super) const TURN_AHEAD_SQL: &str = "\
-UPDATE event_turns SET place = $2, marked_at = $3 WHERE row_id = $1 AND place = $2 - 1";
+/// [`ahead!`] alone: one row, `moved`.
+pub(super) const TURN_AHEAD_SQL: &str = concat!(
+    "WITH ",
+    ahead!(),
+    "\nSELECT EXISTS (SELECT 1 FROM part) AS moved"
+);
 
 /// A batch marked in its turn (row, place, now): its place the row's last (never
 /// backwards), asynchronously.
@@ -573,42 +588,49 @@ ON CONFLICT (row_id) DO UPDATE
 SET place = GREATEST(event_turns.place, EXCLUDED.place), marked_at = EXCLUDED.marked_at";
 
 /// The rows of the whole-batch confirmations riding in a pending batch's transaction
-/// (`riders::Riders`: `$4` namespaces, `$5` markers, in pairs) deleted by its last
-/// statement, which returns one row per row deleted and at least one, with `moved`: what
-/// that statement's own part did (below). A row another transaction holds (cleanup
-/// deleting a dead batch, another confirmation of the same batch) is skipped, not waited
-/// for: the carrier, which holds its own keys, never waits on it, and that confirmation
-/// goes on its own. The transaction commits asynchronously already (its pending row).
+/// (`riders::Riders`: their namespaces and markers, in pairs, as the two parameters
+/// given) deleted by its last statement (`part`), which returns one row per row deleted
+/// and at least one, with `moved`: what `part` did. A row another transaction holds
+/// (cleanup deleting a dead batch, another confirmation of the same batch) is skipped, not
+/// waited for: the carrier, which holds its own keys, never waits on it, and that
+/// confirmation goes on its own. The transaction commits asynchronously already (its
+/// pending row).
 macro_rules! riding {
-    ($part:literal) => {
+    ($namespaces:literal, $markers:literal, $part:expr) => {
         concat!(
             "WITH riders AS (
   SELECT p.id FROM event_pending p
-  JOIN UNNEST($4::text[], $5::text[]) AS r(namespace, marker)
+  JOIN UNNEST(",
+            $namespaces,
+            "::text[], ",
+            $markers,
+            "::text[]) AS r(namespace, marker)
     ON p.namespace = r.namespace AND p.marker = r.marker
   FOR UPDATE OF p SKIP LOCKED
 ), gone AS (
   DELETE FROM event_pending p USING riders WHERE p.id = riders.id
   RETURNING p.namespace, p.marker
-), part AS (",
+), ",
             $part,
-            " RETURNING 1)
+            "
 SELECT EXISTS (SELECT 1 FROM part) AS moved, gone.namespace, gone.marker
 FROM (SELECT 1) AS one LEFT JOIN gone ON true"
         )
     };
 }
 
-/// [`TURN_AHEAD_SQL`] carrying confirmations (see `riding!`): `moved` when the row's last
-/// place was moved.
-pub(super) const TURN_AHEAD_RIDING_SQL: &str = riding!(
-    "UPDATE event_turns SET place = $2, marked_at = $3 WHERE row_id = $1 AND place = $2 - 1"
-);
+/// [`TURN_AHEAD_SQL`] carrying confirmations (`$5`, `$6`; see `riding!`).
+pub(super) const TURN_AHEAD_RIDING_SQL: &str = riding!("$5", "$6", ahead!());
 
-/// [`TURN_TAKEN_SQL`] carrying confirmations (see `riding!`; `moved` always).
+/// [`TURN_TAKEN_SQL`] carrying confirmations (`$4`, `$5`; see `riding!`; `moved` always).
 pub(super) const TURN_TAKEN_RIDING_SQL: &str = riding!(
-    "INSERT INTO event_turns (row_id, place, marked_at)
-VALUES ($1::text, $2::bigint, $3::timestamptz)
-ON CONFLICT (row_id) DO UPDATE
-SET place = GREATEST(event_turns.place, EXCLUDED.place), marked_at = EXCLUDED.marked_at"
+    "$4",
+    "$5",
+    "part AS (
+  INSERT INTO event_turns (row_id, place, marked_at)
+  VALUES ($1::text, $2::bigint, $3::timestamptz)
+  ON CONFLICT (row_id) DO UPDATE
+  SET place = GREATEST(event_turns.place, EXCLUDED.place), marked_at = EXCLUDED.marked_at
+  RETURNING 1
+)"
 );

@@ -98,46 +98,47 @@ impl PostgresStore {
                     let Some((t, ahead)) = turn else {
                         return tx.commit().await.map(|()| Some(n));
                     };
-                    if ahead {
-                        // After the transaction of the batch before it (a wait the server
-                        // sees, and breaks should it close a circle).
-                        sqlx::query(TURN_WAIT_SQL)
-                            .bind(t.row)
-                            .bind(lock_place(t.place.wrapping_sub(1)))
-                            .execute(&mut *tx)
-                            .await?;
-                    }
-                    // The row's last place moved (ahead: from the one before it only; in
-                    // its turn: never backwards), with the confirmations waiting now.
+                    // The row's last place moved (ahead: once the batch before it ended,
+                    // from its place only; in its turn: never backwards), with the
+                    // confirmations waiting now.
                     let riders = carrier.map(riders::Carrier::take).filter(|r| !r.is_empty());
-                    let (moved, deleted) = match &riders {
-                        None => {
-                            let done = sqlx::query(if ahead {
-                                TURN_AHEAD_SQL
-                            } else {
-                                TURN_TAKEN_SQL
-                            })
-                            .bind(t.row)
-                            .bind(place(t))
-                            .bind(now)
-                            .execute(&mut *tx)
-                            .await?;
-                            (!ahead || done.rows_affected() > 0, Vec::new())
+                    let before = lock_place(t.place.wrapping_sub(1));
+                    let (moved, deleted) = match (&riders, ahead) {
+                        (None, true) => {
+                            let moved: bool = sqlx::query_scalar(TURN_AHEAD_SQL)
+                                .bind(t.row)
+                                .bind(place(t))
+                                .bind(now)
+                                .bind(before)
+                                .fetch_one(&mut *tx)
+                                .await?;
+                            (moved, Vec::new())
                         }
-                        Some(riders) => {
+                        (None, false) => {
+                            sqlx::query(TURN_TAKEN_SQL)
+                                .bind(t.row)
+                                .bind(place(t))
+                                .bind(now)
+                                .execute(&mut *tx)
+                                .await?;
+                            (true, Vec::new())
+                        }
+                        (Some(riders), _) => {
                             let (namespaces, markers) = riders.batches();
-                            let rows: Vec<Carried> = sqlx::query_as(if ahead {
+                            let query = sqlx::query_as(if ahead {
                                 TURN_AHEAD_RIDING_SQL
                             } else {
                                 TURN_TAKEN_RIDING_SQL
                             })
                             .bind(t.row)
                             .bind(place(t))
-                            .bind(now)
-                            .bind(&namespaces)
-                            .bind(&markers)
-                            .fetch_all(&mut *tx)
-                            .await?;
+                            .bind(now);
+                            let query = if ahead { query.bind(before) } else { query };
+                            let rows: Vec<Carried> = query
+                                .bind(&namespaces)
+                                .bind(&markers)
+                                .fetch_all(&mut *tx)
+                                .await?;
                             let moved = rows.first().is_some_and(|r| r.moved);
                             (moved, rows.into_iter().filter_map(|r| r.gone).collect())
                         }

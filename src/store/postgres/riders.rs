@@ -294,7 +294,17 @@ mod on_a_server {
             eprintln!("skipped: IDEM_TEST_POSTGRES_URL is not set");
             return None;
         };
-        let store = PostgresStore::connect_sized(&url, 4).await.unwrap();
+        // A batch asked ahead waits for the one before it no longer than half the
+        // session's `deadlock_timeout`: a minute here, so that the batches these tests
+        // hold never give up on a busy machine.
+        let sep = if url.contains('?') { '&' } else { '?' };
+        let patient = format!("{url}{sep}options=-c%20deadlock_timeout%3D120s");
+        let store = PostgresStore::connect_sized(&patient, 4).await.unwrap();
+        let timeout: String = sqlx::query_scalar("SHOW deadlock_timeout")
+            .fetch_one(store.pool())
+            .await
+            .unwrap();
+        assert_eq!(timeout, "2min");
         let namespace = format!(
             "riders-{name}-{}-{}",
             std::process::id(),
@@ -356,6 +366,125 @@ mod on_a_server {
         .unwrap()
     }
 
+    /// A transaction holding `key` inserted and not committed: a batch with that key waits
+    /// for it at its `COPY` (the key's unique check) until it is rolled back.
+    struct Holder {
+        conn: sqlx::PgConnection,
+        pid: i32,
+    }
+
+    async fn hold(scene: &Scene, key: &str) -> Holder {
+        let mut conn = sqlx::PgConnection::connect(&scene.url).await.unwrap();
+        sqlx::query("BEGIN").execute(&mut conn).await.unwrap();
+        sqlx::query(
+            "INSERT INTO event_keys (namespace, event_key, first_seen) VALUES ($1, $2, now())",
+        )
+        .bind(&scene.namespace)
+        .bind(key)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        let pid = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        Holder { conn, pid }
+    }
+
+    impl Holder {
+        /// Until a batch waits for this transaction (only this test's batches can: the key
+        /// is in its namespace).
+        async fn waited_for(&self, scene: &Scene) {
+            let mut watcher = sqlx::PgConnection::connect(&scene.url).await.unwrap();
+            loop {
+                let waiting: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+                )
+                .bind(self.pid)
+                .fetch_one(&mut watcher)
+                .await
+                .unwrap();
+                if waiting > 0 {
+                    return;
+                }
+                tokio::task::yield_now().await;
+            }
+        }
+
+        async fn release(mut self) {
+            sqlx::query("ROLLBACK")
+                .execute(&mut self.conn)
+                .await
+                .unwrap();
+        }
+    }
+
+    type Marking = tokio::task::JoinHandle<crate::Result<Option<Vec<EventVerdict>>>>;
+
+    /// Batch `place` of `keys`, asked ahead of its turn or in it (verdicts `None`: refused
+    /// ahead of its turn), as a task.
+    fn mark(scene: &Scene, place: u64, ahead: bool, keys: &[&str]) -> Marking {
+        let (store, namespace, row) = (
+            scene.store.clone(),
+            scene.namespace.clone(),
+            scene.row.clone(),
+        );
+        let (marks, marker) = (marks(keys), marker(scene, place));
+        tokio::spawn(async move {
+            let batch = PendingBatch {
+                marker: &marker,
+                timeout: Duration::from_secs(600),
+                turn: Some(BatchTurn {
+                    row: &row,
+                    place,
+                    started: TurnStarted::nobody(),
+                }),
+            };
+            let now = Utc::now();
+            if ahead {
+                store
+                    .check_and_mark_pending_ahead(&namespace, &marks, now, batch)
+                    .await
+            } else {
+                store
+                    .check_and_mark_pending(&namespace, &marks, now, batch, None)
+                    .await
+                    .map(Some)
+            }
+        })
+    }
+
+    /// The whole confirmation of batch `place` (its keys `of`), as a task, once it waits
+    /// in the queue (not at a connection's turn, nor written on its own): within a
+    /// minute, or the test fails rather than hangs.
+    async fn confirm_queued(
+        scene: &Scene,
+        place: u64,
+        of: &[&str],
+    ) -> tokio::task::JoinHandle<crate::Result<u64>> {
+        let confirming = {
+            let (store, namespace) = (scene.store.clone(), scene.namespace.clone());
+            let marker = marker(scene, place);
+            let keys: Vec<(String, Option<chrono::DateTime<Utc>>)> =
+                of.iter().map(|k| (k.to_string(), None)).collect();
+            tokio::spawn(async move {
+                store
+                    .confirm_pending_batch(&namespace, &marker, &keys, true)
+                    .await
+            })
+        };
+        let queued = tokio::time::timeout(Duration::from_secs(60), async {
+            while scene.store.riders.waiting() == 0 && !confirming.is_finished() {
+                tokio::task::yield_now().await;
+            }
+        });
+        assert!(
+            queued.await.is_ok() && scene.store.riders.waiting() == 1,
+            "the confirmation did not wait for the batch on its way"
+        );
+        confirming
+    }
+
     /// Batch `place` (`keys`, asked ahead of its turn or in it) marked while the batch at
     /// `confirmed` (its keys `of`) is confirmed whole: its verdicts (`None`: refused ahead
     /// of its turn) and what the confirmation answered.
@@ -367,95 +496,68 @@ mod on_a_server {
         confirmed: u64,
         of: &[&str],
     ) -> (Option<Vec<EventVerdict>>, u64) {
-        // Holds the batch at its COPY: its first key, inserted and not committed.
-        let mut holder = sqlx::PgConnection::connect(&scene.url).await.unwrap();
-        sqlx::query("BEGIN").execute(&mut holder).await.unwrap();
-        sqlx::query(
-            "INSERT INTO event_keys (namespace, event_key, first_seen) VALUES ($1, $2, now())",
-        )
-        .bind(&scene.namespace)
-        .bind(keys[0])
-        .execute(&mut holder)
-        .await
-        .unwrap();
-        let marking = {
-            let (store, namespace, row) = (
-                scene.store.clone(),
-                scene.namespace.clone(),
-                scene.row.clone(),
-            );
-            let (marks, marker) = (marks(keys), marker(scene, place));
-            tokio::spawn(async move {
-                let batch = PendingBatch {
-                    marker: &marker,
-                    timeout: Duration::from_secs(600),
-                    turn: Some(BatchTurn {
-                        row: &row,
-                        place,
-                        started: TurnStarted::nobody(),
-                    }),
-                };
-                let now = Utc::now();
-                if ahead {
-                    store
-                        .check_and_mark_pending_ahead(&namespace, &marks, now, batch)
-                        .await
-                } else {
-                    store
-                        .check_and_mark_pending(&namespace, &marks, now, batch, None)
-                        .await
-                        .map(Some)
-                }
-            })
-        };
-        // The batch waits for the holder's transaction (its key's unique check): only
-        // this batch can, the key is in this test's namespace.
-        let holder_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-            .fetch_one(&mut holder)
-            .await
-            .unwrap();
-        let mut watcher = sqlx::PgConnection::connect(&scene.url).await.unwrap();
-        loop {
-            let held: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
-            )
-            .bind(holder_pid)
-            .fetch_one(&mut watcher)
-            .await
-            .unwrap();
-            if held > 0 {
-                break;
-            }
-            tokio::task::yield_now().await;
-        }
+        let holder = hold(scene, keys[0]).await;
+        let marking = mark(scene, place, ahead, keys);
+        holder.waited_for(scene).await;
         assert_eq!(scene.store.riders.open(), 1, "the batch on its way carries");
-        let confirming = {
-            let (store, namespace) = (scene.store.clone(), scene.namespace.clone());
-            let marker = marker(scene, confirmed);
-            let keys: Vec<(String, Option<chrono::DateTime<Utc>>)> =
-                of.iter().map(|k| (k.to_string(), None)).collect();
-            tokio::spawn(async move {
-                store
-                    .confirm_pending_batch(&namespace, &marker, &keys, true)
-                    .await
-            })
-        };
-        // Queued for the batch (not at its connection's turn, nor written on its own):
-        // asked within a minute, or the test fails rather than hangs.
-        let queued = tokio::time::timeout(Duration::from_secs(60), async {
-            while scene.store.riders.waiting() == 0 && !confirming.is_finished() {
-                tokio::task::yield_now().await;
-            }
-        });
-        assert!(
-            queued.await.is_ok() && scene.store.riders.waiting() == 1,
-            "the confirmation did not wait for the batch on its way"
-        );
-        sqlx::query("ROLLBACK").execute(&mut holder).await.unwrap();
+        let confirming = confirm_queued(scene, confirmed, of).await;
+        holder.release().await;
         let verdicts = marking.await.unwrap().unwrap();
         let confirmed = confirming.await.unwrap().unwrap();
         assert_eq!(scene.store.riders.waiting(), 0);
         (verdicts, confirmed)
+    }
+
+    /// Batch 2, asked ahead, waits for batch 1's transaction (its lock) and moves the row
+    /// after it, from the place batch 1 committed, which its statement's snapshot, taken
+    /// before batch 1 committed, does not hold; the confirmation of batch 0 rides in it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_batch_asked_ahead_moves_the_row_after_the_one_before_it_commits() {
+        let Some(scene) = scene("wait").await else {
+            return;
+        };
+        mark_first(&scene).await;
+        let (one, two) = (hold(&scene, "b1").await, hold(&scene, "c1").await);
+        let first = mark(&scene, 1, false, &["b1", "b2"]);
+        one.waited_for(&scene).await;
+        let second = mark(&scene, 2, true, &["c1", "c2"]);
+        two.waited_for(&scene).await;
+        let confirming = confirm_queued(&scene, 0, &["a1", "a2"]).await;
+        // Batch 2 takes the confirmation and waits for batch 1, still held at its COPY.
+        two.release().await;
+        let mut watcher = sqlx::PgConnection::connect(&scene.url).await.unwrap();
+        while scene.store.riders.waiting() > 0 {
+            tokio::task::yield_now().await;
+        }
+        loop {
+            // A batch waiting for another than the holder: batch 2 for batch 1.
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE cardinality(pg_blocking_pids(pid)) > 0 AND NOT $1 = ANY(pg_blocking_pids(pid))",
+            )
+            .bind(one.pid)
+            .fetch_one(&mut watcher)
+            .await
+            .unwrap();
+            if waiting > 0 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert!(!second.is_finished(), "batch 2 waits for batch 1");
+        one.release().await;
+        let new = |n| Some(vec![EventVerdict::New; n]);
+        assert_eq!(first.await.unwrap().unwrap(), new(2));
+        assert_eq!(second.await.unwrap().unwrap(), new(2), "not refused");
+        assert_eq!(confirming.await.unwrap().unwrap(), 2);
+        assert_eq!(scene.store.riders.carried_count(), 1);
+        assert_eq!(pending_rows(&scene, &marker(&scene, 0)).await, 0);
+        let place: i64 = sqlx::query_scalar("SELECT place FROM event_turns WHERE row_id = $1")
+            .bind(&scene.row)
+            .fetch_one(scene.store.pool())
+            .await
+            .unwrap();
+        assert_eq!(place, 2, "the row's last place");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
