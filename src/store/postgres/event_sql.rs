@@ -547,8 +547,8 @@ RETURNING id";
 /// its row's last place moved to its own, from the one just before it only, once the
 /// transaction of the batch before it ended (`waited`: its lock, held from its first
 /// statement, [`PENDING_ROW_HELD_SQL`]). `cur` reads the row's place locked `FOR UPDATE`,
-/// which reads the newest committed version whatever this statement's snapshot holds,
-/// (so the wait and the move are one round trip, not two); `moved` says whether it moved.
+/// which reads the newest committed version whatever this statement's snapshot holds (so
+/// the wait and the move are one round trip, not two); `moved` says whether it moved.
 ///
 /// The waiting transaction holds its copied keys. Should that ever close a circle of waits
 /// (its batch before it waiting on a key that another transaction holds, which waits on

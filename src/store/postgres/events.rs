@@ -555,11 +555,12 @@ impl EventKeyStore for PostgresStore {
             }
         }
         let names: Vec<&str> = keys.iter().map(|(k, _)| k.as_str()).collect();
-        // On its own: one statement, committed with `synchronous_commit` off ([`ASYNC_COMMIT`]): a
-        // confirmation lost to a server crash leaves the batch unconfirmed, its keys
-        // expire with its timeout and are reported `new` again (at least once, never
-        // lost), so it need not wait for a WAL flush of its own. Whole: the batch's rows
-        // go. Some of its keys only: those keys stop naming it, the others stay pending.
+        // On its own: one statement, committed with `synchronous_commit` off
+        // ([`CONFIRM_BATCH_SQL`]): a confirmation lost to a server crash leaves the batch
+        // unconfirmed, its keys expire with its timeout and are reported `new` again (at
+        // least once, never lost), so it need not wait for a WAL flush of its own. Whole:
+        // the batch's rows go. Some of its keys only: those keys stop naming it, the
+        // others stay pending.
         let confirm = || async {
             let mut conn = self.turn().await?;
             if whole {
