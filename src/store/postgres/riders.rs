@@ -187,13 +187,22 @@ impl Riders<'_> {
 
     /// The carrier's transaction committed having deleted the rows of `deleted`
     /// (namespace, marker): those confirmations are done, the others go on their own.
+    /// Each row deleted answers one confirmation: of two confirmations of the same batch
+    /// (a caller that asked twice at once), the second goes on its own and finds nothing,
+    /// as it would have without riding.
     pub(super) fn answer(mut self, deleted: &[(String, String)]) {
+        let mut deleted: Vec<&(String, String)> = deleted.iter().collect();
         for r in std::mem::take(&mut self.riders) {
-            if deleted
+            let Some(i) = deleted
                 .iter()
-                .any(|(n, m)| *n == r.namespace && *m == r.marker)
-                && r.done.send(()).is_ok()
-            {
+                .position(|(n, m)| *n == r.namespace && *m == r.marker)
+            else {
+                continue;
+            };
+            // A confirmation no longer waiting (its caller gone) leaves the row's answer
+            // to another of the same batch.
+            if r.done.send(()).is_ok() {
+                deleted.swap_remove(i);
                 self.queue.carried.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -226,6 +235,25 @@ mod tests {
         carrier.take().answer(&[("n".to_string(), "b".to_string())]);
         assert!(!queue.carried(a).await, "a's row was not deleted");
         assert!(queue.carried(b).await);
+    }
+
+    #[tokio::test]
+    async fn each_row_deleted_answers_one_confirmation_of_its_batch() {
+        let queue = RideQueue::default();
+        let carrier = queue.carrier();
+        let (gone, twice, again) = (
+            queue.ride("n", "a").unwrap(),
+            queue.ride("n", "a").unwrap(),
+            queue.ride("n", "a").unwrap(),
+        );
+        drop(gone);
+        carrier.take().answer(&[("n".to_string(), "a".to_string())]);
+        assert!(queue.carried(twice).await, "the first still waiting");
+        assert!(
+            !queue.carried(again).await,
+            "on its own: the row answered once"
+        );
+        assert_eq!(queue.carried_count(), 1);
     }
 
     #[tokio::test]
