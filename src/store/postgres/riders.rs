@@ -423,20 +423,7 @@ mod on_a_server {
         /// Until a batch waits for this transaction (only this test's batches can: the key
         /// is in its namespace).
         async fn waited_for(&self, scene: &Scene) {
-            let mut watcher = sqlx::PgConnection::connect(&scene.url).await.unwrap();
-            loop {
-                let waiting: i64 = sqlx::query_scalar(
-                    "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
-                )
-                .bind(self.pid)
-                .fetch_one(&mut watcher)
-                .await
-                .unwrap();
-                if waiting > 0 {
-                    return;
-                }
-                tokio::task::yield_now().await;
-            }
+            until_a_backend(scene, "$1 = ANY(pg_blocking_pids(pid))", self.pid).await;
         }
 
         async fn release(mut self) {
@@ -444,6 +431,23 @@ mod on_a_server {
                 .execute(&mut self.conn)
                 .await
                 .unwrap();
+        }
+    }
+
+    /// Until some backend of the server matches `condition` (of `pid`, its `$1`).
+    async fn until_a_backend(scene: &Scene, condition: &str, pid: i32) {
+        let mut watcher = sqlx::PgConnection::connect(&scene.url).await.unwrap();
+        let sql = format!("SELECT count(*) FROM pg_stat_activity WHERE {condition}");
+        loop {
+            let found: i64 = sqlx::query_scalar(&sql)
+                .bind(pid)
+                .fetch_one(&mut watcher)
+                .await
+                .unwrap();
+            if found > 0 {
+                return;
+            }
+            tokio::task::yield_now().await;
         }
     }
 
@@ -553,25 +557,16 @@ mod on_a_server {
         let confirming = confirm_queued(&scene, 0, &["a1", "a2"]).await;
         // Batch 2 takes the confirmation and waits for batch 1, still held at its COPY.
         two.release().await;
-        let mut watcher = sqlx::PgConnection::connect(&scene.url).await.unwrap();
         while scene.store.riders.waiting() > 0 {
             tokio::task::yield_now().await;
         }
-        loop {
-            // A batch waiting for another than the holder: batch 2 for batch 1.
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity \
-                 WHERE cardinality(pg_blocking_pids(pid)) > 0 AND NOT $1 = ANY(pg_blocking_pids(pid))",
-            )
-            .bind(one.pid)
-            .fetch_one(&mut watcher)
-            .await
-            .unwrap();
-            if waiting > 0 {
-                break;
-            }
-            tokio::task::yield_now().await;
-        }
+        // A batch waiting for another than the holder: batch 2 for batch 1.
+        until_a_backend(
+            &scene,
+            "cardinality(pg_blocking_pids(pid)) > 0 AND NOT $1 = ANY(pg_blocking_pids(pid))",
+            one.pid,
+        )
+        .await;
         assert!(!second.is_finished(), "batch 2 waits for batch 1");
         one.release().await;
         let new = |n| Some(vec![EventVerdict::New; n]);
