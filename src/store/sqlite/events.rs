@@ -132,10 +132,14 @@ impl SqliteStore {
                 drop(turn);
                 Ok(true)
             }
+            // Nothing of its transaction stayed, the riders' deletes neither: back in the
+            // queue for the next writer, or for their own callers, which write the queue
+            // themselves once they have the turn this one still holds. Not told this
+            // batch's error: a batch failing (refused, or the store busy past its timeout)
+            // is no reason for other batches' confirmations to fail, which would leave
+            // their keys pending for other gates to wait on until they expire.
             Err(e) => {
-                if refused(&e) {
-                    riders.put_back(&self.events);
-                }
+                riders.put_back(&self.events);
                 Err(e)
             }
         }
@@ -512,16 +516,22 @@ impl EventKeyStore for SqliteStore {
                 Err(_) => {
                     // One statement for every confirmation waiting: atomic alone.
                     let mut riders = Riders::take(&self.events);
-                    let mut conn = self.pool.acquire().await.map_err(|e| self.err(e))?;
-                    let written = sqlx::query(RIDERS_DELETE_SQL)
-                        .bind(riders.json())
-                        .fetch_all(&mut *conn)
-                        .await;
-                    drop(conn);
+                    let written = match self.pool.acquire().await {
+                        Ok(mut conn) => {
+                            sqlx::query(RIDERS_DELETE_SQL)
+                                .bind(riders.json())
+                                .fetch_all(&mut *conn)
+                                .await
+                        }
+                        Err(e) => Err(e),
+                    };
                     match written {
                         Ok(rows) => riders.answer(&rows),
                         Err(e) => {
+                            // This call's confirmation fails; the others go back to the
+                            // queue, for their own callers to write in their turn.
                             riders.error = e.to_string();
+                            riders.put_back_others(&self.events, namespace, marker);
                             drop(riders);
                             drop(turn);
                             return Err(self.err(e));

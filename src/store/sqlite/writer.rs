@@ -61,8 +61,8 @@ pub(super) struct Rider {
 
 /// The confirmations a writer took from the queue into its transaction: each answered
 /// once it committed ([`answer`](Self::answer)), put back when the transaction was undone
-/// for a reason of the writer's own ([`put_back`](Self::put_back)), or told the error
-/// when dropped unanswered (the transaction failed).
+/// ([`put_back`](Self::put_back)), or told the error when dropped unanswered (a
+/// confirmation's own statement failed, or its caller went away).
 pub(super) struct Riders {
     riders: Vec<Rider>,
     pub(super) error: String,
@@ -110,10 +110,21 @@ impl Riders {
         }
     }
 
-    /// The transaction was undone for its writer's own reason: back in the queue, for the
-    /// next writer (they wait for the turn this writer still holds).
+    /// The transaction was undone (refused, or failed): back in the queue, for the next
+    /// writer or their own callers (they wait for the turn this writer still holds).
     pub(super) fn put_back(mut self, writer: &EventWriter) {
         lock(&writer.confirms).extend(self.riders.drain(..));
+    }
+
+    /// Every confirmation but those of batch `marker` of `namespace` back in the queue:
+    /// the statement of that batch's own caller failed, which is its error only.
+    pub(super) fn put_back_others(&mut self, writer: &EventWriter, namespace: &str, marker: &str) {
+        let (own, others): (Vec<Rider>, Vec<Rider>) = self
+            .riders
+            .drain(..)
+            .partition(|r| r.namespace == namespace && r.marker == marker);
+        self.riders = own;
+        lock(&writer.confirms).extend(others);
     }
 }
 
@@ -205,5 +216,84 @@ mod tests {
         }
         assert!(!rows.follows(&turn("a", 4)), "pushed out by newer rows");
         assert!(rows.follows(&turn(&newer[0], 1)));
+    }
+
+    /// A confirmation that rode in a batch's write which then failed (any failure, not
+    /// only a refusal) goes back to the queue and is written on its own: before, it was
+    /// told the batch's error, and its keys stayed pending for other gates to wait on
+    /// until they expired.
+    #[tokio::test]
+    async fn a_confirmation_riding_in_a_failed_write_is_written_on_its_own() {
+        use crate::store::{EventKeyStore, EventMark, PendingBatch};
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("events.db").display());
+        let store = Arc::new(SqliteStore::connect_sized(&url, 2).await.unwrap());
+        const FIRST: &str = r#"{"idem_pending":"gate/0"}"#;
+        const SECOND: &str = r#"{"idem_pending":"gate/1"}"#;
+        let batch = |marker| PendingBatch {
+            marker,
+            timeout: std::time::Duration::from_secs(600),
+            turn: None,
+        };
+        let now = Utc::now();
+        let first = store
+            .check_and_mark_pending("t", &[EventMark::key("a")], now, batch(FIRST), None)
+            .await
+            .unwrap();
+        assert_eq!(first, [EventVerdict::New]);
+        // The second batch's write fails, as a full disk or a lock held past the busy
+        // timeout would (not a refusal: no key of it is stored).
+        sqlx::query(&format!(
+            "CREATE TRIGGER fail_second BEFORE INSERT ON event_pending \
+             WHEN NEW.marker = '{SECOND}' BEGIN SELECT RAISE(ABORT, 'no room'); END"
+        ))
+        .execute(&store.pool)
+        .await
+        .unwrap();
+        // The second batch waits for the writers' turn first, then the first batch's
+        // confirmation is queued: the second batch takes it into its write.
+        let turn = store.events.take_turn().await;
+        let carrier = tokio::spawn({
+            let store = store.clone();
+            async move {
+                store
+                    .check_and_mark_pending("t", &[EventMark::key("b")], now, batch(SECOND), None)
+                    .await
+            }
+        });
+        tokio::task::yield_now().await;
+        let confirmation = tokio::spawn({
+            let store = store.clone();
+            async move {
+                store
+                    .confirm_pending_batch("t", FIRST, &[("a".to_string(), None)], true)
+                    .await
+            }
+        });
+        while lock(&store.events.confirms).is_empty() {
+            tokio::task::yield_now().await;
+        }
+        drop(turn);
+        let carried = carrier.await.unwrap();
+        assert!(
+            carried
+                .as_ref()
+                .is_err_and(|e| e.to_string().contains("no room")),
+            "{carried:?}"
+        );
+        let confirmed = confirmation.await.unwrap();
+        assert_eq!(
+            confirmed.unwrap(),
+            1,
+            "the first batch confirmed on its own"
+        );
+        let found = store
+            .check_and_mark("t", &[EventMark::key("a")], Utc::now())
+            .await
+            .unwrap();
+        assert!(
+            matches!(&found[..], [EventVerdict::Replay { decision: None, .. }]),
+            "`a` confirmed, not pending: {found:?}"
+        );
     }
 }
