@@ -96,11 +96,25 @@ impl EventGate {
         }
         let mut confirmed = 0;
         for c in batches.iter().filter(|c| !c.keys.is_empty()) {
-            let done = self
-                .dedup
-                .store
-                .confirm_pending_batch(self.dedup.namespace(), &c.marker, &c.keys, c.whole)
-                .await?;
+            let store = &self.dedup.store;
+            let namespace = self.dedup.namespace();
+            let done = match store
+                .confirm_pending_batch(namespace, &c.marker, &c.keys, c.whole)
+                .await
+            {
+                // Asked once more when the store failed (busy past its timeout, a
+                // connection lost): an unconfirmed batch's keys stay pending, and other
+                // gates wait on them until they expire. Asking twice is harmless: only
+                // marks still naming the batch are confirmed.
+                Err(e) if e.is_store_failure() => {
+                    tracing::debug!("confirming a pending batch failed ({e}); asking again");
+                    tokio::time::sleep(CONFIRM_AGAIN_AFTER).await;
+                    store
+                        .confirm_pending_batch(namespace, &c.marker, &c.keys, c.whole)
+                        .await?
+                }
+                done => done?,
+            };
             confirmed += done;
             // A store confirms only marks still naming the batch: fewer than its keys when
             // the pending timeout passed first (the records took longer than it to be
@@ -135,6 +149,9 @@ impl EventGate {
         Ok(confirmed)
     }
 }
+
+/// How long a gate waits before asking the store again for a confirmation that failed.
+const CONFIRM_AGAIN_AFTER: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// An admission's batch and the expiry its confirmation gives its key, when it is a key
 /// its gate marked pending and found new.
