@@ -483,3 +483,197 @@ async fn a_failed_stream_does_not_wait_on_another_gate_to_take_its_batches_back(
         "`x` still the other gate's, `y` taken back"
     );
 }
+
+/// A real memory store on which batch 1's pending call waits (up to a minute) for batch
+/// 0's confirmation, as a batch waits on another gate that waits on keys of this gate's
+/// batch 0; batch 0's call takes 10 ms.
+#[derive(Debug, Default)]
+struct WaitsOnConfirmation {
+    inner: MemoryStore,
+    confirmed: tokio::sync::Notify,
+    first_confirmed: std::sync::atomic::AtomicBool,
+    /// The first confirmation fails, as a store busy past its timeout would.
+    fail_first_confirmation: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl crate::store::StoreBase for WaitsOnConfirmation {
+    fn kind(&self) -> &'static str {
+        "waits-on-confirmation"
+    }
+    fn location(&self) -> String {
+        "waits-on-confirmation://".into()
+    }
+    fn capabilities(&self) -> crate::store::Capabilities {
+        crate::store::Capabilities {
+            batch_concurrency: 4,
+            marks_ahead: false,
+            ..self.inner.capabilities()
+        }
+    }
+    async fn migrate(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl WaitsOnConfirmation {
+    async fn pending(
+        &self,
+        namespace: &str,
+        marks: &[crate::store::EventMark],
+        now: chrono::DateTime<Utc>,
+        batch: crate::store::PendingBatch<'_>,
+        cursor: Option<(&str, &crate::store::Cursor)>,
+    ) -> Result<Vec<EventVerdict>> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if batch.marker.ends_with("/0\"}") {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        } else if batch.marker.ends_with("/1\"}") {
+            let confirmed = async {
+                while !self.first_confirmed.load(SeqCst) {
+                    let notified = self.confirmed.notified();
+                    if self.first_confirmed.load(SeqCst) {
+                        break;
+                    }
+                    notified.await;
+                }
+            };
+            if tokio::time::timeout(Duration::from_secs(60), confirmed)
+                .await
+                .is_err()
+            {
+                return Err(crate::error::Error::store(
+                    "waits-on-confirmation://",
+                    "batch 1 waited a minute for batch 0's confirmation",
+                ));
+            }
+        }
+        crate::store::EventKeyStore::check_and_mark_pending(
+            &self.inner,
+            namespace,
+            marks,
+            now,
+            batch,
+            cursor,
+        )
+        .await
+    }
+
+    async fn confirm(
+        &self,
+        namespace: &str,
+        marker: &str,
+        keys: &[(String, Option<chrono::DateTime<Utc>>)],
+        whole: bool,
+    ) -> Result<u64> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.fail_first_confirmation.swap(false, SeqCst) {
+            return Err(crate::error::Error::store(
+                "waits-on-confirmation://",
+                "database is locked",
+            ));
+        }
+        let done = crate::store::EventKeyStore::confirm_pending_batch(
+            &self.inner,
+            namespace,
+            marker,
+            keys,
+            whole,
+        )
+        .await;
+        if marker.ends_with("/0\"}") {
+            self.first_confirmed
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            self.confirmed.notify_waiters();
+        }
+        done
+    }
+}
+
+macro_rules! waits_on_confirmation {
+    ($s:ident, check_and_mark_pending($($arg:expr),*)) => {
+        $s.pending($($arg),*).await
+    };
+    ($s:ident, confirm_pending_batch($($arg:expr),*)) => {
+        $s.confirm($($arg),*).await
+    };
+    ($s:ident, $method:ident($($arg:expr),*)) => {
+        $s.inner.$method($($arg),*).await
+    };
+}
+crate::forward_event_key_store!([] WaitsOnConfirmation, waits_on_confirmation);
+
+/// A batch whose call returned is written (and its confirmation sent) before the stream
+/// waits on a later batch's call: that call may wait on another gate, which may wait on
+/// the earlier batch's keys. Here batch 2 shares `c` with batch 1, so the stream waits for
+/// batch 1's call, which waits for batch 0's confirmation; before, batch 0 (returned,
+/// unwritten) was written only after batch 1's call returned, and the two waited on each
+/// other until the store gave up.
+#[tokio::test(start_paused = true)]
+async fn a_returned_batch_is_written_before_the_stream_waits_on_a_later_call() {
+    let store = Arc::new(WaitsOnConfirmation::default());
+    let dedup = Deduplicator::new(store.clone(), "t", ["id"]).unwrap();
+    let gate = EventGate::new(dedup, Strategy::Strict, BreakerConfig::default())
+        .pending(Duration::from_secs(600));
+    let input = "{\"id\":\"a\"}\n{\"id\":\"b\"}\n{\"id\":\"c\"}\n{\"id\":\"d\"}\n\
+                 {\"id\":\"c\"}\n{\"id\":\"e\"}\n";
+    let (outcome, out) = run_gate(&gate, input).await;
+    let summary = outcome.unwrap();
+    assert_eq!((summary.new, summary.replay), (5, 1));
+    let verdicts: Vec<String> = String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["verdict"].to_string())
+        .collect();
+    assert_eq!(
+        verdicts,
+        [
+            "\"new\"",
+            "\"new\"",
+            "\"new\"",
+            "\"new\"",
+            "\"replay\"",
+            "\"new\""
+        ]
+    );
+}
+
+/// A confirmation the store failed (busy past its timeout, a connection lost) is asked
+/// once more: its keys are confirmed, not left pending for other gates to wait on until
+/// they expire.
+#[tokio::test(start_paused = true)]
+async fn a_failed_confirmation_is_asked_again() {
+    let store = Arc::new(WaitsOnConfirmation::default());
+    store
+        .fail_first_confirmation
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let dedup = Deduplicator::new(store.clone(), "t", ["id"]).unwrap();
+    let gate = EventGate::new(dedup, Strategy::Strict, BreakerConfig::default())
+        .pending(Duration::from_secs(600));
+    let (outcome, _) = run_gate(&gate, "{\"id\":\"a\"}\n{\"id\":\"b\"}\n").await;
+    assert_eq!(outcome.unwrap().new, 2);
+    assert!(
+        !store
+            .fail_first_confirmation
+            .load(std::sync::atomic::Ordering::SeqCst),
+        "the first confirmation was asked for and failed"
+    );
+    // Another gate finds both keys confirmed: replays of no pending batch.
+    let verdicts = crate::store::EventKeyStore::check_and_mark(
+        &store.inner,
+        "t",
+        &[
+            crate::store::EventMark::key("a"),
+            crate::store::EventMark::key("b"),
+        ],
+        Utc::now(),
+    )
+    .await
+    .unwrap();
+    for v in verdicts {
+        assert!(
+            matches!(&v, EventVerdict::Replay { decision: None, .. }),
+            "still pending: {v:?}"
+        );
+    }
+}

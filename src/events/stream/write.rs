@@ -80,9 +80,9 @@ impl<W: Write> Sink<'_, W> {
     }
 
     /// Makes room for a batch's store call: while the calls still running fill the window,
-    /// or one of them has one of the batch's `keys`, waits for the oldest running call
-    /// (batches whose calls returned are written by the caller, while this batch's call
-    /// runs). One call at a time while the breaker is not closed: a recovering store gets
+    /// or one of them has one of the batch's `keys`, writes the batches at the front whose
+    /// calls returned, then waits for the oldest running call (the batches after it whose
+    /// calls returned are written by the caller, while this batch's call runs). One call at a time while the breaker is not closed: a recovering store gets
     /// its one probe, not a window of refusals. `Ok(true)` when the stream stops: a call
     /// failed (under `strict`), what came before it is written, or the output's reader went
     /// away meanwhile.
@@ -105,6 +105,16 @@ impl<W: Write> Sink<'_, W> {
                 .any(|f| !f.is_done() && f.keys.shares(keys));
             if running < window && !blocked {
                 return Ok(false);
+            }
+            // The batches at the front whose calls returned are written first (their
+            // confirmations sent): a running call may wait on another gate's batch, which
+            // may wait on their keys; unwritten, they are confirmed only after that call
+            // returns, and the two gates wait on each other until the marks expire.
+            if self
+                .emit_while(in_flight, summary, progress, InFlight::is_done)
+                .await?
+            {
+                return Ok(true);
             }
             // (Calls finish on their own meanwhile: none may be left running.)
             let Some(oldest) = in_flight.iter_mut().find(|f| !f.is_done()) else {
