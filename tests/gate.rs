@@ -1161,19 +1161,28 @@ fn two_gates_on_one_store_never_both_say_new() {
         let done: Vec<_> = waits.into_iter().map(|w| w.join().unwrap()).collect();
         drop(ended);
         let killed = watchdog.join().unwrap();
+        let done: Vec<_> = done.into_iter().map(|(d, out)| (d.unwrap(), out)).collect();
+        // Both gates' stderr when either failed: the one that did not end may be waiting
+        // on what the other said went wrong.
+        assert!(
+            !killed && done.iter().all(|(d, _)| d.status.success()),
+            "{store}: {}{}",
+            if killed {
+                "the gates never ended (killed after 300 s)"
+            } else {
+                "a gate failed"
+            },
+            done.iter()
+                .enumerate()
+                .map(|(n, (d, _))| format!(
+                    "\n--- gate {n} ({}), stderr:\n{}",
+                    d.status,
+                    String::from_utf8_lossy(&d.stderr)
+                ))
+                .collect::<String>()
+        );
         let mut new_by_key: HashMap<String, usize> = HashMap::new();
-        for (done, out) in done {
-            let done = done.unwrap();
-            assert!(
-                done.status.success() && !killed,
-                "{store}: {}{}",
-                if killed {
-                    "the gates never ended (killed after 300 s): "
-                } else {
-                    ""
-                },
-                String::from_utf8_lossy(&done.stderr)
-            );
+        for (_, out) in done {
             let records = complete_records(&out);
             assert_eq!(records.len(), LINES);
             for r in records.iter().filter(|r| r["verdict"] == "new") {
