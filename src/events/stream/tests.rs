@@ -136,24 +136,32 @@ struct Overtaking {
     marked: std::sync::Mutex<Vec<String>>,
 }
 
-#[async_trait::async_trait]
-impl crate::store::StoreBase for Overtaking {
-    fn kind(&self) -> &'static str {
-        "overtaking"
-    }
-    fn location(&self) -> String {
-        "overtaking://".into()
-    }
-    fn capabilities(&self) -> crate::store::Capabilities {
-        crate::store::Capabilities {
-            batch_concurrency: 4,
-            ..self.inner.capabilities()
+/// `StoreBase` for a test store over a memory store (its field `inner`), named `$kind`:
+/// its capabilities, with up to 4 batch calls at once and the fields given changed.
+macro_rules! over_memory {
+    ($store:ty, $kind:literal $(, $field:ident: $value:expr)*) => {
+        #[async_trait::async_trait]
+        impl crate::store::StoreBase for $store {
+            fn kind(&self) -> &'static str {
+                $kind
+            }
+            fn location(&self) -> String {
+                concat!($kind, "://").into()
+            }
+            fn capabilities(&self) -> crate::store::Capabilities {
+                crate::store::Capabilities {
+                    batch_concurrency: 4,
+                    $($field: $value,)*
+                    ..self.inner.capabilities()
+                }
+            }
+            async fn migrate(&self) -> Result<()> {
+                Ok(())
+            }
         }
-    }
-    async fn migrate(&self) -> Result<()> {
-        Ok(())
-    }
+    };
 }
+over_memory!(Overtaking, "overtaking");
 
 impl Overtaking {
     /// The memory store's `check_and_mark`, made to overtake (see [`Overtaking`]).
@@ -496,25 +504,7 @@ struct WaitsOnConfirmation {
     fail_first_confirmation: std::sync::atomic::AtomicBool,
 }
 
-#[async_trait::async_trait]
-impl crate::store::StoreBase for WaitsOnConfirmation {
-    fn kind(&self) -> &'static str {
-        "waits-on-confirmation"
-    }
-    fn location(&self) -> String {
-        "waits-on-confirmation://".into()
-    }
-    fn capabilities(&self) -> crate::store::Capabilities {
-        crate::store::Capabilities {
-            batch_concurrency: 4,
-            marks_ahead: false,
-            ..self.inner.capabilities()
-        }
-    }
-    async fn migrate(&self) -> Result<()> {
-        Ok(())
-    }
-}
+over_memory!(WaitsOnConfirmation, "waits-on-confirmation", marks_ahead: false);
 
 impl WaitsOnConfirmation {
     async fn pending(
@@ -590,6 +580,9 @@ impl WaitsOnConfirmation {
     }
 }
 
+/// Pending calls and confirmations through [`WaitsOnConfirmation`]'s own methods; every
+/// other call goes to the memory store (the dispatch `forward_event_key_store!` asks of a
+/// wrapper).
 macro_rules! waits_on_confirmation {
     ($s:ident, check_and_mark_pending($($arg:expr),*)) => {
         $s.pending($($arg),*).await
