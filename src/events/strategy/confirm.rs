@@ -96,24 +96,25 @@ impl EventGate {
         }
         let mut confirmed = 0;
         for c in batches.iter().filter(|c| !c.keys.is_empty()) {
-            let store = &self.dedup.store;
-            let namespace = self.dedup.namespace();
-            let done = match store
-                .confirm_pending_batch(namespace, &c.marker, &c.keys, c.whole)
-                .await
-            {
-                // Asked once more when the store failed (busy past its timeout, a
-                // connection lost): an unconfirmed batch's keys stay pending, and other
-                // gates wait on them until they expire. Asking twice is harmless: only
-                // marks still naming the batch are confirmed.
-                Err(e) if e.is_store_failure() => {
-                    tracing::debug!("confirming a pending batch failed ({e}); asking again");
-                    tokio::time::sleep(CONFIRM_AGAIN_AFTER).await;
-                    store
-                        .confirm_pending_batch(namespace, &c.marker, &c.keys, c.whole)
-                        .await?
+            let mut again = true;
+            let done = loop {
+                match self
+                    .dedup
+                    .store
+                    .confirm_pending_batch(self.dedup.namespace(), &c.marker, &c.keys, c.whole)
+                    .await
+                {
+                    // Asked once more when the store failed (busy past its timeout, a
+                    // connection lost): an unconfirmed batch's keys stay pending, and other
+                    // gates wait on them until they expire. Asking twice is harmless: only
+                    // marks still naming the batch are confirmed.
+                    Err(e) if again && e.is_store_failure() => {
+                        tracing::debug!("confirming a pending batch failed ({e}); asking again");
+                        again = false;
+                        tokio::time::sleep(CONFIRM_AGAIN_AFTER).await;
+                    }
+                    done => break done?,
                 }
-                done => done?,
             };
             confirmed += done;
             // A store confirms only marks still naming the batch: fewer than its keys when

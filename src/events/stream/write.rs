@@ -82,8 +82,9 @@ impl<W: Write> Sink<'_, W> {
     /// Makes room for a batch's store call: while the calls still running fill the window,
     /// or one of them has one of the batch's `keys`, writes the batches at the front whose
     /// calls returned, then waits for the oldest running call (the batches after it whose
-    /// calls returned are written by the caller, while this batch's call runs). One call at a time while the breaker is not closed: a recovering store gets
-    /// its one probe, not a window of refusals. `Ok(true)` when the stream stops: a call
+    /// calls returned are written by the caller, while this batch's call runs). One call
+    /// at a time while the breaker is not closed: a recovering store gets its one probe,
+    /// not a window of refusals. `Ok(true)` when the stream stops: a call
     /// failed (under `strict`), what came before it is written, or the output's reader went
     /// away meanwhile.
     pub(super) async fn make_room(
