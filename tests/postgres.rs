@@ -964,6 +964,104 @@ fn key_reads_scan_pending_batches_once_whatever_their_statistics() {
         .unwrap();
 }
 
+/// Issue 36 (a Postgres replay below its `COPY` floor): a batch's marking statement, with
+/// a pending marker, asks whether it will insert a key before it registers the batch. That
+/// question was `EXISTS (… input WHERE NOT EXISTS (… stored keys …))`, which the planner
+/// runs as a nested loop to find a first row fast: when every key is stored (a replay)
+/// there is none, and it compared each key with half the others, 499,500 comparisons for
+/// 1,000 keys (about 20 ms, four times the whole lookup). Counted here as the rows every
+/// plan node handled, which must stay within a small multiple of the keys.
+#[test]
+fn marking_a_batch_of_stored_keys_does_work_linear_in_its_keys() {
+    let Some(url) = pg_url("marking_a_batch_of_stored_keys_does_work_linear_in_its_keys") else {
+        return;
+    };
+    let rt = runtime();
+    let admin = rt.block_on(db(&url));
+    let schema = format!("idem_mark_plan_{}", suffix());
+    rt.block_on(sqlx::query(&format!("CREATE SCHEMA {schema}")).execute(&admin))
+        .unwrap();
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let scoped = format!("{url}{sep}options[search_path]={schema}");
+    const KEYS: usize = 1000;
+    rt.block_on(async {
+        PostgresStore::connect(&scoped).await.unwrap();
+        let pool = db(&scoped).await;
+        // 1,000 stored keys, confirmed, as a replay finds them.
+        sqlx::query(
+            "INSERT INTO event_keys (namespace, event_key, first_seen, fingerprint) \
+             SELECT 'ns', 'k' || lpad(g::text, 6, '0'), now(), 'f' \
+             FROM generate_series(1, $1) g",
+        )
+        .bind(KEYS as i64)
+        .execute(&pool)
+        .await
+        .unwrap();
+        /// Rows every node of the plan produced or filtered out, over all its loops.
+        fn rows_handled(node: &Value) -> f64 {
+            let num = |k: &str| node[k].as_f64().unwrap_or(0.0);
+            num("Actual Rows") * num("Actual Loops").max(1.0)
+                + num("Rows Removed by Filter")
+                + num("Rows Removed by Join Filter")
+                + node["Plans"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(rows_handled)
+                    .sum::<f64>()
+        }
+        // Every key stored (a replay: no batch row), then one key more that is not (the
+        // batch registered, the key inserted).
+        for absent in [0, 1] {
+            let n = KEYS + absent;
+            let keys: Vec<String> = (1..=n).map(|g| format!("k{g:06}")).collect();
+            let fingerprints = vec![Some("f"); n];
+            let decisions: Vec<Option<&str>> = vec![None; n];
+            let expiries: Vec<Option<chrono::DateTime<Utc>>> = vec![None; n];
+            for (name, sql) in idem::store::postgres::EVENT_KEY_MARKS {
+                // EXPLAIN ANALYZE runs the statement: in a transaction rolled back after.
+                let mut tx = pool.begin().await.unwrap();
+                let (plan,): (sqlx::types::Json<Value>,) =
+                    sqlx::query_as(&format!("EXPLAIN (ANALYZE, FORMAT JSON) {sql}"))
+                        .bind("ns")
+                        .bind(&keys)
+                        .bind(&fingerprints)
+                        .bind(&decisions)
+                        .bind(&expiries)
+                        .bind(Utc::now())
+                        .bind(Some(r#"{"idem_pending":"plan-test"}"#))
+                        .bind(Some(Utc::now() + chrono::Duration::hours(1)))
+                        .fetch_one(&mut *tx)
+                        .await
+                        .unwrap();
+                let (batches, pending_keys): (i64, i64) = sqlx::query_as(
+                    "SELECT (SELECT count(*) FROM event_pending), \
+                            (SELECT count(*) FROM event_keys WHERE pending IS NOT NULL)",
+                )
+                .fetch_one(&mut *tx)
+                .await
+                .unwrap();
+                tx.rollback().await.unwrap();
+                assert_eq!(
+                    (batches, pending_keys),
+                    (absent as i64, absent as i64),
+                    "{name}, {absent} key(s) not stored: a batch row only with a key to insert, \
+                     and only that key pending for it"
+                );
+                let handled = rows_handled(&plan.0[0]["Plan"]);
+                assert!(
+                    handled < (50 * KEYS) as f64,
+                    "{name}: {handled} rows handled for {n} keys ({absent} not stored), \
+                     not linear in them: {}",
+                    plan.0
+                );
+            }
+        }
+    });
+    rt.block_on(sqlx::query(&format!("DROP SCHEMA {schema} CASCADE")).execute(&admin))
+        .unwrap();
+}
+
 /// `idem migrate --check` on Postgres, as a Kubernetes init container runs it: exit 1
 /// while the schema is behind (creating nothing), 0 once `idem migrate` has run; with
 /// `--wait`, a check started before the migration ends 0 when the migration is done; an

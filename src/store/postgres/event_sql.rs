@@ -86,8 +86,8 @@ pub(super) const EVENTS_MARK_SQL: &str = concat!(
   WHERE (s.expires_at IS NULL OR s.expires_at > $6) AND (p.deadline IS NULL OR p.deadline > $6)
 ), ",
     batch_cte!(
-        "EXISTS (SELECT 1 FROM input i
-    WHERE NOT EXISTS (SELECT 1 FROM stored s WHERE s.event_key = i.event_key))"
+        "(SELECT count(DISTINCT s.event_key) FROM stored s)
+    < (SELECT count(DISTINCT i.event_key) FROM input i)"
     ),
     ", marked AS (
   INSERT INTO event_keys AS e
@@ -135,8 +135,8 @@ pub(super) const EVENTS_INSERT_SQL: &str = concat!(
 ), ",
     batch_cte!(
         "NOT EXISTS (SELECT 1 FROM existing x WHERE x.expired)
-    AND EXISTS (SELECT 1 FROM input i
-      WHERE NOT EXISTS (SELECT 1 FROM existing x WHERE x.event_key = i.event_key))"
+    AND (SELECT count(DISTINCT x.event_key) FROM existing x)
+      < (SELECT count(DISTINCT i.event_key) FROM input i)"
     ),
     ", inserted AS (
   INSERT INTO event_keys

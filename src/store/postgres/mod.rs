@@ -67,6 +67,15 @@ use event_sql::*;
 pub const EVENT_KEY_READS: [(&str, &str); 2] =
     [("lookup", EVENTS_LOOKUP_SQL), ("read", EVENTS_READ_SQL)];
 
+/// The statements that mark a batch of event keys, by name: each takes the namespace ($1),
+/// the keys, fingerprints, decisions and expiries (arrays, $2–$5), the time now ($6), and
+/// a pending batch's marker and deadline ($7, $8). Public so that tests can `EXPLAIN`
+/// them (the work of one must grow with its keys, not with their square:
+/// tests/postgres.rs).
+#[doc(hidden)]
+pub const EVENT_KEY_MARKS: [(&str, &str); 2] =
+    [("insert", EVENTS_INSERT_SQL), ("mark", EVENTS_MARK_SQL)];
+
 /// Advisory lock key taken while migrating (`idem` in ASCII, then `mig`).
 const MIGRATION_LOCK: i64 = 0x6964_656d_006d_6967;
 
