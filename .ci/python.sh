@@ -12,15 +12,15 @@
 # stream and tests it after both streams.)
 #
 # The wheel is built with the dev profile (IDEM_PY_PROFILE, default `dev`) and, with it,
-# the package's `share-test-build` feature (python/Cargo.toml: the library's and the
-# dependencies' features the tests' build has, no code of its own): it reuses the library
-# and the dependencies `cargo test` compiled in the same target dir, compiling only PyO3
-# and the package itself, where a release wheel would compile all of them again
-# (minutes on the 2-core CI machine). The packaging under test (abi3 tag, manylinux
-# audit, what the wheel holds, an install without Rust) is the same for both profiles;
-# only optimisation differs, tokio's pausable clock, which nothing pauses, and the
-# library's CLI module, compiled in and never called. Published
-# wheels are built with `maturin build --release` (docs/python.md).
+# the package's `share-test-build` feature (python/Cargo.toml: the dependencies' features
+# the tests' build has, no code of its own): it reuses the dependencies `cargo test`
+# compiled in the same target dir, compiling only the library (as published wheels have
+# it: every backend, no CLI), PyO3 and the package itself, where a release wheel would
+# compile all of them again (minutes on the 2-core CI machine). The packaging under test
+# (abi3 tag, manylinux audit, what the wheel holds, an install without Rust) is the same
+# for both profiles; only optimisation differs, tokio's pausable clock, which nothing
+# pauses, and the CLI's own dependencies, linked in and never called. Published wheels
+# are built with `maturin build --release` (docs/python.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -94,6 +94,10 @@ if [ "$phase" != test ]; then
         exit 1
     fi
     say "maturin build: $(( $(date +%s) - build_started )) s"
+    # What it compiled: with the dev profile, the library, PyO3's crates and the package
+    # only (more means the dependencies' features drifted from the tests' build, which
+    # costs time, not correctness: python/Cargo.toml).
+    say "compiled: $(grep -oE 'Compiling [^ ]+' "$build_log" | cut -d' ' -f2 | tr '\n' ' ')"
 fi
 
 # --- The wheel: exactly one abi3 manylinux wheel ---------------------------------------
