@@ -1595,6 +1595,7 @@ fn metrics_file_is_prometheus_text_matching_the_summary_and_never_partial() {
         ("extraction_failures_total", "extraction_failures"),
         ("fallbacks_total", "fallbacks"),
         ("unconfirmed_total", "unconfirmed"),
+        ("confirm_failures_total", "confirm_failures"),
         ("batches_total", "batches"),
     ] {
         assert_eq!(
@@ -2320,6 +2321,131 @@ fn a_batch_written_after_its_pending_timeout_is_counted_and_new_again() {
             (unconfirmed, 3_000 - unconfirmed),
             "{store}: the keys new again are those the first run said it left unconfirmed"
         );
+    }
+}
+
+/// A written batch whose confirmation the store refuses (a trigger on `event_pending` here;
+/// in life, a store lost between a batch's write and its confirmation): every line has its
+/// record, the summary and the JSON stats count the new lines left unconfirmed, and the
+/// gate fails under `strict` (exit 3, a store failure) where `best_effort` exits 0. Those
+/// events stay pending until the timeout, then a run reports them `new` again. SQLite, and
+/// Postgres in a schema of its own (`IDEM_TEST_POSTGRES_URL`).
+#[test]
+fn a_confirmation_the_store_fails_is_counted_and_fails_a_strict_gate() {
+    let test = "a_confirmation_the_store_fails_is_counted_and_fails_a_strict_gate";
+    let sb = Sandbox::new("gate-confirm-refused");
+    let input = sb.dir.join("five.ndjson");
+    write_big_input(&input, 5, 5);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut stores = vec![(
+        format!("sqlite://{}", sb.dir.join("refusing.db").display()),
+        None,
+    )];
+    if let Some(url) = common::postgres_url(test) {
+        let schema = format!("idem_gate_refuse_{}", std::process::id());
+        let sep = if url.contains('?') { '&' } else { '?' };
+        stores.push((
+            format!("{url}{sep}options[search_path]={schema}"),
+            Some((url, schema)),
+        ));
+    }
+    // Statements of the test's own on the Postgres server (not through the store).
+    let on_postgres = |url: &str, sql: &str| {
+        use sqlx::Connection;
+        rt.block_on(async {
+            let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+            sqlx::raw_sql(sql).execute(&mut conn).await.unwrap();
+        })
+    };
+    for (store, postgres) in &stores {
+        if let Some((url, schema)) = postgres {
+            on_postgres(url, &format!("CREATE SCHEMA {schema}"));
+        }
+        let migrated = sb.command_with_store(&["migrate"], store).output().unwrap();
+        assert!(migrated.status.success(), "{store}: {migrated:?}");
+        let refuse = |on: bool| match postgres {
+            None => rt.block_on(async {
+                use sqlx::Connection;
+                let mut conn = sqlx::SqliteConnection::connect(store).await.unwrap();
+                let sql = if on {
+                    "CREATE TRIGGER refuse BEFORE DELETE ON event_pending \
+                     BEGIN SELECT RAISE(ABORT, 'confirmations refused'); END"
+                } else {
+                    "DROP TRIGGER refuse"
+                };
+                sqlx::raw_sql(sql).execute(&mut conn).await.unwrap();
+            }),
+            Some((url, schema)) if on => on_postgres(
+                url,
+                &format!(
+                    "CREATE FUNCTION {schema}.refuse() RETURNS trigger \
+                     LANGUAGE plpgsql AS $$ BEGIN \
+                     RAISE EXCEPTION 'confirmations refused'; END $$; \
+                     CREATE TRIGGER refuse BEFORE DELETE ON {schema}.event_pending \
+                     FOR EACH ROW EXECUTE FUNCTION {schema}.refuse()"
+                ),
+            ),
+            Some((url, schema)) => on_postgres(
+                url,
+                &format!("DROP TRIGGER refuse ON {schema}.event_pending"),
+            ),
+        };
+        refuse(true);
+        let mut namespaces = Vec::new();
+        for (strategy, code) in [("strict", 3), ("best_effort", 0)] {
+            let ns = namespace();
+            let run = gate(
+                &sb,
+                store,
+                &input,
+                &[
+                    "--key",
+                    "id",
+                    "--namespace",
+                    &ns,
+                    "--strategy",
+                    strategy,
+                    "--pending-timeout",
+                    "1s",
+                ],
+            );
+            assert_eq!(run.code, code, "{store}, {strategy}: {}", run.stderr);
+            assert_eq!(
+                verdicts(&run.records),
+                vec!["new"; 5],
+                "{store}, {strategy}: every line has its record"
+            );
+            assert!(
+                run.stderr.contains(
+                    "; 5 new line(s) not confirmed: the store failed to confirm their batch, \
+                     so the next run after --pending-timeout reports them `new` again"
+                ),
+                "{store}, {strategy}: {}",
+                run.stderr
+            );
+            namespaces.push(ns);
+        }
+        refuse(false);
+        // Pending for a run that is over: waited on until the timeout (1 s), then new.
+        for ns in &namespaces {
+            let again = gate(
+                &sb,
+                store,
+                &input,
+                &["--key", "id", "--namespace", ns, "--stats-format", "json"],
+            );
+            assert_eq!(again.code, 0, "{store}: {}", again.stderr);
+            assert_eq!(verdicts(&again.records), vec!["new"; 5], "{store}");
+            let stats: Value = serde_json::from_str(again.stderr.lines().last().unwrap()).unwrap();
+            assert_eq!(
+                stats["stats"]["confirm_failures"], 0,
+                "{store}: {}",
+                again.stderr
+            );
+        }
+        if let Some((url, schema)) = postgres {
+            on_postgres(url, &format!("DROP SCHEMA {schema} CASCADE"));
+        }
     }
 }
 

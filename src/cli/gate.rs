@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::{metrics, output};
-use super::{FormatArg, GlobalOptions, EXIT_OK, EXIT_RUN_FAILED};
+use super::{FormatArg, GlobalOptions, EXIT_OK, EXIT_RUN_FAILED, EXIT_STORE_UNAVAILABLE};
 use crate::error::{Error, Result};
 use crate::events::dedup::{Deduplicator, Ttl};
 use crate::events::strategy::{EventGate, Strategy};
@@ -326,6 +326,11 @@ fn finish(
     }
     Ok(if summary.interrupted.is_some() {
         EXIT_RUN_FAILED
+    } else if gate.stats().confirm_failures > 0 && gate.strategy() == Strategy::Strict {
+        // Every line has its record, but the store failed to confirm some new ones: under
+        // `strict` a store failure fails the gate, so that whoever runs it knows those
+        // events will be reported `new` again.
+        EXIT_STORE_UNAVAILABLE
     } else {
         EXIT_OK
     })
@@ -402,6 +407,13 @@ fn summary_line(s: &StreamSummary, gate: &EventGate) -> String {
             "; {} new line(s) unconfirmed: written after their pending marks expired, the \
              next run reports them `new` again (raise --pending-timeout)",
             stats.unconfirmed
+        ));
+    }
+    if stats.confirm_failures > 0 {
+        line.push_str(&format!(
+            "; {} new line(s) not confirmed: the store failed to confirm their batch, so the \
+             next run after --pending-timeout reports them `new` again",
+            stats.confirm_failures
         ));
     }
     if stats.batches > 0 {

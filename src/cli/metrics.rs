@@ -156,6 +156,11 @@ pub(super) fn gate_metrics(s: &StreamSummary, gate: &EventGate, finished: bool) 
             stats.unconfirmed,
         ),
         (
+            "idem_gate_confirm_failures_total",
+            "New events whose batch's confirmation the store failed (new again after the pending timeout).",
+            stats.confirm_failures,
+        ),
+        (
             "idem_gate_batches_total",
             "Batches checked against the store.",
             stats.batches,

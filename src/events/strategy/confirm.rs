@@ -89,12 +89,14 @@ impl EventGate {
     }
 
     /// Confirms these batches' pending marks (see [`confirm`](Self::confirm)): how many
-    /// keys were confirmed.
+    /// keys were confirmed. A batch whose confirmation fails does not stop the others; its
+    /// keys are counted in `confirm_failures`, and the first such error is the answer.
     pub async fn confirm_keys(&self, batches: Vec<Confirmation>) -> Result<u64> {
         if self.pending.is_none() {
             return Ok(0);
         }
         let mut confirmed = 0;
+        let mut failed = None;
         for c in batches.iter().filter(|c| !c.keys.is_empty()) {
             let mut again = true;
             let done = loop {
@@ -113,7 +115,17 @@ impl EventGate {
                         again = false;
                         tokio::time::sleep(CONFIRM_AGAIN_AFTER).await;
                     }
-                    done => break done?,
+                    done => break done,
+                }
+            };
+            let done = match done {
+                Ok(done) => done,
+                Err(e) => {
+                    // Its records are out, its marks stay pending until they expire: the
+                    // next reader after that finds these events `new` again.
+                    self.recorder().stats.confirm_failures += distinct(&c.keys) as u64;
+                    failed.get_or_insert(e);
+                    continue;
                 }
             };
             confirmed += done;
@@ -147,7 +159,10 @@ impl EventGate {
                 }
             }
         }
-        Ok(confirmed)
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(confirmed),
+        }
     }
 }
 

@@ -26,6 +26,10 @@ pub struct DedupStats {
     /// records took longer than the pending timeout to be written): the next reader
     /// finds them `new` again.
     pub unconfirmed: u64,
+    /// New events of written batches whose confirmation the store failed, asked twice:
+    /// their marks stay pending until the pending timeout, and the next reader after it
+    /// finds them `new` again.
+    pub confirm_failures: u64,
     /// Batches checked against the store (successfully or not).
     pub batches: u64,
     /// Mean duration of a batch's store call, in microseconds.
