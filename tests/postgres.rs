@@ -58,21 +58,18 @@ async fn db(url: &str) -> PgPool {
         .expect("connect to IDEM_TEST_POSTGRES_URL")
 }
 
-/// A schema of the test's own, `PREFIX_<suffix>`, created through `admin`: its name, and
-/// `url` with that schema as its search path (the test's store lives there alone). Dropped
-/// by [`drop_schema`].
-fn own_schema(
-    rt: &tokio::runtime::Runtime,
-    admin: &PgPool,
-    url: &str,
-    prefix: &str,
-) -> (String, String) {
+/// A runtime, a pool on the server at `url`, and a schema of the test's own,
+/// `PREFIX_<suffix>`, created through that pool: its name, and `url` with that schema as
+/// its search path (the test's store lives there alone). Dropped by [`drop_schema`].
+fn own_schema(url: &str, prefix: &str) -> (tokio::runtime::Runtime, PgPool, String, String) {
+    let rt = runtime();
+    let admin = rt.block_on(db(url));
     let schema = format!("{prefix}_{}", suffix());
-    rt.block_on(sqlx::query(&format!("CREATE SCHEMA {schema}")).execute(admin))
+    rt.block_on(sqlx::query(&format!("CREATE SCHEMA {schema}")).execute(&admin))
         .unwrap();
     let sep = if url.contains('?') { '&' } else { '?' };
     let scoped = format!("{url}{sep}options[search_path]={schema}");
-    (schema, scoped)
+    (rt, admin, schema, scoped)
 }
 
 /// Drops a schema [`own_schema`] made, with everything in it.
@@ -875,9 +872,7 @@ fn concurrent_first_use_migrates_once() {
     let Some(url) = pg_url("concurrent_first_use_migrates_once") else {
         return;
     };
-    let rt = runtime();
-    let pool = rt.block_on(db(&url));
-    let (schema, scoped) = own_schema(&rt, &pool, &url, "idem_mig");
+    let (rt, pool, schema, scoped) = own_schema(&url, "idem_mig");
     let dir = Sandbox::with_store("idem-pg", &scoped);
     let children: Vec<Child> = (0..8)
         .map(|_| dir.json_command(&["migrate"]).spawn().expect("spawn"))
@@ -920,10 +915,8 @@ fn key_reads_scan_pending_batches_once_whatever_their_statistics() {
     let Some(url) = pg_url("key_reads_scan_pending_batches_once_whatever_their_statistics") else {
         return;
     };
-    let rt = runtime();
-    let admin = rt.block_on(db(&url));
     // A schema of its own: the statistics planted below are nobody else's.
-    let (schema, scoped) = own_schema(&rt, &admin, &url, "idem_plan");
+    let (rt, admin, schema, scoped) = own_schema(&url, "idem_plan");
     rt.block_on(async {
         PostgresStore::connect(&scoped).await.unwrap();
         let pool = db(&scoped).await;
@@ -1004,9 +997,7 @@ fn marking_a_batch_of_stored_keys_does_work_linear_in_its_keys() {
     let Some(url) = pg_url("marking_a_batch_of_stored_keys_does_work_linear_in_its_keys") else {
         return;
     };
-    let rt = runtime();
-    let admin = rt.block_on(db(&url));
-    let (schema, scoped) = own_schema(&rt, &admin, &url, "idem_mark_plan");
+    let (rt, admin, schema, scoped) = own_schema(&url, "idem_mark_plan");
     const KEYS: usize = 1000;
     rt.block_on(async {
         PostgresStore::connect(&scoped).await.unwrap();
@@ -1116,9 +1107,7 @@ fn migrate_check_says_whether_the_schema_is_current() {
     let Some(url) = pg_url("migrate_check_says_whether_the_schema_is_current") else {
         return;
     };
-    let rt = runtime();
-    let pool = rt.block_on(db(&url));
-    let (schema, scoped) = own_schema(&rt, &pool, &url, "idem_chk");
+    let (rt, pool, schema, scoped) = own_schema(&url, "idem_chk");
     let dir = Sandbox::with_store("idem-pg", &scoped);
     let tables = || -> i64 {
         rt.block_on(
