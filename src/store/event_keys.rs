@@ -214,14 +214,31 @@ pub(crate) fn firsts(marks: &[EventMark]) -> Vec<&EventMark> {
 
 /// The verdict of `stored` for an event with fingerprint `fingerprint`.
 pub(crate) fn against(stored: &StoredEvent, fingerprint: Option<&str>) -> EventVerdict {
-    match (stored.fingerprint.as_deref(), fingerprint) {
+    against_parts(
+        stored.fingerprint.as_deref(),
+        || stored.decision.clone(),
+        stored.first_seen,
+        fingerprint,
+    )
+}
+
+/// [`against`] of a stored row's parts, borrowed where they lie (a database row): the
+/// stored fingerprint is copied for a conflict only, and the decision made (`decision`)
+/// for a replay only.
+pub(crate) fn against_parts(
+    stored_fingerprint: Option<&str>,
+    decision: impl FnOnce() -> Option<Value>,
+    first_seen: DateTime<Utc>,
+    fingerprint: Option<&str>,
+) -> EventVerdict {
+    match (stored_fingerprint, fingerprint) {
         (Some(old), Some(new)) if old != new => EventVerdict::Conflict {
             stored_fingerprint: old.to_string(),
-            first_seen: stored.first_seen,
+            first_seen,
         },
         _ => EventVerdict::Replay {
-            decision: stored.decision.clone(),
-            first_seen: stored.first_seen,
+            decision: decision(),
+            first_seen,
         },
     }
 }
@@ -349,6 +366,11 @@ pub(crate) fn decision_text(m: &EventMark) -> Option<String> {
 /// A decision read from a text column (unparseable text is kept as a JSON string).
 pub(crate) fn parse_decision(text: Option<String>) -> Option<Value> {
     text.map(|t| serde_json::from_str(&t).unwrap_or(Value::String(t)))
+}
+
+/// [`parse_decision`] of text borrowed where it lies.
+pub(crate) fn parse_decision_str(text: Option<&str>) -> Option<Value> {
+    text.map(|t| serde_json::from_str(t).unwrap_or_else(|_| Value::String(t.to_string())))
 }
 
 /// A named cursor's position (seed 003): the (timestamp, id) of the last event a stream

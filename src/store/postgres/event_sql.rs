@@ -34,11 +34,19 @@ macro_rules! batch_cte {
 /// churning table's statistics, and a count taken while a few batches were pending (70
 /// rows, say) made it a hash join built again for every key — 14 ms per 1,000 keys
 /// against 5, which slowed a replay pass round by round as the table was vacuumed.
+///
+/// `found`'s first column is the key (`s.event_key`) unless `$first` names another (the
+/// lookup's `i.at`, the key's place in the array sent).
 macro_rules! found_ctes {
     ($from:literal) => {
+        found_ctes!("s.event_key", $from)
+    };
+    ($first:literal, $from:literal) => {
         concat!(
             "found AS MATERIALIZED (
-  SELECT s.event_key, s.fingerprint, s.decision, s.first_seen, s.expires_at, s.pending
+  SELECT ",
+            $first,
+            ", s.fingerprint, s.decision, s.first_seen, s.expires_at, s.pending
   FROM ",
             $from,
             " CROSS JOIN LATERAL (
@@ -158,11 +166,20 @@ FROM (SELECT 1) AS one LEFT JOIN existing x ON true"
 /// the same stream found every key stored. A read, so nothing to write when every key is
 /// found unexpired; otherwise the batch goes to [`EVENTS_INSERT_SQL`]. `expired` is NULL
 /// for a key that never expires.
+///
+/// The keys are sent as the batch has them, repeats included, and each row says which
+/// one it is by its place in $2 (`at`, from 1) rather than by the key: a replayed batch
+/// is read back without a string per key to decode, hash and match (issue 36: reading the
+/// keys back was a fifth of a replay's client CPU). A key found has exactly one row, so a
+/// batch whose keys are all stored reads back one row per key sent.
 pub(super) const EVENTS_LOOKUP_SQL: &str = concat!(
     "WITH ",
-    found_ctes!("UNNEST($2::text[]) AS i(event_key)"),
+    found_ctes!(
+        "i.at",
+        "UNNEST($2::text[]) WITH ORDINALITY AS i(event_key, at)"
+    ),
     "
-SELECT s.event_key, s.fingerprint, COALESCE(p.marker, s.decision::text) AS decision,
+SELECT s.at, s.fingerprint, COALESCE(p.marker, s.decision::text) AS decision,
        s.first_seen, (s.expires_at <= $3 OR p.deadline <= $3) AS expired
 FROM ",
     found_join!()
@@ -301,8 +318,8 @@ pub(super) struct StoredEvent {
     pub(super) first_seen: DateTime<Utc>,
 }
 
-/// The columns [`StoredEvent::read`] takes, in the order [`EVENTS_READ_SQL`] and
-/// [`EVENTS_LOOKUP_SQL`] select them.
+/// The columns [`StoredEvent::read`] takes, in the order [`EVENTS_READ_SQL`] selects
+/// them.
 const STORED_COLUMNS: [&str; 4] = ["event_key", "fingerprint", "decision", "first_seen"];
 
 impl StoredEvent {
@@ -356,24 +373,56 @@ impl FromRow<'_, sqlx::postgres::PgRow> for StoredEvent {
     }
 }
 
-/// A row of [`EVENTS_LOOKUP_SQL`]: the stored key, and whether its mark (or its pending
-/// batch) has expired (`None`: it never expires).
-pub(super) struct LookedUp {
-    pub(super) stored: StoredEvent,
-    pub(super) expired: Option<bool>,
-}
+/// The columns of [`EVENTS_LOOKUP_SQL`], in order.
+const LOOKUP_COLUMNS: [&str; 5] = ["at", "fingerprint", "decision", "first_seen", "expired"];
 
-impl FromRow<'_, sqlx::postgres::PgRow> for LookedUp {
-    fn from_row(row: &sqlx::postgres::PgRow) -> std::result::Result<Self, sqlx::Error> {
-        Ok(LookedUp {
-            stored: StoredEvent::read(row)?,
-            expired: {
-                let at = STORED_COLUMNS.len();
-                debug_assert_eq!(row.columns().get(at).map(|c| c.name()), Some("expired"));
-                row.try_get(at)?
-            },
-        })
+/// The verdicts of `marks` from the rows [`EVENTS_LOOKUP_SQL`] read for their keys, sent
+/// in the marks' order (repeats included); `None` when a key has no row (it is absent) or
+/// its mark or its pending batch has expired. Each row is read by position and judged
+/// where it lies ([`event_keys::against_parts`]): nothing per key is copied out but a
+/// conflict's stored fingerprint and a replay's decision. Every key is stored, so a
+/// repeated key is judged by its stored row like its first occurrence (as
+/// [`Found::verdicts`] would: an earlier occurrence that is not new leaves the row as it
+/// was).
+pub(super) fn looked_up(
+    marks: &[EventMark],
+    rows: &[sqlx::postgres::PgRow],
+) -> std::result::Result<Option<Vec<EventVerdict>>, sqlx::Error> {
+    if rows.len() < marks.len() {
+        return Ok(None);
     }
+    let mut verdicts: Vec<Option<EventVerdict>> = marks.iter().map(|_| None).collect();
+    for row in rows {
+        debug_assert!(
+            LOOKUP_COLUMNS
+                .iter()
+                .zip(row.columns())
+                .all(|(want, got)| *want == got.name()),
+            "the lookup's columns are {LOOKUP_COLUMNS:?}, in that order"
+        );
+        if row.try_get::<Option<bool>, _>(4)? == Some(true) {
+            return Ok(None);
+        }
+        let at: i64 = row.try_get(0)?;
+        let Some((slot, mark)) = usize::try_from(at)
+            .ok()
+            .and_then(|at| at.checked_sub(1))
+            .and_then(|i| verdicts.get_mut(i).zip(marks.get(i)))
+        else {
+            return Err(sqlx::Error::Protocol(format!(
+                "the event-key lookup answered for key {at} of {}",
+                marks.len()
+            )));
+        };
+        let decision: Option<&str> = row.try_get(2)?;
+        *slot = Some(event_keys::against_parts(
+            row.try_get(1)?,
+            || event_keys::parse_decision_str(decision),
+            row.try_get(3)?,
+            mark.fingerprint.as_deref(),
+        ));
+    }
+    Ok(verdicts.into_iter().collect())
 }
 
 /// A row of [`EVENTS_INSERT_SQL`]: how many keys it inserted (the same on every row), and a

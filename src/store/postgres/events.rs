@@ -177,30 +177,23 @@ impl PostgresStore {
         }
     }
 
-    /// The verdicts of `marks` when every one of `keys` (their first occurrences) is
-    /// stored and alive, looked up in one statement; `None` when one is absent or expired.
+    /// The verdicts of `marks` when every one of their keys is stored and alive, looked
+    /// up in one statement ([`looked_up`]); `None` when one is absent or expired.
     pub(super) async fn all_marked(
         &self,
         namespace: &str,
         marks: &[EventMark],
-        keys: &[&str],
         now: DateTime<Utc>,
     ) -> Result<Option<Vec<EventVerdict>>> {
-        let rows: Vec<LookedUp> = sqlx::query_as(EVENTS_LOOKUP_SQL)
+        let keys: Vec<&str> = marks.iter().map(|m| m.key.as_str()).collect();
+        let rows = sqlx::query(EVENTS_LOOKUP_SQL)
             .bind(namespace)
-            .bind(keys)
+            .bind(&keys)
             .bind(micros(now))
             .fetch_all(&mut self.conn().await?)
             .await
             .map_err(|e| self.err(e))?;
-        if rows.len() < keys.len() || rows.iter().any(|r| r.expired == Some(true)) {
-            return Ok(None);
-        }
-        let mut found = Found::default();
-        for row in rows {
-            row.stored.into_found(&mut found);
-        }
-        Ok(Some(found.verdicts(marks, now)))
+        looked_up(marks, &rows).map_err(|e| self.err(e))
     }
 
     /// Keeps what a batch found, for the next to choose its first statement by.
@@ -281,7 +274,7 @@ impl PostgresStore {
                     }
                 }
                 BatchShape::Seen => {
-                    if let Some(verdicts) = self.all_marked(namespace, marks, &keys, now).await? {
+                    if let Some(verdicts) = self.all_marked(namespace, marks, now).await? {
                         return Ok((verdicts, false));
                     }
                     // A key absent or expired: marked below.
@@ -692,9 +685,7 @@ impl EventKeyStore for PostgresStore {
         marks: &[EventMark],
         now: DateTime<Utc>,
     ) -> Result<Option<Vec<EventVerdict>>> {
-        let firsts = event_keys::firsts(marks);
-        let keys: Vec<&str> = firsts.iter().map(|m| m.key.as_str()).collect();
-        self.all_marked(namespace, marks, &keys, now).await
+        self.all_marked(namespace, marks, now).await
     }
 
     async fn record_decision(

@@ -46,7 +46,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use redis::aio::ConnectionManager;
 
-use super::event_keys::{against, parse_decision, Cursor, Found, StoredEvent};
+use super::event_keys::{against_parts, parse_decision_str, Cursor, Found};
 use super::{
     redact_url, Capabilities, EventKeyStore, EventMark, EventVerdict, PendingBatch, StoreBase,
 };
@@ -163,13 +163,12 @@ impl RedisStore {
                 continue;
             };
             let decision = live(stored, states, now)?;
-            let row = StoredEvent {
-                fingerprint: stored.header.fingerprint.clone(),
-                decision: parse_decision(decision.map(str::to_string)),
-                first_seen: DateTime::from_timestamp_micros(stored.header.first_seen)
-                    .unwrap_or_default(),
-            };
-            verdicts.push(against(&row, m.fingerprint.as_deref()));
+            verdicts.push(against_parts(
+                stored.header.fingerprint.as_deref(),
+                || parse_decision_str(decision),
+                DateTime::from_timestamp_micros(stored.header.first_seen).unwrap_or_default(),
+                m.fingerprint.as_deref(),
+            ));
         }
         Some(verdicts)
     }
