@@ -322,6 +322,16 @@ pub(super) struct StoredEvent {
 /// them.
 const STORED_COLUMNS: [&str; 4] = ["event_key", "fingerprint", "decision", "first_seen"];
 
+/// Whether `row`'s first columns are named `names`, in that order (rows read by position
+/// check their names in debug builds).
+fn columns_start_with(row: &sqlx::postgres::PgRow, names: &[&str]) -> bool {
+    names.len() <= row.columns().len()
+        && names
+            .iter()
+            .zip(row.columns())
+            .all(|(want, got)| *want == got.name())
+}
+
 impl StoredEvent {
     /// A row whose first columns are [`STORED_COLUMNS`], read by position: a replayed
     /// batch reads a row per key, and by name each column is a hash lookup of its own
@@ -329,10 +339,7 @@ impl StoredEvent {
     /// (the tests) check the names.
     fn read(row: &sqlx::postgres::PgRow) -> std::result::Result<Self, sqlx::Error> {
         debug_assert!(
-            STORED_COLUMNS
-                .iter()
-                .zip(row.columns())
-                .all(|(want, got)| *want == got.name()),
+            columns_start_with(row, &STORED_COLUMNS),
             "a stored event's columns are {STORED_COLUMNS:?} first, in that order"
         );
         Ok(StoredEvent {
@@ -394,10 +401,7 @@ pub(super) fn looked_up(
     let mut verdicts: Vec<Option<EventVerdict>> = marks.iter().map(|_| None).collect();
     for row in rows {
         debug_assert!(
-            LOOKUP_COLUMNS
-                .iter()
-                .zip(row.columns())
-                .all(|(want, got)| *want == got.name()),
+            columns_start_with(row, &LOOKUP_COLUMNS),
             "the lookup's columns are {LOOKUP_COLUMNS:?}, in that order"
         );
         if row.try_get::<Option<bool>, _>(4)? == Some(true) {
