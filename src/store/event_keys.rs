@@ -322,7 +322,7 @@ impl Found {
     ) {
         let row = StoredEvent {
             fingerprint,
-            decision: parse_decision(decision),
+            decision: parse_decision(decision.as_deref()),
             first_seen,
         };
         self.stored.insert(key, row);
@@ -363,13 +363,9 @@ pub(crate) fn decision_text(m: &EventMark) -> Option<String> {
     m.decision.as_ref().map(Value::to_string)
 }
 
-/// A decision read from a text column (unparseable text is kept as a JSON string).
-pub(crate) fn parse_decision(text: Option<String>) -> Option<Value> {
-    text.map(|t| serde_json::from_str(&t).unwrap_or(Value::String(t)))
-}
-
-/// [`parse_decision`] of text borrowed where it lies.
-pub(crate) fn parse_decision_str(text: Option<&str>) -> Option<Value> {
+/// A decision read from a text column, borrowed where it lies (unparseable text is kept as
+/// a JSON string).
+pub(crate) fn parse_decision(text: Option<&str>) -> Option<Value> {
     text.map(|t| serde_json::from_str(t).unwrap_or_else(|_| Value::String(t.to_string())))
 }
 

@@ -421,7 +421,7 @@ pub(super) fn looked_up(
         let decision: Option<&str> = row.try_get(2)?;
         *slot = Some(event_keys::against_parts(
             row.try_get(1)?,
-            || event_keys::parse_decision_str(decision),
+            || event_keys::parse_decision(decision),
             row.try_get(3)?,
             mark.fingerprint.as_deref(),
         ));

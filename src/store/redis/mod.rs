@@ -46,7 +46,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use redis::aio::ConnectionManager;
 
-use super::event_keys::{against_parts, parse_decision_str, Cursor, Found};
+use super::event_keys::{against_parts, parse_decision, Cursor, Found};
 use super::{
     redact_url, Capabilities, EventKeyStore, EventMark, EventVerdict, PendingBatch, StoreBase,
 };
@@ -165,7 +165,7 @@ impl RedisStore {
             let decision = live(stored, states, now)?;
             verdicts.push(against_parts(
                 stored.header.fingerprint.as_deref(),
-                || parse_decision_str(decision),
+                || parse_decision(decision),
                 DateTime::from_timestamp_micros(stored.header.first_seen).unwrap_or_default(),
                 m.fingerprint.as_deref(),
             ));
