@@ -81,20 +81,31 @@ impl Group {
     ) -> std::io::Result<Group> {
         tree::become_subreaper();
         cmd.stdout(stdout).stderr(std::process::Stdio::piped());
-        let mut child = tree::spawn_own(|| cmd.spawn(), |c| c.id())?;
+        // The watchdog first: idem killed at any point after the program starts leaves a
+        // watchdog to stop it (started after, a SIGKILL between the two left the program's
+        // children running).
+        let mut watchdog = Watchdog::start(
+            options.grace,
+            &options.run_id,
+            options.folder.as_ref().map(|f| f.path.as_path()),
+        );
+        let mut child = match tree::spawn_own(|| cmd.spawn(), |c| c.id()) {
+            Ok(child) => child,
+            Err(e) => {
+                if let Some(w) = watchdog.take() {
+                    w.release();
+                }
+                return Err(e);
+            }
+        };
         let leader = child.id().map_or(0, |id| id as i32);
+        watchdog = watchdog.and_then(|w| w.watch(leader));
         let stop_reading = CancellationToken::new();
         let stderr = child
             .stderr
             .take()
             .map(|e| tokio::spawn(pass_stderr(e, stop_reading.clone())));
         let signalled = tree::started(leader, &options.run_id);
-        let watchdog = Watchdog::start(
-            leader,
-            options.grace,
-            &options.run_id,
-            options.folder.as_ref().map(|f| f.path.as_path()),
-        );
         Ok(Group {
             child: Some(child),
             tree: Tree {
@@ -299,9 +310,11 @@ impl Drop for RunFolder {
 /// A small `/bin/sh` process, outside the program's group and beside idem, that stops the
 /// program's tree (SIGTERM, then SIGKILL after the grace period) and removes the run's
 /// folder if idem dies without saying so: it waits on a pipe only idem holds, and end of
-/// file without `done` means idem is gone (SIGKILL, a crash). The tree is the program's
-/// process group and every process whose environment holds the run's `IDEM_RUN_ID` (GNU
-/// or busybox `grep -z` over `/proc/*/environ`), so what left the group goes too.
+/// file without `done` means idem is gone (SIGKILL, a crash). It is started before the
+/// program, and told the program's process group once it runs ([`Watchdog::watch`]); idem
+/// gone before that, it stops what holds the run's id. The tree is the program's process
+/// group and every process whose environment holds the run's `IDEM_RUN_ID` (GNU or
+/// busybox `grep -z` over `/proc/*/environ`), so what left the group goes too.
 /// `PR_SET_PDEATHSIG` reaches the direct child only. Without `/bin/sh` there is no
 /// watchdog and the direct child's death signal is all.
 struct Watchdog {
@@ -310,23 +323,21 @@ struct Watchdog {
 
 impl Watchdog {
     const SCRIPT: &'static str = r#"trap '' HUP INT QUIT TERM USR1 USR2 ALRM PIPE
+read -r group || group=
+if [ "$group" = done ]; then exit 0; fi
 if read -r line && [ "$line" = done ]; then exit 0; fi
-marker="IDEM_RUN_ID=$3"
+marker="IDEM_RUN_ID=$2"
 tree() { grep -slzxF -- "$marker" /proc/[0-9]*/environ 2>/dev/null | sed -e 's,^/proc/,,' -e 's,/environ$,,'; }
-kill -s TERM -- "-$1" $(tree) 2>/dev/null
-sleep "$2"
-kill -s KILL -- "-$1" $(tree) 2>/dev/null
-if [ -n "$4" ]; then rm -rf -- "$4"; fi
+kill -s TERM -- ${group:+"-$group"} $(tree) 2>/dev/null
+sleep "$1"
+kill -s KILL -- ${group:+"-$group"} $(tree) 2>/dev/null
+if [ -n "$3" ]; then rm -rf -- "$3"; fi
 exit 0"#;
 
-    fn start(pgid: i32, grace: Duration, run_id: &str, folder: Option<&Path>) -> Option<Watchdog> {
-        if pgid <= 0 {
-            return None;
-        }
+    fn start(grace: Duration, run_id: &str, folder: Option<&Path>) -> Option<Watchdog> {
         let secs = grace.as_secs() + u64::from(grace.subsec_nanos() > 0);
         let mut cmd = std::process::Command::new("/bin/sh");
         cmd.args(["-c", Self::SCRIPT, "idem-watchdog"])
-            .arg(pgid.to_string())
             .arg(secs.to_string())
             .arg(run_id)
             .arg(folder.map(Path::as_os_str).unwrap_or_default())
@@ -341,6 +352,24 @@ exit 0"#;
                 tracing::debug!("no watchdog for the command's process group: {e}");
                 None
             }
+        }
+    }
+
+    /// Tells the watchdog the program's process group `pgid`; `None` (released) when there
+    /// is no group to watch or the watchdog cannot be told.
+    fn watch(mut self, pgid: i32) -> Option<Watchdog> {
+        use std::io::Write as _;
+        let told = pgid > 0
+            && self
+                .process
+                .stdin
+                .as_mut()
+                .is_some_and(|stdin| writeln!(stdin, "{pgid}").is_ok());
+        if told {
+            Some(self)
+        } else {
+            self.release();
+            None
         }
     }
 
