@@ -487,10 +487,6 @@ fn exec_runs_a_program_behind_the_guards_with_no_job_file() {
     // Bad input: exit 2 naming it, nothing recorded.
     for (args, says) in [
         (
-            vec!["exec", "nightly", "--", "no-such-program-idem"],
-            "idem exec nightly: [command] run: program \"no-such-program-idem\" not found on PATH",
-        ),
-        (
             vec!["exec", "nightly", "--time-window", "soon", "--", "true"],
             "time_window",
         ),
@@ -1042,11 +1038,17 @@ fn exec_json(s: &Sandbox, args: &[&str]) -> (i32, Value, String) {
 
 /// The program's own exit status comes out of `idem exec` and `idem run` as `timeout(1)`
 /// gives it: its code, 128+N when signal N killed it, 124 past `--timeout`, 127 when it
-/// is not there; a skip is 0, or the code `--skip-exit-code` names.
+/// is not there, 126 when it cannot start (each a failed run in the ledger, whether the
+/// command line names the program or a parameter does); a skip is 0, or the code
+/// `--skip-exit-code` names.
 #[test]
 fn the_programs_exit_status_passes_through() {
     let s = Sandbox::new("idem-exec-status");
-    let cases: [(&[&str], i32, &str); 5] = [
+    let text = s.dir.join("not-a-program.txt");
+    std::fs::write(&text, "plain text\n").unwrap();
+    let text = text.to_str().unwrap();
+    let folder = s.dir.to_str().unwrap();
+    let cases: [(&[&str], i32, &str); 9] = [
         (&["--", "sh", "-c", "exit 7"], 7, "exited with code 7"),
         (
             &["--", "sh", "-c", "kill -KILL $$"],
@@ -1064,6 +1066,14 @@ fn the_programs_exit_status_passes_through() {
             "not found on PATH",
         ),
         (&["--", "true"], 0, ""),
+        (&["--", "no-such-program-idem"], 127, "not found on PATH"),
+        (
+            &["--", "./no-such-program-idem"],
+            127,
+            "not found (looked at",
+        ),
+        (&["--", text], 126, "is not executable"),
+        (&["--", folder], 126, "is a folder"),
     ];
     for (i, (args, want, says)) in cases.into_iter().enumerate() {
         let name = format!("status{i}");
@@ -1074,6 +1084,14 @@ fn the_programs_exit_status_passes_through() {
         if want != 0 {
             assert_eq!(v["status"], "failed", "{v}");
             assert!(v["error"].as_str().unwrap().contains(says), "{v}");
+            // Recorded: the ledger holds the failed run and says why.
+            let recorded = runs(&s, &name);
+            assert_eq!(recorded.len(), 1, "{args:?}: {recorded:?}");
+            assert_eq!(recorded[0]["status"], "failed", "{recorded:?}");
+            assert!(
+                recorded[0]["error"].as_str().unwrap_or("").contains(says),
+                "{recorded:?}"
+            );
         }
     }
     // A skip: 0 by default (cron must not mail), or the code asked for.

@@ -96,7 +96,16 @@ impl ExecArgs {
         // A job "file" that names the command line: errors read `job file <idem exec NAME>: …`,
         // and the program runs in the current folder.
         let path = format!("<idem exec {}>", self.name);
-        let mut job = Job::parse(&text, std::path::Path::new(&path)).map_err(|e| {
+        // Its dates are local; its program is looked for when the run starts, so a
+        // program that is not there is a failed run (exit 127) in the ledger, as a
+        // program that cannot start is (126).
+        let adjust = |job: &mut Job| {
+            if let Some(command) = job.command.as_mut() {
+                command.date_zone = Some(zone);
+                command.programs_at_run = true;
+            }
+        };
+        Job::parse_adjusted(&text, std::path::Path::new(&path), adjust).map_err(|e| {
             let message = e
                 .to_string()
                 .replacen(
@@ -107,11 +116,7 @@ impl ExecArgs {
                 .replace("[command] grace", "--grace")
                 .replace("[guards] lease", "--lease");
             Error::config(message)
-        })?;
-        if let Some(command) = job.command.as_mut() {
-            command.date_zone = Some(zone);
-        }
-        Ok(job)
+        })
     }
 }
 

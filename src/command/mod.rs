@@ -137,6 +137,11 @@ pub struct CommandConfig {
     /// `date_zone` (`idem exec` sets it: its dates are local).
     #[serde(skip)]
     pub date_zone: Option<String>,
+    /// The programs are looked for when a run starts, not when the job is read
+    /// (`idem exec` sets it: a program that is not there is a failed run, exit 127, or 126
+    /// when it cannot start, recorded like any other).
+    #[serde(skip)]
+    pub programs_at_run: bool,
 }
 
 /// A validated command job: what runs, where, for how long.
@@ -224,9 +229,9 @@ impl CommandSpec {
         for (field, argv) in
             std::iter::once(("run", &spec.run)).chain(spec.content.iter().map(|c| ("content", c)))
         {
-            if let Some(program) = argv[0].literal() {
+            if let Some(program) = argv[0].literal().filter(|_| !config.programs_at_run) {
                 spec.resolve(OsStr::from_bytes(program))
-                    .map_err(|e| Error::config(format!("[command] {field}: {e}")))?;
+                    .map_err(|e| Error::config(format!("[command] {field}: {}", e.message)))?;
             }
             for arg in argv {
                 for name in arg.params() {
@@ -278,20 +283,32 @@ impl CommandSpec {
     }
 
     /// The path of `program`: as given when it holds a '/' (relative to the working
-    /// folder), else the first executable of that name on `PATH`.
-    fn resolve(&self, program: &OsStr) -> std::result::Result<PathBuf, String> {
+    /// folder), else the first executable of that name on `PATH`. Not there: exit status
+    /// 127; there but not a program that can start (a folder, a file without `x`): 126.
+    fn resolve(&self, program: &OsStr) -> std::result::Result<PathBuf, ExitStatusError> {
         let executable = |p: &Path| {
             use std::os::unix::fs::PermissionsExt as _;
             std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         };
+        let cannot_start = |message: String| ExitStatusError {
+            status: CANNOT_START,
+            message,
+        };
         if program.as_bytes().contains(&b'/') {
             let path = self.cwd.join(program);
             return match std::fs::metadata(&path) {
-                Err(_) => Err(format!("program {program:?} not found (looked at {})", path.display())),
-                Ok(_) if !executable(&path) => Err(format!(
+                Err(_) => Err(ExitStatusError {
+                    status: NOT_FOUND,
+                    message: format!("program {program:?} not found (looked at {})", path.display()),
+                }),
+                Ok(m) if m.is_dir() => Err(cannot_start(format!(
+                    "program {program:?} is a folder ({}), not a program",
+                    path.display()
+                ))),
+                Ok(_) if !executable(&path) => Err(cannot_start(format!(
                     "program {program:?} is not executable ({}: chmod +x it, or run it through its interpreter)",
                     path.display()
-                )),
+                ))),
                 Ok(_) => Ok(path),
             };
         }
@@ -305,7 +322,10 @@ impl CommandSpec {
                 return Ok(candidate);
             }
         }
-        Err(format!("program {program:?} not found on PATH"))
+        Err(ExitStatusError {
+            status: NOT_FOUND,
+            message: format!("program {program:?} not found on PATH"),
+        })
     }
 
     fn argv(
@@ -330,7 +350,7 @@ impl CommandSpec {
 
     /// A command for `argv` with the job's folder, environment and the `IDEM_*`
     /// variables, in a process group of its own that gets SIGKILL if idem dies. A program
-    /// that cannot be found is exit status 127, as a shell says.
+    /// that cannot be found is exit status 127, one that cannot start 126, as a shell says.
     fn command(
         &self,
         argv: &[OsString],
@@ -338,10 +358,7 @@ impl CommandSpec {
         result: Option<&Path>,
         terminal: bool,
     ) -> std::result::Result<tokio::process::Command, ExitStatusError> {
-        let program = self.resolve(&argv[0]).map_err(|message| ExitStatusError {
-            status: NOT_FOUND,
-            message,
-        })?;
+        let program = self.resolve(&argv[0])?;
         let mut cmd = group::own_group(&program, terminal);
         cmd.args(&argv[1..])
             .current_dir(&self.cwd)

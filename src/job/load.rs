@@ -18,6 +18,17 @@ impl Job {
 
     /// Parses and validates job TOML (`path` is used for messages and relative paths).
     pub fn parse(text: &str, path: &Path) -> Result<Job> {
+        Self::parse_adjusted(text, path, |_| {})
+    }
+
+    /// [`parse`](Self::parse), with `adjust` applied to the job before it is validated
+    /// (what a job file cannot say: `idem exec` sets its command's date zone, and that
+    /// its program is looked for when the run starts).
+    pub(crate) fn parse_adjusted(
+        text: &str,
+        path: &Path,
+        adjust: impl FnOnce(&mut Job),
+    ) -> Result<Job> {
         let mut job: Job =
             toml::from_str(text).map_err(|e| match e.message().strip_prefix(de::BAD_VALUE) {
                 // A field's value its parser refused: reported like the other checks.
@@ -29,6 +40,7 @@ impl Job {
                 )),
             })?;
         job.path = path.to_path_buf();
+        adjust(&mut job);
         job.validate()
             .map_err(|e| Error::config(format!("job file {}: {e}", path.display())))?;
         Ok(job)
