@@ -132,6 +132,11 @@ pub enum Error {
         source: BoxError,
     },
 
+    /// Stopped by a signal before the work could finish (a gate's batch that waited on
+    /// keys pending for another gate): exit code 1, as a run stopped by a signal.
+    #[error("{0}")]
+    Interrupted(String),
+
     /// A SQL statement of a job failed in its warehouse.
     #[error("sql {phase} failed in {warehouse}: {message}")]
     Sql {
@@ -217,6 +222,7 @@ impl Error {
         match self {
             Error::Config(m) => Error::Config(m.clone()),
             Error::Input(m) => Error::Input(m.clone()),
+            Error::Interrupted(m) => Error::Interrupted(m.clone()),
             Error::Io {
                 action,
                 path,

@@ -587,6 +587,154 @@ fn sigint_stops_after_the_lines_read_and_marks_nothing_unreported() {
     }
 }
 
+/// A gate that finds keys pending for a gate that died (its marks live an hour) says it
+/// waits, and a signal ends the wait: it exits 1 naming it, writes no record for the lines
+/// it could not judge, and leaves nothing of its own marked (its keys are new to the next
+/// run at once), instead of holding its batches until the dead gate's marks expire.
+#[test]
+fn a_signal_ends_a_wait_on_a_dead_gates_pending_marks() {
+    use std::io::{BufRead, Read, Write};
+    let sb = Sandbox::new("gate-dead-wait");
+    // Records wider than the pipe's buffer: the first gate blocks writing its first
+    // batch's records, before it confirms them.
+    let pad = "x".repeat(200);
+    let lines = |range: std::ops::Range<usize>| -> String {
+        range
+            .map(|i| format!("{{\"id\":\"k{i}\",\"pad\":\"{pad}\"}}\n"))
+            .collect()
+    };
+    let fresh = sb.dir.join("fresh.ndjson");
+    std::fs::write(&fresh, lines(1000..2000)).unwrap();
+    let both = sb.dir.join("both.ndjson");
+    std::fs::write(&both, lines(0..2000)).unwrap();
+    // Waits for `child` to end; one that runs on past `limit` is killed and fails the
+    // test (a hang guard: every gate here ends long before it when it works).
+    let ended = |mut child: std::process::Child, what: &str| {
+        let limit = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > limit {
+                let _ = child.kill();
+                panic!("{what} still ran after 120 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        child.wait_with_output().unwrap()
+    };
+    for store in &stores_with(
+        &sb,
+        "a_signal_ends_a_wait_on_a_dead_gates_pending_marks",
+        false,
+    ) {
+        let ns = namespace();
+        let gate_args = |input: &str| {
+            vec![
+                "gate".to_string(),
+                "--key".into(),
+                "id".into(),
+                "--namespace".into(),
+                ns.clone(),
+                "--batch".into(),
+                "1000".into(),
+                "--pending-timeout".into(),
+                "1h".into(),
+                "--input".into(),
+                input.into(),
+            ]
+        };
+        let args = gate_args("-");
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut dead = sb
+            .command_with_store(&args, &store)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut stdin = dead.stdin.take().unwrap();
+        stdin.write_all(lines(0..1000).as_bytes()).unwrap();
+        stdin.flush().unwrap();
+        // A first byte of output: its keys are marked, pending.
+        let mut stdout = dead.stdout.take().unwrap();
+        let mut byte = [0u8; 1];
+        stdout.read_exact(&mut byte).unwrap();
+        dead.kill().unwrap();
+        dead.wait().unwrap();
+        drop((stdin, stdout));
+
+        let out = sb.dir.join("waiting.ndjson");
+        let args = gate_args(both.to_str().unwrap());
+        let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+        args.extend(["--output", out.to_str().unwrap()]);
+        let mut waiting = sb
+            .command_with_store(&args, &store)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Its standard error, line by line, read on a thread of its own (so a gate that
+        // never says it waits fails the test instead of hanging it).
+        let (said_tx, said) = std::sync::mpsc::channel();
+        let stderr = std::io::BufReader::new(waiting.stderr.take().unwrap());
+        let reader = std::thread::spawn(move || {
+            for line in stderr.lines() {
+                let _ = said_tx.send(line.unwrap());
+            }
+        });
+        let next_line = || {
+            said.recv_timeout(std::time::Duration::from_secs(120))
+                .unwrap_or_else(|e| panic!("{store}: no line from the waiting gate: {e}"))
+        };
+        let mut before = String::new();
+        while !before.contains("pending for another gate") {
+            before.push_str(&next_line());
+        }
+        assert!(before.contains("waiting up to 1h"), "{store}: {before}");
+        let kill = Command::new("kill")
+            .args(["-TERM", &waiting.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(kill.success());
+        let done = ended(waiting, "the waiting gate, after SIGTERM");
+        reader.join().unwrap();
+        let rest: String = said.try_iter().collect::<Vec<_>>().join("\n");
+        assert_eq!(done.status.code(), Some(1), "{store}: {before}\n{rest}");
+        assert!(
+            rest.contains("key(s) waited for another gate to confirm them"),
+            "{store}: {rest}"
+        );
+        assert!(
+            complete_records(&out).is_empty(),
+            "{store}: records written for lines it could not judge"
+        );
+
+        // Nothing of the stopped gate stays marked: the keys only it saw are new at once.
+        let next_out = sb.dir.join("next.ndjson");
+        let args = gate_args(fresh.to_str().unwrap());
+        let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+        args.extend(["--output", next_out.to_str().unwrap()]);
+        let next = sb
+            .command_with_store(&args, &store)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let next = ended(next, "the next gate");
+        assert_eq!(
+            next.status.code(),
+            Some(0),
+            "{store}: {}",
+            String::from_utf8_lossy(&next.stderr)
+        );
+        let records = complete_records(&next_out);
+        assert_eq!(records.len(), 1000, "{store}");
+        assert!(
+            records.iter().all(|r| r["verdict"] == "new"),
+            "{store}: {:?}",
+            records.iter().find(|r| r["verdict"] != "new")
+        );
+    }
+}
+
 #[test]
 fn strategies_under_an_unreachable_store() {
     let sb = Sandbox::new("gate-down");

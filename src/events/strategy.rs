@@ -221,6 +221,7 @@ impl EventGate {
             batches: AtomicU64::new(0),
             timeout: timeout.max(Duration::from_millis(1)),
             settled: Default::default(),
+            said_waiting: Default::default(),
         }));
         self
     }
@@ -570,7 +571,7 @@ impl EventGate {
                                 &marks,
                                 verdicts,
                                 &mut marked_at,
-                                turn.stop(),
+                                (turn.stop(), turn.interrupted()),
                             )
                             .await
                         }

@@ -2,7 +2,7 @@
 //! mark their keys in ([`MarkTurn`]), and the wait for keys pending for another gate
 //! (`settle_pending`).
 
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::store::{EventKeyStore, EventMark, EventVerdict, PendingBatch, TurnStarted};
 
 /// Where a batch's pending marks go in the order of its gate's batches: after the batch
@@ -43,6 +43,8 @@ pub struct MarkTurn {
     started: Arc<TurnStarted>,
     /// Its row's [`MarkTurns::stop_waiting`] (`None`: a batch alone, which always waits).
     stop: Option<CancellationToken>,
+    /// Its row's [`MarkTurns::interrupt`] (`None`: a batch alone).
+    interrupt: Option<CancellationToken>,
 }
 
 impl MarkTurn {
@@ -55,12 +57,18 @@ impl MarkTurn {
             row: uuid::Uuid::new_v4().to_string().into(),
             next: 0,
             stop: CancellationToken::new(),
+            interrupt: CancellationToken::new(),
         }
     }
 
     /// Whether its row gave up waiting on other gates ([`MarkTurns::stop_waiting`]).
     pub(super) fn stop(&self) -> Option<&CancellationToken> {
         self.stop.as_ref()
+    }
+
+    /// Whether its row was interrupted ([`MarkTurns::interrupt`]).
+    pub(super) fn interrupted(&self) -> Option<&CancellationToken> {
+        self.interrupt.as_ref()
     }
 
     /// The row and the batch's place in it, as the store is told
@@ -139,6 +147,8 @@ pub struct MarkTurns {
     next: u64,
     /// Cancelled by [`stop_waiting`](Self::stop_waiting).
     stop: CancellationToken,
+    /// Cancelled by [`interrupt`](Self::interrupt).
+    interrupt: CancellationToken,
 }
 
 impl MarkTurns {
@@ -155,7 +165,17 @@ impl MarkTurns {
             started_before: self.last_started.replace(started_after),
             started: Arc::new(TurnStarted::to(started)),
             stop: Some(self.stop.clone()),
+            interrupt: Some(self.interrupt.clone()),
         }
+    }
+
+    /// The gate was asked to stop (a signal): a batch of the row that waits on keys
+    /// pending for another gate stops waiting and fails (its records cannot be written
+    /// without their verdicts), so the stream ends there, its lines and the later ones
+    /// without records and what they marked taken back, instead of waiting on until the
+    /// other gate's marks expire. Batches that wait for nothing are written as before.
+    pub fn interrupt(&self) -> CancellationToken {
+        self.interrupt.clone()
     }
 
     /// The row's batches whose records will not be written (an earlier batch failed, or
@@ -184,6 +204,8 @@ pub(super) struct PendingMarks {
     /// read ([`EventKeyStore::check_all_marked`](crate::store::EventKeyStore::check_all_marked)),
     /// and answered without its turn when it is settled too.
     pub(super) settled: AtomicBool,
+    /// A batch waited on keys pending for another gate (said once a gate).
+    pub(super) said_waiting: AtomicBool,
 }
 
 impl PendingMarks {
@@ -234,6 +256,8 @@ impl super::EventGate {
     /// again is marked at the time of that call, which goes into `marked_at`. Once `stop`
     /// is cancelled ([`MarkTurns::stop_waiting`]: the batch will not be written), the
     /// verdicts are returned as they stand, keys pending for another gate among them.
+    /// Once `interrupt` is ([`MarkTurns::interrupt`]: a signal), a batch still waiting
+    /// fails with [`Error::Interrupted`].
     pub(super) async fn settle_pending(
         &self,
         p: &PendingMarks,
@@ -241,7 +265,7 @@ impl super::EventGate {
         marks: &[EventMark],
         mut verdicts: Vec<EventVerdict>,
         marked_at: &mut [DateTime<Utc>],
-        stop: Option<&CancellationToken>,
+        (stop, interrupt): (Option<&CancellationToken>, Option<&CancellationToken>),
     ) -> Result<Vec<EventVerdict>> {
         let namespace = self.dedup.namespace();
         let mut pause = Duration::from_millis(50);
@@ -264,18 +288,34 @@ impl super::EventGate {
             if waiting.is_empty() {
                 return Ok(verdicts);
             }
+            if !p.said_waiting.swap(true, Ordering::Relaxed) {
+                // Said once a gate: a wait can last the whole pending timeout.
+                tracing::warn!(
+                    "{} key(s) of a batch are pending for another gate (running, or dead \
+                     since): waiting up to {} for it to confirm them or for their marks to \
+                     expire",
+                    waiting.len(),
+                    humantime::format_duration(p.timeout)
+                );
+            }
             tracing::debug!(
                 keys = waiting.len(),
                 "keys pending for another gate: waiting for it to confirm them or for their marks to expire"
             );
-            match stop {
-                Some(stop) => {
-                    tokio::select! {
-                        () = tokio::time::sleep(pause) => {}
-                        () = stop.cancelled() => return Ok(verdicts),
-                    }
+            let never = CancellationToken::new();
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                () = stop.unwrap_or(&never).cancelled() => return Ok(verdicts),
+                () = interrupt.unwrap_or(&never).cancelled() => {
+                    self.take_back_new(marks, &verdicts, marked_at).await;
+                    return Err(Error::Interrupted(format!(
+                        "stopped while {} key(s) waited for another gate to confirm them \
+                         (their marks expire within {}): this batch's lines and those after \
+                         them have no record",
+                        waiting.len(),
+                        humantime::format_duration(p.timeout)
+                    )));
                 }
-                None => tokio::time::sleep(pause).await,
             }
             pause = (pause * 2).min(Duration::from_secs(1));
             let again: Vec<EventMark> = waiting.iter().map(|&i| marks[i].clone()).collect();
@@ -287,6 +327,35 @@ impl super::EventGate {
             for (&i, v) in waiting.iter().zip(answers) {
                 verdicts[i] = v;
                 marked_at[i] = at;
+            }
+        }
+    }
+
+    /// Takes back what a batch that will not be written marked new (each key by the time
+    /// its call marked it), so another gate does not wait on marks of a batch that failed;
+    /// what cannot be taken back expires with the pending timeout.
+    async fn take_back_new(
+        &self,
+        marks: &[EventMark],
+        verdicts: &[EventVerdict],
+        marked_at: &[DateTime<Utc>],
+    ) {
+        let mut by_time: Vec<(DateTime<Utc>, Vec<String>)> = Vec::new();
+        for ((m, v), at) in marks.iter().zip(verdicts).zip(marked_at) {
+            if !v.is_new() {
+                continue;
+            }
+            match by_time.iter_mut().find(|(t, _)| t == at) {
+                Some((_, keys)) => keys.push(m.key.clone()),
+                None => by_time.push((*at, vec![m.key.clone()])),
+            }
+        }
+        for (at, keys) in by_time {
+            if let Err(e) = self.unmark(&keys, at).await {
+                tracing::warn!(
+                    "{} key(s) of a stopped batch stay marked pending until they expire: {e}",
+                    keys.len()
+                );
             }
         }
     }
