@@ -1861,6 +1861,47 @@ fn status_names_missing_and_failed_dates_and_run_missing_runs_exactly_those() {
 
 /// A scope whose lease is held now is `running`, not missing, and `run --missing` leaves
 /// it alone.
+/// On a host that only wraps cron lines in `idem exec` (no jobs folder), `idem status`
+/// lists the ledger's jobs with a note, names a date whose last run failed and exits 1,
+/// so an alert on its exit code hears of a failed cron line; a later completed run of
+/// that date clears it (exit 0).
+#[test]
+fn status_without_a_jobs_folder_names_a_failed_exec_date() {
+    let s = Sandbox::new("idem-status-exec");
+    let _ = std::fs::remove_dir_all(s.dir.join("jobs"));
+    let exec = |program: &str| {
+        let out = s.idem(&["exec", "backup", "--date", "2026-01-02", "--", program]);
+        out.status.code()
+    };
+    assert_eq!(exec("false"), Some(1));
+    let ok = s.idem(&["exec", "sync", "--date", "2026-01-02", "--", "true"]);
+    assert_eq!(ok.status.code(), Some(0), "{}", stderr(&ok));
+    let (code, doc, err) = s.json(&["status"]);
+    assert_eq!(code, 1, "{doc}\n{err}");
+    assert!(err.contains("no jobs folder"), "{err}");
+    let job = |doc: &Value, name: &str| {
+        doc["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|j| j["job"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("{name} not listed: {doc}"))
+    };
+    assert_eq!(
+        job(&doc, "backup")["failed"],
+        serde_json::json!(["2026-01-02"])
+    );
+    assert_eq!(job(&doc, "sync")["failed"], serde_json::json!([]));
+    let text = String::from_utf8_lossy(&s.idem(&["status"]).stdout).to_string();
+    assert!(text.contains("failed 2026-01-02"), "{text}");
+    // Run again and completed: nothing needs attention.
+    assert_eq!(exec("true"), Some(0));
+    let (code, doc, err) = s.json(&["status"]);
+    assert_eq!(code, 0, "{doc}\n{err}");
+    assert_eq!(job(&doc, "backup")["failed"], serde_json::json!([]));
+}
+
 #[test]
 fn status_shows_a_running_scope_as_running() {
     let s = Sandbox::new("idem-status-running");

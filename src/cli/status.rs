@@ -91,7 +91,16 @@ pub(super) async fn statuses(
     let from = now - chrono::Duration::from_std(since).unwrap_or(chrono::Duration::zero());
     // The jobs: those named (a job file, or only a name the ledger may know), or all.
     let (scheduled, mut ledger_only, all_named) = if names.is_empty() {
-        let jobs = load_jobs(&g.jobs_dir, &g.store)?;
+        // No jobs folder (`idem exec` jobs only): the ledger's jobs, said.
+        let jobs = if g.jobs_dir.exists() {
+            load_jobs(&g.jobs_dir, &g.store)?
+        } else {
+            output::note(format_args!(
+                "note: no jobs folder {}: the ledger's jobs only (set --jobs-dir)",
+                g.jobs_dir.display()
+            ));
+            Vec::new()
+        };
         let known: BTreeSet<String> = jobs.iter().map(|j| j.name.clone()).collect();
         let scheduled: Vec<Job> = jobs.into_iter().filter(|j| j.schedule.is_some()).collect();
         (scheduled, BTreeSet::new(), Some(known))
@@ -218,6 +227,23 @@ pub(super) async fn statuses(
             }
         }
         let (running, abandoned) = (open_of(&name, true), open_of(&name, false));
+        // No schedule says what was expected: failed are the scopes of the period whose
+        // last run failed (a later run of the scope that completed clears it), so an
+        // `idem exec` job that fails needs attention as a scheduled job's scope does.
+        let mut last_of_scope: BTreeMap<&str, &RunRecord> = BTreeMap::new();
+        for run in theirs.iter().filter(|r| r.started_at >= from) {
+            let last = last_of_scope.entry(run.scope.as_str()).or_insert(run);
+            if run.started_at > last.started_at {
+                *last = run;
+            }
+        }
+        let failed = last_of_scope
+            .into_iter()
+            .filter(|(scope, r)| {
+                r.status == RunStatus::Failed && !running.iter().any(|s| s == scope)
+            })
+            .map(|(scope, _)| scope.to_string())
+            .collect();
         out.push(JobStatus {
             job: name,
             kind: "ledger",
@@ -225,7 +251,7 @@ pub(super) async fn statuses(
             timezone: None,
             scopes: Vec::new(),
             missing: Vec::new(),
-            failed: Vec::new(),
+            failed,
             running,
             abandoned,
             last_success: last_success(&theirs),
