@@ -487,6 +487,10 @@ fn exec_runs_a_program_behind_the_guards_with_no_job_file() {
     // Bad input: exit 2 naming it, nothing recorded.
     for (args, says) in [
         (
+            vec!["exec", "nightly", "--", ""],
+            "idem exec nightly: the program is empty: give it after `--`",
+        ),
+        (
             vec!["exec", "nightly", "--time-window", "soon", "--", "true"],
             "time_window",
         ),

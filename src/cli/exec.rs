@@ -23,6 +23,13 @@ impl ExecArgs {
     /// The job the flags describe, validated as a job file would be; errors name the flag.
     /// Relative dates are read in `--timezone`, else the machine's zone.
     fn job(&self) -> Result<Job> {
+        if self.argv.first().is_none_or(|p| p.is_empty()) {
+            return Err(Error::input(format!(
+                "idem exec {}: the program is empty: give it after `--` \
+                 (idem exec {} -- PROGRAM [ARGS…])",
+                self.name, self.name
+            )));
+        }
         let zone = match &self.timezone {
             Some(tz) => tz.clone(),
             None => local_zone()?,
