@@ -840,4 +840,35 @@ mod redis {
         assert!(e.is_outage(), "{e}");
         assert!(e.to_string().contains("unavailable"), "{e}");
     }
+
+    /// Something that is not Redis answers (a web server): the store is unavailable, and
+    /// the error says the server did not speak Redis's protocol, not a parser's bytes.
+    #[tokio::test]
+    async fn a_server_that_is_not_redis_is_named_so() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = tokio::spawn(async move {
+            loop {
+                let Ok((mut socket, _)) = listener.accept().await else {
+                    return;
+                };
+                let mut buf = [0u8; 1024];
+                let _ = socket.read(&mut buf).await;
+                let _ = socket
+                    .write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
+                    .await;
+            }
+        });
+        let e = idem::store::open_event_keys(&format!("redis://127.0.0.1:{port}/0"))
+            .await
+            .unwrap_err();
+        server.abort();
+        assert!(e.is_store_failure(), "{e}");
+        assert!(
+            e.to_string()
+                .contains("did not answer in the Redis protocol"),
+            "{e}"
+        );
+    }
 }

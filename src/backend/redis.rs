@@ -233,6 +233,15 @@ pub fn is_outage(e: &RedisError) -> bool {
 /// handshake (an untrusted certificate, a plain server behind `rediss://`) is an outage
 /// whose message says what was wrong with the TLS.
 pub fn error(store: &str, operation: &str, e: RedisError) -> Error {
+    if operation == CONNECTION && e.kind() == redis::ErrorKind::ParseError {
+        // Something answers at that address, but not in Redis's protocol (a web server,
+        // another database): the store cannot be used, and the address is what to check.
+        let message = format!(
+            "{operation} to redis failed: the server did not answer in the Redis protocol; \
+             check the host and port (is it Redis there?)"
+        );
+        return Error::store_source(store, message, e);
+    }
     if is_outage(&e) {
         let message = match tls_error(&e) {
             Some(rustls::Error::InvalidCertificate(why)) => format!(
