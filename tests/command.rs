@@ -1052,7 +1052,11 @@ fn the_programs_exit_status_passes_through() {
     std::fs::write(&text, "plain text\n").unwrap();
     let text = text.to_str().unwrap();
     let folder = s.dir.to_str().unwrap();
-    let cases: [(&[&str], i32, &str); 9] = [
+    let script = s.dir.join("no-interpreter.sh");
+    std::fs::write(&script, "#!/no/such/interpreter-idem\necho hi\n").unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let script = script.to_str().unwrap();
+    let cases: [(&[&str], i32, &str); 10] = [
         (&["--", "sh", "-c", "exit 7"], 7, "exited with code 7"),
         (
             &["--", "sh", "-c", "kill -KILL $$"],
@@ -1078,6 +1082,7 @@ fn the_programs_exit_status_passes_through() {
         ),
         (&["--", text], 126, "is not executable"),
         (&["--", folder], 126, "is a folder"),
+        (&["--", script], 126, "the interpreter its `#!` line names"),
     ];
     for (i, (args, want, says)) in cases.into_iter().enumerate() {
         let name = format!("status{i}");

@@ -475,15 +475,18 @@ impl CommandProcessor {
     }
 }
 
-/// The error of a program that did not start.
+/// The error of a program that did not start: 126, as a shell says for a program that is
+/// there but cannot start. It was found before it was started, so "not found" now is its
+/// interpreter (a script's `#!` line) or its loader, said so.
 fn not_started(what: &str, e: std::io::Error) -> ExitStatusError {
+    let hint = if e.kind() == std::io::ErrorKind::NotFound {
+        " (the program is there: the interpreter its `#!` line names, or its loader, is not)"
+    } else {
+        ""
+    };
     ExitStatusError {
-        status: if e.kind() == std::io::ErrorKind::NotFound {
-            NOT_FOUND
-        } else {
-            CANNOT_START
-        },
-        message: format!("{what} did not start: {e}"),
+        status: CANNOT_START,
+        message: format!("{what} did not start: {e}{hint}"),
     }
 }
 
