@@ -880,6 +880,10 @@ fn bad_arguments_exit_2_naming_the_problem() {
         (vec!["gate", "--key", "", "--input", input], "--key"),
         (vec!["gate", "--key", "id,,x", "--input", input], "--key"),
         (
+            vec!["gate", "--key", "id, id", "--input", input],
+            "--key \"id, id\" names \"id\" twice",
+        ),
+        (
             vec![
                 "gate",
                 "--key",

@@ -32,6 +32,16 @@ fn fields(flag: &str, text: &str) -> Result<Vec<String>> {
             "{flag} {text:?} has an empty field name"
         )));
     }
+    if let Some(twice) = list
+        .iter()
+        .enumerate()
+        .find(|(i, f)| list[..*i].contains(f))
+    {
+        return Err(Error::input(format!(
+            "{flag} {text:?} names {:?} twice",
+            twice.1
+        )));
+    }
     Ok(list)
 }
 
