@@ -219,6 +219,8 @@ pub fn main_with(registry: Registry) -> ExitCode {
         Command::Scheduler(_) => "warn,sqlx::query=error,sqlx::pool=error,idem::scheduler=info",
         // Only errors, and the warning that a changed command was skipped.
         Command::Exec(args) if args.quiet => "error,idem::changed=warn",
+        // And the first wait on keys pending for another gate, which can be long.
+        Command::Gate(_) => "warn,sqlx::query=error,sqlx::pool=error,idem::gate_wait=info",
         _ => "warn,sqlx::query=error,sqlx::pool=error",
     });
     // A wrapper passes its standard input on to the program it runs.

@@ -289,8 +289,10 @@ impl super::EventGate {
                 return Ok(verdicts);
             }
             if !p.said_waiting.swap(true, Ordering::Relaxed) {
-                // Said once a gate: a wait can last the whole pending timeout.
-                tracing::warn!(
+                // Said once a gate: a wait can last the whole pending timeout. Not a
+                // warning: two live gates on the same events wait on each other briefly.
+                tracing::info!(
+                    target: "idem::gate_wait",
                     "{} key(s) of a batch are pending for another gate (running, or dead \
                      since): waiting up to {} for it to confirm them or for their marks to \
                      expire",
