@@ -43,7 +43,7 @@ pub struct MarkTurn {
     started: Arc<TurnStarted>,
     /// Its row's [`MarkTurns::stop_waiting`] (`None`: a batch alone, which always waits).
     stop: Option<CancellationToken>,
-    /// Its row's [`MarkTurns::interrupt`] (`None`: a batch alone).
+    /// Its row's [`MarkTurns::interrupted_by`] (`None`: a batch alone).
     interrupt: Option<CancellationToken>,
 }
 
@@ -66,7 +66,7 @@ impl MarkTurn {
         self.stop.as_ref()
     }
 
-    /// Whether its row was interrupted ([`MarkTurns::interrupt`]).
+    /// Whether its row was interrupted ([`MarkTurns::interrupted_by`]).
     pub(super) fn interrupted(&self) -> Option<&CancellationToken> {
         self.interrupt.as_ref()
     }
@@ -147,7 +147,7 @@ pub struct MarkTurns {
     next: u64,
     /// Cancelled by [`stop_waiting`](Self::stop_waiting).
     stop: CancellationToken,
-    /// Cancelled by [`interrupt`](Self::interrupt).
+    /// Cancelled with the token given to [`interrupted_by`](Self::interrupted_by).
     interrupt: CancellationToken,
 }
 
@@ -169,13 +169,15 @@ impl MarkTurns {
         }
     }
 
-    /// The gate was asked to stop (a signal): a batch of the row that waits on keys
-    /// pending for another gate stops waiting and fails (its records cannot be written
-    /// without their verdicts), so the stream ends there, its lines and the later ones
-    /// without records and what they marked taken back, instead of waiting on until the
-    /// other gate's marks expire. Batches that wait for nothing are written as before.
-    pub fn interrupt(&self) -> CancellationToken {
-        self.interrupt.clone()
+    /// The row is interrupted once `stop` is cancelled (the gate was asked to stop: a
+    /// signal): a batch of the row that waits on keys pending for another gate stops
+    /// waiting and fails (its records cannot be written without their verdicts), so the
+    /// stream ends there, its lines and the later ones without records and what they
+    /// marked taken back, instead of waiting on until the other gate's marks expire.
+    /// Batches that wait for nothing are written as before. Before the row's first turn.
+    pub fn interrupted_by(mut self, stop: &CancellationToken) -> Self {
+        self.interrupt = stop.child_token();
+        self
     }
 
     /// The row's batches whose records will not be written (an earlier batch failed, or
@@ -256,7 +258,7 @@ impl super::EventGate {
     /// again is marked at the time of that call, which goes into `marked_at`. Once `stop`
     /// is cancelled ([`MarkTurns::stop_waiting`]: the batch will not be written), the
     /// verdicts are returned as they stand, keys pending for another gate among them.
-    /// Once `interrupt` is ([`MarkTurns::interrupt`]: a signal), a batch still waiting
+    /// Once `interrupt` is ([`MarkTurns::interrupted_by`]: a signal), a batch still waiting
     /// fails with [`Error::Interrupted`].
     pub(super) async fn settle_pending(
         &self,

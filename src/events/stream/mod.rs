@@ -250,17 +250,13 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
     let concurrency = gate.batch_concurrency();
     let mut in_flight: VecDeque<InFlight> = VecDeque::new();
     // Batches in flight mark their keys in input order (see `MarkTurn`).
-    let mut turns = MarkTurn::row();
     // A signal also ends the waits of batches on keys pending for another gate (they
     // fail, and the stream stops there): otherwise the batches read already could be
     // held until the other gate's marks expire.
-    let interrupt_waits = stop.map(|stop| {
-        let (stop, interrupt) = (stop.token().clone(), turns.interrupt());
-        tokio::spawn(async move {
-            stop.cancelled().await;
-            interrupt.cancel();
-        })
-    });
+    let mut turns = match stop {
+        Some(stop) => MarkTurn::row().interrupted_by(stop.token()),
+        None => MarkTurn::row(),
+    };
     let mut read_error: Option<Error> = None;
     let outcome: Result<()> = async {
         loop {
@@ -363,9 +359,6 @@ pub async fn run_with_cursor<R: BufRead, W: Write>(
         Ok(())
     }
     .await;
-    if let Some(watch) = interrupt_waits {
-        watch.abort();
-    }
     if cursor.is_none() {
         // Not written: none of them waits on another gate any longer.
         turns.stop_waiting();
