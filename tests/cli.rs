@@ -62,9 +62,9 @@ fn status(v: &Value) -> &str {
 #[test]
 fn concurrent_processes_one_completes_the_others_are_in_progress() {
     let s = Sandbox::new("idem-cli");
-    // A process block that takes a while (a recursive count, ~1 s) so most runs start
+    // A process block that takes a while (a recursive count, ~2 s) so most runs start
     // while the winner works.
-    let slow = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 4000000) SELECT count(*) FROM c";
+    let slow = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 16000000) SELECT count(*) FROM c";
     s.write_job(
         "slow",
         &sales_job("slow", "lease = \"1m\"\ntime_window = \"1h\"", slow),
@@ -128,7 +128,7 @@ fn concurrent_processes_one_completes_the_others_are_in_progress() {
 }
 
 /// A process block that runs for many seconds (a recursive count).
-const VERY_SLOW: &str = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 50000000) SELECT count(*) FROM c";
+const VERY_SLOW: &str = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 200000000) SELECT count(*) FROM c";
 
 /// Starts `idem run slow --date 2025-11-18 ARGS` (a job with `guards` and a very slow
 /// process) and returns once it holds the lease, as `explain` shows. The caller waits for

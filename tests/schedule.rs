@@ -605,7 +605,7 @@ fn a_backfill_runs_each_date_through_the_guards_and_sums_up() {
 }
 
 /// A process block that runs for many seconds (a recursive count).
-const VERY_SLOW: &str = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 50000000) SELECT count(*) FROM c";
+const VERY_SLOW: &str = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 200000000) SELECT count(*) FROM c";
 
 #[test]
 fn sigterm_stops_a_backfill_records_the_running_date_as_interrupted_and_runs_no_more() {
