@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Renders the HTML report of the synthetic history (tests/report.rs), then `idem status
-# --format html` (tests/cli.rs), in headless Chromium and writes PNGs, to look at by eye:
+# Renders the HTML report of the synthetic history (tests/it/report.rs), then `idem status
+# --format html` (tests/it/cli.rs), in headless Chromium and writes PNGs, to look at by eye:
 #   .ci/report-screenshot.sh [OUT_DIR]
 # Needs chromium (Debian: apt-get install -y chromium). Writes OUT_DIR/report.html,
 # report.png, status.html and status.png (default target/report-screenshot).
@@ -10,7 +10,7 @@ out="${1:-target/report-screenshot}"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 IDEM_REPORT_HTML_OUT="$out/report.html" \
-    cargo test --test report cli_report_json_markdown_output_file_and_sql -- --exact --quiet
+    cargo test --test it report::cli_report_json_markdown_output_file_and_sql -- --exact --quiet
 browser="$(command -v chromium || command -v chromium-browser || command -v google-chrome || true)"
 if [ -z "$browser" ]; then
     echo "error: chromium is not installed (apt-get install -y chromium)" >&2
@@ -38,10 +38,10 @@ for verdict in enable consider keep not_needed not_enough_data; do
 done
 echo "wrote $out/report.png ($bytes bytes, $charts charts)"
 
-# The same for `idem status --format html` (tests/cli.rs: a job with dates completed,
+# The same for `idem status --format html` (tests/it/cli.rs: a job with dates completed,
 # failed and missing, and an `idem exec` job known from the ledger).
 IDEM_STATUS_HTML_OUT="$out/status.html" \
-    cargo test --test cli status_names_missing_and_failed_dates_and_run_missing_runs_exactly_those -- --exact --quiet
+    cargo test --test it cli::status_names_missing_and_failed_dates_and_run_missing_runs_exactly_those -- --exact --quiet
 "$browser" "${flags[@]}" --window-size=900,400 --screenshot="$out/status.png" \
     "file://$out/status.html" 2>>"$out/chromium.log"
 "$browser" "${flags[@]}" --dump-dom "file://$out/status.html" >"$out/status.dom.html" \

@@ -7,7 +7,7 @@
 //! and a process-wide `static Mutex` of the library (the SQLite statement texts kept, the
 //! pools closing, the stops sent) hung a forked child so. So the library keeps no lock,
 //! and no value a process fills once, in a plain `static`: each is a [`PerProcess`], and
-//! a layout test (`tests/layout.rs`) refuses a `static` of a lock type anywhere else in
+//! a layout test (`tests/it/layout.rs`) refuses a `static` of a lock type anywhere else in
 //! `src/`.
 //!
 //! What a child gets is a value made fresh, as a new process would have it: what the

@@ -1,7 +1,7 @@
 //! The BigQuery store and warehouse against a real BigQuery API implementation: the local
 //! emulator (`.ci/bqemulator.sh`, see docs/bigquery.md), plus a tiny local HTTP responder
 //! for API failure shapes the emulator does not produce. The scenarios every store shares
-//! (SQL jobs, odd strings, the content key) are in `tests/scenarios.rs`.
+//! (SQL jobs, odd strings, the content key) are in `tests/it/scenarios.rs`.
 //!
 //! Every test needs `IDEM_TEST_BIGQUERY_URL` (e.g.
 //! `bigquery://idem-test/idem_local?endpoint=http://127.0.0.1:PORT`) and skips with a
@@ -885,7 +885,7 @@ mod bigquery {
 
     /// `idem migrate` creates the dataset and every table (the sixteen lease shards too);
     /// running it again keeps what the tables hold; with `partition_expiration_days` it
-    /// also sets the expiration (tests/cleanup.rs checks the statements).
+    /// also sets the expiration (tests/it/cleanup.rs checks the statements).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn migrate_creates_the_dataset_and_is_idempotent() {
         let url = require_bigquery!("migrate_creates_the_dataset_and_is_idempotent");

@@ -39,7 +39,7 @@ impl Backend {
 
     /// The backend `url`'s scheme names, whether or not this build supports it: for a URL
     /// another machine will use (an export's store). The one table from URL schemes to
-    /// backends (`tests/layout.rs` holds the rest of `src/` to it).
+    /// backends (`tests/it/layout.rs` holds the rest of `src/` to it).
     pub fn named(url: &str) -> Option<Backend> {
         match Backend::scheme(url) {
             "memory" => Some(Backend::Memory),

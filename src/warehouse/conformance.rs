@@ -1,7 +1,7 @@
 //! The conformance suite every warehouse must pass.
 //!
 //! Plain `pub async fn`s taking a warehouse; each dialect's tests call every one of them
-//! directly (see `tests/warehouse.rs`). They assert (panic) on a difference. The checks
+//! directly (see `tests/it/warehouse.rs`). They assert (panic) on a difference. The checks
 //! that create a table take its name from the caller (BigQuery needs it fully qualified,
 //! `` `project.dataset.table` ``) and drop it at the end.
 

@@ -78,6 +78,76 @@ pub fn redis_url(test: &str) -> Option<String> {
     service_url("IDEM_TEST_REDIS_URL", test, REDIS_HOW)
 }
 
+/// A schema or a database of one test's own on the shared test Postgres, for a test whose
+/// statements would reach other tests' rows or connections there (`idem cleanup --keep
+/// 0s`, dropping every connection to the database): the integration tests share one
+/// process and run beside each other. Dropped with everything in it when this guard is
+/// dropped, also when the test panics.
+#[cfg(feature = "postgres")]
+#[allow(dead_code)]
+pub struct PgScratch {
+    /// `IDEM_TEST_POSTGRES_URL` narrowed to the schema or the database.
+    pub url: String,
+    admin: String,
+    drop: String,
+}
+
+#[cfg(feature = "postgres")]
+#[allow(dead_code)]
+impl PgScratch {
+    /// A new schema `PREFIX_<id>` on the database of `url`; `url` gets it as its search path.
+    pub fn schema(url: &str, prefix: &str) -> Self {
+        let name = format!("{prefix}_{}", &idem::new_run_id()[..12]).replace('-', "");
+        Self::admin(url, &format!("CREATE SCHEMA {name}")).unwrap();
+        let sep = if url.contains('?') { '&' } else { '?' };
+        PgScratch {
+            url: format!("{url}{sep}options[search_path]={name}"),
+            admin: url.to_string(),
+            drop: format!("DROP SCHEMA IF EXISTS {name} CASCADE"),
+        }
+    }
+
+    /// A new database `PREFIX_<id>` on the server of `url` (created through `url`'s
+    /// database); `url` with its path changed to it.
+    pub fn database(url: &str, prefix: &str) -> Self {
+        let name = format!("{prefix}_{}", &idem::new_run_id()[..12]).replace('-', "");
+        Self::admin(url, &format!("CREATE DATABASE {name}")).unwrap();
+        let mut scratch = url::Url::parse(url).expect("IDEM_TEST_POSTGRES_URL is a url");
+        scratch.set_path(&format!("/{name}"));
+        PgScratch {
+            url: scratch.to_string(),
+            admin: url.to_string(),
+            drop: format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+        }
+    }
+
+    /// Runs `sql` on a connection of its own to `url`.
+    fn admin(url: &str, sql: &str) -> Result<(), String> {
+        use sqlx::Connection;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        rt.block_on(async {
+            let mut conn = sqlx::PgConnection::connect(url)
+                .await
+                .map_err(|e| format!("connect to {url}: {e}"))?;
+            let done = sqlx::raw_sql(sql).execute(&mut conn).await;
+            let _ = conn.close().await;
+            done.map(|_| ()).map_err(|e| format!("{sql}: {e}"))
+        })
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl Drop for PgScratch {
+    fn drop(&mut self) {
+        if let Err(e) = Self::admin(&self.admin, &self.drop) {
+            eprintln!("could not drop a test's scratch Postgres: {e}");
+        }
+    }
+}
+
 /// A private PostgreSQL server for one test (a small `max_connections`, restarts).
 #[allow(dead_code)]
 pub mod private_pg;
@@ -149,6 +219,17 @@ pub mod redis {
 /// The `idem` binary under test.
 #[allow(dead_code)]
 pub const IDEM: &str = env!("CARGO_BIN_EXE_idem");
+
+/// The name libtest lists test `name` under when it is in the module whose
+/// `module_path!()` is `module` (that path without the crate's name), for a test that runs
+/// this binary again with `--exact`.
+#[allow(dead_code)]
+pub fn libtest_name(module: &str, name: &str) -> String {
+    match module.split_once("::") {
+        Some((_, path)) => format!("{path}::{name}"),
+        None => name.to_string(),
+    }
+}
 
 /// A temp folder to run `idem` in: job files go in `dir/jobs/` (also the `--jobs-dir`),
 /// `store` is the `--store` URL. The folder is removed on drop.

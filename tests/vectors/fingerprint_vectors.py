@@ -6,7 +6,7 @@ Regenerate (from the repository root; needs only python3 >= 3.11, no packages):
     python3 tests/vectors/fingerprint_vectors.py > tests/vectors/fingerprint.json
 
 The output is deterministic (fixed random seed), so regenerating without changing this
-script leaves the file byte-for-byte unchanged. `cargo test --test events vectors`
+script leaves the file byte-for-byte unchanged. `cargo test --test it events::vectors`
 recomputes every vector with idem's implementation.
 
 The algorithm, as the Python service of seed 000 computes it:

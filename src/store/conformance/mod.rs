@@ -2,7 +2,7 @@
 //!
 //! Plain `pub async fn`s, each taking the capability it tests (`&dyn LeaseStore`,
 //! `&dyn LedgerStore`, `&dyn EventKeyStore`, or the whole `&dyn Store`); each backend's
-//! tests call every one of them directly (see `tests/conformance.rs`). What a backend
+//! tests call every one of them directly (see `tests/it/conformance.rs`). What a backend
 //! guarantees beyond one instance ([`Capabilities`](super::Capabilities)) decides what
 //! [`capabilities_hold_across_instances`] asserts. Each check uses its own processor names, so the checks can
 //! share one database and run in any order. Times are passed explicitly (`now`), so

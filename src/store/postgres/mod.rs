@@ -62,7 +62,7 @@ use event_sql::*;
 /// The statements that read stored event keys with their unconfirmed batches, by name:
 /// each takes the namespace ($1), the keys (`text[]`, $2) and the time now ($3). Public so
 /// that tests can `EXPLAIN` them (their plans must not depend on the statistics of the
-/// small `event_pending` table: tests/postgres.rs).
+/// small `event_pending` table: tests/it/postgres.rs).
 #[doc(hidden)]
 pub const EVENT_KEY_READS: [(&str, &str); 2] =
     [("lookup", EVENTS_LOOKUP_SQL), ("read", EVENTS_READ_SQL)];
@@ -71,7 +71,7 @@ pub const EVENT_KEY_READS: [(&str, &str); 2] =
 /// the keys, fingerprints, decisions and expiries (arrays, $2–$5), the time now ($6), and
 /// a pending batch's marker and deadline ($7, $8). Public so that tests can `EXPLAIN`
 /// them (the work of one must grow with its keys, not with their square:
-/// tests/postgres.rs).
+/// tests/it/postgres.rs).
 #[doc(hidden)]
 pub const EVENT_KEY_MARKS: [(&str, &str); 2] =
     [("insert", EVENTS_INSERT_SQL), ("mark", EVENTS_MARK_SQL)];

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-mod common;
+use crate::common;
 
 use common::Sandbox;
 
@@ -387,7 +387,7 @@ fn sigterm_stops_the_program_and_its_children_and_records_an_interrupted_run() {
 /// the grace period, whichever stop sent the signal: SIGTERM to `idem exec`, or its
 /// `--timeout`. Before, idem's stop signalled every process of the group it had not seen
 /// at the first signal: the cleanup got its own SIGTERM within 20 ms (a CI run of
-/// `tests/scheduler.rs` read an empty file a trap's `date` had been killed writing).
+/// `tests/it/scheduler.rs` read an empty file a trap's `date` had been killed writing).
 #[test]
 fn a_cleanup_the_program_starts_on_sigterm_is_not_signalled_again() {
     let s = Sandbox::new("idem-exec-cleanup");

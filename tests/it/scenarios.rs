@@ -13,7 +13,7 @@ use idem::warehouse::{open_warehouse, prepare, Dialect, Warehouse};
 use idem::{scope_key, KeyKind, KeyRecord};
 use serde_json::Value;
 
-mod common;
+use crate::common;
 
 use common::{toml_str, Sandbox};
 

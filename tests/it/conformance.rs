@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use idem::store::{conformance, DynStore, EventKeyStore, StoreBase};
 
-mod common;
+use crate::common;
 
 /// The event-key checks ([`EventKeyStore`]), one `#[tokio::test]` each — the only list of
 /// them. Expanded inside a backend's module, where `event_store()` opens its store through
@@ -58,7 +58,7 @@ macro_rules! all_event_key_checks {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn result_cache() {
             if let Some((s, _cleanup)) = event_store().await {
-                crate::result_cache_check(s).await
+                crate::conformance::result_cache_check(s).await
             }
         }
     };
@@ -253,7 +253,7 @@ macro_rules! conformance_tests {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn wrappers_answer_as_the_store() {
                 if let Some(url) = url().await {
-                    crate::wrappers_answer_as_the_store(&url).await
+                    crate::conformance::wrappers_answer_as_the_store(&url).await
                 }
             }
 
@@ -264,7 +264,7 @@ macro_rules! conformance_tests {
                 use super::*;
 
                 async fn event_store() -> Option<(Arc<dyn EventKeyStore>, ())> {
-                    Some((crate::wrapped_open(&url().await?).await, ()))
+                    Some((crate::conformance::wrapped_open(&url().await?).await, ()))
                 }
 
                 async fn event_store_pair(
@@ -446,7 +446,7 @@ mod redis {
     async fn wrappers_answer_as_the_store() {
         if let Some(url) = url() {
             let (url, _cleanup) = fresh_prefix_url(&url);
-            crate::wrappers_answer_as_the_store(&url).await
+            crate::conformance::wrappers_answer_as_the_store(&url).await
         }
     }
 
@@ -456,7 +456,7 @@ mod redis {
 
         async fn event_store() -> Option<(Arc<dyn EventKeyStore>, PrefixCleanup)> {
             let (url, cleanup) = fresh_prefix_url(&super::url()?);
-            Some((crate::wrapped_open(&url).await, cleanup))
+            Some((crate::conformance::wrapped_open(&url).await, cleanup))
         }
 
         async fn event_store_pair() -> Option<(
@@ -466,8 +466,8 @@ mod redis {
         )> {
             let (url, cleanup) = fresh_prefix_url(&super::url()?);
             Some((
-                crate::wrapped_open(&url).await,
-                crate::wrapped_open(&url).await,
+                crate::conformance::wrapped_open(&url).await,
+                crate::conformance::wrapped_open(&url).await,
                 cleanup,
             ))
         }

@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use idem::events::{fingerprint, fingerprint_json, signature_json, EventSignature};
 use serde_json::Value;
 
-mod common;
+use crate::common;
 
 use common::{Sandbox, IDEM};
 

@@ -6,7 +6,7 @@ use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
-mod common;
+use crate::common;
 
 use common::{export, golden, Sandbox, IDEM};
 

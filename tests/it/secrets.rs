@@ -3,7 +3,7 @@
 //! reaches an error, a gate summary, `--stats-format json`, the ledger (`idem runs`) or an
 //! export; a URL that does not parse is never echoed.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::process::{Command, Output, Stdio};

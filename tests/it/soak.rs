@@ -9,8 +9,8 @@
 //! * every event of the gate's input is reported `new` at least once, across every output
 //!   (the killed gates' complete records and a last clean run), or it is not marked.
 //!
-//! `cargo test --test soak` runs a smoke of about 20 s (what CI runs);
-//! `IDEM_SOAK_SECONDS=600 cargo test --release --test soak -- --nocapture` soaks for ten
+//! `cargo test --test it soak::` runs a smoke of about 20 s (what CI runs);
+//! `IDEM_SOAK_SECONDS=600 cargo test --release --test it soak:: -- --nocapture` soaks for ten
 //! minutes. `IDEM_SOAK_SEED=N` replays a run (the seed is printed).
 
 use std::collections::{HashMap, HashSet};
@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-mod common;
+use crate::common;
 
 use common::Sandbox;
 
@@ -156,9 +156,13 @@ fn ledger_facts(url: &str, job: &str) -> (i64, HashMap<String, i64>) {
 
 #[test]
 fn fault_soak_keeps_every_invariant() {
-    let Some(url) = common::postgres_url("fault_soak_keeps_every_invariant") else {
+    let Some(shared) = common::postgres_url("fault_soak_keeps_every_invariant") else {
         return;
     };
+    // A database of its own: the soak drops every connection to its database, and the
+    // other integration tests run beside it in this process.
+    let scratch = common::PgScratch::database(&shared, "idem_soak");
+    let url = scratch.url.clone();
     let seconds: u64 = std::env::var("IDEM_SOAK_SECONDS")
         .ok()
         .and_then(|s| s.parse().ok())

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-mod common;
+use crate::common;
 
 use common::Sandbox;
 
@@ -2188,7 +2188,11 @@ fn a_line_longer_than_max_line_bytes_is_invalid_and_never_held_in_memory() {
 /// that needed far less).
 fn gate_peak_rss_kib(sb: &Sandbox, input: &Path) -> i64 {
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "gate_rss_launcher", "--ignored", "--nocapture"])
+        .args([
+            "--exact",
+            &common::libtest_name(module_path!(), "gate_rss_launcher"),
+        ])
+        .args(["--ignored", "--nocapture"])
         .args(["--test-threads", "1"])
         .env("IDEM_RSS_DIR", &sb.dir)
         .env("IDEM_RSS_INPUT", input)
@@ -2618,11 +2622,15 @@ fn cleanup_with_no_retention_leaves_a_live_gate_s_pending_marks() {
     write_big_input(&input, 3_000, 3_000);
     let first_batch = sb.dir.join("first-batch.ndjson");
     write_big_input(&first_batch, 1_000, 1_000);
-    let stores = stores_with(
-        &sb,
-        "cleanup_with_no_retention_leaves_a_live_gate_s_pending_marks",
-        false,
-    );
+    let test = "cleanup_with_no_retention_leaves_a_live_gate_s_pending_marks";
+    // `idem cleanup --keep 0s` deletes every confirmed key and run of its store: on
+    // Postgres, those of a schema of the test's own, not of the database the tests share.
+    let scratch =
+        common::postgres_url(test).map(|url| common::PgScratch::schema(&url, "idem_gate_cleanup"));
+    let stores = [
+        Some(sb.store.clone()),
+        scratch.as_ref().map(|s| s.url.clone()),
+    ];
     let cleanup = |store: &str| {
         let out = sb
             .command_with_store(&["cleanup", "--keep", "0s", "--keep-runs", "0s"], store)
@@ -2635,7 +2643,7 @@ fn cleanup_with_no_retention_leaves_a_live_gate_s_pending_marks() {
         );
         String::from_utf8_lossy(&out.stdout).to_string()
     };
-    for store in stores.urls.iter().filter(|u| !u.starts_with("redis")) {
+    for store in stores.iter().flatten() {
         // The gate goes on after the cleanup and ends.
         let ns = namespace();
         let live = LiveGate::start(&sb, store, &ns, &input, "10m");

@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 
 use sqlx::Connection;
 
-mod common;
+use crate::common;
 
 fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("idem-one-store-{name}-{}", idem::new_run_id()));

@@ -22,7 +22,7 @@ use idem::{
     Runner,
 };
 
-mod common;
+use crate::common;
 
 use common::{toml_str, Sandbox};
 

@@ -3,7 +3,7 @@
 //! of them. Runs on SQLite (a new file), Redis (`IDEM_TEST_REDIS_URL`) and Postgres
 //! (`IDEM_TEST_POSTGRES_URL`), skipping the last two with a message when unset.
 //!
-//! The processes are this test binary re-run with `--ignored --exact child_marks_keys` and
+//! The processes are this test binary re-run with `--ignored --exact two_processes::child_marks_keys` and
 //! the `IDEM_CHILD_*` variables set: the child marks the keys, writes the ones it found new
 //! to a file and exits. It is `#[ignore]`d, so a normal run does not count it (it tests
 //! nothing alone); run by hand without the variables it fails, saying so.
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use idem::store::{open_event_keys, EventMark};
 
-mod common;
+use crate::common;
 
 /// Keys both processes mark.
 const KEYS: usize = 5_000;
@@ -87,13 +87,9 @@ fn two_processes_mark_each_key_once(url: &str, dir: &Path) {
             let out = dir.join(format!("new-{seed}.txt"));
             let ready = dir.join(format!("ready-{seed}"));
             let child = Command::new(&exe)
-                .args([
-                    "--ignored",
-                    "--exact",
-                    "child_marks_keys",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
+                .args(["--ignored", "--exact"])
+                .arg(common::libtest_name(module_path!(), "child_marks_keys"))
+                .args(["--nocapture", "--test-threads=1"])
                 .env("IDEM_CHILD_URL", url)
                 .env("IDEM_CHILD_NAMESPACE", &namespace)
                 .env("IDEM_CHILD_OUT", &out)

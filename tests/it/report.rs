@@ -10,7 +10,7 @@ use idem::store::conformance::{key_record, run_record};
 use idem::store::{DynStore, Finish};
 use idem::{KeyKind, KeyRecord, Mode, RunStatus, SkipReason, Trigger};
 
-mod common;
+use crate::common;
 
 /// The end of every synthetic period: midnight UTC, so day k of the history starts at
 /// `UNTIL - k days`.

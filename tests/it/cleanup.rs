@@ -3,10 +3,7 @@
 
 use serde_json::{json, Value};
 
-mod common;
-
-#[path = "common/bq_limits.rs"]
-mod bq_limits;
+use crate::{bq_limits, common};
 
 use common::Sandbox;
 

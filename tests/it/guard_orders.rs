@@ -8,7 +8,7 @@
 
 use std::process::Child;
 
-mod common;
+use crate::common;
 
 use common::{toml_str, wait, Sandbox};
 

@@ -1,7 +1,7 @@
 //! Postgres-specific scenarios: claims over many pools and processes, lease takeover and
 //! fencing through the CLI, the store dying mid-run (through a TCP proxy the test kills),
 //! migrations, and the Postgres warehouse's binding and decoding. The scenarios every
-//! store shares (odd strings, SQL jobs, the content key) are in `tests/scenarios.rs`.
+//! store shares (odd strings, SQL jobs, the content key) are in `tests/it/scenarios.rs`.
 //!
 //! They need a database they may fill: `IDEM_TEST_POSTGRES_URL=postgres://USER@HOST:PORT/DB`.
 //! Without it every test prints why it skipped and passes (under
@@ -27,7 +27,7 @@ use idem::warehouse::{prepare, Dialect, Params, Warehouse};
 use serde_json::{json, Value};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 
-mod common;
+use crate::common;
 
 use common::{toml_str, wait, Sandbox};
 

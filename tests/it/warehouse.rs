@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use idem::warehouse::{conformance, open_warehouse, Warehouse};
 
-mod common;
+use crate::common;
 
 /// A fresh table name: lowercase hex, safe in every dialect.
 fn fresh_table() -> String {
